@@ -7,6 +7,10 @@ _CUDA_ONLY = select({
     "//conditions:default": ["//bazel:never"],
 })
 
+# target_compatible_with for any target that needs CUDA, so that a plain
+# `bazel build //...` skips it instead of failing.
+CUDA_ONLY = _CUDA_ONLY
+
 def duet_cc_test(name, srcs, deps = [], gpu = False, tags = [], data = [], size = "small", **kwargs):
     """A Catch2 test linked with the shared main.
 
@@ -35,9 +39,59 @@ _NVCC_FLAGS = " ".join([
     "-I$(GENDIR)",
 ])
 
+_CUDA_INCLUDE = "/usr/local/cuda/include"
+
+# <cuda_runtime_api.h> and what it includes (CUDA 13). g++ rejects an include
+# path outside the execroot, so these are copied in as declared headers.
+_CUDA_RUNTIME_HEADERS = [
+    "builtin_types.h",
+    "crt/host_defines.h",
+    "cuda_device_runtime_api.h",
+    "cuda_runtime_api.h",
+    "device_types.h",
+    "driver_types.h",
+    "surface_types.h",
+    "texture_types.h",
+    "vector_types.h",
+]
+
+def _cuda_runtime_headers():
+    """Declares, once per package, :_cuda_runtime_headers, a cc_library that
+    puts <cuda_runtime_api.h> on the include path of everything above it."""
+    name = "_cuda_runtime_headers"
+    if native.existing_rule(name):
+        return name
+    outs = [name + "/" + h for h in _CUDA_RUNTIME_HEADERS]
+    native.genrule(
+        name = name + "_copy",
+        outs = outs,
+        cmd = " && ".join([
+            "mkdir -p $$(dirname $(RULEDIR)/{o}) && cp {src}/{h} $(RULEDIR)/{o}".format(
+                o = name + "/" + h,
+                src = _CUDA_INCLUDE,
+                h = h,
+            )
+            for h in _CUDA_RUNTIME_HEADERS
+        ]),
+        target_compatible_with = _CUDA_ONLY,
+    )
+    cc_library(
+        name = name,
+        hdrs = outs,
+        includes = [name],
+        target_compatible_with = _CUDA_ONLY,
+    )
+    return name
+
 def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
     """Compiles each .cu with nvcc (sm_80, sm_90) and wraps the objects in a
-    cc_library linked with cudart, cuBLAS and NCCL. Built only under --config=cuda."""
+    cc_library linked with cudart, cuBLAS and NCCL. Built only under --config=cuda.
+
+    hdrs are the .cuh launcher declarations, compiled by g++ in dependents; they
+    may include <cuda_runtime_api.h>, which this library puts on its
+    dependents' include path. A .cu sees only its own srcs and hdrs.
+    """
+    headers = _cuda_runtime_headers()
     objs = []
     for src in srcs:
         base = src[:-len(".cu")].replace("/", "_")
@@ -54,7 +108,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
         name = name,
         srcs = objs,
         hdrs = hdrs,
-        deps = deps + ["//bazel:cuda_runtime"],
+        deps = deps + [":" + headers, "//bazel:cuda_runtime"],
         target_compatible_with = _CUDA_ONLY,
         visibility = visibility,
     )

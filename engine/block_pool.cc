@@ -1,0 +1,115 @@
+#include "engine/block_pool.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+
+namespace duet::engine {
+
+BlockPool::BlockPool(const kernels::KvLayout& layout, int64_t num_blocks)
+    : layout_(layout), num_blocks_(num_blocks),
+      data_(new float[static_cast<size_t>(layout.BlockStride() * num_blocks)]()),
+      refs_(num_blocks, 0) {
+  free_.reserve(num_blocks);
+  // Hand out low ids first: block tables of a fresh pool read 0, 1, 2, ...
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n) {
+  absl::MutexLock lock(&mu_);
+  if (n < 0) return absl::InvalidArgumentError("negative block count");
+  if (static_cast<int64_t>(free_.size()) < n) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache pool exhausted: ", n,
+                                                     " blocks wanted, ", free_.size(), " of ",
+                                                     num_blocks_, " free"));
+  }
+  std::vector<int32_t> out(free_.end() - n, free_.end());
+  std::reverse(out.begin(), out.end());
+  free_.resize(free_.size() - n);
+  for (int32_t b : out) refs_[b] = 1;
+  return out;
+}
+
+void BlockPool::Ref(int32_t block) {
+  absl::MutexLock lock(&mu_);
+  CHECK(block >= 0 && block < num_blocks_) << "block " << block;
+  CHECK_GT(refs_[block], 0) << "Ref of free block " << block;
+  ++refs_[block];
+}
+
+void BlockPool::Unref(int32_t block) {
+  absl::MutexLock lock(&mu_);
+  CHECK(block >= 0 && block < num_blocks_) << "block " << block;
+  CHECK_GT(refs_[block], 0) << "Unref of free block " << block;
+  if (--refs_[block] == 0) free_.push_back(block);
+}
+
+int64_t BlockPool::num_free() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(free_.size());
+}
+
+int BlockPool::RefCount(int32_t block) const {
+  absl::MutexLock lock(&mu_);
+  return refs_[block];
+}
+
+int64_t BlockPool::BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes) {
+  return bytes / (layout.BlockStride() * static_cast<int64_t>(sizeof(float)));
+}
+
+SequenceKv::SequenceKv(SequenceKv&& other) noexcept
+    : pool_(other.pool_), blocks_(std::move(other.blocks_)) {
+  other.blocks_.clear();
+}
+
+SequenceKv& SequenceKv::operator=(SequenceKv&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool_ = other.pool_;
+    blocks_ = std::move(other.blocks_);
+    other.blocks_.clear();
+  }
+  return *this;
+}
+
+int64_t SequenceKv::capacity_tokens() const {
+  return static_cast<int64_t>(blocks_.size()) * pool_->layout().block_size;
+}
+
+absl::Status SequenceKv::Reserve(int64_t num_tokens) {
+  const int64_t bs = pool_->layout().block_size;
+  const int64_t need = (num_tokens + bs - 1) / bs - static_cast<int64_t>(blocks_.size());
+  if (need <= 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int32_t> fresh, pool_->Allocate(need));
+  blocks_.insert(blocks_.end(), fresh.begin(), fresh.end());
+  return absl::OkStatus();
+}
+
+absl::Status SequenceKv::SharePrefix(const SequenceKv& other, int64_t num_tokens) {
+  const int64_t bs = pool_->layout().block_size;
+  if (!blocks_.empty()) return absl::FailedPreconditionError("SharePrefix on a non-empty sequence");
+  if (other.pool_ != pool_) return absl::InvalidArgumentError("sequences of different pools");
+  if (num_tokens % bs != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared prefix of ", num_tokens, " tokens is not a multiple of the block size ", bs));
+  }
+  if (num_tokens > other.capacity_tokens()) {
+    return absl::InvalidArgumentError("shared prefix is longer than the other sequence");
+  }
+  for (int64_t i = 0; i < num_tokens / bs; ++i) {
+    pool_->Ref(other.blocks_[i]);
+    blocks_.push_back(other.blocks_[i]);
+  }
+  return absl::OkStatus();
+}
+
+void SequenceKv::Release() {
+  for (int32_t b : blocks_) pool_->Unref(b);
+  blocks_.clear();
+}
+
+}  // namespace duet::engine

@@ -1,0 +1,90 @@
+// The paged KV cache of one worker: a pool of fixed-size blocks with
+// reference counts, and the per-sequence block tables that index it.
+//
+//   BlockPool pool(layout, /*num_blocks=*/1024);
+//   SequenceKv seq(&pool);
+//   RETURN_IF_ERROR(seq.Reserve(prompt.size()));  // ResourceExhausted when full
+//
+// Storage is one contiguous float buffer in the layout of kernels/kv_layout.h
+// ([block][layer][K|V][kv_head][slot][head_dim]). A block is free when its
+// reference count is zero; sequences that share a prefix hold the same blocks
+// and each drops its reference when it ends, so every block returns to the
+// pool exactly once. BlockPool is thread-safe; a SequenceKv belongs to one
+// owner at a time.
+#ifndef DUET_ENGINE_BLOCK_POOL_H_
+#define DUET_ENGINE_BLOCK_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/kv_layout.h"
+
+namespace duet::engine {
+
+class BlockPool {
+ public:
+  BlockPool(const kernels::KvLayout& layout, int64_t num_blocks);
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // n fresh blocks with reference count 1, or ResourceExhausted (and none).
+  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n);
+  // Adds a reference to a block that is in use.
+  void Ref(int32_t block);
+  // Drops a reference; the block is free again at zero.
+  void Unref(int32_t block);
+
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t num_free() const;
+  int RefCount(int32_t block) const;
+  const kernels::KvLayout& layout() const { return layout_; }
+  int64_t block_bytes() const { return layout_.BlockStride() * sizeof(float); }
+  float* data() { return data_.get(); }
+  const float* data() const { return data_.get(); }
+
+  // Blocks that a pool of `bytes` bytes holds for this layout.
+  static int64_t BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes);
+
+ private:
+  const kernels::KvLayout layout_;
+  const int64_t num_blocks_;
+  std::unique_ptr<float[]> data_;
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> refs_ ABSL_GUARDED_BY(mu_);
+};
+
+// One sequence's block table. Releases its references when destroyed.
+class SequenceKv {
+ public:
+  explicit SequenceKv(BlockPool* pool) : pool_(pool) {}
+  ~SequenceKv() { Release(); }
+  SequenceKv(const SequenceKv&) = delete;
+  SequenceKv& operator=(const SequenceKv&) = delete;
+  SequenceKv(SequenceKv&& other) noexcept;
+  SequenceKv& operator=(SequenceKv&& other) noexcept;
+
+  // Grows the table to cover `num_tokens` positions; all-or-nothing.
+  absl::Status Reserve(int64_t num_tokens);
+  // Starts this (empty) sequence with the first `num_tokens` positions of
+  // `other`, sharing its blocks by reference. num_tokens must be a multiple
+  // of the block size, so no block is written by two sequences.
+  absl::Status SharePrefix(const SequenceKv& other, int64_t num_tokens);
+  // Drops every reference; the table becomes empty.
+  void Release();
+
+  const std::vector<int32_t>& block_table() const { return blocks_; }
+  int64_t capacity_tokens() const;
+
+ private:
+  BlockPool* pool_;
+  std::vector<int32_t> blocks_;
+};
+
+}  // namespace duet::engine
+
+#endif  // DUET_ENGINE_BLOCK_POOL_H_

@@ -1,0 +1,62 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace duet::engine {
+
+absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
+                                        absl::Span<const int32_t> prompt,
+                                        const GenerateOptions& options) {
+  const ModelConfig& c = model.config();
+  RETURN_IF_ERROR(options.sampling.Validate());
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (options.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", n,
+                                                   " tokens, more than the model's context of ",
+                                                   c.max_position_embeddings));
+  }
+  GenerateResult result;
+  result.finish_reason = "length";
+  if (options.max_tokens == 0) return result;
+
+  SequenceKv seq(&pool);
+  const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n;
+  Logits logits;
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    RETURN_IF_ERROR(seq.Reserve(start + len));
+    BatchSeq b{.tokens = prompt.subspan(start, len), .start_pos = start,
+               .block_table = seq.block_table()};
+    if (start + len == n) b.logit_rows = {static_cast<int32_t>(len - 1)};
+    ASSIGN_OR_RETURN(logits, model.Forward({b}, pool));
+  }
+  int64_t pos = n;  // Position of the token being sampled.
+  while (true) {
+    SampleResult s = Sample(logits.row(0), c.vocab_size, options.sampling, options.choice_index, pos);
+    result.ids.push_back(s.token);
+    result.logprobs.push_back(s.logprob);
+    result.top_logprobs.push_back(std::move(s.top_logprobs));
+    const bool stop_id = std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(),
+                                   s.token) != options.stop_token_ids.end();
+    if ((!options.ignore_eos && c.IsEos(s.token)) || stop_id) {
+      result.finish_reason = "stop";
+      break;
+    }
+    if (static_cast<int64_t>(result.ids.size()) >= options.max_tokens) break;
+    if (pos + 1 > c.max_position_embeddings) break;  // The context is full.
+    RETURN_IF_ERROR(seq.Reserve(pos + 1));
+    const int32_t tok = s.token;
+    BatchSeq b{.tokens = absl::MakeConstSpan(&tok, 1), .start_pos = pos,
+               .block_table = seq.block_table(), .logit_rows = {0}};
+    ASSIGN_OR_RETURN(logits, model.Forward({b}, pool));
+    ++pos;
+  }
+  return result;
+}
+
+}  // namespace duet::engine

@@ -1,0 +1,48 @@
+// One request, start to finish, on one engine: prefill (optionally in
+// chunks), then decode until max_tokens, an EOS id or the context's end.
+//
+//   GenerateOptions opt{.max_tokens = 32};
+//   ASSIGN_OR_RETURN(GenerateResult r, Generate(*model, pool, prompt_ids, opt));
+//
+// This is `duet generate` and the reference the serving path is tested
+// against. Its KV blocks come from `pool` and all return to it before the
+// call ends, whatever the outcome.
+#ifndef DUET_ENGINE_GENERATOR_H_
+#define DUET_ENGINE_GENERATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/block_pool.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+namespace duet::engine {
+
+struct GenerateOptions {
+  int64_t max_tokens = 16;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // Besides the config's EOS ids.
+  int64_t prefill_chunk = 0;            // 0: the whole prompt in one step.
+  uint64_t choice_index = 0;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> ids;  // Generated tokens only.
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;  // Per generated token.
+  std::string finish_reason;  // "stop" (EOS or stop id) or "length".
+};
+
+absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
+                                        absl::Span<const int32_t> prompt,
+                                        const GenerateOptions& options);
+
+}  // namespace duet::engine
+
+#endif  // DUET_ENGINE_GENERATOR_H_

@@ -1,0 +1,87 @@
+// A Llama-family decoder (llama, mistral, qwen2) and its batched forward pass
+// over a paged KV cache.
+//
+//   ASSIGN_OR_RETURN(auto model, Model::Load(dir, backend.get()));
+//   ASSIGN_OR_RETURN(Logits out, model->Forward(batch, pool));
+//
+// One Forward call runs one step of any mix of work: prefill chunks (a run of
+// prompt tokens after whatever the sequence already has in the cache) and
+// decode tokens (one token each) of different sequences. It writes each new
+// token's K and V into the sequence's blocks and returns logits only for the
+// rows the caller asks for. The caller owns the block tables and must have
+// reserved blocks for every position it feeds. Weights are read from
+// safetensors (F32/F16/BF16), converted once to float32 and held by the Model.
+// Forward is not thread-safe (it reuses scratch buffers): one step at a time.
+#ifndef DUET_ENGINE_MODEL_H_
+#define DUET_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/block_pool.h"
+#include "engine/model_config.h"
+#include "kernels/backend.h"
+
+namespace duet::engine {
+
+struct BatchSeq {
+  absl::Span<const int32_t> tokens;  // New tokens, at positions start_pos...
+  int64_t start_pos = 0;             // Tokens already in this sequence's cache.
+  absl::Span<const int32_t> block_table;
+  // Offsets into `tokens` whose logits are wanted (usually the last).
+  std::vector<int32_t> logit_rows;
+};
+
+struct Logits {
+  int64_t vocab_size = 0;
+  // One row per requested position, in batch order (sequence, then offset).
+  std::vector<float> data;
+  int64_t rows() const { return vocab_size == 0 ? 0 : static_cast<int64_t>(data.size()) / vocab_size; }
+  const float* row(int64_t i) const { return data.data() + i * vocab_size; }
+};
+
+class Model {
+ public:
+  // Reads config.json and the safetensors weights of a Hugging Face model
+  // directory. The backend must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     kernels::KernelBackend* backend);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  kernels::KvLayout KvLayoutFor(int64_t block_size) const;
+
+  absl::StatusOr<Logits> Forward(absl::Span<const BatchSeq> batch, BlockPool& pool);
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm, post_norm;
+    std::vector<float> wqkv, bqkv;  // [q|k|v rows][hidden], bias [q|k|v]
+    std::vector<float> wo, bo;      // [hidden][q_dim]
+    std::vector<float> wgu;         // [gate rows | up rows][hidden]
+    std::vector<float> wdown;       // [hidden][inter]
+  };
+
+  Model() = default;
+  absl::Status LoadWeights();
+
+  std::string dir_;
+  ModelConfig config_;
+  kernels::KernelBackend* backend_ = nullptr;
+  std::vector<float> embed_;     // [vocab][hidden]
+  std::vector<float> lm_head_;   // Empty when tied to embed_.
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;
+
+  // Scratch, reused across steps.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gu_, act_;
+};
+
+}  // namespace duet::engine
+
+#endif  // DUET_ENGINE_MODEL_H_

@@ -1,0 +1,184 @@
+#include "engine/model_config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace duet::engine {
+namespace {
+
+using nlohmann::json;
+
+class Reader {
+ public:
+  Reader(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  absl::Status Error(const std::string& field, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": field \"", field, "\" ", what));
+  }
+
+  absl::StatusOr<int64_t> Int(const std::string& field, bool required, int64_t def,
+                              int64_t min_value) const {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) {
+      if (required) return Error(field, "is missing");
+      return def;
+    }
+    if (!it->is_number_integer()) return Error(field, "must be an integer");
+    int64_t v = it->get<int64_t>();
+    if (v < min_value) return Error(field, absl::StrCat("must be >= ", min_value, ", got ", v));
+    return v;
+  }
+
+  absl::StatusOr<double> Double(const std::string& field, double def, double min_value) const {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) return def;
+    if (!it->is_number()) return Error(field, "must be a number");
+    double v = it->get<double>();
+    if (!(v > min_value)) return Error(field, absl::StrCat("must be > ", min_value));
+    return v;
+  }
+
+  absl::StatusOr<bool> Bool(const std::string& field, bool def) const {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) return def;
+    if (!it->is_boolean()) return Error(field, "must be a boolean");
+    return it->get<bool>();
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+};
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
+                                                  const std::string& source) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  Reader r(j, source);
+  ModelConfig c;
+  auto mt = j.find("model_type");
+  if (mt == j.end() || !mt->is_string()) return r.Error("model_type", "is missing or not a string");
+  c.model_type = mt->get<std::string>();
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2") {
+    return r.Error("model_type", absl::StrCat("is \"", c.model_type,
+                                              "\"; supported: llama, mistral, qwen2"));
+  }
+  ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c.intermediate_size, r.Int("intermediate_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c.num_layers, r.Int("num_hidden_layers", true, 0, 1));
+  ASSIGN_OR_RETURN(c.num_heads, r.Int("num_attention_heads", true, 0, 1));
+  ASSIGN_OR_RETURN(c.num_kv_heads, r.Int("num_key_value_heads", false, c.num_heads, 1));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return r.Error("num_key_value_heads", absl::StrCat("(", c.num_kv_heads,
+                                                       ") must divide num_attention_heads (",
+                                                       c.num_heads, ")"));
+  }
+  if (c.hidden_size % c.num_heads != 0 && j.find("head_dim") == j.end()) {
+    return r.Error("hidden_size", "is not a multiple of num_attention_heads and head_dim is unset");
+  }
+  ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim", false, c.hidden_size / c.num_heads, 2));
+  if (c.head_dim % 2 != 0) return r.Error("head_dim", "must be even for rotary embeddings");
+  ASSIGN_OR_RETURN(c.max_position_embeddings, r.Int("max_position_embeddings", false, 2048, 1));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, r.Double("rms_norm_eps", 1e-6, 0.0));
+  c.rope.head_dim = static_cast<int>(c.head_dim);
+  ASSIGN_OR_RETURN(c.rope.theta, r.Double("rope_theta", 10000.0, 0.0));
+  auto rs = j.find("rope_scaling");
+  if (rs != j.end() && !rs->is_null()) {
+    if (!rs->is_object()) return r.Error("rope_scaling", "must be an object or null");
+    std::string type;
+    if (auto t = rs->find("rope_type"); t != rs->end() && t->is_string()) type = t->get<std::string>();
+    else if (auto t2 = rs->find("type"); t2 != rs->end() && t2->is_string()) type = t2->get<std::string>();
+    if (type != "llama3" && type != "default") {
+      return r.Error("rope_scaling", absl::StrCat("has rope_type \"", type,
+                                                  "\"; supported: llama3, default"));
+    }
+    if (type == "llama3") {
+      Reader sr(*rs, source);
+      auto sub = [&](const std::string& f, double def) -> absl::StatusOr<double> {
+        auto v = sr.Double(f, def, 0.0);
+        if (!v.ok()) return r.Error("rope_scaling." + f, "must be a positive number");
+        return v;
+      };
+      ASSIGN_OR_RETURN(c.rope.llama3_factor, sub("factor", 8.0));
+      ASSIGN_OR_RETURN(c.rope.llama3_low_freq_factor, sub("low_freq_factor", 1.0));
+      ASSIGN_OR_RETURN(c.rope.llama3_high_freq_factor, sub("high_freq_factor", 4.0));
+      ASSIGN_OR_RETURN(c.rope.llama3_original_max_position,
+                       sub("original_max_position_embeddings", 8192.0));
+      if (c.rope.llama3_high_freq_factor <= c.rope.llama3_low_freq_factor) {
+        return r.Error("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", false));
+  if (c.model_type == "qwen2") {
+    c.attention_bias = true;  // Qwen2 always has q/k/v bias, never o bias.
+  } else {
+    ASSIGN_OR_RETURN(c.attention_bias, r.Bool("attention_bias", false));
+    c.o_bias = c.attention_bias;
+    ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
+  }
+  c.layer_window.assign(c.num_layers, 0);
+  if (c.model_type == "mistral") {
+    ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", false, 0, 0));
+    std::fill(c.layer_window.begin(), c.layer_window.end(), w);
+  } else if (c.model_type == "qwen2") {
+    ASSIGN_OR_RETURN(bool use, r.Bool("use_sliding_window", false));
+    if (use) {
+      ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", true, 0, 1));
+      ASSIGN_OR_RETURN(int64_t first, r.Int("max_window_layers", false, 0, 0));
+      for (int64_t i = first; i < c.num_layers; ++i) c.layer_window[i] = w;
+    }
+  }
+  auto eos = j.find("eos_token_id");
+  if (eos != j.end() && !eos->is_null()) {
+    if (eos->is_number_integer()) {
+      c.eos_token_ids.push_back(eos->get<int32_t>());
+    } else if (eos->is_array()) {
+      for (const auto& e : *eos) {
+        if (!e.is_number_integer()) return r.Error("eos_token_id", "must hold integers");
+        c.eos_token_ids.push_back(e.get<int32_t>());
+      }
+    } else {
+      return r.Error("eos_token_id", "must be an integer or a list of integers");
+    }
+  }
+  for (int32_t id : c.eos_token_ids) {
+    if (id < 0 || id >= c.vocab_size) return r.Error("eos_token_id", "is outside the vocabulary");
+  }
+  ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", false, -1, -1));
+  c.bos_token_id = static_cast<int32_t>(bos);
+  if (auto d = j.find("torch_dtype"); d != j.end() && d->is_string()) c.torch_dtype = d->get<std::string>();
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return FromJson(ss.str(), path);
+}
+
+bool ModelConfig::IsEos(int32_t id) const {
+  return std::find(eos_token_ids.begin(), eos_token_ids.end(), id) != eos_token_ids.end();
+}
+
+int64_t ModelConfig::NumParameters() const {
+  int64_t per_layer = hidden_size * (q_dim() + 2 * kv_dim()) + q_dim() * hidden_size +
+                      3 * hidden_size * intermediate_size + 2 * hidden_size;
+  if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
+  int64_t total = num_layers * per_layer + vocab_size * hidden_size + hidden_size;
+  if (!tie_word_embeddings) total += vocab_size * hidden_size;
+  return total;
+}
+
+}  // namespace duet::engine

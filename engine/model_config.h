@@ -1,0 +1,57 @@
+// The shape of a Llama-family model, read from a Hugging Face config.json.
+//
+//   ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::FromFile(dir + "/config.json"));
+//   int64_t q_dim = cfg.num_heads * cfg.head_dim;
+//
+// Supported `model_type`s: llama (with Llama-3 rope_scaling), mistral (with
+// sliding_window) and qwen2 (q/k/v bias, per-layer sliding window when
+// use_sliding_window is set). Anything else, or a missing or ill-typed field,
+// is InvalidArgument naming the file and the field.
+#ifndef DUET_ENGINE_MODEL_CONFIG_H_
+#define DUET_ENGINE_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/rope.h"
+
+namespace duet::engine {
+
+struct ModelConfig {
+  std::string model_type;  // llama | mistral | qwen2
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  kernels::RopeConfig rope;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v (and o for llama) projections carry a bias.
+  bool o_bias = false;
+  bool mlp_bias = false;
+  // Sliding window per layer (0 = full attention).
+  std::vector<int64_t> layer_window;
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+  std::string torch_dtype;
+
+  static absl::StatusOr<ModelConfig> FromJson(const std::string& json_text,
+                                              const std::string& source_name);
+  static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool IsEos(int32_t id) const;
+  // Parameters in the weights, embeddings included.
+  int64_t NumParameters() const;
+};
+
+}  // namespace duet::engine
+
+#endif  // DUET_ENGINE_MODEL_CONFIG_H_

@@ -1,0 +1,134 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace duet::engine {
+namespace {
+
+// Philox-4x32-10 (Salmon et al., SC'11): ten rounds of multiply-xorshift on
+// a 128-bit counter under a 64-bit key.
+void Philox(uint32_t ctr[4], uint32_t key[2]) {
+  constexpr uint32_t kM0 = 0xD2511F53, kM1 = 0xCD9E8D57;
+  constexpr uint32_t kW0 = 0x9E3779B9, kW1 = 0xBB67AE85;
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = static_cast<uint64_t>(kM0) * ctr[0];
+    uint64_t p1 = static_cast<uint64_t>(kM1) * ctr[2];
+    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ ctr[1] ^ key[0];
+    uint32_t n1 = static_cast<uint32_t>(p1);
+    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ ctr[3] ^ key[1];
+    uint32_t n3 = static_cast<uint32_t>(p0);
+    ctr[0] = n0; ctr[1] = n1; ctr[2] = n2; ctr[3] = n3;
+    key[0] += kW0;
+    key[1] += kW1;
+  }
+}
+
+}  // namespace
+
+absl::Status SamplingParams::Validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
+  if (!(top_p > 0 && top_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  if (!(min_p >= 0 && min_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
+  if (logprobs < 0) return absl::InvalidArgumentError("logprobs must be >= 0");
+  return absl::OkStatus();
+}
+
+double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position) {
+  uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  uint64_t pos = static_cast<uint64_t>(position);
+  uint32_t ctr[4] = {static_cast<uint32_t>(pos), static_cast<uint32_t>(pos >> 32),
+                     static_cast<uint32_t>(choice_index), static_cast<uint32_t>(choice_index >> 32)};
+  Philox(ctr, key);
+  uint64_t bits = (static_cast<uint64_t>(ctr[0]) << 21) ^ (ctr[1] >> 11);  // 53 bits
+  return static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) / static_cast<double>(uint64_t{1} << 53);
+}
+
+SampleResult Sample(const float* logits, int64_t vocab, const SamplingParams& p,
+                    uint64_t choice_index, int64_t position) {
+  SampleResult out;
+  // Log-softmax of the raw logits, in double.
+  double mx = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) mx = std::max<double>(mx, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
+  const double log_z = mx + std::log(sum);
+  auto logprob = [&](int32_t id) { return static_cast<float>(logits[id] - log_z); };
+
+  // Candidates ordered by logit, best first, ties to the lower id.
+  auto better = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  if (p.logprobs > 0) {
+    const int64_t n = std::min<int64_t>(p.logprobs, vocab);
+    std::vector<int32_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
+    for (int64_t i = 0; i < n; ++i) out.top_logprobs.push_back({ids[i], logprob(ids[i])});
+  }
+
+  if (p.temperature == 0.0f) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; ++i) if (better(i, best)) best = i;
+    out.token = best;
+    out.logprob = logprob(best);
+    return out;
+  }
+
+  // Filtering needs the candidates sorted; without it, vocabulary order is
+  // as deterministic and saves the sort.
+  std::vector<int32_t> cand(vocab);
+  std::iota(cand.begin(), cand.end(), 0);
+  const bool filtered = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    std::partial_sort(cand.begin(), cand.begin() + p.top_k, cand.end(), better);
+    cand.resize(p.top_k);
+  } else if (filtered) {
+    std::sort(cand.begin(), cand.end(), better);
+  }
+  const double inv_t = 1.0 / p.temperature;
+  double cmax = logits[cand[0]];
+  for (int32_t id : cand) cmax = std::max<double>(cmax, logits[id]);
+  std::vector<double> probs(cand.size());
+  double total = 0;
+  for (size_t i = 0; i < cand.size(); ++i) total += (probs[i] = std::exp((logits[cand[i]] - cmax) * inv_t));
+  for (double& pr : probs) pr /= total;
+  size_t keep = cand.size();
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += probs[i];
+      if (cum >= p.top_p) { keep = i + 1; break; }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    const double threshold = p.min_p * probs[0];  // Sorted: probs[0] is the max.
+    size_t n = 1;
+    while (n < keep && probs[n] >= threshold) ++n;
+    keep = n;
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += probs[i];
+  const double u = UniformDraw(p.seed, choice_index, position) * kept;
+  double cum = 0;
+  size_t pick = keep - 1;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += probs[i];
+    if (u < cum) { pick = i; break; }
+  }
+  out.token = cand[pick];
+  out.logprob = logprob(out.token);
+  return out;
+}
+
+}  // namespace duet::engine

@@ -1,0 +1,48 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p, and logprobs.
+//
+//   SamplingParams p{.temperature = 0.8f, .top_p = 0.95f, .seed = 42};
+//   SampleResult r = Sample(logits.row(i), vocab, p, /*choice=*/0, /*position=*/n);
+//
+// Logprobs are the log-softmax of the raw logits, before temperature and
+// filtering (what OpenAI and vLLM report). The random draw for a token is a
+// pure function of (seed, choice index, position): a counter-based generator
+// (Philox-4x32-10), so a request samples the same tokens whether one process
+// or two (prefill, then decode) produce them, and in any batch.
+#ifndef DUET_ENGINE_SAMPLER_H_
+#define DUET_ENGINE_SAMPLER_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace duet::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy.
+  int32_t top_k = 0;         // 0 = off.
+  float top_p = 1.0f;        // 1 = off.
+  float min_p = 0.0f;        // 0 = off.
+  uint64_t seed = 0;
+  int32_t logprobs = 0;      // Top alternatives to report per position.
+
+  // InvalidArgument naming the parameter when out of range.
+  absl::Status Validate() const;
+};
+
+struct SampleResult {
+  int32_t token = -1;
+  float logprob = 0;  // Of the chosen token, from the raw logits.
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // Best first.
+};
+
+SampleResult Sample(const float* logits, int64_t vocab_size, const SamplingParams& params,
+                    uint64_t choice_index, int64_t position);
+
+// A uniform draw in [0, 1) keyed by (seed, choice, position).
+double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position);
+
+}  // namespace duet::engine
+
+#endif  // DUET_ENGINE_SAMPLER_H_

@@ -1,0 +1,44 @@
+// Arguments of the paged attention op, shared by every backend.
+//
+//   PagedAttentionArgs args{.q = q, .out = out, .kv = pool, .layout = layout, ...};
+//   backend.PagedAttention(args);
+//
+// One call covers a whole batch that mixes prefill chunks and decode tokens:
+// each sequence contributes `num_tokens` consecutive query rows whose
+// positions are `start_pos .. start_pos + num_tokens - 1`; their keys and
+// values (including the chunk's own, already written) live in the paged pool
+// at `layer` under the sequence's block table. A query at position p attends
+// causally to positions [max(0, p - window + 1), p] (window 0: no window),
+// which is Hugging Face's eager sliding-window rule.
+#ifndef DUET_KERNELS_ATTENTION_H_
+#define DUET_KERNELS_ATTENTION_H_
+
+#include <cstdint>
+
+#include "kernels/kv_layout.h"
+
+namespace duet::kernels {
+
+struct AttentionSeq {
+  int64_t first_row = 0;   // Row of q/out where this sequence's tokens start.
+  int64_t num_tokens = 0;  // Query rows of this sequence in the batch.
+  int64_t start_pos = 0;   // Position of its first query row.
+  const int32_t* block_table = nullptr;  // Block ids covering [0, start_pos + num_tokens).
+};
+
+struct PagedAttentionArgs {
+  const float* q = nullptr;  // [rows][num_q_heads][head_dim]
+  float* out = nullptr;      // [rows][num_q_heads][head_dim]
+  const float* kv = nullptr; // The pool.
+  KvLayout layout;
+  int64_t layer = 0;
+  int64_t num_q_heads = 0;   // A multiple of layout.num_kv_heads (GQA).
+  float scale = 1.0f;        // Usually 1 / sqrt(head_dim).
+  int64_t window = 0;        // Sliding window in positions; 0 = none.
+  const AttentionSeq* seqs = nullptr;
+  int64_t num_seqs = 0;
+};
+
+}  // namespace duet::kernels
+
+#endif  // DUET_KERNELS_ATTENTION_H_

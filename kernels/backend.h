@@ -1,0 +1,50 @@
+// The kernel backend interface: every op the engine runs, once.
+//
+//   KernelBackendPtr be = NewCpuBackend(/*threads=*/2);
+//   be->RmsNorm(x, w, y, rows, dim, eps);
+//
+// Pointers are in the backend's memory (host for the CPU backend, device for
+// CUDA). Shapes follow kernels/cpu/reference.h, whose scalar loops define each
+// op's meaning; every backend is tested against them. Calls are made from one
+// thread at a time per backend (the engine's step loop); a backend may use
+// its own threads inside a call.
+#ifndef DUET_KERNELS_BACKEND_H_
+#define DUET_KERNELS_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/attention.h"
+
+namespace duet::kernels {
+
+class KernelBackend {
+ public:
+  virtual ~KernelBackend() = default;
+
+  virtual std::string Name() const = 0;
+
+  // c[m, n] = a[m, k] * w[n, k]^T (+ bias[n]) (+ c if accumulate).
+  virtual void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m,
+                    int64_t n, int64_t k, bool accumulate) = 0;
+  virtual void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
+                       float eps) = 0;
+  virtual void Rope(float* x, const int32_t* positions, const float* inv_freq,
+                    int64_t num_tokens, int64_t num_heads, int64_t head_dim) = 0;
+  virtual void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) = 0;
+  virtual void Softmax(float* x, int64_t rows, int64_t n) = 0;
+  virtual void EmbeddingLookup(const float* table, const int32_t* ids, float* out,
+                               int64_t num_tokens, int64_t dim) = 0;
+  virtual void PagedAttention(const PagedAttentionArgs& args) = 0;
+  virtual std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n,
+                                                      int64_t k) = 0;
+};
+
+using KernelBackendPtr = std::unique_ptr<KernelBackend>;
+
+}  // namespace duet::kernels
+
+#endif  // DUET_KERNELS_BACKEND_H_

@@ -1,0 +1,174 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/simd.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace duet::kernels {
+namespace {
+
+class CpuBackend final : public KernelBackend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) { openblas_set_num_threads(1); }
+
+  std::string Name() const override { return "cpu"; }
+
+  void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
+            int64_t k, bool accumulate) override {
+    const float beta = accumulate ? 1.0f : 0.0f;
+    // Column slices of at least 64 outputs, so each single-threaded OpenBLAS
+    // call is big enough to run at its full rate.
+    const int64_t slices = std::min<int64_t>(pool_.num_threads(), std::max<int64_t>(1, n / 64));
+    const int64_t per = ((n + slices - 1) / slices + 15) / 16 * 16;
+    pool_.ParallelFor(slices, [&](int64_t sb, int64_t se) {
+      for (int64_t s = sb; s < se; ++s) {
+        const int64_t n0 = s * per;
+        const int64_t n1 = std::min(n, n0 + per);
+        if (n0 >= n1) continue;
+        if (m == 1) {
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, k, 1.0f, w + n0 * k, k, a, 1, beta,
+                      c + n0, 1);
+        } else {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, a, k,
+                      w + n0 * k, k, beta, c + n0, n);
+        }
+        if (bias != nullptr) {
+          for (int64_t i = 0; i < m; ++i) simd::Add(bias + n0, c + i * n + n0, n1 - n0);
+        }
+      }
+    });
+  }
+
+  void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
+               float eps) override {
+    pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        float ss = simd::SumSquares(x + r * dim, dim);
+        float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+        simd::ScaleMul(x + r * dim, inv, w, y + r * dim, dim);
+      }
+    }, 8);
+  }
+
+  void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num_tokens,
+            int64_t num_heads, int64_t head_dim) override {
+    const int64_t half = head_dim / 2;
+    pool_.ParallelFor(num_tokens, [&](int64_t b, int64_t e) {
+      std::vector<float> cs(half), sn(half);
+      for (int64_t t = b; t < e; ++t) {
+        for (int64_t i = 0; i < half; ++i) {
+          float angle = static_cast<float>(positions[t]) * inv_freq[i];
+          cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+          sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+        }
+        for (int64_t h = 0; h < num_heads; ++h) {
+          float* v = x + (t * num_heads + h) * head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            float x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * cs[i] - x2 * sn[i];
+            v[i + half] = x2 * cs[i] + x1 * sn[i];
+          }
+        }
+      }
+    }, 4);
+  }
+
+  void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) override {
+    pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        simd::SiluMul(gu + r * 2 * inter, gu + r * 2 * inter + inter, out + r * inter, inter);
+      }
+    }, 4);
+  }
+
+  void Softmax(float* x, int64_t rows, int64_t n) override {
+    pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        float* v = x + r * n;
+        float sum = simd::ExpShiftSum(v, simd::Max(v, n), n);
+        simd::Scale(v, 1.0f / sum, n);
+      }
+    });
+  }
+
+  void EmbeddingLookup(const float* table, const int32_t* ids, float* out, int64_t num_tokens,
+                       int64_t dim) override {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      std::memcpy(out + t * dim, table + static_cast<int64_t>(ids[t]) * dim, dim * sizeof(float));
+    }
+  }
+
+  void PagedAttention(const PagedAttentionArgs& a) override {
+    const KvLayout& l = a.layout;
+    const int64_t hd = l.head_dim;
+    const int64_t nkv = l.num_kv_heads;
+    const int64_t group = a.num_q_heads / nkv;
+    // One work item per (query row, kv head): the group's query heads share
+    // the K and V rows they read.
+    std::vector<int32_t> row_seq, row_local;
+    for (int64_t s = 0; s < a.num_seqs; ++s) {
+      for (int64_t i = 0; i < a.seqs[s].num_tokens; ++i) {
+        row_seq.push_back(static_cast<int32_t>(s));
+        row_local.push_back(static_cast<int32_t>(i));
+      }
+    }
+    const int64_t items = static_cast<int64_t>(row_seq.size()) * nkv;
+    pool_.ParallelFor(items, [&](int64_t b, int64_t e) {
+      std::vector<float> scores;
+      for (int64_t it = b; it < e; ++it) {
+        const int64_t r = it / nkv;  // Index among all rows, in sequence order.
+        const int64_t kvh = it % nkv;
+        const AttentionSeq& seq = a.seqs[row_seq[r]];
+        const int64_t local = row_local[r];
+        const int64_t row = seq.first_row + local;
+        const int64_t pos = seq.start_pos + local;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+        const int64_t len = pos - lo + 1;
+        scores.resize(len);
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          const float* q = a.q + (row * a.num_q_heads + h) * hd;
+          for (int64_t j = lo; j <= pos; ++j) {
+            const float* k = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh,
+                                             j % l.block_size);
+            scores[j - lo] = simd::Dot(q, k, hd) * a.scale;
+          }
+          float sum = simd::ExpShiftSum(scores.data(), simd::Max(scores.data(), len), len);
+          float inv = 1.0f / sum;
+          float* o = a.out + (row * a.num_q_heads + h) * hd;
+          std::fill(o, o + hd, 0.0f);
+          for (int64_t j = lo; j <= pos; ++j) {
+            const float* v = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh,
+                                             j % l.block_size);
+            simd::Axpy(scores[j - lo] * inv, v, o, hd);
+          }
+        }
+      }
+    });
+  }
+
+  std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k) override {
+    return ref::TopK(x, n, k);
+  }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+KernelBackendPtr NewCpuBackend(int threads) {
+  if (threads <= 0) threads = AvailableCores();
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace duet::kernels

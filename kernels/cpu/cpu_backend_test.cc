@@ -1,0 +1,158 @@
+// Every op of the CPU backend against the scalar reference, by normalized
+// error max|fast - ref| / max|ref|. Run twice by Bazel: with AVX2 (where the
+// CPU has it) and with DUET_NO_AVX2=1 for the scalar paths.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/reference.h"
+#include "kernels/rope.h"
+
+namespace duet::kernels {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double NormErr(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return den == 0 ? num : num / den;
+}
+
+TEST_CASE("Gemm matches the reference for GEMV and GEMM shapes, with bias and accumulate",
+          "[kernels]") {
+  auto be = NewCpuBackend(2);
+  for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{
+           {1, 1, 1}, {1, 300, 77}, {5, 129, 64}, {33, 256, 100}, {64, 1000, 32}}) {
+    auto a = Random(m * k, 1), w = Random(n * k, 2), bias = Random(n, 3);
+    auto c0 = Random(m * n, 4);
+    for (bool acc : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        std::vector<float> got = c0, want = c0;
+        be->Gemm(a.data(), w.data(), with_bias ? bias.data() : nullptr, got.data(), m, n, k, acc);
+        ref::Gemm(a.data(), w.data(), want.data(), m, n, k, acc);
+        if (with_bias) {
+          for (int i = 0; i < m; ++i)
+            for (int j = 0; j < n; ++j) want[i * n + j] += bias[j];
+        }
+        INFO("m=" << m << " n=" << n << " k=" << k << " acc=" << acc << " bias=" << with_bias);
+        REQUIRE(NormErr(got, want) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("RmsNorm, SiluMul, Softmax and Embedding match the reference", "[kernels]") {
+  auto be = NewCpuBackend(2);
+  for (int dim : {1, 7, 64, 100, 768}) {
+    const int rows = 13;
+    auto x = Random(rows * dim, 5), w = Random(dim, 6);
+    std::vector<float> got(rows * dim), want(rows * dim);
+    be->RmsNorm(x.data(), w.data(), got.data(), rows, dim, 1e-5f);
+    ref::RmsNorm(x.data(), w.data(), want.data(), rows, dim, 1e-5f);
+    REQUIRE(NormErr(got, want) < 1e-5);
+
+    auto gu = Random(rows * 2 * dim, 7, 4.0f);
+    std::vector<float> s1(rows * dim), s2(rows * dim);
+    be->SiluMul(gu.data(), s1.data(), rows, dim);
+    ref::SiluMul(gu.data(), s2.data(), rows, dim);
+    REQUIRE(NormErr(s1, s2) < 1e-5);
+
+    auto sm1 = Random(rows * dim, 8, 10.0f), sm2 = sm1;
+    be->Softmax(sm1.data(), rows, dim);
+    ref::Softmax(sm2.data(), rows, dim);
+    REQUIRE(NormErr(sm1, sm2) < 1e-5);
+  }
+  auto table = Random(50 * 16, 9);
+  std::vector<int32_t> ids = {3, 0, 49, 3};
+  std::vector<float> e1(4 * 16), e2(4 * 16);
+  be->EmbeddingLookup(table.data(), ids.data(), e1.data(), 4, 16);
+  ref::EmbeddingLookup(table.data(), ids.data(), e2.data(), 4, 16);
+  REQUIRE(e1 == e2);
+  REQUIRE(e1[2 * 16 + 5] == table[49 * 16 + 5]);
+}
+
+TEST_CASE("Rope matches the reference with and without Llama-3 scaling", "[kernels]") {
+  auto be = NewCpuBackend(2);
+  for (bool llama3 : {false, true}) {
+    RopeConfig rc;
+    rc.head_dim = 64;
+    rc.theta = 500000;
+    if (llama3) {
+      rc.llama3_factor = 8;
+      rc.llama3_original_max_position = 256;
+    }
+    auto inv = RopeInvFreq(rc);
+    const int tokens = 9, heads = 3;
+    std::vector<int32_t> pos = {0, 1, 2, 17, 255, 256, 1000, 4096, 100000};
+    auto x = Random(tokens * heads * 64, 10), y = x;
+    be->Rope(x.data(), pos.data(), inv.data(), tokens, heads, 64);
+    ref::Rope(y.data(), pos.data(), inv.data(), tokens, heads, 64);
+    REQUIRE(NormErr(x, y) < 1e-5);
+  }
+}
+
+TEST_CASE("Llama-3 rope scaling changes only the low frequencies", "[kernels]") {
+  RopeConfig plain{.head_dim = 128, .theta = 500000};
+  RopeConfig scaled = plain;
+  scaled.llama3_factor = 8;
+  auto a = RopeInvFreq(plain), b = RopeInvFreq(scaled);
+  REQUIRE(a[0] == b[0]);                          // Highest frequency kept.
+  REQUIRE(b.back() == Approx(a.back() / 8).epsilon(1e-6));  // Lowest divided by factor.
+  REQUIRE(a[0] == 1.0f);
+}
+
+TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, window",
+          "[kernels]") {
+  auto be = NewCpuBackend(2);
+  KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = 16};
+  const int num_blocks = 40;
+  auto pool = Random(num_blocks * l.BlockStride(), 11);
+  // Three sequences: a chunk after a cached prefix, a fresh prompt, a decode token.
+  std::vector<int32_t> t0 = {7, 3, 9, 1, 0, 12}, t1 = {5, 6, 8, 2}, t2 = {20, 21, 22, 23, 24, 25, 26, 27};
+  std::vector<AttentionSeq> seqs = {
+      {.first_row = 0, .num_tokens = 5, .start_pos = 18, .block_table = t0.data()},
+      {.first_row = 5, .num_tokens = 13, .start_pos = 0, .block_table = t1.data()},
+      {.first_row = 18, .num_tokens = 1, .start_pos = 30, .block_table = t2.data()},
+  };
+  const int rows = 19, nq = 6;
+  auto q = Random(rows * nq * 16, 12);
+  for (int64_t window : {0, 5}) {
+    std::vector<float> got(rows * nq * 16), want(rows * nq * 16);
+    PagedAttentionArgs args{.q = q.data(), .out = got.data(), .kv = pool.data(), .layout = l,
+                            .layer = 1, .num_q_heads = nq, .scale = 0.25f, .window = window,
+                            .seqs = seqs.data(), .num_seqs = 3};
+    be->PagedAttention(args);
+    args.out = want.data();
+    ref::PagedAttention(args);
+    INFO("window " << window);
+    REQUIRE(NormErr(got, want) < 1e-5);
+  }
+}
+
+TEST_CASE("TopK returns the largest values, ties to the lower index", "[kernels]") {
+  auto be = NewCpuBackend(1);
+  std::vector<float> x = {1, 5, 3, 5, -2, 4};
+  auto top = be->TopK(x.data(), 6, 3);
+  REQUIRE(top.size() == 3);
+  REQUIRE(top[0] == std::make_pair(1, 5.0f));
+  REQUIRE(top[1] == std::make_pair(3, 5.0f));
+  REQUIRE(top[2] == std::make_pair(5, 4.0f));
+}
+
+}  // namespace
+}  // namespace duet::kernels

@@ -1,0 +1,127 @@
+#include "kernels/cpu/reference.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace duet::kernels::ref {
+
+void Gemm(const float* a, const float* w, float* c, int64_t m, int64_t n, int64_t k,
+          bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = accumulate ? c[i * n + j] : 0.0;
+      for (int64_t p = 0; p < k; ++p) s += static_cast<double>(a[i * k + p]) * w[j * k + p];
+      c[i * n + j] = static_cast<float>(s);
+    }
+  }
+}
+
+void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    double inv = 1.0 / std::sqrt(ss / dim + eps);
+    for (int64_t i = 0; i < dim; ++i) {
+      y[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * w[i]);
+    }
+  }
+}
+
+void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num_tokens,
+          int64_t num_heads, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      float* v = x + (t * num_heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        // The angle in float32, as Hugging Face computes it.
+        float angle = static_cast<float>(positions[t]) * inv_freq[i];
+        double c = std::cos(angle), s = std::sin(angle);
+        double x1 = v[i], x2 = v[i + half];
+        v[i] = static_cast<float>(x1 * c - x2 * s);
+        v[i + half] = static_cast<float>(x2 * c + x1 * s);
+      }
+    }
+  }
+}
+
+void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * inter;
+    const float* u = g + inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      double gv = g[i];
+      out[r * inter + i] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * u[i]);
+    }
+  }
+}
+
+void Softmax(float* x, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * n;
+    double mx = v[0];
+    for (int64_t i = 1; i < n; ++i) mx = std::max<double>(mx, v[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(v[i] - mx);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(std::exp(v[i] - mx) / sum);
+  }
+}
+
+void EmbeddingLookup(const float* table, const int32_t* ids, float* out, int64_t num_tokens,
+                     int64_t dim) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::copy(table + static_cast<int64_t>(ids[t]) * dim,
+              table + static_cast<int64_t>(ids[t]) * dim + dim, out + t * dim);
+  }
+}
+
+std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k) {
+  std::vector<std::pair<int32_t, float>> all(n);
+  for (int64_t i = 0; i < n; ++i) all[i] = {static_cast<int32_t>(i), x[i]};
+  k = std::min(k, n);
+  std::partial_sort(all.begin(), all.begin() + k, all.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  all.resize(k);
+  return all;
+}
+
+void PagedAttention(const PagedAttentionArgs& a) {
+  const KvLayout& l = a.layout;
+  const int64_t hd = l.head_dim;
+  const int64_t group = a.num_q_heads / l.num_kv_heads;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const AttentionSeq& seq = a.seqs[s];
+    for (int64_t i = 0; i < seq.num_tokens; ++i) {
+      const int64_t row = seq.first_row + i;
+      const int64_t pos = seq.start_pos + i;
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+      for (int64_t h = 0; h < a.num_q_heads; ++h) {
+        const int64_t kvh = h / group;
+        const float* q = a.q + (row * a.num_q_heads + h) * hd;
+        std::vector<double> scores(pos - lo + 1);
+        double mx = -1e300;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const float* k = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh,
+                                           j % l.block_size);
+          double d = 0;
+          for (int64_t e = 0; e < hd; ++e) d += static_cast<double>(q[e]) * k[e];
+          scores[j - lo] = d * a.scale;
+          mx = std::max(mx, scores[j - lo]);
+        }
+        double sum = 0;
+        for (double& v : scores) sum += (v = std::exp(v - mx));
+        std::vector<double> acc(hd, 0.0);
+        for (int64_t j = lo; j <= pos; ++j) {
+          const float* v = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh,
+                                           j % l.block_size);
+          for (int64_t e = 0; e < hd; ++e) acc[e] += scores[j - lo] / sum * v[e];
+        }
+        float* o = a.out + (row * a.num_q_heads + h) * hd;
+        for (int64_t e = 0; e < hd; ++e) o[e] = static_cast<float>(acc[e]);
+      }
+    }
+  }
+}
+
+}  // namespace duet::kernels::ref

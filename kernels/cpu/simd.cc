@@ -1,0 +1,222 @@
+#include "kernels/cpu/simd.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace duet::kernels::simd {
+namespace {
+
+bool DetectAvx2() {
+  const char* off = std::getenv("DUET_NO_AVX2");
+  if (off != nullptr && std::strcmp(off, "1") == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+#define DUET_AVX2 __attribute__((target("avx2,fma")))
+
+DUET_AVX2 inline float HSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+DUET_AVX2 inline float HMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// exp(x) for float lanes: Cephes' range reduction and degree-5 polynomial,
+// about 1e-7 relative error on [-88, 88].
+DUET_AVX2 inline __m256 Exp256(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, z, x);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  __m256i n = _mm256_cvttps_epi32(fx);
+  n = _mm256_add_epi32(n, _mm256_set1_epi32(127));
+  n = _mm256_slli_epi32(n, 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = HSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+DUET_AVX2 void AxpyAvx2(float a, const float* x, float* y, int64_t n) {
+  __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+DUET_AVX2 void ScaleMulAvx2(const float* x, float scale, const float* w, float* y, int64_t n) {
+  __m256 vs = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
+                                          _mm256_loadu_ps(w + i)));
+  }
+  for (; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+DUET_AVX2 float SumSquaresAvx2(const float* x, int64_t n) {
+  __m256 s = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    s = _mm256_fmadd_ps(v, v, s);
+  }
+  float r = HSum(s);
+  for (; i < n; ++i) r += x[i] * x[i];
+  return r;
+}
+
+DUET_AVX2 float ExpShiftSumAvx2(float* x, float shift, int64_t n) {
+  __m256 vs = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = Exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float r = HSum(acc);
+  for (; i < n; ++i) r += (x[i] = std::exp(x[i] - shift));
+  return r;
+}
+
+DUET_AVX2 float MaxAvx2(const float* x, int64_t n) {
+  int64_t i = 0;
+  float r = -INFINITY;
+  if (n >= 8) {
+    __m256 m = _mm256_loadu_ps(x);
+    for (i = 8; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    r = HMax(m);
+  }
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+DUET_AVX2 void ScaleAvx2(float* x, float s, int64_t n) {
+  __m256 vs = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
+  for (; i < n; ++i) x[i] *= s;
+}
+
+DUET_AVX2 void SiluMulAvx2(const float* g, const float* u, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 e = Exp256(_mm256_sub_ps(zero, gv));
+    __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+DUET_AVX2 void AddAvx2(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+  }
+  for (; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+bool UseAvx2() {
+  static const bool use = DetectAvx2();
+  return use;
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  if (UseAvx2()) return DotAvx2(a, b, n);
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  if (UseAvx2()) return AxpyAvx2(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void ScaleMul(const float* x, float scale, const float* w, float* y, int64_t n) {
+  if (UseAvx2()) return ScaleMulAvx2(x, scale, w, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+float SumSquares(const float* x, int64_t n) {
+  if (UseAvx2()) return SumSquaresAvx2(x, n);
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+float ExpShiftSum(float* x, float shift, int64_t n) {
+  if (UseAvx2()) return ExpShiftSumAvx2(x, shift, n);
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] = std::exp(x[i] - shift));
+  return s;
+}
+
+float Max(const float* x, int64_t n) {
+  if (UseAvx2()) return MaxAvx2(x, n);
+  float r = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+void Scale(float* x, float s, int64_t n) {
+  if (UseAvx2()) return ScaleAvx2(x, s, n);
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void SiluMul(const float* g, const float* u, float* out, int64_t n) {
+  if (UseAvx2()) return SiluMulAvx2(g, u, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void Add(const float* x, float* y, int64_t n) {
+  if (UseAvx2()) return AddAvx2(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace duet::kernels::simd

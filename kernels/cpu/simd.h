@@ -1,0 +1,36 @@
+// Vector primitives for the CPU backend: AVX2/FMA where the CPU has them,
+// scalar loops otherwise, chosen at run time so one binary runs anywhere.
+//
+//   float d = simd::Dot(q, k, head_dim);
+//   simd::Axpy(w, v, acc, head_dim);  // acc += w * v
+//
+// Results may differ from the scalar loops in the last bits (FMA, summation
+// order); callers compare against kernels/cpu/reference.h by normalized error.
+#ifndef DUET_KERNELS_CPU_SIMD_H_
+#define DUET_KERNELS_CPU_SIMD_H_
+
+#include <cstdint>
+
+namespace duet::kernels::simd {
+
+// True when the CPU has AVX2 and FMA (checked once). DUET_NO_AVX2=1 in the
+// environment forces the scalar paths, to test them on any machine.
+bool UseAvx2();
+
+float Dot(const float* a, const float* b, int64_t n);
+// y += a * x
+void Axpy(float a, const float* x, float* y, int64_t n);
+// y = x * scale * w (element-wise w).
+void ScaleMul(const float* x, float scale, const float* w, float* y, int64_t n);
+float SumSquares(const float* x, int64_t n);
+// x[i] = exp(x[i] - shift); returns the sum.
+float ExpShiftSum(float* x, float shift, int64_t n);
+float Max(const float* x, int64_t n);
+void Scale(float* x, float s, int64_t n);
+// out[i] = silu(g[i]) * u[i]
+void SiluMul(const float* g, const float* u, float* out, int64_t n);
+void Add(const float* x, float* y, int64_t n);  // y += x
+
+}  // namespace duet::kernels::simd
+
+#endif  // DUET_KERNELS_CPU_SIMD_H_

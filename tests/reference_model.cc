@@ -1,0 +1,150 @@
+#include "tests/reference_model.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/safetensors.h"
+
+namespace duet::testing {
+namespace {
+
+std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  double inv = 1.0 / std::sqrt(ss / x.size() + eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+// y = W x (+ b), W stored [out][in] as in Hugging Face.
+std::vector<double> Linear(const std::vector<double>& W, const std::vector<double>* b,
+                           const std::vector<double>& x) {
+  const size_t in = x.size(), out = W.size() / in;
+  std::vector<double> y(out, 0.0);
+  for (size_t o = 0; o < out; ++o) {
+    double s = b ? (*b)[o] : 0.0;
+    for (size_t i = 0; i < in; ++i) s += W[o * in + i] * x[i];
+    y[o] = s;
+  }
+  return y;
+}
+
+}  // namespace
+
+ReferenceModel::ReferenceModel(const std::string& dir) {
+  auto cfg = engine::ModelConfig::FromFile(dir + "/config.json");
+  if (!cfg.ok()) throw std::runtime_error(cfg.status().ToString());
+  config_ = *cfg;
+  auto st = engine::SafetensorsModel::Open(dir);
+  if (!st.ok()) throw std::runtime_error(st.status().ToString());
+  for (const std::string& name : (*st)->Names()) {
+    std::vector<float> f = engine::ToFloat32(*(*st)->Find(name));
+    w_[name] = std::vector<double>(f.begin(), f.end());
+  }
+  // Rotary inverse frequencies, in double, with Llama-3 scaling by its
+  // published formula.
+  const auto& r = config_.rope;
+  const int half = static_cast<int>(config_.head_dim / 2);
+  for (int i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(r.theta, 2.0 * i / config_.head_dim);
+    if (r.llama3_factor > 0) {
+      double wavelen = 2 * M_PI / f;
+      double low_wl = r.llama3_original_max_position / r.llama3_low_freq_factor;
+      double high_wl = r.llama3_original_max_position / r.llama3_high_freq_factor;
+      if (wavelen > low_wl) {
+        f = f / r.llama3_factor;
+      } else if (wavelen >= high_wl) {
+        double smooth = (r.llama3_original_max_position / wavelen - r.llama3_low_freq_factor) /
+                        (r.llama3_high_freq_factor - r.llama3_low_freq_factor);
+        f = (1 - smooth) * f / r.llama3_factor + smooth * f;
+      }
+    }
+    inv_freq_.push_back(f);
+  }
+}
+
+const std::vector<double>& ReferenceModel::W(const std::string& name) const {
+  auto it = w_.find(name);
+  if (it == w_.end()) throw std::runtime_error("reference: missing tensor " + name);
+  return it->second;
+}
+
+std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_t>& tokens) const {
+  const auto& c = config_;
+  const size_t T = tokens.size(), H = c.hidden_size, hd = c.head_dim;
+  const size_t nq = c.num_heads, nkv = c.num_kv_heads;
+  std::vector<std::vector<double>> x(T);
+  const auto& emb = W("model.embed_tokens.weight");
+  for (size_t t = 0; t < T; ++t) x[t].assign(emb.begin() + tokens[t] * H, emb.begin() + (tokens[t] + 1) * H);
+
+  auto rope = [&](std::vector<double>& v, size_t heads, size_t pos) {
+    for (size_t h = 0; h < heads; ++h) {
+      for (size_t i = 0; i < hd / 2; ++i) {
+        double a = pos * inv_freq_[i];
+        double x1 = v[h * hd + i], x2 = v[h * hd + i + hd / 2];
+        v[h * hd + i] = x1 * std::cos(a) - x2 * std::sin(a);
+        v[h * hd + i + hd / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+      }
+    }
+  };
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const bool qkv_bias = c.attention_bias;
+    std::vector<std::vector<double>> q(T), k(T), v(T);
+    for (size_t t = 0; t < T; ++t) {
+      auto h = RmsNorm(x[t], W(p + "input_layernorm.weight"), c.rms_norm_eps);
+      q[t] = Linear(W(p + "self_attn.q_proj.weight"), qkv_bias ? &W(p + "self_attn.q_proj.bias") : nullptr, h);
+      k[t] = Linear(W(p + "self_attn.k_proj.weight"), qkv_bias ? &W(p + "self_attn.k_proj.bias") : nullptr, h);
+      v[t] = Linear(W(p + "self_attn.v_proj.weight"), qkv_bias ? &W(p + "self_attn.v_proj.bias") : nullptr, h);
+      rope(q[t], nq, t);
+      rope(k[t], nkv, t);
+    }
+    const int64_t window = c.layer_window[l];
+    for (size_t t = 0; t < T; ++t) {
+      std::vector<double> attn(nq * hd, 0.0);
+      for (size_t h = 0; h < nq; ++h) {
+        const size_t kh = h / (nq / nkv);
+        const size_t lo = (window > 0 && t + 1 > static_cast<size_t>(window)) ? t + 1 - window : 0;
+        std::vector<double> s;
+        double mx = -1e300;
+        for (size_t j = lo; j <= t; ++j) {
+          double d = 0;
+          for (size_t e = 0; e < hd; ++e) d += q[t][h * hd + e] * k[j][kh * hd + e];
+          s.push_back(d / std::sqrt(static_cast<double>(hd)));
+          mx = std::max(mx, s.back());
+        }
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - mx));
+        for (size_t j = lo; j <= t; ++j) {
+          for (size_t e = 0; e < hd; ++e) attn[h * hd + e] += s[j - lo] / z * v[j][kh * hd + e];
+        }
+      }
+      auto o = Linear(W(p + "self_attn.o_proj.weight"), c.o_bias ? &W(p + "self_attn.o_proj.bias") : nullptr, attn);
+      for (size_t i = 0; i < H; ++i) x[t][i] += o[i];
+      auto h2 = RmsNorm(x[t], W(p + "post_attention_layernorm.weight"), c.rms_norm_eps);
+      auto g = Linear(W(p + "mlp.gate_proj.weight"), nullptr, h2);
+      auto u = Linear(W(p + "mlp.up_proj.weight"), nullptr, h2);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      auto d = Linear(W(p + "mlp.down_proj.weight"), nullptr, g);
+      for (size_t i = 0; i < H; ++i) x[t][i] += d[i];
+    }
+  }
+  const auto& head = c.tie_word_embeddings ? W("model.embed_tokens.weight") : W("lm_head.weight");
+  std::vector<std::vector<double>> out(T);
+  for (size_t t = 0; t < T; ++t) out[t] = Linear(head, nullptr, RmsNorm(x[t], W("model.norm.weight"), c.rms_norm_eps));
+  return out;
+}
+
+double NormalizedError(const std::vector<float>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return 1e30;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num = std::max(num, std::fabs(got[i] - want[i]));
+    den = std::max(den, std::fabs(want[i]));
+  }
+  return den == 0 ? num : num / den;
+}
+
+}  // namespace duet::testing

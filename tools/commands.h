@@ -1,0 +1,13 @@
+// The subcommands of the `duet` binary. Each takes argv from its own name on
+// (argv[0] is the subcommand) and returns the process exit code.
+#ifndef DUET_TOOLS_COMMANDS_H_
+#define DUET_TOOLS_COMMANDS_H_
+
+namespace duet::tools {
+
+int RunGenerate(int argc, char** argv);
+int RunMakeModel(int argc, char** argv);
+
+}  // namespace duet::tools
+
+#endif  // DUET_TOOLS_COMMANDS_H_

@@ -1,0 +1,34 @@
+// duet: prefill/decode disaggregated LLM serving. One binary, subcommands.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: duet COMMAND [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate     generate tokens from a prompt on one engine, in this process\n"
+    "  make-model   write a Hugging Face model directory with random weights\n"
+    "\n"
+    "`duet COMMAND --help` describes each command's flags.\n"
+    "Without --model, commands use the embedded tiny model, made on first use\n"
+    "in $XDG_CACHE_HOME/duet (else ~/.cache/duet).\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "generate") return duet::tools::RunGenerate(argc - 1, argv + 1);
+  if (cmd == "make-model") return duet::tools::RunMakeModel(argc - 1, argv + 1);
+  std::fprintf(stderr, "duet: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
+  return 2;
+}

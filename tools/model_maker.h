@@ -1,0 +1,43 @@
+// Writes complete Hugging Face model directories with deterministic random
+// weights: the embedded tiny model, the `bench` model, and test fixtures.
+//
+//   MakeModelOptions o{.size = "tiny", .arch = "llama", .out_dir = dir};
+//   RETURN_IF_ERROR(MakeModel(o));
+//
+// A directory holds config.json, model.safetensors, tokenizer.json and
+// tokenizer_config.json. Each arch exercises its own feature: llama is untied
+// with Llama-3 rope_scaling (BF16 weights), mistral has a sliding window
+// shorter than test prompts (F16), qwen2 has q/k/v bias and tied embeddings
+// (F32). The tokenizer is a byte-level BPE learned from duet's own corpus.
+// Same options, same bytes.
+#ifndef DUET_TOOLS_MODEL_MAKER_H_
+#define DUET_TOOLS_MODEL_MAKER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace duet::tools {
+
+struct MakeModelOptions {
+  std::string size = "tiny";  // tiny | bench
+  std::string arch = "llama"; // llama | mistral | qwen2
+  uint64_t seed = 0;
+  std::string out_dir;
+};
+
+absl::Status MakeModel(const MakeModelOptions& options);
+
+// duet's cache folder: $XDG_CACHE_HOME/duet, else ~/.cache/duet.
+std::string CacheDir();
+
+// The embedded tiny model (or another size/arch), made on first use in the
+// cache folder; returns its directory. Safe against concurrent first use by
+// several processes (built in a temporary folder, then renamed).
+absl::StatusOr<std::string> EnsureCachedModel(const std::string& size = "tiny",
+                                              const std::string& arch = "llama");
+
+}  // namespace duet::tools
+
+#endif  // DUET_TOOLS_MODEL_MAKER_H_
