@@ -1,0 +1,87 @@
+#include "engine/sampler.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace duet::engine {
+namespace {
+
+TEST_CASE("greedy picks the argmax, ties to the lower id", "[sampler]") {
+  std::vector<float> l = {0.5f, 2.0f, -1.0f, 2.0f};
+  SamplingParams p{.temperature = 0};
+  REQUIRE(Sample(l.data(), 4, p, 0, 0).token == 1);
+}
+
+TEST_CASE("logprobs are the log-softmax of the raw logits, best first", "[sampler]") {
+  std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.0f};
+  SamplingParams p{.temperature = 0.5f, .top_k = 2, .logprobs = 4};
+  SampleResult r = Sample(l.data(), 4, p, 0, 5);
+  double z = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0) + std::exp(0.0));
+  REQUIRE(r.top_logprobs.size() == 4);
+  REQUIRE(r.top_logprobs[0].first == 1);
+  REQUIRE(r.top_logprobs[1].first == 2);
+  REQUIRE(r.top_logprobs[3].first == 3);
+  REQUIRE(r.top_logprobs[0].second == Approx(3.0 - z).epsilon(1e-6));
+  REQUIRE(r.top_logprobs[3].second == Approx(0.0 - z).epsilon(1e-6));
+  // Temperature and top-k do not change the reported logprob of the pick.
+  REQUIRE(r.logprob == Approx(l[r.token] - z).epsilon(1e-6));
+}
+
+TEST_CASE("top-k, top-p and min-p restrict the candidates", "[sampler]") {
+  std::vector<float> l = {0.0f, 4.0f, 3.9f, 1.0f, 3.8f};
+  std::set<int32_t> k2, p_small, minp;
+  for (int pos = 0; pos < 400; ++pos) {
+    k2.insert(Sample(l.data(), 5, {.temperature = 1, .top_k = 2, .seed = 9}, 0, pos).token);
+    p_small.insert(Sample(l.data(), 5, {.temperature = 1, .top_p = 0.01f, .seed = 9}, 0, pos).token);
+    minp.insert(Sample(l.data(), 5, {.temperature = 1, .min_p = 0.5f, .seed = 9}, 0, pos).token);
+  }
+  REQUIRE(k2 == std::set<int32_t>{1, 2});
+  REQUIRE(p_small == std::set<int32_t>{1});
+  // p(3)/p(1) = e^-3 < 0.5 and p(0)/p(1) = e^-4: only 1, 2, 4 survive.
+  REQUIRE(minp == std::set<int32_t>{1, 2, 4});
+}
+
+TEST_CASE("temperature 1 samples the softmax distribution", "[sampler]") {
+  std::vector<float> l = {0.0f, std::log(2.0f), std::log(5.0f)};  // p = 1/8, 2/8, 5/8
+  std::map<int32_t, int> counts;
+  const int n = 40000;
+  for (int pos = 0; pos < n; ++pos) counts[Sample(l.data(), 3, {.temperature = 1, .seed = 3}, 0, pos).token]++;
+  REQUIRE(counts[0] / double(n) == Approx(0.125).margin(0.01));
+  REQUIRE(counts[1] / double(n) == Approx(0.25).margin(0.01));
+  REQUIRE(counts[2] / double(n) == Approx(0.625).margin(0.01));
+}
+
+TEST_CASE("draws are a pure function of (seed, choice, position)", "[sampler]") {
+  REQUIRE(UniformDraw(1, 0, 10) == UniformDraw(1, 0, 10));
+  std::set<double> seen;
+  for (uint64_t seed : {0, 1}) {
+    for (uint64_t choice : {0, 1}) {
+      for (int64_t pos : {0, 1, 1000000}) {
+        double u = UniformDraw(seed, choice, pos);
+        REQUIRE(u >= 0.0);
+        REQUIRE(u < 1.0);
+        seen.insert(u);
+      }
+    }
+  }
+  REQUIRE(seen.size() == 12);
+  double mean = 0;
+  for (int i = 0; i < 10000; ++i) mean += UniformDraw(77, 0, i);
+  REQUIRE(mean / 10000 == Approx(0.5).margin(0.01));
+}
+
+TEST_CASE("invalid parameters are named", "[sampler]") {
+  REQUIRE(SamplingParams{.temperature = -1}.Validate().message().find("temperature") != std::string::npos);
+  REQUIRE(SamplingParams{.top_p = 0}.Validate().message().find("top_p") != std::string::npos);
+  REQUIRE(SamplingParams{.top_p = 1.5f}.Validate().message().find("top_p") != std::string::npos);
+  REQUIRE(SamplingParams{.min_p = 2}.Validate().message().find("min_p") != std::string::npos);
+  REQUIRE(SamplingParams{.top_k = -3}.Validate().message().find("top_k") != std::string::npos);
+  REQUIRE(SamplingParams{.temperature = NAN}.Validate().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(SamplingParams{}.Validate().ok());
+}
+
+}  // namespace
+}  // namespace duet::engine

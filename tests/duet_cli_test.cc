@@ -1,0 +1,115 @@
+// The `duet` binary as a user runs it: generate on the embedded tiny model
+// (made on first use in the cache folder), make-model, and their errors.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/block_pool.h"
+#include "engine/generator.h"
+#include "engine/model.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace duet {
+namespace {
+
+using Catch::Matchers::Contains;
+
+struct Run {
+  int exit_code;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs the duet binary with a private cache folder.
+Run Duet(const std::string& args) {
+  std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  std::string cmd = "XDG_CACHE_HOME=" + tmp + "/cache tools/duet " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_CASE("duet generate --json on the embedded model equals the engine's Generate", "[cli]") {
+  Run r = Duet("generate --prompt-ids 5,6,7,8 --max-tokens 6 --temperature 0 --ignore-eos --logprobs 3 --json");
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["ids"].size() == 6);
+  REQUIRE(j["top_logprobs"].size() == 6);
+  REQUIRE(j["top_logprobs"][0].size() == 3);
+  REQUIRE(j["text"].is_string());
+  // Greedy: the chosen id is the best alternative at every position.
+  for (size_t i = 0; i < 6; ++i) REQUIRE(j["top_logprobs"][i][0][0] == j["ids"][i]);
+
+  // The same model through the library gives the same ids.
+  std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  std::string dir;
+  for (const auto& e : std::filesystem::directory_iterator(tmp + "/cache/duet/models")) dir = e.path();
+  auto backend = kernels::NewCpuBackend(1);
+  auto model = engine::Model::Load(dir, backend.get());
+  REQUIRE(model.ok());
+  engine::BlockPool pool((*model)->KvLayoutFor(16), 8);
+  engine::GenerateOptions opt{.max_tokens = 6, .ignore_eos = true};
+  opt.sampling.temperature = 0;
+  auto g = engine::Generate(**model, pool, std::vector<int32_t>{5, 6, 7, 8}, opt);
+  REQUIRE(g.ok());
+  REQUIRE(j["ids"].get<std::vector<int32_t>>() == g->ids);
+}
+
+TEST_CASE("duet generate with a seed repeats itself", "[cli]") {
+  Run a = Duet("generate --prompt-ids 1,2,3 --max-tokens 8 --seed 11 --ignore-eos");
+  Run b = Duet("generate --prompt-ids 1,2,3 --max-tokens 8 --seed 11 --ignore-eos");
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(a.out == b.out);
+}
+
+TEST_CASE("duet reports bad flags and inputs clearly", "[cli]") {
+  Run r = Duet("generate --prompt-ids 1,x,3");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE_THAT(r.out, Contains("\"x\" is not a token id"));
+  r = Duet("generate --bogus 1");
+  REQUIRE(r.exit_code == 2);
+  REQUIRE_THAT(r.out, Contains("unknown flag --bogus"));
+  r = Duet("generate --prompt-ids 1 --top-p 2");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE_THAT(r.out, Contains("top_p"));
+  r = Duet("generate --prompt-ids 1 --model /nonexistent");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE_THAT(r.out, Contains("/nonexistent"));
+  r = Duet("frobnicate");
+  REQUIRE(r.exit_code == 2);
+  REQUIRE_THAT(r.out, Contains("unknown command"));
+  r = Duet("generate --help");
+  REQUIRE(r.exit_code == 0);
+  REQUIRE_THAT(r.out, Contains("--prompt-ids"));
+  REQUIRE_THAT(r.out, Contains("--logprobs"));
+}
+
+TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
+  std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  std::string out = tmp + "/made-qwen2";
+  Run r = Duet("make-model --size tiny --arch qwen2 --seed 3 --out " + out);
+  REQUIRE(r.exit_code == 0);
+  auto backend = kernels::NewCpuBackend(1);
+  auto model = engine::Model::Load(out, backend.get());
+  REQUIRE(model.ok());
+  REQUIRE((*model)->config().model_type == "qwen2");
+  REQUIRE((*model)->config().tie_word_embeddings);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json"}) {
+    REQUIRE(std::filesystem::exists(out + "/" + f));
+  }
+  r = Duet("make-model --size huge --out " + out);
+  REQUIRE(r.exit_code == 1);
+  REQUIRE_THAT(r.out, Contains("--size"));
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,376 @@
+// duet's CPU engine against this machine's roofline: prefill and decode
+// throughput of Model::Forward, each beside the limit measured in the same
+// run (STYLE rule 9).
+//
+//   bazel run -c opt //tools/bench:engine -- --threads 2
+//
+// Prefill (one 512-token prompt, one Forward, logits for the last row) is
+// compared with its FLOPs at the OpenBLAS SGEMM rate measured on the very GEMM
+// shapes that prefill runs. Decode (batch 1, 8, 32 after a 128-token prompt)
+// is compared with the bytes a step must read (weights + KV) at the STREAM
+// triad bandwidth. --op-times adds where the time goes, op class by op class.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/flags.h"
+#include "base/status_macros.h"
+#include "base/thread_pool.h"
+#include "engine/block_pool.h"
+#include "engine/model.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tools/bench/roofline.h"
+#include "tools/bench/timed_backend.h"
+#include "tools/model_maker.h"
+
+// The roofline's SGEMM calls set OpenBLAS's process-wide thread count; the
+// CPU backend wants it at 1 (it slices GEMMs over its own pool).
+extern "C" void openblas_set_num_threads(int);
+
+namespace duet::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using engine::BatchSeq;
+using engine::BlockPool;
+using engine::Model;
+using engine::ModelConfig;
+using engine::SequenceKv;
+
+constexpr int64_t kPrefillTokens = 512;
+constexpr int64_t kDecodePrompt = 128;
+constexpr int64_t kDecodeSteps = 16;
+constexpr int64_t kBlockSize = 16;
+constexpr int kRepeats = 3;
+constexpr size_t kStreamArrayBytes = size_t{256} << 20;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void Progress(const std::string& line) {
+  std::fprintf(stderr, "[engine bench] %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> out(n);
+  for (auto& t : out) t = dist(rng);
+  return out;
+}
+
+int32_t Argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
+
+// One GEMM shape that Forward runs, and how often per forward.
+struct GemmShape {
+  const char* name;
+  int64_t n, k;
+  int64_t per_forward;  // Calls per forward (layers).
+};
+
+std::vector<GemmShape> LayerGemms(const ModelConfig& c) {
+  // The shapes of Model::Forward's calls: q, k and v are three GEMMs there.
+  return {{"q", c.q_dim(), c.hidden_size, c.num_layers},
+          {"k", c.kv_dim(), c.hidden_size, c.num_layers},
+          {"v", c.kv_dim(), c.hidden_size, c.num_layers},
+          {"o", c.hidden_size, c.q_dim(), c.num_layers},
+          {"gate+up", 2 * c.intermediate_size, c.hidden_size, c.num_layers},
+          {"down", c.hidden_size, c.intermediate_size, c.num_layers}};
+}
+
+// FLOPs of one prefill forward of `t` tokens from position 0 with logits for
+// one row: every linear layer at 2 * params per token, the LM head for one
+// row, and attention QK^T + PV (2 * 2 * context * q_dim per token per layer).
+double PrefillFlops(const ModelConfig& c, int64_t t) {
+  double linear = 0;
+  for (const GemmShape& g : LayerGemms(c)) linear += 2.0 * t * g.n * g.k * g.per_forward;
+  const double lm_head = 2.0 * c.vocab_size * c.hidden_size;
+  const double context_sum = 0.5 * t * (t + 1);  // Token i sees i + 1 positions.
+  const double attention = 4.0 * context_sum * c.q_dim() * c.num_layers;
+  return linear + lm_head + attention;
+}
+
+// F32 weight bytes a decode step of `batch` sequences reads.
+double DecodeWeightBytes(const ModelConfig& c, int64_t batch) {
+  const int64_t H = c.hidden_size;
+  double per_layer = 0;
+  for (const GemmShape& g : LayerGemms(c)) per_layer += static_cast<double>(g.n) * g.k;
+  per_layer += 2.0 * H;  // input and post-attention norms
+  const double head = static_cast<double>(c.vocab_size) * H;  // lm_head (or tied embedding)
+  return 4.0 * (per_layer * c.num_layers + H /*final norm*/ + head + batch * H /*embedding rows*/);
+}
+
+double KvBytesPerToken(const ModelConfig& c) {
+  return 4.0 * c.num_layers * 2 * c.num_kv_heads * c.head_dim;
+}
+
+struct PrefillResult {
+  double tokens_per_s;
+  double seconds;
+};
+
+// `timed`, when given, is reset after the warm-up so it counts the timed runs.
+absl::StatusOr<PrefillResult> BenchPrefill(Model& model, BlockPool& pool, int repeats,
+                                           TimedBackend* timed = nullptr) {
+  const ModelConfig& c = model.config();
+  const std::vector<int32_t> prompt = RandomTokens(kPrefillTokens, c.vocab_size, 1);
+  SequenceKv seq(&pool);
+  RETURN_IF_ERROR(seq.Reserve(kPrefillTokens));
+  BatchSeq b{.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
+             .logit_rows = {static_cast<int32_t>(kPrefillTokens - 1)}};
+  double best = 1e30;
+  for (int r = 0; r <= repeats; ++r) {  // r == 0 is the warm-up.
+    const auto start = Clock::now();
+    ASSIGN_OR_RETURN(engine::Logits out, model.Forward({&b, 1}, pool));
+    const double s = SecondsSince(start);
+    if (out.rows() != 1) return absl::InternalError("prefill returned no logits");
+    if (r > 0) best = std::min(best, s);
+    if (r == 0 && timed != nullptr) timed->Reset();
+  }
+  return PrefillResult{kPrefillTokens / best, best};
+}
+
+// `max_batch` sequences, each with its own prefilled 128-token prompt. Decode
+// runs for every batch size restart at position 128 (overwriting the slots a
+// previous run wrote), so all batch sizes decode from the same context.
+struct DecodeSet {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SequenceKv> kv;
+  std::vector<int32_t> first_token;  // Argmax after the prompt.
+};
+
+absl::Status PrefillDecodeSet(Model& model, BlockPool& pool, int64_t max_batch, DecodeSet& set) {
+  const ModelConfig& c = model.config();
+  for (int64_t s = 0; s < max_batch; ++s) {
+    set.prompts.push_back(RandomTokens(kDecodePrompt, c.vocab_size, 100 + s));
+    set.kv.emplace_back(&pool);
+    // Room for the prompt, a warm-up step and the timed steps.
+    RETURN_IF_ERROR(set.kv.back().Reserve(kDecodePrompt + kDecodeSteps + 1));
+  }
+  set.first_token.resize(max_batch);
+  constexpr int64_t kSeqsPerForward = 8;  // Bounds the scratch size.
+  for (int64_t s0 = 0; s0 < max_batch; s0 += kSeqsPerForward) {
+    const int64_t s1 = std::min(max_batch, s0 + kSeqsPerForward);
+    std::vector<BatchSeq> batch;
+    for (int64_t s = s0; s < s1; ++s) {
+      batch.push_back({.tokens = set.prompts[s], .start_pos = 0,
+                       .block_table = set.kv[s].block_table(),
+                       .logit_rows = {static_cast<int32_t>(kDecodePrompt - 1)}});
+    }
+    ASSIGN_OR_RETURN(engine::Logits out, model.Forward(batch, pool));
+    for (int64_t s = s0; s < s1; ++s) set.first_token[s] = Argmax(out.row(s - s0), c.vocab_size);
+  }
+  return absl::OkStatus();
+}
+
+struct DecodeResult {
+  double tokens_per_s;
+  double seconds;         // Best run of kDecodeSteps steps.
+  double bytes;           // Weight + KV bytes those steps read.
+  double kv_bytes;
+};
+
+// One untimed step, then `repeats` runs of kDecodeSteps steps of the first
+// `batch` sequences (greedy tokens); the best run counts.
+// `timed`, when given, is reset after the warm-up so it counts the timed steps.
+absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSet& set,
+                                         int64_t batch, int repeats, TimedBackend* timed = nullptr) {
+  const ModelConfig& c = model.config();
+  std::vector<int32_t> tokens(batch);
+  std::vector<BatchSeq> seqs(batch);
+  auto step = [&](int64_t pos) -> absl::Status {
+    for (int64_t s = 0; s < batch; ++s) {
+      seqs[s] = {.tokens = absl::Span<const int32_t>(&tokens[s], 1), .start_pos = pos,
+                 .block_table = set.kv[s].block_table(), .logit_rows = {0}};
+    }
+    ASSIGN_OR_RETURN(engine::Logits out, model.Forward(seqs, pool));
+    for (int64_t s = 0; s < batch; ++s) tokens[s] = Argmax(out.row(s), c.vocab_size);
+    return absl::OkStatus();
+  };
+  std::copy(set.first_token.begin(), set.first_token.begin() + batch, tokens.begin());
+  RETURN_IF_ERROR(step(kDecodePrompt));  // Warm-up.
+  if (timed != nullptr) timed->Reset();
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    std::copy(set.first_token.begin(), set.first_token.begin() + batch, tokens.begin());
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < kDecodeSteps; ++i) RETURN_IF_ERROR(step(kDecodePrompt + i));
+    best = std::min(best, SecondsSince(start));
+  }
+  double kv = 0;
+  for (int64_t i = 0; i < kDecodeSteps; ++i) {
+    kv += static_cast<double>(batch) * (kDecodePrompt + i + 1) * KvBytesPerToken(c);
+  }
+  const double bytes = kDecodeSteps * DecodeWeightBytes(c, batch) + kv;
+  return DecodeResult{batch * kDecodeSteps / best, best, bytes, kv};
+}
+
+void PrintRow(const std::string& figure, double measured, double reference,
+              const std::string& ref_note, const std::string& target) {
+  char ref[64];
+  std::snprintf(ref, sizeof(ref), "%.1f %s", reference, ref_note.c_str());
+  std::printf("%-30s %12.1f   %-30s %6.2f   %s\n", figure.c_str(), measured, ref,
+              measured / reference, target.c_str());
+}
+
+void PrintOpTimes(const TimedBackend& timed, double wall_s, const std::string& title) {
+  std::printf("\n%s: wall %.1f ms, in backend ops %.1f ms (%.0f%%)\n", title.c_str(), wall_s * 1e3,
+              timed.TotalSeconds() * 1e3, 100 * timed.TotalSeconds() / wall_s);
+  std::printf("  %-24s %7s %10s %7s %10s %12s\n", "op", "calls", "ms", "share", "GFLOP/s",
+              "weight GB/s");
+  std::vector<std::pair<std::string, TimedBackend::OpStat>> rows(timed.stats().begin(),
+                                                                 timed.stats().end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  for (const auto& [name, s] : rows) {
+    std::printf("  %-24s %7lld %10.2f %6.1f%%", name.c_str(), static_cast<long long>(s.calls),
+                s.seconds * 1e3, 100 * s.seconds / wall_s);
+    if (s.flops > 0) {
+      std::printf(" %10.1f %12.2f", s.flops / s.seconds * 1e-9, s.weight_bytes / s.seconds * 1e-9);
+    }
+    std::printf("\n");
+  }
+  const double other = wall_s - timed.TotalSeconds();
+  std::printf("  %-24s %7s %10.2f %6.1f%%\n", "(outside backend ops)", "", other * 1e3,
+              100 * other / wall_s);
+}
+
+absl::Status Run(const FlagSet& f) {
+  const int threads = static_cast<int>(f.GetInt("threads"));
+  if (threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  std::string dir = f.GetString("model");
+  if (dir.empty()) {
+    Progress("making or finding the cached bench model (the first time takes a while)");
+    ASSIGN_OR_RETURN(dir, tools::EnsureCachedModel("bench", "llama"));
+  }
+  ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::FromFile(dir + "/config.json"));
+  if (cfg.max_position_embeddings < kPrefillTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": context ", cfg.max_position_embeddings,
+                                                   " is shorter than the ", kPrefillTokens,
+                                                   "-token prefill"));
+  }
+
+  // The machine's limits first, while nothing else of ours runs.
+  Progress(absl::StrCat("STREAM triad, ", threads, " threads, 3 x 256 MiB"));
+  const StreamResult stream = RunStreamTriad(threads, kStreamArrayBytes, 5);
+  Progress("mbw (single-threaded memcpy) cross-check");
+  const MbwResult mbw = RunMbw();
+  Progress("OpenBLAS SGEMM on the prefill's GEMM shapes");
+  double gemm_flops = 0, gemm_seconds = 0;
+  for (const GemmShape& g : LayerGemms(cfg)) {
+    const double gflops = MeasureSgemmGflops(static_cast<int>(kPrefillTokens), static_cast<int>(g.n),
+                                             static_cast<int>(g.k), threads, 0.2);
+    const double flops = 2.0 * kPrefillTokens * g.n * g.k * g.per_forward;
+    gemm_flops += flops;
+    gemm_seconds += flops / (gflops * 1e9);
+    Progress(absl::StrCat("  SGEMM ", g.name, " ", kPrefillTokens, "x", g.n, "x", g.k, ": ",
+                          static_cast<int>(gflops), " GFLOP/s"));
+  }
+  const double sgemm_gflops = gemm_flops / gemm_seconds * 1e-9;
+  openblas_set_num_threads(1);
+
+  Progress(absl::StrCat("loading ", dir));
+  auto timed_owner = std::make_unique<TimedBackend>(kernels::NewCpuBackend(threads));
+  TimedBackend& timed = *timed_owner;
+  timed.set_enabled(false);
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir, &timed));
+  const std::vector<int64_t> batches = {1, 8, 32};
+  const int64_t max_batch = batches.back();
+  const int64_t blocks = (kPrefillTokens + kBlockSize - 1) / kBlockSize +
+                         max_batch * ((kDecodePrompt + kDecodeSteps + 1 + kBlockSize - 1) / kBlockSize);
+  BlockPool pool(model->KvLayoutFor(kBlockSize), blocks);
+
+  Progress(absl::StrCat("prefill ", kPrefillTokens, " tokens: warm-up + best of ", kRepeats));
+  ASSIGN_OR_RETURN(PrefillResult prefill, BenchPrefill(*model, pool, kRepeats));
+  const double prefill_flops = PrefillFlops(cfg, kPrefillTokens);
+  const double prefill_roof = sgemm_gflops * 1e9 / prefill_flops * kPrefillTokens;
+
+  Progress(absl::StrCat("prefilling ", max_batch, " x ", kDecodePrompt, "-token prompts for decode"));
+  DecodeSet set;
+  RETURN_IF_ERROR(PrefillDecodeSet(*model, pool, max_batch, set));
+  std::vector<DecodeResult> decode;
+  for (int64_t b : batches) {
+    Progress(absl::StrCat("decode batch ", b, ": ", kDecodeSteps, " steps, best of ", kRepeats));
+    ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, pool, set, b, kRepeats));
+    decode.push_back(d);
+  }
+
+  const double bw = stream.triad_gb_per_s * 1e9;
+  std::printf("duet engine bench: %s, %d threads, %lld layers, hidden %lld, vocab %lld, F32 weights\n",
+              dir.c_str(), threads, static_cast<long long>(cfg.num_layers),
+              static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.vocab_size));
+  std::printf("prefill %lld tok: %.1f GFLOP per forward, %.1f ms best (%.1f GFLOP/s achieved); "
+              "SGEMM roofline rate %.1f GFLOP/s (OpenBLAS %d thr, prefill shapes, FLOP-weighted)\n",
+              static_cast<long long>(kPrefillTokens), prefill_flops * 1e-9, prefill.seconds * 1e3,
+              prefill_flops / prefill.seconds * 1e-9, sgemm_gflops, threads);
+  std::printf("decode: %.1f MB weights per step at b=1; STREAM triad %.2f GB/s (arrays 3 x %zu MiB)\n\n",
+              DecodeWeightBytes(cfg, 1) * 1e-6, stream.triad_gb_per_s, stream.array_bytes >> 20);
+  std::printf("%-30s %12s   %-30s %6s   %s\n", "figure", "measured", "reference", "ratio", "target");
+  PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s"), prefill.tokens_per_s, prefill_roof,
+           "(SGEMM roofline)", ">= 0.50");
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const DecodeResult& d = decode[i];
+    const double roof = batches[i] * kDecodeSteps / (d.bytes / bw);
+    PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), d.tokens_per_s, roof,
+             "(STREAM roofline)", i == 0 ? ">= 0.60" : "-");
+  }
+  if (mbw.ok) {
+    const double mbw_copy = MbwAsStreamCopyGbPerS(mbw);
+    PrintRow(absl::StrCat("STREAM triad GB/s (", threads, " thr)"), stream.triad_gb_per_s, mbw_copy,
+             "(mbw as copy, 1 thr)", "-");
+    PrintRow(absl::StrCat("STREAM copy GB/s (", threads, " thr)"), stream.copy_gb_per_s, mbw_copy,
+             "(mbw as copy, 1 thr)", "-");
+  } else {
+    std::printf("%-30s %12.2f   %-30s %6s   %s\n", "STREAM triad GB/s", stream.triad_gb_per_s,
+                ("mbw n/a: " + mbw.error).c_str(), "-", "-");
+  }
+
+  if (f.GetBool("op-times")) {
+    Progress("op times: one prefill and decode steps with per-op timing");
+    timed.set_enabled(true);
+    {
+      ASSIGN_OR_RETURN(PrefillResult p, BenchPrefill(*model, pool, 1, &timed));
+      PrintOpTimes(timed, p.seconds, absl::StrCat("prefill ", kPrefillTokens, " tokens, 1 forward"));
+    }
+    for (int64_t b : {int64_t{1}, int64_t{32}}) {
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, pool, set, b, 1, &timed));
+      PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace duet::bench
+
+int main(int argc, char** argv) {
+  duet::FlagSet f("engine",
+                  "Prefill and decode throughput of duet's CPU engine beside the machine's "
+                  "measured roofline (OpenBLAS SGEMM, STREAM triad), in one table.");
+  f.Int("threads", duet::AvailableCores(), "threads for the engine, STREAM and OpenBLAS");
+  f.String("model", "", "model directory (default: the cached bench model, made on first use)");
+  f.Bool("op-times", "also print where the time goes, per op class (prefill, decode b=1 and b=32)");
+  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = duet::bench::Run(f); !s.ok()) {
+    std::fprintf(stderr, "engine bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine: installs what is
+# missing, builds, runs every test but the GPU ones, then the engine, kernel and
+# cross-component tests again under AddressSanitizer + LeakSanitizer, and ends with
+# one line "N passed, N failed" (Catch2 test cases). Extra arguments go to
+# the first `bazel test`.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash tools/setup.sh || exit 1
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+total_pass=0
+total_fail=0
+rc=0
+
+run() {
+  bazel test "$@" 2>&1 | tee "$log" | grep -avE '^INFO: From'
+  local status=${PIPESTATUS[0]}
+  read -r p f < <(bash tools/count_tests.sh "$log")
+  total_pass=$((total_pass + p))
+  total_fail=$((total_fail + f))
+  if [ "$status" != 0 ]; then
+    rc=1
+    # A build failure runs no test: count it so the line cannot read green.
+    if [ "$p" = 0 ] && [ "$f" = 0 ]; then total_fail=$((total_fail + 1)); fi
+  fi
+}
+
+run //... --test_tag_filters=-gpu --build_tests_only "$@"
+run --config=asan --test_tag_filters=-gpu --build_tests_only //base/... //engine/... //kernels/... //tests/...
+
+echo "${total_pass} passed, ${total_fail} failed"
+exit $rc
