@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -116,7 +117,8 @@ double KvBytesPerToken(const ModelConfig& c) {
 
 struct PrefillResult {
   double tokens_per_s;
-  double seconds;
+  double seconds;        // Best run.
+  double total_seconds;  // All timed runs.
 };
 
 // `timed`, when given, is reset after the warm-up so it counts the timed runs.
@@ -128,16 +130,17 @@ absl::StatusOr<PrefillResult> BenchPrefill(Model& model, BlockPool& pool, int re
   RETURN_IF_ERROR(seq.Reserve(kPrefillTokens));
   BatchSeq b{.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
              .logit_rows = {static_cast<int32_t>(kPrefillTokens - 1)}};
-  double best = 1e30;
+  double best = 1e30, total = 0;
   for (int r = 0; r <= repeats; ++r) {  // r == 0 is the warm-up.
     const auto start = Clock::now();
     ASSIGN_OR_RETURN(engine::Logits out, model.Forward({&b, 1}, pool));
     const double s = SecondsSince(start);
     if (out.rows() != 1) return absl::InternalError("prefill returned no logits");
     if (r > 0) best = std::min(best, s);
+    if (r > 0) total += s;
     if (r == 0 && timed != nullptr) timed->Reset();
   }
-  return PrefillResult{kPrefillTokens / best, best};
+  return PrefillResult{kPrefillTokens / best, best, total};
 }
 
 // `max_batch` sequences, each with its own prefilled 128-token prompt. Decode
@@ -245,6 +248,41 @@ void PrintOpTimes(const TimedBackend& timed, double wall_s, const std::string& t
               100 * other / wall_s);
 }
 
+// Separates the suspects behind a slow op: the pool's per-call cost, and
+// OpenBLAS single-thread column slices (what the backend runs) against
+// OpenBLAS's own threading on the whole shape.
+void PrintDiagnostics(const ModelConfig& c, int threads) {
+  Progress("diagnostics: thread pool latency, OpenBLAS slicing");
+  std::printf("\ndiagnostics (%d threads)\n", threads);
+  {
+    ThreadPool pool(threads);
+    std::function<void(int64_t, int64_t)> nop = [](int64_t, int64_t) {};
+    for (int i = 0; i < 1000; ++i) pool.ParallelFor(threads, nop);
+    constexpr int kCalls = 20000;
+    const auto start = Clock::now();
+    for (int i = 0; i < kCalls; ++i) pool.ParallelFor(threads, nop);
+    std::printf("  ThreadPool::ParallelFor, empty body: %.1f us per call\n",
+                SecondsSince(start) / kCalls * 1e6);
+  }
+  std::printf("  %-28s %14s %22s %14s\n", "SGEMM shape (m x n x k)", "OpenBLAS all thr",
+              "1 thr on n/threads slice", "slice x threads");
+  for (int64_t m : {kPrefillTokens, int64_t{32}}) {
+    for (const GemmShape& g : LayerGemms(c)) {
+      if (std::string(g.name) == "v") continue;  // Same shape as k.
+      const int64_t slice = ((g.n + threads - 1) / threads + 15) / 16 * 16;
+      const double all = MeasureSgemmGflops(static_cast<int>(m), static_cast<int>(g.n),
+                                            static_cast<int>(g.k), threads, 0.2);
+      const double one = MeasureSgemmGflops(static_cast<int>(m), static_cast<int>(slice),
+                                            static_cast<int>(g.k), 1, 0.2);
+      char shape[64];
+      std::snprintf(shape, sizeof(shape), "%s %lldx%lldx%lld", g.name, static_cast<long long>(m),
+                    static_cast<long long>(g.n), static_cast<long long>(g.k));
+      std::printf("  %-28s %14.1f %22.1f %14.1f\n", shape, all, one, one * threads);
+    }
+  }
+  openblas_set_num_threads(1);
+}
+
 absl::Status Run(const FlagSet& f) {
   const int threads = static_cast<int>(f.GetInt("threads"));
   if (threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
@@ -339,13 +377,17 @@ absl::Status Run(const FlagSet& f) {
     Progress("op times: one prefill and decode steps with per-op timing");
     timed.set_enabled(true);
     {
-      ASSIGN_OR_RETURN(PrefillResult p, BenchPrefill(*model, pool, 1, &timed));
-      PrintOpTimes(timed, p.seconds, absl::StrCat("prefill ", kPrefillTokens, " tokens, 1 forward"));
+      ASSIGN_OR_RETURN(PrefillResult p, BenchPrefill(*model, pool, kRepeats, &timed));
+      PrintOpTimes(timed, p.total_seconds,
+                   absl::StrCat("prefill ", kPrefillTokens, " tokens, ", kRepeats, " forwards"));
     }
     for (int64_t b : {int64_t{1}, int64_t{32}}) {
       ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, pool, set, b, 1, &timed));
       PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
     }
+    timed.set_enabled(false);
+    model.reset();  // Its weights are not needed for the diagnostics.
+    PrintDiagnostics(cfg, threads);
   }
   return absl::OkStatus();
 }

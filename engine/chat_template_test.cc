@@ -1,0 +1,92 @@
+#include "engine/chat_template.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+namespace duet::engine {
+namespace {
+
+using Catch::Matchers::Contains;
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "You answer briefly."},
+    {"user", "  What is prefill?\n"},
+    {"assistant", "Running the prompt."},
+    {"user", "And decode?"},
+};
+
+std::string Config(const std::string& tmpl, const std::string& bos, bool add_bos) {
+  nlohmann::json j = {{"bos_token", bos}, {"eos_token", "<|eot_id|>"}, {"add_bos_token", add_bos},
+                      {"chat_template", tmpl}};
+  return j.dump();
+}
+
+TEST_CASE("Llama-3: header tokens, trimmed content, BOS once, generation prompt", "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(Config(kLlama3ChatTemplate, "<|begin_of_text|>", true),
+                                              "tokenizer_config.json");
+  REQUIRE(pf.ok());
+  REQUIRE(pf->format() == ChatFormat::kLlama3);
+  // Written out from the template: bos_token before the first message; each
+  // message '<|start_header_id|>' + role + '<|end_header_id|>\n\n' +
+  // (content | trim) + '<|eot_id|>'; then the assistant header.
+  const std::string want =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou answer briefly.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nWhat is prefill?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nRunning the prompt.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nAnd decode?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  auto got = pf->RenderChat(kConversation, true);
+  REQUIRE(got.ok());
+  REQUIRE(*got == want);
+  auto no_gen = pf->RenderChat(kConversation, false);
+  REQUIRE(*no_gen == want.substr(0, want.size() - std::string("<|start_header_id|>assistant<|end_header_id|>\n\n").size()));
+  REQUIRE(pf->CompletionPrefix() == "<|begin_of_text|>");
+}
+
+TEST_CASE("ChatML: im_start/im_end, default system prompt only without a system message", "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
+  REQUIRE(pf.ok());
+  REQUIRE(pf->format() == ChatFormat::kChatML);
+  const std::string want =
+      "<|im_start|>system\nYou answer briefly.<|im_end|>\n"
+      "<|im_start|>user\n  What is prefill?\n<|im_end|>\n"
+      "<|im_start|>assistant\nRunning the prompt.<|im_end|>\n"
+      "<|im_start|>user\nAnd decode?<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  REQUIRE(*pf->RenderChat(kConversation, true) == want);
+  std::vector<ChatMessage> no_system(kConversation.begin() + 1, kConversation.end());
+  auto got = pf->RenderChat(no_system, true);
+  REQUIRE(got.ok());
+  REQUIRE(got->rfind("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n", 0) == 0);
+  REQUIRE(pf->CompletionPrefix().empty());
+}
+
+TEST_CASE("unsupported or malformed templates are errors naming the file", "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(Config("{{ messages }}", "<s>", true), "/m/tokenizer_config.json");
+  REQUIRE(pf.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(pf.status().message()), Contains("/m/tokenizer_config.json"));
+  REQUIRE_THAT(std::string(pf.status().message()), Contains("chat_template"));
+  auto bad = PromptFormat::FromTokenizerConfig("{\"chat_template\": ", "/m/tokenizer_config.json");
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(bad.status().message()), Contains("/m/tokenizer_config.json"));
+}
+
+TEST_CASE("no template: completions only, chat is a clear error", "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(R"({"bos_token": "<s>", "add_bos_token": true})", "tc.json");
+  REQUIRE(pf.ok());
+  REQUIRE_FALSE(pf->has_chat_template());
+  REQUIRE(pf->CompletionPrefix() == "<s>");
+  auto r = pf->RenderChat(kConversation, true);
+  REQUIRE(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE_THAT(std::string(r.status().message()), Contains("chat_template"));
+}
+
+TEST_CASE("unknown roles and empty conversations are refused", "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
+  REQUIRE(pf->RenderChat({}, true).status().code() == absl::StatusCode::kInvalidArgument);
+  auto r = pf->RenderChat({{"tool", "x"}}, true);
+  REQUIRE_THAT(std::string(r.status().message()), Contains("messages[0].role"));
+}
+
+}  // namespace
+}  // namespace duet::engine
