@@ -2,11 +2,29 @@
 
 #include <sched.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <chrono>
 
 namespace duet {
 namespace {
 thread_local bool tls_in_pool = false;
+
+// Spins until done() or about `budget_us` microseconds pass; true if done.
+template <typename Done>
+bool SpinUntil(Done done, int budget_us) {
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    _mm_pause();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(budget_us)) {
+      return done();
+    }
+  }
+}
+
+constexpr int kSpinMicros = 100;
 }  // namespace
 
 int AvailableCores() {
@@ -47,16 +65,20 @@ void ThreadPool::WorkerLoop(int /*index*/) {
   tls_in_pool = true;
   uint64_t seen = 0;
   while (true) {
-    {
+    auto has_work = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!SpinUntil(has_work, kSpinMicros)) {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      work_cv_.wait(lock, [&] { return stop_ || has_work(); });
     }
-    RunChunks();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--active_workers_ == 0) done_cv_.notify_one();
+      if (stop_) return;
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    RunChunks();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
     }
   }
 }
@@ -72,21 +94,25 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   std::lock_guard<std::mutex> call_lock(call_mu_);
   // Several chunks per thread balance uneven work; never below min_grain.
   int64_t chunk = std::max(min_grain, (n + num_threads_ * 4 - 1) / (num_threads_ * 4));
+  fn_ = &fn;
+  n_ = n;
+  chunk_ = chunk;
+  next_.store(0, std::memory_order_relaxed);
+  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   {
+    // Taking the lock orders this wake-up after any worker's predicate check.
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    chunk_ = chunk;
-    next_.store(0, std::memory_order_relaxed);
-    active_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
   }
   work_cv_.notify_all();
   tls_in_pool = true;
   RunChunks();
   tls_in_pool = false;
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return active_workers_ == 0; });
+  auto all_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!SpinUntil(all_done, kSpinMicros)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, all_done);
+  }
   fn_ = nullptr;
 }
 

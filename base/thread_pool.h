@@ -44,12 +44,15 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // Serialises ParallelFor callers.
 
+  // Workers spin for a short while on generation_ before sleeping on
+  // work_cv_, so back-to-back ParallelFor calls (dozens per decode step) do
+  // not pay a futex wake-up each; the caller likewise spins on pending_.
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  uint64_t generation_ = 0;  // Guarded by mu_.
-  bool stop_ = false;        // Guarded by mu_.
-  int active_workers_ = 0;   // Guarded by mu_.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};  // Workers still running the current job.
+  bool stop_ = false;            // Guarded by mu_.
 
   // The current job; written before generation_ is bumped.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;

@@ -109,47 +109,37 @@ class CpuBackend final : public KernelBackend {
 
   void PagedAttention(const PagedAttentionArgs& a) override {
     const KvLayout& l = a.layout;
-    const int64_t hd = l.head_dim;
     const int64_t nkv = l.num_kv_heads;
-    const int64_t group = a.num_q_heads / nkv;
-    // One work item per (query row, kv head): the group's query heads share
-    // the K and V rows they read.
-    std::vector<int32_t> row_seq, row_local;
+    // Work items: a tile of query rows of one sequence against one KV head.
+    // Tiles of prefill chunks run as GEMMs (all the group's query heads share
+    // the gathered K and V); short runs (decode) take the row path, which
+    // reads each K/V row once per query head.
+    struct Item {
+      int32_t seq;
+      int32_t first;  // Offset of the tile's first row inside the sequence.
+      int32_t rows;
+      int32_t kvh;
+    };
+    std::vector<Item> items;
     for (int64_t s = 0; s < a.num_seqs; ++s) {
-      for (int64_t i = 0; i < a.seqs[s].num_tokens; ++i) {
-        row_seq.push_back(static_cast<int32_t>(s));
-        row_local.push_back(static_cast<int32_t>(i));
+      const int64_t n = a.seqs[s].num_tokens;
+      const int64_t tile = n >= kGemmMinRows ? kTileRows : 1;
+      for (int64_t first = 0; first < n; first += tile) {
+        for (int64_t h = 0; h < nkv; ++h) {
+          items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(first),
+                           static_cast<int32_t>(std::min(tile, n - first)), static_cast<int32_t>(h)});
+        }
       }
     }
-    const int64_t items = static_cast<int64_t>(row_seq.size()) * nkv;
-    pool_.ParallelFor(items, [&](int64_t b, int64_t e) {
-      std::vector<float> scores;
+    pool_.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e) {
+      std::vector<float> scratch;
       for (int64_t it = b; it < e; ++it) {
-        const int64_t r = it / nkv;  // Index among all rows, in sequence order.
-        const int64_t kvh = it % nkv;
-        const AttentionSeq& seq = a.seqs[row_seq[r]];
-        const int64_t local = row_local[r];
-        const int64_t row = seq.first_row + local;
-        const int64_t pos = seq.start_pos + local;
-        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-        const int64_t len = pos - lo + 1;
-        scores.resize(len);
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t h = kvh * group + g;
-          const float* q = a.q + (row * a.num_q_heads + h) * hd;
-          for (int64_t j = lo; j <= pos; ++j) {
-            const float* k = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh,
-                                             j % l.block_size);
-            scores[j - lo] = simd::Dot(q, k, hd) * a.scale;
-          }
-          float sum = simd::ExpShiftSum(scores.data(), simd::Max(scores.data(), len), len);
-          float inv = 1.0f / sum;
-          float* o = a.out + (row * a.num_q_heads + h) * hd;
-          std::fill(o, o + hd, 0.0f);
-          for (int64_t j = lo; j <= pos; ++j) {
-            const float* v = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh,
-                                             j % l.block_size);
-            simd::Axpy(scores[j - lo] * inv, v, o, hd);
+        const Item& item = items[it];
+        if (item.rows >= kGemmMinRows) {
+          AttentionTileGemm(a, a.seqs[item.seq], item.first, item.rows, item.kvh, scratch);
+        } else {
+          for (int32_t r = 0; r < item.rows; ++r) {
+            AttentionRow(a, a.seqs[item.seq], item.first + r, item.kvh, scratch);
           }
         }
       }
@@ -161,6 +151,93 @@ class CpuBackend final : public KernelBackend {
   }
 
  private:
+  static constexpr int64_t kGemmMinRows = 8;
+  static constexpr int64_t kTileRows = 128;
+
+  // Query row `local` of `seq` against KV head `kvh`, for each query head of
+  // its group: dot products, softmax, weighted sum of V.
+  static void AttentionRow(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t local,
+                           int64_t kvh, std::vector<float>& scores) {
+    const KvLayout& l = a.layout;
+    const int64_t hd = l.head_dim;
+    const int64_t group = a.num_q_heads / l.num_kv_heads;
+    const int64_t row = seq.first_row + local;
+    const int64_t pos = seq.start_pos + local;
+    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+    const int64_t len = pos - lo + 1;
+    scores.resize(len);
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = kvh * group + g;
+      const float* q = a.q + (row * a.num_q_heads + h) * hd;
+      for (int64_t j = lo; j <= pos; ++j) {
+        const float* k = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh,
+                                         j % l.block_size);
+        scores[j - lo] = simd::Dot(q, k, hd) * a.scale;
+      }
+      float sum = simd::ExpShiftSum(scores.data(), simd::Max(scores.data(), len), len);
+      float inv = 1.0f / sum;
+      float* o = a.out + (row * a.num_q_heads + h) * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t j = lo; j <= pos; ++j) {
+        const float* v = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh,
+                                         j % l.block_size);
+        simd::Axpy(scores[j - lo] * inv, v, o, hd);
+      }
+    }
+  }
+
+  // Rows [first, first + rows) of `seq` against KV head `kvh` as two GEMMs
+  // per query head: S = Q K^T over the keys any row of the tile may see,
+  // masked (causal, window) and softmaxed in place, then O = P V.
+  static void AttentionTileGemm(const PagedAttentionArgs& a, const AttentionSeq& seq,
+                                int64_t first, int64_t rows, int64_t kvh,
+                                std::vector<float>& scratch) {
+    const KvLayout& l = a.layout;
+    const int64_t hd = l.head_dim;
+    const int64_t group = a.num_q_heads / l.num_kv_heads;
+    const int64_t pos0 = seq.start_pos + first;
+    const int64_t pos_last = pos0 + rows - 1;
+    const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
+    const int64_t nkeys = pos_last - k_lo + 1;
+    scratch.resize(2 * nkeys * hd + rows * nkeys);
+    float* kbuf = scratch.data();
+    float* vbuf = kbuf + nkeys * hd;
+    float* sbuf = vbuf + nkeys * hd;
+    // Gather the keys and values into contiguous [nkeys][hd] matrices, a
+    // block-sized run at a time.
+    for (int64_t j = k_lo; j <= pos_last;) {
+      const int64_t slot = j % l.block_size;
+      const int64_t run = std::min(l.block_size - slot, pos_last - j + 1);
+      const int32_t block = seq.block_table[j / l.block_size];
+      std::memcpy(kbuf + (j - k_lo) * hd, a.kv + l.Offset(block, a.layer, 0, kvh, slot),
+                  run * hd * sizeof(float));
+      std::memcpy(vbuf + (j - k_lo) * hd, a.kv + l.Offset(block, a.layer, 1, kvh, slot),
+                  run * hd * sizeof(float));
+      j += run;
+    }
+    const int64_t ld_q = a.num_q_heads * hd;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = kvh * group + g;
+      const float* q = a.q + ((seq.first_row + first) * a.num_q_heads + h) * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nkeys, hd, a.scale, q, ld_q, kbuf,
+                  hd, 0.0f, sbuf, nkeys);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t pos = pos0 + r;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+        float* srow = sbuf + r * nkeys;
+        float* valid = srow + (lo - k_lo);
+        const int64_t len = pos - lo + 1;
+        float sum = simd::ExpShiftSum(valid, simd::Max(valid, len), len);
+        simd::Scale(valid, 1.0f / sum, len);
+        std::fill(srow, valid, 0.0f);
+        std::fill(valid + len, srow + nkeys, 0.0f);
+      }
+      float* o = a.out + ((seq.first_row + first) * a.num_q_heads + h) * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nkeys, 1.0f, sbuf, nkeys,
+                  vbuf, hd, 0.0f, o, ld_q);
+    }
+  }
+
   ThreadPool pool_;
 };
 

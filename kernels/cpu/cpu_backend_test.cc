@@ -144,6 +144,31 @@ TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, wi
   }
 }
 
+TEST_CASE("PagedAttention tiles long chunks: several tiles, cached prefix, window", "[kernels]") {
+  auto be = NewCpuBackend(2);
+  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32};
+  const int num_blocks = 24;
+  auto pool = Random(num_blocks * l.BlockStride(), 21);
+  std::vector<int32_t> table(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) table[i] = (i * 7) % num_blocks;  // Scattered blocks.
+  // 300 query rows after 40 cached positions: tiles of 128, 128 and 44 rows.
+  std::vector<AttentionSeq> seqs = {{.first_row = 0, .num_tokens = 300, .start_pos = 40,
+                                     .block_table = table.data()}};
+  const int nq = 4;
+  auto q = Random(300 * nq * 32, 22);
+  for (int64_t window : {0, 100}) {
+    std::vector<float> got(300 * nq * 32), want(300 * nq * 32);
+    PagedAttentionArgs args{.q = q.data(), .out = got.data(), .kv = pool.data(), .layout = l,
+                            .layer = 0, .num_q_heads = nq, .scale = 0.17f, .window = window,
+                            .seqs = seqs.data(), .num_seqs = 1};
+    be->PagedAttention(args);
+    args.out = want.data();
+    ref::PagedAttention(args);
+    INFO("window " << window);
+    REQUIRE(NormErr(got, want) < 1e-5);
+  }
+}
+
 TEST_CASE("TopK returns the largest values, ties to the lower index", "[kernels]") {
   auto be = NewCpuBackend(1);
   std::vector<float> x = {1, 5, 3, 5, -2, 4};
