@@ -112,3 +112,24 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
         target_compatible_with = _CUDA_ONLY,
         visibility = visibility,
     )
+
+def duet_proto_library(name, srcs, deps = [], visibility = None):
+    """Generates C++ from .proto files with the system protoc (no download)
+    and wraps it in a cc_library linked with Debian's libprotobuf."""
+    outs = []
+    for src in srcs:
+        stem = src[:-len(".proto")]
+        outs += [stem + ".pb.h", stem + ".pb.cc"]
+    native.genrule(
+        name = name + "_protoc",
+        srcs = srcs,
+        outs = outs,
+        cmd = "protoc --proto_path=. --cpp_out=$(GENDIR) " + " ".join(["$(location %s)" % s for s in srcs]),
+    )
+    cc_library(
+        name = name,
+        srcs = [o for o in outs if o.endswith(".cc")],
+        hdrs = [o for o in outs if o.endswith(".h")],
+        deps = deps + ["//bazel:protobuf"],
+        visibility = visibility,
+    )
