@@ -1,7 +1,6 @@
 #include "engine/bpe_trainer.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -19,47 +18,6 @@ namespace duet::engine {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// ---------------------------------------------------------------------------
-// Byte-to-unicode table.
-
-struct ByteTable {
-  std::array<char32_t, 256> code_point{};
-  std::array<std::string, 256> utf8;
-  absl::flat_hash_map<char32_t, unsigned char> inverse;
-};
-
-void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    // The table tops out at U+0143; larger code points never occur.
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-const ByteTable& Table() {
-  static const ByteTable* const table = [] {
-    auto* t = new ByteTable;
-    auto printable = [](int b) {
-      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
-             (b >= 0xAE && b <= 0xFF);
-    };
-    int next = 0;
-    for (int b = 0; b < 256; ++b) {
-      t->code_point[b] = printable(b) ? b : 256 + next++;
-      AppendUtf8(t->code_point[b], &t->utf8[b]);
-      t->inverse[t->code_point[b]] = static_cast<unsigned char>(b);
-    }
-    return t;
-  }();
-  return *table;
-}
 
 // ---------------------------------------------------------------------------
 // Pre-tokenization.
@@ -274,47 +232,6 @@ absl::Status WriteJson(const std::filesystem::path& path, const Json& json) {
 }
 
 }  // namespace
-
-char32_t ByteToUnicode(unsigned char byte) { return Table().code_point[byte]; }
-
-std::string ByteLevelEncode(std::string_view bytes) {
-  const ByteTable& table = Table();
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (char c : bytes) out += table.utf8[static_cast<unsigned char>(c)];
-  return out;
-}
-
-absl::StatusOr<std::string> ByteLevelDecode(std::string_view text) {
-  const ByteTable& table = Table();
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c0 = static_cast<unsigned char>(text[i]);
-    char32_t cp;
-    if (c0 < 0x80) {
-      cp = c0;
-      i += 1;
-    } else if ((c0 & 0xE0) == 0xC0 && i + 1 < text.size() &&
-               (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80) {
-      cp = ((c0 & 0x1F) << 6) | (static_cast<unsigned char>(text[i + 1]) & 0x3F);
-      i += 2;
-    } else {
-      // Every table code point is below U+0800: two UTF-8 bytes at most.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "not byte-level text at offset ", i, ": ", std::string(text)));
-    }
-    auto it = table.inverse.find(cp);
-    if (it == table.inverse.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "code point U+", absl::Hex(static_cast<uint32_t>(cp)),
-          " is outside the byte-level table"));
-    }
-    out.push_back(static_cast<char>(it->second));
-  }
-  return out;
-}
 
 std::vector<std::string_view> SplitGpt2Words(std::string_view text) {
   std::vector<std::string_view> words;

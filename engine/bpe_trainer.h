@@ -22,14 +22,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+// ByteToUnicode, ByteLevelEncode/Decode and kGpt2SplitRegex, re-exported.
+#include "engine/bpe_byte_level.h"
 #include "engine/chat_templates.h"
 
 namespace duet::engine {
-
-// GPT-2's pre-tokenizer regex, as written into tokenizer.json.
-inline constexpr char kGpt2SplitRegex[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|"
-    "\\s+(?!\\S)|\\s+";
 
 struct BpeTrainerOptions {
   // Total ids: 256 byte tokens + learned merges + special tokens.
@@ -45,17 +42,6 @@ struct BpeVocab {
   // Special token i has id tokens.size() + i.
   std::vector<std::string> special_tokens;
 };
-
-// GPT-2's byte-to-unicode table: printable Latin-1 bytes map to themselves,
-// the other 68 bytes to U+0100.. in byte order (' ' -> U+0120 'Ġ').
-char32_t ByteToUnicode(unsigned char byte);
-
-// Maps each byte to its ByteToUnicode code point, UTF-8 encoded.
-std::string ByteLevelEncode(std::string_view bytes);
-
-// Inverse of ByteLevelEncode; InvalidArgument on a code point outside the
-// table or malformed UTF-8.
-absl::StatusOr<std::string> ByteLevelDecode(std::string_view text);
 
 // Splits `text` into words as kGpt2SplitRegex does, with ASCII character
 // classes; every byte >= 0x80 counts as a letter. The pieces cover `text`.

@@ -93,6 +93,63 @@ TEST_CASE("duet reports bad flags and inputs clearly", "[cli]") {
   REQUIRE_THAT(r.out, Contains("--logprobs"));
 }
 
+// Runs duet with `input` on stdin.
+Run DuetWithInput(const std::string& args, const std::string& input) {
+  std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  std::string in_path = tmp + "/stdin.txt";
+  FILE* f = std::fopen(in_path.c_str(), "wb");
+  std::fwrite(input.data(), 1, input.size(), f);
+  std::fclose(f);
+  return Duet(args + " < " + in_path);
+}
+
+TEST_CASE("duet tokenize encodes lines and decodes them back", "[cli]") {
+  const std::string text = "Prefill runs the prompt.\nDecode emits one token per step: caf\xc3\xa9 \xe2\x9c\x93\n";
+  Run enc = DuetWithInput("tokenize", text);
+  REQUIRE(enc.exit_code == 0);
+  // Two lines in, two JSON arrays out, no BOS added.
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = enc.out.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(enc.out.substr(start, nl - start));
+  }
+  REQUIRE(lines.size() == 2);
+  auto first = nlohmann::json::parse(lines[0]);
+  REQUIRE(first.size() > 3);
+  REQUIRE(first.size() < 24);  // BPE merged something.
+  for (auto& id : first) REQUIRE(id.get<int>() < 1019);  // No special tokens.
+  Run dec = DuetWithInput("tokenize --decode", enc.out);
+  REQUIRE(dec.exit_code == 0);
+  REQUIRE(dec.out == text);
+}
+
+TEST_CASE("duet tokenize refuses invalid UTF-8 and names the line", "[cli]") {
+  Run r = DuetWithInput("tokenize", "fine\nbad \xff byte\n");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE_THAT(r.out, Contains("stdin line 2"));
+  REQUIRE_THAT(r.out, Contains("UTF-8"));
+}
+
+TEST_CASE("duet generate --prompt and --chat produce text", "[cli]") {
+  Run p = Duet("generate --prompt 'The decode pool' --max-tokens 5 --temperature 0 --ignore-eos --json");
+  REQUIRE(p.exit_code == 0);
+  auto jp = nlohmann::json::parse(p.out);
+  REQUIRE(jp["ids"].size() == 5);
+  REQUIRE(jp["text"].get<std::string>().size() > 0);
+  Run c = Duet("generate --chat '[{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+               "{\"role\": \"user\", \"content\": \"What is KV cache?\"}]' --max-tokens 4 "
+               "--temperature 0 --ignore-eos --json");
+  REQUIRE(c.exit_code == 0);
+  auto jc = nlohmann::json::parse(c.out);
+  REQUIRE(jc["ids"].size() == 4);
+  Run bad = Duet("generate --chat '[{\"role\": \"robot\", \"content\": \"x\"}]'");
+  REQUIRE(bad.exit_code == 1);
+  REQUIRE_THAT(bad.out, Contains("role"));
+  Run both = Duet("generate --prompt x --prompt-ids 1");
+  REQUIRE(both.exit_code == 1);
+  REQUIRE_THAT(both.out, Contains("exactly one"));
+}
+
 TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
   std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   std::string out = tmp + "/made-qwen2";

@@ -10,8 +10,10 @@
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "engine/block_pool.h"
+#include "engine/chat_template.h"
 #include "engine/generator.h"
 #include "engine/model.h"
+#include "engine/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tools/commands.h"
 #include "tools/model_maker.h"
@@ -32,13 +34,47 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
+absl::StatusOr<std::vector<engine::ChatMessage>> ParseChat(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) {
+    return absl::InvalidArgumentError("--chat must be a JSON array of {\"role\", \"content\"} objects");
+  }
+  std::vector<engine::ChatMessage> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& m = j[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--chat: message ", i, " needs string fields \"role\" and \"content\""));
+    }
+    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return out;
+}
+
 absl::Status Generate(const FlagSet& f) {
   std::string dir = f.GetString("model");
   if (dir.empty()) {
     ASSIGN_OR_RETURN(dir, EnsureCachedModel("tiny", "llama"));
   }
-  if (!f.IsSet("prompt-ids")) return absl::InvalidArgumentError("--prompt-ids is required");
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIds(f.GetString("prompt-ids")));
+  const int given = f.IsSet("prompt-ids") + f.IsSet("prompt") + f.IsSet("chat");
+  if (given != 1) return absl::InvalidArgumentError("give exactly one of --prompt-ids, --prompt, --chat");
+  std::unique_ptr<engine::Tokenizer> tokenizer;
+  std::vector<int32_t> prompt;
+  if (f.IsSet("prompt-ids")) {
+    ASSIGN_OR_RETURN(prompt, ParseIds(f.GetString("prompt-ids")));
+  } else {
+    ASSIGN_OR_RETURN(tokenizer, engine::Tokenizer::Load(dir));
+    ASSIGN_OR_RETURN(engine::PromptFormat format, engine::PromptFormat::Load(dir));
+    std::string text;
+    if (f.IsSet("prompt")) {
+      text = format.CompletionPrefix() + f.GetString("prompt");
+    } else {
+      ASSIGN_OR_RETURN(std::vector<engine::ChatMessage> messages, ParseChat(f.GetString("chat")));
+      ASSIGN_OR_RETURN(text, format.RenderChat(messages, /*add_generation_prompt=*/true));
+    }
+    ASSIGN_OR_RETURN(prompt, tokenizer->Encode(text));
+  }
 
   engine::GenerateOptions opt;
   opt.max_tokens = f.GetInt("max-tokens");
@@ -62,10 +98,19 @@ absl::Status Generate(const FlagSet& f) {
   engine::BlockPool pool(model->KvLayoutFor(bs), (tokens + bs - 1) / bs);
   ASSIGN_OR_RETURN(engine::GenerateResult r, engine::Generate(*model, pool, prompt, opt));
 
+  std::string text;
+  if (tokenizer == nullptr) {
+    // Text needs a tokenizer; a model directory without one still generates ids.
+    auto t = engine::Tokenizer::Load(dir);
+    if (t.ok()) tokenizer = std::move(*t);
+  }
+  if (tokenizer != nullptr) {
+    ASSIGN_OR_RETURN(text, tokenizer->Decode(r.ids, /*skip_special=*/true));
+  }
   if (f.GetBool("json")) {
     nlohmann::json j;
     j["ids"] = r.ids;
-    j["text"] = "";
+    j["text"] = text;
     j["finish_reason"] = r.finish_reason;
     j["top_logprobs"] = nlohmann::json::array();
     for (const auto& pos : r.top_logprobs) {
@@ -77,7 +122,12 @@ absl::Status Generate(const FlagSet& f) {
   } else {
     std::string line;
     for (size_t i = 0; i < r.ids.size(); ++i) line += (i ? "," : "") + std::to_string(r.ids[i]);
-    std::printf("%s\n", line.c_str());
+    if (tokenizer != nullptr && !f.IsSet("prompt-ids")) {
+      std::printf("%s\n", text.c_str());
+      std::fprintf(stderr, "ids: %s\n", line.c_str());
+    } else {
+      std::printf("%s\n", line.c_str());
+    }
     std::fprintf(stderr, "finish_reason: %s\n", r.finish_reason.c_str());
   }
   return absl::OkStatus();
@@ -88,10 +138,15 @@ absl::Status Generate(const FlagSet& f) {
 int RunGenerate(int argc, char** argv) {
   FlagSet f("duet generate",
             "Generates tokens from a prompt on one engine, in this process (the reference the\n"
-            "serving path is tested against). Prints the generated ids, comma-separated, or with\n"
-            "--json one object {\"ids\", \"text\", \"finish_reason\", \"top_logprobs\"}.");
+            "serving path is tested against). Prints the generated text (the ids, comma-separated,\n"
+            "for --prompt-ids), or with --json one object {\"ids\", \"text\", \"finish_reason\",\n"
+            "\"top_logprobs\"}. Exactly one of --prompt-ids, --prompt, --chat.");
   f.String("model", "", "Hugging Face model directory (default: the embedded tiny model)");
   f.String("prompt-ids", "", "prompt token ids, comma-separated, used as given (nothing added)");
+  f.String("prompt", "", "prompt text; BOS is prepended when tokenizer_config.json's add_bos_token says so");
+  f.String("chat", "",
+           "a conversation as a JSON array of {\"role\", \"content\"}, rendered with the model's chat "
+           "template (Llama-3 or ChatML) and an assistant turn to complete");
   f.Int("max-tokens", 16, "tokens to generate at most");
   f.Double("temperature", 1.0, "sampling temperature; 0 is greedy");
   f.Double("top-p", 1.0, "nucleus sampling mass in (0, 1]");

@@ -7,6 +7,7 @@ namespace duet::tools {
 
 int RunGenerate(int argc, char** argv);
 int RunMakeModel(int argc, char** argv);
+int RunTokenize(int argc, char** argv);
 
 }  // namespace duet::tools
 

@@ -13,6 +13,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate     generate tokens from a prompt on one engine, in this process\n"
     "  make-model   write a Hugging Face model directory with random weights\n"
+    "  tokenize     text to token ids (one JSON array per stdin line), or back\n"
     "\n"
     "`duet COMMAND --help` describes each command's flags.\n"
     "Without --model, commands use the embedded tiny model, made on first use\n"
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "generate") return duet::tools::RunGenerate(argc - 1, argv + 1);
   if (cmd == "make-model") return duet::tools::RunMakeModel(argc - 1, argv + 1);
+  if (cmd == "tokenize") return duet::tools::RunTokenize(argc - 1, argv + 1);
   std::fprintf(stderr, "duet: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -7,6 +7,9 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash tools/setup.sh || exit 1
+# Where setup.sh put the npm packages the tokenizer parity tests run (.bazelrc
+# passes this variable through to tests).
+export DUET_NODE_MODULES="$PWD/.deps/node/node_modules"
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -1,0 +1,1183 @@
+#include "kvtransfer/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/logging.h"
+#include "base/metrics.h"
+#include "base/status_macros.h"
+#include "kvtransfer/wire.h"
+
+namespace duet::kvtransfer {
+namespace {
+
+constexpr uint32_t kAddressMagic = 0x41564b44;  // "DKVA" in memory order
+constexpr uint32_t kRegionMagic = 0x52564b44;   // "DKVR"
+constexpr uint16_t kWireVersion = 1;
+constexpr uint32_t kMaxKeyBytes = 1 << 16;
+constexpr uint32_t kMaxWorkerAddressBytes = 1 << 20;
+
+// Large segments are read in chunks so that one synchronous get (shared
+// memory transports copy inside the call) never holds the worker for long.
+constexpr uint64_t kChunkBytes = 8ull << 20;
+// Bytes one transfer may issue per progress round, and reads it may have
+// outstanding: bounds the work done under the worker lock and UCX's queues.
+constexpr uint64_t kIssueBudgetBytes = 32ull << 20;
+constexpr int kMaxOutstandingOps = 512;
+// How long a force-closed endpoint may take to hand back its reads, and how
+// long an idle progress thread sleeps (keepalive runs inside progress).
+constexpr absl::Duration kCloseBound = absl::Seconds(1);
+constexpr absl::Duration kIdleTick = absl::Milliseconds(50);
+constexpr absl::Duration kBusyTick = absl::Milliseconds(1);
+
+absl::Status UcxError(ucs_status_t st, absl::string_view what) {
+  std::string msg = absl::StrCat(what, ": ", ucs_status_string(st));
+  switch (st) {
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return absl::ResourceExhaustedError(msg);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+    case UCS_ERR_NO_ELEM:
+      return absl::InvalidArgumentError(msg);
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_UNSUPPORTED:
+      return absl::UnavailableError(msg);
+    case UCS_ERR_TIMED_OUT:
+      return absl::DeadlineExceededError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+struct RegionDescriptor {
+  uint64_t base = 0;
+  uint64_t length = 0;
+  std::string rkey;
+  uint64_t epoch_base = 0;
+  uint64_t num_epochs = 0;
+  std::string epoch_rkey;
+};
+
+std::string EncodeRegion(const RegionDescriptor& d) {
+  ByteWriter w;
+  w.U32(kRegionMagic);
+  w.U16(kWireVersion);
+  w.U16(0);  // flags, none yet
+  w.U64(d.base);
+  w.U64(d.length);
+  w.Blob(d.rkey);
+  w.U64(d.epoch_base);
+  w.U64(d.num_epochs);
+  w.Blob(d.epoch_rkey);
+  return w.Take();
+}
+
+absl::StatusOr<RegionDescriptor> DecodeRegion(absl::string_view bytes) {
+  ByteReader r(bytes);
+  RegionDescriptor d;
+  uint32_t magic;
+  uint16_t version, flags;
+  if (!r.U32(&magic) || magic != kRegionMagic) {
+    return absl::InvalidArgumentError("remote region: not a UCX region descriptor (bad magic)");
+  }
+  if (!r.U16(&version) || version != kWireVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote region: unsupported descriptor version ", version));
+  }
+  if (!r.U16(&flags) || !r.U64(&d.base) || !r.U64(&d.length) || !r.Blob(&d.rkey, kMaxKeyBytes) ||
+      !r.U64(&d.epoch_base) || !r.U64(&d.num_epochs) || !r.Blob(&d.epoch_rkey, kMaxKeyBytes) ||
+      !r.done()) {
+    return absl::InvalidArgumentError("remote region: truncated or oversized descriptor");
+  }
+  if (d.length == 0 || d.rkey.empty() || d.base + d.length < d.base) {
+    return absl::InvalidArgumentError("remote region: empty region or address overflow");
+  }
+  if (d.num_epochs > (uint64_t{1} << 40) ||
+      (d.num_epochs > 0) != !d.epoch_rkey.empty() || (d.num_epochs > 0 && d.epoch_base == 0)) {
+    return absl::InvalidArgumentError("remote region: inconsistent epoch table");
+  }
+  return d;
+}
+
+std::string EncodeAddress(const void* worker_address, size_t length) {
+  ByteWriter w;
+  w.U32(kAddressMagic);
+  w.U16(kWireVersion);
+  w.U16(0);
+  w.Blob(absl::string_view(static_cast<const char*>(worker_address), length));
+  return w.Take();
+}
+
+absl::StatusOr<std::string> DecodeAddress(absl::string_view bytes) {
+  ByteReader r(bytes);
+  uint32_t magic;
+  uint16_t version, flags;
+  std::string worker_address;
+  if (!r.U32(&magic) || magic != kAddressMagic) {
+    return absl::InvalidArgumentError("peer address: not a UCX transport address (bad magic)");
+  }
+  if (!r.U16(&version) || version != kWireVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("peer address: unsupported version ", version));
+  }
+  if (!r.U16(&flags) || !r.Blob(&worker_address, kMaxWorkerAddressBytes) || !r.done() ||
+      worker_address.empty()) {
+    return absl::InvalidArgumentError("peer address: truncated or malformed");
+  }
+  return worker_address;
+}
+
+const char* FailureReason(TransferState s) { return TransferStateName(s); }
+
+class UcxKvTransport : public KvTransport {
+ public:
+  explicit UcxKvTransport(const UcxTransportOptions& options) : options_(options) {}
+  ~UcxKvTransport() override;
+
+  absl::Status Init();
+
+  std::string Name() const override { return "ucx"; }
+  std::string address() const override { return address_; }
+
+  absl::StatusOr<RegionId> RegisterRegion(void* base, uint64_t bytes,
+                                          int64_t num_epoch_blocks) override;
+  absl::Status DeregisterRegion(RegionId region) override;
+  absl::StatusOr<std::string> ExportRegion(RegionId region) override;
+  uint64_t BlockEpoch(RegionId region, int32_t block) override;
+  void BumpEpoch(RegionId region, int32_t block) override;
+
+  absl::StatusOr<PeerId> Connect(const std::string& peer_address) override;
+  void Disconnect(PeerId peer) override;
+
+  absl::StatusOr<TransferId> Pull(const PullRequest& request) override;
+  std::optional<TransferResult> Poll(TransferId id) override;
+  TransferResult Wait(TransferId id) override;
+  void Cancel(TransferId id) override;
+
+ private:
+  struct Region {
+    void* base = nullptr;
+    uint64_t bytes = 0;
+    ucp_mem_h memh = nullptr;
+    std::string rkey;
+    // The epoch table: one word per block, read remotely, bumped locally
+    // with atomics. Kept (mapped) until the transport dies, see Deregister.
+    uint64_t* epochs = nullptr;
+    int64_t num_epochs = 0;
+    ucp_mem_h epoch_memh = nullptr;
+    std::string epoch_rkey;
+    int local_transfers = 0;  // transfers writing into it, guarded by mu_
+  };
+  struct EpochTable {
+    uint64_t* words;
+    ucp_mem_h memh;
+  };
+
+  // Unpacked remote keys of one exported region, per endpoint.
+  struct RemoteKeys {
+    RegionDescriptor desc;
+    ucp_rkey_h rkey = nullptr;
+    ucp_rkey_h epoch_rkey = nullptr;
+    ~RemoteKeys() {
+      if (rkey != nullptr) ucp_rkey_destroy(rkey);
+      if (epoch_rkey != nullptr) ucp_rkey_destroy(epoch_rkey);
+    }
+  };
+
+  struct Peer {
+    UcxKvTransport* owner = nullptr;
+    PeerId id = 0;
+    std::string address;  // our framed form, the key of peer_by_address_
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+    std::string failure;
+    std::map<std::string, std::shared_ptr<RemoteKeys>> keys;
+    std::set<TransferId> transfers;  // not yet terminal
+  };
+
+  enum class Phase { kQueued, kEpochsBefore, kData, kEpochsAfter };
+
+  struct Transfer {
+    UcxKvTransport* owner = nullptr;
+    TransferId id = 0;
+    PeerId peer = 0;
+    RegionId local_region = 0;
+    uint8_t* local_base = nullptr;
+    ucp_mem_h local_memh = nullptr;
+    std::vector<Segment> segments;
+    std::vector<std::pair<int32_t, uint64_t>> block_epochs;
+    std::shared_ptr<RemoteKeys> keys;
+    absl::Time start;
+    absl::Time deadline;
+    absl::Duration timeout;
+
+    Phase phase = Phase::kQueued;
+    // Issue cursor in the current phase: data = (segment, offset in it);
+    // epochs = index into epoch_runs.
+    size_t cursor = 0;
+    uint64_t cursor_offset = 0;
+    std::vector<int32_t> epoch_blocks;                // distinct, sorted
+    std::vector<std::pair<size_t, size_t>> epoch_runs;  // [first, last] indexes of consecutive blocks
+    std::vector<uint64_t> epochs_read;                // per epoch_blocks entry
+    std::unordered_map<void*, uint64_t> requests;     // outstanding -> data bytes
+    uint64_t bytes_done = 0;
+    ucs_status_t error = UCS_OK;
+
+    std::optional<TransferState> abort;  // why it stops early
+    std::string abort_detail;
+    absl::Time drain_deadline;
+    bool forced_close = false;
+
+    bool finalized = false;
+    bool released = false;  // region count and keys given back (drained)
+    bool taken = false;
+    TransferResult result;
+  };
+
+  struct Closing {
+    void* request;
+    absl::Time deadline;
+  };
+
+  static void OnGetDone(void* request, ucs_status_t status, void* user_data);
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  void ProgressLoop();
+  void Wake();
+  // Every helper below runs with mu_ held, from the progress thread or an API call.
+  void Advance(Transfer* t, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueSome(Transfer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasMoreToIssue(const Transfer* t) const;
+  void OpDone(Transfer* t, void* request, ucs_status_t status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Abort(Transfer* t, TransferState state, std::string detail, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finalize(Transfer* t, TransferState state, std::string detail, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseIfDrained(Transfer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PeerFailed(Peer* peer, std::string why, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseEndpoint(Peer* peer, bool force, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PollClosing(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TransferResult Take(std::map<TransferId, std::unique_ptr<Transfer>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Peer* FindPeer(PeerId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<RemoteKeys>> KeysFor(Peer* peer, const std::string& descriptor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const UcxTransportOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  int worker_fd_ = -1;  // UCX's event fd, -1 when the worker cannot sleep on events
+  int wake_fd_ = -1;    // eventfd that wakes the progress thread
+
+  Counter* bytes_total_ = nullptr;
+  Histogram* seconds_ = nullptr;
+  std::map<TransferState, Counter*> failures_;
+
+  // The UCP worker and everything below: UCX runs in serialized mode under it.
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  RegionId next_region_ ABSL_GUARDED_BY(mu_) = 1;
+  PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
+  TransferId next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<PeerId, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PeerId> peer_by_address_ ABSL_GUARDED_BY(mu_);
+  std::map<TransferId, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  std::set<TransferId> active_ ABSL_GUARDED_BY(mu_);  // not finalized or not drained
+  std::vector<PeerId> failed_peers_ ABSL_GUARDED_BY(mu_);  // to close after progress returns
+  std::vector<Closing> closing_ ABSL_GUARDED_BY(mu_);
+  // Disconnected peers, kept so that a late error-handler call for their
+  // (closed) endpoint never sees freed memory; bounded.
+  std::vector<std::unique_ptr<Peer>> retired_peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<EpochTable> retired_epochs_ ABSL_GUARDED_BY(mu_);
+
+  // Regions, apart from mu_ so that BumpEpoch never waits for the worker.
+  // Lock order: mu_ before regions_mu_.
+  absl::Mutex regions_mu_;
+  std::map<RegionId, std::unique_ptr<Region>> regions_ ABSL_GUARDED_BY(regions_mu_);
+
+  std::thread progress_;
+};
+
+absl::Status UcxKvTransport::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return UcxError(st, "ucp_config_read");
+  absl::Status status;
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+    std::string v = absl::StrCat(absl::ToInt64Microseconds(options_.keepalive_interval), "us");
+    st = ucp_config_modify(config, "KEEPALIVE_INTERVAL", v.c_str());
+    if (st != UCS_OK) status = UcxError(st, "ucp_config_modify KEEPALIVE_INTERVAL");
+  }
+  for (const auto& [name, value] : options_.ucx_config) {
+    if (!status.ok()) break;
+    st = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (st != UCS_OK) status = UcxError(st, absl::StrCat("ucp_config_modify ", name, "=", value));
+  }
+  if (status.ok()) {
+    ucp_params_t params = {};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                        UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_RMA | (options_.busy_poll ? 0 : UCP_FEATURE_WAKEUP);
+    params.mt_workers_shared = 0;
+    params.name = "duet-kvtransfer";
+    st = ucp_init(&params, config, &context_);
+    if (st != UCS_OK) status = UcxError(st, "ucp_init");
+  }
+  ucp_config_release(config);
+  RETURN_IF_ERROR(status);
+
+  ucp_worker_params_t wparams = {};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Every worker call is made under mu_, so UCX needs no locks of its own.
+  wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  st = ucp_worker_create(context_, &wparams, &worker_);
+  if (st != UCS_OK) return UcxError(st, "ucp_worker_create");
+
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  st = ucp_worker_get_address(worker_, &addr, &addr_len);
+  if (st != UCS_OK) return UcxError(st, "ucp_worker_get_address");
+  address_ = EncodeAddress(addr, addr_len);
+  ucp_worker_release_address(worker_, addr);
+
+  if (!options_.busy_poll) {
+    st = ucp_worker_get_efd(worker_, &worker_fd_);
+    if (st != UCS_OK) {
+      LOG(WARNING) << "UCX worker has no event fd (" << ucs_status_string(st)
+                   << "); the progress thread polls instead";
+      worker_fd_ = -1;
+    }
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+
+  MetricsRegistry& m = MetricsRegistry::Default();
+  const Labels labels = {{"transport", "ucx"}};
+  bytes_total_ = m.GetCounter("duet_kv_transfer_bytes_total", "KV cache bytes moved", labels);
+  seconds_ = m.GetHistogram("duet_kv_transfer_seconds", "Duration of completed KV pulls", labels,
+                            TransferBucketsSeconds());
+  for (TransferState s : {TransferState::kPeerLost, TransferState::kLeaseExpired,
+                          TransferState::kTimedOut, TransferState::kCancelled}) {
+    failures_[s] = m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
+                                {{"transport", "ucx"}, {"reason", FailureReason(s)}});
+  }
+  progress_ = std::thread([this] { ProgressLoop(); });
+  return absl::OkStatus();
+}
+
+UcxKvTransport::~UcxKvTransport() {
+  if (progress_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    Wake();
+    progress_.join();
+  }
+  if (worker_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    absl::Time now = absl::Now();
+    for (auto& [id, t] : transfers_) {
+      if (!t->finalized) Abort(t.get(), TransferState::kCancelled, "transport destroyed", now);
+    }
+    for (auto& [id, peer] : peers_) {
+      bool busy = !peer->transfers.empty();
+      CloseEndpoint(peer.get(), /*force=*/busy, now);
+    }
+    // Let graceful closes reach their peers and cancelled reads drain, bounded.
+    absl::Time until = now + kCloseBound;
+    while (absl::Now() < until) {
+      ucp_worker_progress(worker_);
+      PollClosing(absl::Now());
+      bool drained = closing_.empty();
+      for (auto& [id, t] : transfers_) drained = drained && t->requests.empty();
+      if (drained) break;
+    }
+    for (Closing& c : closing_) ucp_request_free(c.request);
+    closing_.clear();
+    for (auto& [id, t] : transfers_) {
+      if (!t->requests.empty()) {
+        // UCX still owns reads that point at this object: leak it rather
+        // than let a late callback touch freed memory.
+        LOG(ERROR) << "ucx transfer " << id << ": reads outstanding at shutdown";
+        t.release();
+      }
+    }
+    transfers_.clear();
+    peers_.clear();  // destroys cached rkeys
+    absl::MutexLock rlock(&regions_mu_);
+    for (auto& [id, r] : regions_) {
+      if (r->memh != nullptr) ucp_mem_unmap(context_, r->memh);
+      if (r->epochs != nullptr) retired_epochs_.push_back({r->epochs, r->epoch_memh});
+    }
+    regions_.clear();
+    for (EpochTable& e : retired_epochs_) {
+      ucp_mem_unmap(context_, e.memh);
+      std::free(e.words);
+    }
+    retired_epochs_.clear();
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void UcxKvTransport::Wake() {
+  uint64_t one = 1;
+  // EAGAIN means the counter is already non-zero: the thread will wake anyway.
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;
+}
+
+void UcxKvTransport::ProgressLoop() {
+  for (;;) {
+    absl::Duration wait = absl::ZeroDuration();
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+      }
+      absl::Time now = absl::Now();
+      // Endpoints that failed inside progress are closed out here, where
+      // purging their requests cannot re-enter a callback.
+      std::vector<PeerId> failed;
+      failed.swap(failed_peers_);
+      for (PeerId id : failed) {
+        if (Peer* p = FindPeer(id)) CloseEndpoint(p, /*force=*/true, now);
+      }
+      absl::Time next_timer = now + (active_.empty() ? kIdleTick : kBusyTick);
+      bool more_to_issue = false;
+      std::vector<TransferId> ids(active_.begin(), active_.end());
+      for (TransferId id : ids) {
+        auto it = transfers_.find(id);
+        if (it == transfers_.end()) {
+          active_.erase(id);
+          continue;
+        }
+        Transfer* t = it->second.get();
+        if (!t->finalized) {
+          if (!t->abort && now >= t->deadline) {
+            Abort(t, TransferState::kTimedOut,
+                  absl::StrCat("not finished within ", absl::FormatDuration(t->timeout)), now);
+          }
+          if (t->abort && !t->requests.empty() && now >= t->drain_deadline) {
+            if (!t->forced_close) {
+              // Reads UCX cannot cancel must not land after we report: drop
+              // the endpoint, which completes them all.
+              t->forced_close = true;
+              t->drain_deadline = now + kCloseBound;
+              if (Peer* p = FindPeer(t->peer)) {
+                PeerFailed(p,
+                           absl::StrCat("endpoint closed: reads of transfer ", t->id,
+                                        " did not drain after it ended (",
+                                        TransferStateName(*t->abort), ")"),
+                           now);
+                CloseEndpoint(p, /*force=*/true, now);
+              }
+            } else {
+              LOG(ERROR) << "ucx transfer " << t->id << ": " << t->requests.size()
+                         << " reads still outstanding after a forced endpoint close; reporting "
+                         << TransferStateName(*t->abort) << " anyway";
+              Finalize(t, *t->abort, t->abort_detail, now);
+            }
+          }
+          Advance(t, now);
+        }
+        ReleaseIfDrained(t);
+        if (t->released && t->finalized) {
+          active_.erase(id);
+          if (t->taken) transfers_.erase(it);
+          continue;
+        }
+        if (t->finalized) continue;  // only draining: UCX events wake us
+        if (HasMoreToIssue(t) && !t->abort && t->requests.size() < kMaxOutstandingOps) {
+          more_to_issue = true;  // the per-round budget ran out: go again at once
+        }
+        next_timer = std::min(next_timer, t->abort ? t->drain_deadline : t->deadline);
+      }
+      PollClosing(now);
+      if (!closing_.empty()) next_timer = std::min(next_timer, now + kBusyTick);
+      if (more_to_issue) continue;
+      if (options_.busy_poll && !active_.empty()) continue;
+      if (worker_fd_ >= 0) {
+        ucs_status_t st = ucp_worker_arm(worker_);
+        if (st == UCS_ERR_BUSY) continue;  // events arrived: progress again
+        if (st != UCS_OK) {
+          LOG(WARNING) << "ucp_worker_arm: " << ucs_status_string(st);
+          next_timer = std::min(next_timer, now + kBusyTick);
+        }
+      } else if (!active_.empty()) {
+        next_timer = std::min(next_timer, now + absl::Microseconds(100));
+      }
+      wait = std::max(absl::ZeroDuration(), next_timer - now);
+    }
+    struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_fd_, POLLIN, 0}};
+    struct timespec ts = absl::ToTimespec(wait);
+    int n = ppoll(fds, worker_fd_ >= 0 ? 2 : 1, &ts, nullptr);
+    if (n > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t r = read(wake_fd_, &v, sizeof(v));
+      (void)r;
+    }
+  }
+}
+
+UcxKvTransport::Peer* UcxKvTransport::FindPeer(PeerId id) {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+void UcxKvTransport::OnGetDone(void* request, ucs_status_t status, void* user_data) {
+  auto* t = static_cast<Transfer*>(user_data);
+  // Callbacks run inside ucp_worker_progress or ucp_ep_close_nbx, both
+  // called with mu_ held.
+  t->owner->mu_.AssertHeld();
+  t->owner->OpDone(t, request, status);
+}
+
+void UcxKvTransport::OpDone(Transfer* t, void* request, ucs_status_t status) {
+  auto it = t->requests.find(request);
+  if (it != t->requests.end()) {
+    if (status == UCS_OK) t->bytes_done += it->second;
+    t->requests.erase(it);
+  }
+  if (status != UCS_OK && status != UCS_ERR_CANCELED && t->error == UCS_OK) t->error = status;
+  ucp_request_free(request);
+}
+
+void UcxKvTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  UcxKvTransport* self = peer->owner;
+  self->mu_.AssertHeld();  // only ever called from inside progress
+  if (peer->ep != ep) return;  // an endpoint we already dropped
+  self->PeerFailed(peer, absl::StrCat("peer lost: ", ucs_status_string(status)), absl::Now());
+}
+
+void UcxKvTransport::PeerFailed(Peer* peer, std::string why, absl::Time now) {
+  if (peer->failed) return;
+  peer->failed = true;
+  peer->failure = why;
+  auto a = peer_by_address_.find(peer->address);
+  if (a != peer_by_address_.end() && a->second == peer->id) peer_by_address_.erase(a);
+  std::vector<TransferId> ids(peer->transfers.begin(), peer->transfers.end());
+  for (TransferId id : ids) {
+    auto it = transfers_.find(id);
+    if (it != transfers_.end()) Abort(it->second.get(), TransferState::kPeerLost, why, now);
+  }
+  failed_peers_.push_back(peer->id);
+  LOG(WARNING) << "ucx peer " << peer->id << ": " << why;
+}
+
+void UcxKvTransport::CloseEndpoint(Peer* peer, bool force, absl::Time now) {
+  if (peer->ep == nullptr) return;
+  ucp_ep_h ep = peer->ep;
+  peer->ep = nullptr;
+  peer->keys.clear();  // in-flight transfers hold their own reference
+  ucp_request_param_t param = {};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
+  if (UCS_PTR_IS_PTR(req)) {
+    closing_.push_back({req, now + kCloseBound});
+  } else if (UCS_PTR_STATUS(req) != UCS_OK && !peer->failed) {
+    LOG(WARNING) << "ucp_ep_close_nbx: " << ucs_status_string(UCS_PTR_STATUS(req));
+  }
+}
+
+void UcxKvTransport::PollClosing(absl::Time now) {
+  for (size_t i = 0; i < closing_.size();) {
+    ucs_status_t st = ucp_request_check_status(closing_[i].request);
+    if (st == UCS_INPROGRESS && now < closing_[i].deadline) {
+      ++i;
+      continue;
+    }
+    if (st == UCS_INPROGRESS) {
+      // A graceful close that the peer never confirmed. Freeing marks the
+      // request released: UCX drops it when the close ends or the worker dies.
+      LOG(WARNING) << "ucx endpoint close did not complete within " << kCloseBound;
+    }
+    ucp_request_free(closing_[i].request);
+    closing_.erase(closing_.begin() + i);
+  }
+}
+
+void UcxKvTransport::Abort(Transfer* t, TransferState state, std::string detail, absl::Time now) {
+  if (t->finalized || t->abort) return;
+  t->abort = state;
+  t->abort_detail = std::move(detail);
+  t->drain_deadline = now + options_.cancel_grace;
+  // RMA reads cannot be cancelled in flight by most transports; this is a
+  // no-op for them, and the drain deadline above handles the rest. (A copy:
+  // a cancel may complete its request, and the callback edits the map.)
+  std::vector<void*> reqs;
+  for (auto& [req, bytes] : t->requests) reqs.push_back(req);
+  for (void* req : reqs) {
+    if (t->requests.count(req) != 0) ucp_request_cancel(worker_, req);
+  }
+}
+
+void UcxKvTransport::Finalize(Transfer* t, TransferState state, std::string detail,
+                              absl::Time now) {
+  if (t->finalized) return;
+  t->finalized = true;
+  t->result.state = state;
+  t->result.duration = now - t->start;
+  t->result.detail = std::move(detail);
+  t->result.bytes = t->bytes_done;
+  if (Peer* p = FindPeer(t->peer)) p->transfers.erase(t->id);
+  if (state == TransferState::kDone) {
+    bytes_total_->Increment(static_cast<double>(t->bytes_done));
+    seconds_->Observe(absl::ToDoubleSeconds(t->result.duration));
+  } else {
+    failures_[state]->Increment();
+  }
+  ReleaseIfDrained(t);
+}
+
+void UcxKvTransport::ReleaseIfDrained(Transfer* t) {
+  if (t->released || !t->finalized || !t->requests.empty()) return;
+  t->released = true;
+  t->keys.reset();
+  absl::MutexLock lock(&regions_mu_);
+  auto it = regions_.find(t->local_region);
+  if (it != regions_.end()) it->second->local_transfers--;
+}
+
+bool UcxKvTransport::HasMoreToIssue(const Transfer* t) const {
+  switch (t->phase) {
+    case Phase::kQueued:
+      return true;
+    case Phase::kEpochsBefore:
+    case Phase::kEpochsAfter:
+      return t->cursor < t->epoch_runs.size();
+    case Phase::kData:
+      return t->cursor < t->segments.size();
+  }
+  return false;
+}
+
+void UcxKvTransport::IssueSome(Transfer* t) {
+  Peer* peer = FindPeer(t->peer);
+  if (peer == nullptr || peer->ep == nullptr) {
+    t->error = UCS_ERR_CONNECTION_RESET;
+    return;
+  }
+  uint64_t budget = kIssueBudgetBytes;
+  while (HasMoreToIssue(t) && budget > 0 && t->requests.size() < kMaxOutstandingOps &&
+         t->error == UCS_OK) {
+    void* local;
+    uint64_t length;
+    uint64_t remote;
+    ucp_rkey_h rkey;
+    bool data = t->phase == Phase::kData;
+    if (data) {
+      const Segment& s = t->segments[t->cursor];
+      length = std::min(kChunkBytes, s.length - t->cursor_offset);
+      local = t->local_base + s.dst_offset + t->cursor_offset;
+      remote = t->keys->desc.base + s.src_offset + t->cursor_offset;
+      rkey = t->keys->rkey;
+      t->cursor_offset += length;
+      if (t->cursor_offset >= s.length) {
+        ++t->cursor;
+        t->cursor_offset = 0;
+      }
+      if (length == 0) continue;
+    } else {
+      auto [first, last] = t->epoch_runs[t->cursor++];
+      local = &t->epochs_read[first];
+      length = (last - first + 1) * sizeof(uint64_t);
+      remote = t->keys->desc.epoch_base +
+               static_cast<uint64_t>(t->epoch_blocks[first]) * sizeof(uint64_t);
+      rkey = t->keys->epoch_rkey;
+    }
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &UcxKvTransport::OnGetDone;
+    param.user_data = t;
+    if (data && t->local_memh != nullptr) {
+      // The destination is registered: zero-copy where the transport can.
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = t->local_memh;
+    }
+    ucs_status_ptr_t sp = ucp_get_nbx(peer->ep, local, length, remote, rkey, &param);
+    if (UCS_PTR_IS_PTR(sp)) {
+      t->requests.emplace(sp, data ? length : 0);
+    } else if (UCS_PTR_STATUS(sp) == UCS_OK) {
+      if (data) t->bytes_done += length;
+    } else {
+      t->error = UCS_PTR_STATUS(sp);
+    }
+    budget -= std::min(budget, length);
+  }
+}
+
+void UcxKvTransport::Advance(Transfer* t, absl::Time now) {
+  for (;;) {
+    if (t->finalized) return;
+    if (!t->abort && t->error != UCS_OK) {
+      // With UCP_ERR_HANDLING_MODE_PEER a failed read means the endpoint is
+      // unusable: fail the peer, which aborts every transfer on it.
+      std::string why = absl::StrCat("peer lost: read failed: ", ucs_status_string(t->error));
+      Peer* p = FindPeer(t->peer);
+      if (p != nullptr && !p->failed) {
+        PeerFailed(p, why, now);
+      } else {
+        Abort(t, TransferState::kPeerLost, p != nullptr ? p->failure : why, now);
+      }
+    }
+    if (t->abort) {
+      if (t->requests.empty()) Finalize(t, *t->abort, t->abort_detail, now);
+      return;
+    }
+    if (t->phase == Phase::kQueued) {
+      if (now >= t->deadline) {
+        Abort(t, TransferState::kTimedOut,
+              absl::StrCat("not finished within ", absl::FormatDuration(t->timeout)), now);
+        continue;
+      }
+      Peer* p = FindPeer(t->peer);
+      if (p == nullptr || p->failed) {
+        Abort(t, TransferState::kPeerLost, p != nullptr ? p->failure : "peer disconnected", now);
+        continue;
+      }
+      t->phase = t->epoch_blocks.empty() ? Phase::kData : Phase::kEpochsBefore;
+      t->cursor = 0;
+      t->cursor_offset = 0;
+    }
+    if (HasMoreToIssue(t)) {
+      IssueSome(t);
+      if (t->error != UCS_OK) continue;
+      if (HasMoreToIssue(t)) return;  // the next progress round issues more
+    }
+    if (!t->requests.empty()) return;
+    // The phase is complete.
+    switch (t->phase) {
+      case Phase::kQueued:
+        break;
+      case Phase::kEpochsBefore:
+      case Phase::kEpochsAfter: {
+        bool before = t->phase == Phase::kEpochsBefore;
+        for (const auto& [block, promised] : t->block_epochs) {
+          size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
+                     t->epoch_blocks.begin();
+          if (t->epochs_read[i] != promised) {
+            Finalize(t, TransferState::kLeaseExpired,
+                     absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i],
+                                  ", the handle promised ", promised,
+                                  before ? " (lease ended before the pull)"
+                                         : " (lease ended during the pull)"),
+                     now);
+            return;
+          }
+        }
+        if (before) {
+          t->phase = Phase::kData;
+        } else {
+          Finalize(t, TransferState::kDone, "", now);
+          return;
+        }
+        t->cursor = 0;
+        t->cursor_offset = 0;
+        break;
+      }
+      case Phase::kData:
+        if (t->epoch_blocks.empty()) {
+          Finalize(t, TransferState::kDone, "", now);
+          return;
+        }
+        t->phase = Phase::kEpochsAfter;
+        t->cursor = 0;
+        break;
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<UcxKvTransport::RemoteKeys>> UcxKvTransport::KeysFor(
+    Peer* peer, const std::string& descriptor) {
+  auto it = peer->keys.find(descriptor);
+  if (it != peer->keys.end()) return it->second;
+  ASSIGN_OR_RETURN(RegionDescriptor desc, DecodeRegion(descriptor));
+  auto keys = std::make_shared<RemoteKeys>();
+  keys->desc = std::move(desc);
+  ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, keys->desc.rkey.data(), &keys->rkey);
+  if (st != UCS_OK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote region: ucp_ep_rkey_unpack: ", ucs_status_string(st)));
+  }
+  if (keys->desc.num_epochs > 0) {
+    st = ucp_ep_rkey_unpack(peer->ep, keys->desc.epoch_rkey.data(), &keys->epoch_rkey);
+    if (st != UCS_OK) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote region: epoch table ucp_ep_rkey_unpack: ", ucs_status_string(st)));
+    }
+  }
+  // Bound the cache: exporters re-register rarely, but never let it grow
+  // without limit. Keys still used by a transfer live on through it.
+  if (peer->keys.size() >= 256) peer->keys.clear();
+  peer->keys.emplace(descriptor, keys);
+  return keys;
+}
+
+absl::StatusOr<RegionId> UcxKvTransport::RegisterRegion(void* base, uint64_t bytes,
+                                                        int64_t num_epoch_blocks) {
+  if (base == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError("RegisterRegion: empty region");
+  }
+  if (num_epoch_blocks < 0 || num_epoch_blocks > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterRegion: bad epoch block count ", num_epoch_blocks));
+  }
+  auto region = std::make_unique<Region>();
+  region->base = base;
+  region->bytes = bytes;
+  absl::MutexLock lock(&mu_);
+  auto map = [&](void* addr, uint64_t length, ucp_mem_h* memh,
+                 std::string* rkey) -> absl::Status {
+    ucp_mem_map_params_t p = {};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    p.address = addr;
+    p.length = length;
+    ucs_status_t st = ucp_mem_map(context_, &p, memh);
+    if (st != UCS_OK) return UcxError(st, "ucp_mem_map");
+    void* packed = nullptr;
+    size_t packed_len = 0;
+    st = ucp_rkey_pack(context_, *memh, &packed, &packed_len);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(context_, *memh);
+      *memh = nullptr;
+      return UcxError(st, "ucp_rkey_pack");
+    }
+    rkey->assign(static_cast<const char*>(packed), packed_len);
+    ucp_rkey_buffer_release(packed);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(map(base, bytes, &region->memh, &region->rkey));
+  if (num_epoch_blocks > 0) {
+    size_t table_bytes = (static_cast<size_t>(num_epoch_blocks) * 8 + 63) / 64 * 64;
+    region->epochs = static_cast<uint64_t*>(std::aligned_alloc(64, table_bytes));
+    if (region->epochs == nullptr) {
+      ucp_mem_unmap(context_, region->memh);
+      return absl::ResourceExhaustedError("RegisterRegion: cannot allocate the epoch table");
+    }
+    std::memset(region->epochs, 0, table_bytes);
+    region->num_epochs = num_epoch_blocks;
+    absl::Status s = map(region->epochs, table_bytes, &region->epoch_memh, &region->epoch_rkey);
+    if (!s.ok()) {
+      ucp_mem_unmap(context_, region->memh);
+      std::free(region->epochs);
+      return s;
+    }
+  }
+  RegionId id = next_region_++;
+  absl::MutexLock rlock(&regions_mu_);
+  regions_.emplace(id, std::move(region));
+  return id;
+}
+
+absl::Status UcxKvTransport::DeregisterRegion(RegionId region) {
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock rlock(&regions_mu_);
+  auto it = regions_.find(region);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat("DeregisterRegion: unknown region ", region));
+  }
+  Region* r = it->second.get();
+  if (r->local_transfers > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DeregisterRegion: ", r->local_transfers, " pulls still write into region ", region));
+  }
+  if (r->epochs != nullptr) {
+    // A stale handle may still be pulled after this: every epoch moves on, so
+    // such a pull fails its first epoch check and never reads the region.
+    // The table itself stays mapped until the transport dies, so that a late
+    // remote read of it never touches freed memory.
+    for (int64_t b = 0; b < r->num_epochs; ++b) {
+      std::atomic_ref<uint64_t>(r->epochs[b]).fetch_add(1, std::memory_order_seq_cst);
+    }
+    retired_epochs_.push_back({r->epochs, r->epoch_memh});
+  }
+  ucs_status_t st = ucp_mem_unmap(context_, r->memh);
+  regions_.erase(it);
+  if (st != UCS_OK) return UcxError(st, "ucp_mem_unmap");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> UcxKvTransport::ExportRegion(RegionId region) {
+  absl::MutexLock rlock(&regions_mu_);
+  auto it = regions_.find(region);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat("ExportRegion: unknown region ", region));
+  }
+  const Region& r = *it->second;
+  RegionDescriptor d;
+  d.base = reinterpret_cast<uint64_t>(r.base);
+  d.length = r.bytes;
+  d.rkey = r.rkey;
+  if (r.epochs != nullptr) {
+    d.epoch_base = reinterpret_cast<uint64_t>(r.epochs);
+    d.num_epochs = static_cast<uint64_t>(r.num_epochs);
+    d.epoch_rkey = r.epoch_rkey;
+  }
+  return EncodeRegion(d);
+}
+
+uint64_t UcxKvTransport::BlockEpoch(RegionId region, int32_t block) {
+  absl::ReaderMutexLock rlock(&regions_mu_);
+  auto it = regions_.find(region);
+  CHECK(it != regions_.end()) << "BlockEpoch: unknown region " << region;
+  Region& r = *it->second;
+  CHECK(block >= 0 && block < r.num_epochs) << "BlockEpoch: block " << block << " out of range";
+  return std::atomic_ref<uint64_t>(r.epochs[block]).load(std::memory_order_seq_cst);
+}
+
+void UcxKvTransport::BumpEpoch(RegionId region, int32_t block) {
+  absl::ReaderMutexLock rlock(&regions_mu_);
+  auto it = regions_.find(region);
+  CHECK(it != regions_.end()) << "BumpEpoch: unknown region " << region;
+  Region& r = *it->second;
+  CHECK(block >= 0 && block < r.num_epochs) << "BumpEpoch: block " << block << " out of range";
+  // seq_cst: the new epoch is visible before any later write to the block.
+  std::atomic_ref<uint64_t>(r.epochs[block]).fetch_add(1, std::memory_order_seq_cst);
+}
+
+absl::StatusOr<PeerId> UcxKvTransport::Connect(const std::string& peer_address) {
+  ASSIGN_OR_RETURN(std::string worker_address, DecodeAddress(peer_address));
+  absl::MutexLock lock(&mu_);
+  auto it = peer_by_address_.find(peer_address);
+  if (it != peer_by_address_.end()) return it->second;
+  auto peer = std::make_unique<Peer>();
+  peer->owner = this;
+  peer->id = next_peer_++;
+  peer->address = peer_address;
+  ucp_ep_params_t params = {};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxKvTransport::OnEndpointError;
+  params.err_handler.arg = peer.get();
+  ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
+  if (st != UCS_OK) return UcxError(st, "Connect: ucp_ep_create");
+  PeerId id = peer->id;
+  peer_by_address_[peer_address] = id;
+  peers_.emplace(id, std::move(peer));
+  Wake();  // wireup messages need progress
+  return id;
+}
+
+void UcxKvTransport::Disconnect(PeerId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  Peer* peer = it->second.get();
+  absl::Time now = absl::Now();
+  std::vector<TransferId> ids(peer->transfers.begin(), peer->transfers.end());
+  for (TransferId tid : ids) {
+    auto t = transfers_.find(tid);
+    if (t != transfers_.end()) Abort(t->second.get(), TransferState::kCancelled, "disconnected", now);
+  }
+  auto a = peer_by_address_.find(peer->address);
+  if (a != peer_by_address_.end() && a->second == id) peer_by_address_.erase(a);
+  // Force: outstanding reads complete (cancelled) now, not after the peer answers.
+  CloseEndpoint(peer, /*force=*/true, now);
+  for (TransferId tid : ids) {
+    auto t = transfers_.find(tid);
+    if (t != transfers_.end()) Advance(t->second.get(), now);
+  }
+  if (retired_peers_.size() >= 1024) {
+    retired_peers_.erase(retired_peers_.begin(), retired_peers_.begin() + 512);
+  }
+  retired_peers_.push_back(std::move(it->second));
+  peers_.erase(it);
+  Wake();
+}
+
+absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
+  absl::MutexLock lock(&mu_);
+  Peer* peer = FindPeer(request.peer);
+  if (peer == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("Pull: unknown peer ", request.peer));
+  }
+  auto t = std::make_unique<Transfer>();
+  t->owner = this;
+  t->peer = request.peer;
+  t->local_region = request.local_region;
+  t->start = absl::Now();
+  t->timeout = request.timeout;
+  t->deadline = t->start + request.timeout;
+  {
+    absl::MutexLock rlock(&regions_mu_);
+    auto r = regions_.find(request.local_region);
+    if (r == regions_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Pull: unknown local region ", request.local_region));
+    }
+    for (const Segment& s : request.segments) {
+      if (s.dst_offset + s.length < s.dst_offset || s.dst_offset + s.length > r->second->bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Pull: segment [", s.dst_offset, ", +", s.length, ") outside the local region of ",
+            r->second->bytes, " bytes"));
+      }
+    }
+    t->local_base = static_cast<uint8_t*>(r->second->base);
+    t->local_memh = r->second->memh;
+  }
+  // Validate the descriptor even for a failed peer, so that a malformed
+  // request is always an error.
+  std::shared_ptr<RemoteKeys> keys;
+  RegionDescriptor parsed;
+  const RegionDescriptor* desc;
+  if (!peer->failed) {
+    ASSIGN_OR_RETURN(keys, KeysFor(peer, request.remote_region));
+    desc = &keys->desc;
+  } else {
+    ASSIGN_OR_RETURN(parsed, DecodeRegion(request.remote_region));
+    desc = &parsed;
+  }
+  for (const Segment& s : request.segments) {
+    if (s.src_offset + s.length < s.src_offset || s.src_offset + s.length > desc->length) {
+      return absl::InvalidArgumentError(absl::StrCat("Pull: segment [", s.src_offset, ", +",
+                                                     s.length, ") outside the remote region of ",
+                                                     desc->length, " bytes"));
+    }
+  }
+  for (const auto& [block, epoch] : request.block_epochs) {
+    if (block < 0 || static_cast<uint64_t>(block) >= desc->num_epochs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Pull: block ", block, " outside the remote epoch table of ",
+                       desc->num_epochs, " blocks"));
+    }
+    t->epoch_blocks.push_back(block);
+  }
+  std::sort(t->epoch_blocks.begin(), t->epoch_blocks.end());
+  t->epoch_blocks.erase(std::unique(t->epoch_blocks.begin(), t->epoch_blocks.end()),
+                        t->epoch_blocks.end());
+  for (size_t i = 0; i < t->epoch_blocks.size(); ++i) {
+    if (i > 0 && t->epoch_blocks[i] == t->epoch_blocks[i - 1] + 1) {
+      t->epoch_runs.back().second = i;
+    } else {
+      t->epoch_runs.push_back({i, i});
+    }
+  }
+  t->epochs_read.assign(t->epoch_blocks.size(), 0);
+  t->segments = request.segments;
+  t->block_epochs = request.block_epochs;
+  t->keys = std::move(keys);
+  TransferId id = next_transfer_++;
+  t->id = id;
+  {
+    absl::MutexLock rlock(&regions_mu_);
+    regions_[request.local_region]->local_transfers++;
+  }
+  Transfer* raw = t.get();
+  transfers_.emplace(id, std::move(t));
+  active_.insert(id);
+  if (peer->failed) {
+    Finalize(raw, TransferState::kPeerLost, peer->failure, raw->start);
+  } else {
+    peer->transfers.insert(id);
+    Wake();
+  }
+  return id;
+}
+
+TransferResult UcxKvTransport::Take(std::map<TransferId, std::unique_ptr<Transfer>>::iterator it) {
+  Transfer* t = it->second.get();
+  TransferResult r = t->result;
+  t->taken = true;
+  // A drained transfer goes now; one with reads still outstanding (only
+  // after a stalled forced close) stays until the progress thread sees them end.
+  if (t->released) transfers_.erase(it);
+  return r;
+}
+
+std::optional<TransferResult> UcxKvTransport::Poll(TransferId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (it == transfers_.end() || it->second->taken) {
+    TransferResult r;
+    r.state = TransferState::kCancelled;
+    r.detail = absl::StrCat("unknown transfer ", id);
+    return r;
+  }
+  if (!it->second->finalized) return std::nullopt;
+  return Take(it);
+}
+
+TransferResult UcxKvTransport::Wait(TransferId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (it == transfers_.end() || it->second->taken) {
+    TransferResult r;
+    r.state = TransferState::kCancelled;
+    r.detail = absl::StrCat("unknown transfer ", id);
+    return r;
+  }
+  // The progress thread ends the transfer by its deadline plus the drain and
+  // forced-close bounds; the extra second only guards against a stalled thread.
+  absl::Time limit = it->second->deadline + options_.cancel_grace + 2 * kCloseBound + absl::Seconds(1);
+  auto done = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto i = transfers_.find(id);
+    return i == transfers_.end() || i->second->finalized;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), limit);
+  it = transfers_.find(id);
+  if (it == transfers_.end() || it->second->taken) {
+    TransferResult r;
+    r.state = TransferState::kCancelled;
+    r.detail = absl::StrCat("transfer ", id, " was collected by another caller");
+    return r;
+  }
+  if (!it->second->finalized) {
+    LOG(ERROR) << "ucx transfer " << id << ": progress stalled past its deadline";
+    Finalize(it->second.get(), TransferState::kTimedOut, "progress stalled past the deadline",
+             absl::Now());
+  }
+  return Take(it);
+}
+
+void UcxKvTransport::Cancel(TransferId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return;
+  absl::Time now = absl::Now();
+  Abort(it->second.get(), TransferState::kCancelled, "cancelled", now);
+  Advance(it->second.get(), now);  // ends it now when nothing is outstanding
+  Wake();
+}
+
+}  // namespace
+
+absl::StatusOr<KvTransportPtr> NewUcxTransport(const UcxTransportOptions& options) {
+  auto t = std::make_unique<UcxKvTransport>(options);
+  RETURN_IF_ERROR(t->Init());
+  return KvTransportPtr(std::move(t));
+}
+
+}  // namespace duet::kvtransfer

