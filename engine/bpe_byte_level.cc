@@ -80,8 +80,9 @@ absl::StatusOr<std::string> ByteLevelDecode(std::string_view text) {
     }
     const int byte = cp < kTableLimit ? table.inverse[cp] : -1;
     if (byte < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "code point U+", absl::Hex(static_cast<uint32_t>(cp)), " is outside the byte-level table"));
+      return absl::InvalidArgumentError(absl::StrCat("code point U+",
+                                                     absl::Hex(static_cast<uint32_t>(cp)),
+                                                     " is outside the byte-level table"));
     }
     out.push_back(static_cast<char>(byte));
   }

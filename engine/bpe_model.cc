@@ -58,8 +58,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
     joined.assign(left).append(right);
     auto result = vocab.find(joined);
     if (result == vocab.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(describe_merge(i), ": merged token \"",
-                                                     joined, "\" is not in the vocab"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(describe_merge(i), ": merged token \"", joined, "\" is not in the vocab"));
     }
     // A repeated pair takes its last rank, as Hugging Face's map does.
     model->merges_.insert_or_assign(PairKey(l->second, r->second),

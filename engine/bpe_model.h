@@ -93,7 +93,8 @@ class BpeModel {
 
   BpeModel() = default;
   static uint64_t PairKey(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
   const MergeRule* FindMerge(int32_t left, int32_t right) const;
   void InitialSymbols(std::string_view word, std::vector<int32_t>* symbols) const;

@@ -115,7 +115,9 @@ char32_t DecodeAt(std::string_view text, size_t i, size_t* len) {
   *len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
   if (*len == 1) return c;
   char32_t cp = c & (0x7F >> *len);
-  for (size_t k = 1; k < *len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+  for (size_t k = 1; k < *len; ++k) {
+    cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+  }
   return cp;
 }
 
@@ -160,7 +162,8 @@ class AddedTokenMatcher {
     first_byte_[static_cast<unsigned char>(pattern[0])] = true;
     int32_t node = 0;
     for (char c : pattern) {
-      auto [it, inserted] = edges_.try_emplace(EdgeKey(node, c), static_cast<int32_t>(nodes_.size()));
+      auto [it, inserted] =
+          edges_.try_emplace(EdgeKey(node, c), static_cast<int32_t>(nodes_.size()));
       if (inserted) nodes_.push_back(-1);
       node = it->second;
     }
@@ -433,8 +436,8 @@ absl::Status BpeTokenizer::EncodeUnmatched(std::string_view text, EncodeScratch&
   return status;
 }
 
-absl::Status BpeTokenizer::PreTokenize(std::string_view piece, size_t step,
-                                       EncodeScratch& scratch, std::vector<int32_t>* ids) const {
+absl::Status BpeTokenizer::PreTokenize(std::string_view piece, size_t step, EncodeScratch& scratch,
+                                       std::vector<int32_t>* ids) const {
   if (piece.empty()) return absl::OkStatus();
   if (step == pre_tokenizer_.size()) {
     model_->Encode(piece, ids);
@@ -503,7 +506,9 @@ absl::StatusOr<bool> BoolMember(const Json& object, const char* key, bool fallba
                                 const std::string& source, const std::string& field) {
   const Json* v = Member(object, key);
   if (v == nullptr) return fallback;
-  if (!v->is_boolean()) return FieldError(source, absl::StrCat(field, ".", key), "is not a boolean");
+  if (!v->is_boolean()) {
+    return FieldError(source, absl::StrCat(field, ".", key), "is not a boolean");
+  }
   return v->get<bool>();
 }
 
@@ -530,8 +535,8 @@ absl::StatusOr<int32_t> IdValue(const Json& v, const std::string& source,
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
-absl::Status ParseNormalizer(const Json& node, const std::string& source,
-                             const std::string& field, bool* nfc) {
+absl::Status ParseNormalizer(const Json& node, const std::string& source, const std::string& field,
+                             bool* nfc) {
   ASSIGN_OR_RETURN(std::string type, TypeOf(node, source, field));
   if (type == "NFC") {
     *nfc = true;
@@ -581,8 +586,10 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
     }
   } else if (type == "Split") {
     const Json* pattern = Member(node, "pattern");
-    const Json* regex = pattern != nullptr && pattern->is_object() ? Member(*pattern, "Regex") : nullptr;
-    const Json* literal = pattern != nullptr && pattern->is_object() ? Member(*pattern, "String") : nullptr;
+    const Json* regex =
+        pattern != nullptr && pattern->is_object() ? Member(*pattern, "Regex") : nullptr;
+    const Json* literal =
+        pattern != nullptr && pattern->is_object() ? Member(*pattern, "String") : nullptr;
     const Json* text = regex != nullptr ? regex : literal;
     if (text == nullptr || !text->is_string()) {
       return FieldError(source, field + ".pattern",
@@ -616,8 +623,8 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
 }
 
 absl::StatusOr<absl::flat_hash_map<std::string, int32_t>> ParseVocab(const Json& node,
-                                                                      const std::string& source,
-                                                                      const std::string& field) {
+                                                                     const std::string& source,
+                                                                     const std::string& field) {
   if (!node.is_object()) return FieldError(source, field, "is missing or not an object");
   absl::flat_hash_map<std::string, int32_t> vocab;
   vocab.reserve(node.size());
@@ -670,13 +677,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const Json& root, const std:
   }
   if (const Json* dropout = Member(*model, "dropout"); dropout != nullptr) {
     if (!dropout->is_number() || dropout->get<double>() != 0.0) {
-      return FieldError(source, "model.dropout", "must be null or 0 (BPE dropout is not supported)");
+      return FieldError(source, "model.dropout",
+                        "must be null or 0 (BPE dropout is not supported)");
     }
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const Json* affix = Member(*model, key);
     if (affix != nullptr && !(affix->is_string() && affix->get_ref<const std::string&>().empty())) {
-      return FieldError(source, absl::StrCat("model.", key), "is not supported (byte-level BPE has none)");
+      return FieldError(source, absl::StrCat("model.", key),
+                        "is not supported (byte-level BPE has none)");
     }
   }
   if (const Json* unk = Member(*model, "unk_token"); unk != nullptr) {
@@ -685,7 +694,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const Json& root, const std:
     if (it == spec.vocab.end()) return FieldError(source, "model.unk_token", "is not in the vocab");
     spec.model_options.unk_id = it->second;
   }
-  ASSIGN_OR_RETURN(spec.model_options.fuse_unk, BoolMember(*model, "fuse_unk", false, source, "model"));
+  ASSIGN_OR_RETURN(spec.model_options.fuse_unk,
+                   BoolMember(*model, "fuse_unk", false, source, "model"));
   ASSIGN_OR_RETURN(spec.model_options.ignore_merges,
                    BoolMember(*model, "ignore_merges", false, source, "model"));
   ASSIGN_OR_RETURN(spec.byte_fallback, BoolMember(*model, "byte_fallback", false, source, "model"));
@@ -720,7 +730,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const Json& root, const std:
   }
 
   const Json* pre = Member(root, "pre_tokenizer");
-  if (pre != nullptr) RETURN_IF_ERROR(ParsePreTokenizer(*pre, source, "pre_tokenizer", &spec.pre_tokenizer));
+  if (pre != nullptr) {
+    RETURN_IF_ERROR(ParsePreTokenizer(*pre, source, "pre_tokenizer", &spec.pre_tokenizer));
+  }
   if (spec.pre_tokenizer.empty() ||
       spec.pre_tokenizer.back().kind != PreTokenizerStep::Kind::kByteLevel) {
     return FieldError(source, "pre_tokenizer",
@@ -762,8 +774,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(std::str
   return FromJson(root, source);
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGpt2Files(const std::string& vocab_path,
-                                                                    const std::string& merges_path) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGpt2Files(
+    const std::string& vocab_path, const std::string& merges_path) {
   ASSIGN_OR_RETURN(std::string vocab_text, ReadFile(vocab_path));
   ASSIGN_OR_RETURN(std::string merges_text, ReadFile(merges_path));
   ASSIGN_OR_RETURN(Json vocab_json, ParseJson(vocab_text, vocab_path));
@@ -788,10 +800,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGpt2Files(const std::s
     const size_t space = line.find(' ');
     if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(merges_path, ":", line_no, ": \"", AbslView(line), "\" is not \"left right\""));
+      return absl::InvalidArgumentError(absl::StrCat(merges_path, ":", line_no, ": \"",
+                                                     AbslView(line), "\" is not \"left right\""));
     }
-    spec.merges.emplace_back(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
+    spec.merges.emplace_back(std::string(line.substr(0, space)),
+                             std::string(line.substr(space + 1)));
     line_of_merge.push_back(line_no);
   }
 

@@ -9,9 +9,13 @@
 // patterns, alone or in a Sequence; ByteLevel decoder), or GPT-2's own file
 // pair (`vocab.json` + `merges.txt`, or the older `encoder.json` +
 // `vocab.bpe`). Added tokens that appear literally in the text are
-// recognised before pre-tokenization, as Hugging Face does by default. Encode
-// adds nothing (no BOS, no template tokens). A Tokenizer is immutable after
-// loading and safe to use from many threads.
+// recognised before pre-tokenization, as Hugging Face does by default
+// (longest match first; single_word, lstrip and rstrip honoured). Encode
+// adds nothing (no BOS, no template tokens). Anything else a file asks for
+// (other normalizers, pre-tokenizers, Split behaviors than Isolated and
+// Removed, decoders, BPE dropout) fails to load with InvalidArgument rather
+// than tokenizing differently. A Tokenizer is immutable after loading and
+// safe to use from many threads.
 #ifndef DUET_ENGINE_TOKENIZER_H_
 #define DUET_ENGINE_TOKENIZER_H_
 

@@ -55,11 +55,11 @@ absl::StatusOr<std::unique_ptr<SplitRegex>> SplitRegex::Compile(std::string_view
   int error = 0;
   PCRE2_SIZE error_offset = 0;
   auto impl = std::make_unique<Impl>();
-  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                             options, &error, &error_offset, nullptr);
+  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                             &error, &error_offset, nullptr);
   if (impl->code == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot compile regex: ", Pcre2Message(error), " at offset ", error_offset));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot compile regex: ", Pcre2Message(error), " at offset ", error_offset));
   }
   // Without JIT (unsupported platform, or no executable memory) the
   // interpreter gives the same matches, only slower.

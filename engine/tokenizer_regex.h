@@ -30,7 +30,7 @@ class SplitRegex {
   // A regex, or with `literal` a plain string to find. InvalidArgument
   // carries PCRE2's message and the offset in the pattern.
   static absl::StatusOr<std::unique_ptr<SplitRegex>> Compile(std::string_view pattern,
-                                                            bool literal = false);
+                                                             bool literal = false);
   ~SplitRegex();
   SplitRegex(const SplitRegex&) = delete;
   SplitRegex& operator=(const SplitRegex&) = delete;

@@ -81,7 +81,7 @@ Json ToyVocab() {
 }
 
 Json AddedToken(int id, const std::string& content, bool special) {
-  return Json{{"id", id},         {"content", content}, {"single_word", false}, {"lstrip", false},
+  return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
               {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
@@ -111,16 +111,16 @@ Json ToyJson(bool pair_merges = false) {
   }
   Json doc;
   doc["version"] = "1.0";
-  doc["added_tokens"] = Json::array({AddedToken(kEot, "<|eot|>", true),
-                                     AddedToken(kAngle, "<|e", false),
-                                     AddedToken(kTool, "[tool]", false)});
+  doc["added_tokens"] =
+      Json::array({AddedToken(kEot, "<|eot|>", true), AddedToken(kAngle, "<|e", false),
+                   AddedToken(kTool, "[tool]", false)});
   doc["normalizer"] = nullptr;
   doc["pre_tokenizer"] = ByteLevelPre(false, true);
   doc["post_processor"] = nullptr;
   doc["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
-  doc["model"] = {{"type", "BPE"},      {"dropout", nullptr}, {"unk_token", nullptr},
-                  {"fuse_unk", false},  {"byte_fallback", false},
-                  {"vocab", ToyVocab()}, {"merges", merges}};
+  doc["model"] = {{"type", "BPE"},     {"dropout", nullptr},     {"unk_token", nullptr},
+                  {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", ToyVocab()},
+                  {"merges", merges}};
   return doc;
 }
 
@@ -156,9 +156,9 @@ std::vector<std::string> Pieces(const std::string& pattern, std::string_view tex
   INFO(re.status().ToString());
   REQUIRE(re.ok());
   std::vector<std::string> pieces;
-  REQUIRE(SplitPieces(**re, text, SplitBehavior::kIsolated, false,
-                      [&](std::string_view p) { pieces.emplace_back(p); })
-              .ok());
+  REQUIRE(SplitPieces(**re, text, SplitBehavior::kIsolated, false, [&](std::string_view p) {
+            pieces.emplace_back(p);
+          }).ok());
   return pieces;
 }
 
@@ -305,8 +305,7 @@ TEST_CASE("NFC normalizer composes before merging") {
   // Hangul jamo compose into one syllable.
   CHECK(Encode(*nfc, "\u1100\u1161") == Encode(*nfc, "\uAC00"));
 
-  doc["normalizer"] = {{"type", "Sequence"},
-                       {"normalizers", Json::array({Json{{"type", "NFC"}}})}};
+  doc["normalizer"] = {{"type", "Sequence"}, {"normalizers", Json::array({Json{{"type", "NFC"}}})}};
   auto sequence = FromJson(doc);
   CHECK(Encode(*sequence, "e\u0301") == Ids{0xC3, 0xA9});
 
@@ -345,8 +344,7 @@ TEST_CASE("GPT-2 pattern splits as Hugging Face does") {
   // Contractions are lower-case only.
   CHECK(Pieces(gpt2, "I'M I'm") == Strings{"I", "'", "M", " I", "'m"});
   CHECK(Pieces(gpt2, "a  ") == Strings{"a", "  "});
-  CHECK(Pieces(gpt2, "héllo wörld 日本語 😀!") ==
-        Strings{"héllo", " wörld", " 日本語", " 😀!"});
+  CHECK(Pieces(gpt2, "héllo wörld 日本語 😀!") == Strings{"héllo", " wörld", " 日本語", " 😀!"});
   CHECK(Pieces(gpt2, "x=y x²") == Strings{"x", "=", "y", " x", "²"});
   CHECK(Pieces(gpt2, "1234567") == Strings{"1234567"});
 }
@@ -357,8 +355,7 @@ TEST_CASE("Llama-3 pattern splits as Hugging Face does") {
   CHECK(Pieces(kLlama3Regex, "IT'S HE'LL we'VE") ==
         Strings{"IT", "'S", " HE", "'LL", " we", "'VE"});
   CHECK(Pieces(kLlama3Regex, "1234567") == Strings{"123", "456", "7"});
-  CHECK(Pieces(kLlama3Regex, "x=12345;  y") ==
-        Strings{"x", "=", "123", "45", ";", " ", " y"});
+  CHECK(Pieces(kLlama3Regex, "x=12345;  y") == Strings{"x", "=", "123", "45", ";", " ", " y"});
   // One non-letter, non-digit, non-newline character joins the next word.
   // ... but not after a space: " (" is punctuation with its space.
   CHECK(Pieces(kLlama3Regex, "x=y (hi) (yo") == Strings{"x", "=y", " (", "hi", ")", " (", "yo"});
@@ -392,9 +389,9 @@ TEST_CASE("Split pre-tokenizer in a Sequence with ByteLevel") {
   CHECK(Encode(*whole, "a the") == Ids{'a', 258});
 
   // Removed drops the matches; a String pattern is literal.
-  doc["pre_tokenizer"] = Sequence(
-      Json{{"type", "Split"}, {"pattern", {{"String", "."}}}, {"behavior", "Removed"}},
-      ByteLevelPre(false, false));
+  doc["pre_tokenizer"] =
+      Sequence(Json{{"type", "Split"}, {"pattern", {{"String", "."}}}, {"behavior", "Removed"}},
+               ByteLevelPre(false, false));
   CHECK(Encode(*FromJson(doc), "a.b.c") == Ids{'a', 'b', 'c'});
   CHECK(Encode(*FromJson(doc), "abc") == Ids{'a', 'b', 'c'});
 }
@@ -452,8 +449,11 @@ TEST_CASE("IncrementalDetokenizer streams whole characters only") {
 
 TEST_CASE("UTF-8 helpers follow the maximal-subpart rule") {
   CHECK(SanitizeUtf8("plain ascii") == "plain ascii");
-  CHECK(SanitizeUtf8("\xF0\x9F\x98" "A") == "\uFFFD" "A");    // Truncated: one U+FFFD.
-  CHECK(SanitizeUtf8("\xC0\xAF") == "\uFFFD\uFFFD");          // Overlong lead: each byte.
+  CHECK(SanitizeUtf8("\xF0\x9F\x98"
+                     "A") ==
+        "\uFFFD"
+        "A");                                                   // Truncated: one U+FFFD.
+  CHECK(SanitizeUtf8("\xC0\xAF") == "\uFFFD\uFFFD");            // Overlong lead: each byte.
   CHECK(SanitizeUtf8("\xED\xA0\x80") == "\uFFFD\uFFFD\uFFFD");  // Surrogate.
   CHECK(SanitizeUtf8("\xF4\x90\x80\x80") == "\uFFFD\uFFFD\uFFFD\uFFFD");  // > U+10FFFF.
   CHECK(SanitizeUtf8("a\xE2\x82") == "a\uFFFD");
@@ -463,8 +463,8 @@ TEST_CASE("UTF-8 helpers follow the maximal-subpart rule") {
   CHECK(CompleteUtf8Prefix("abc\xE2\x82") == 3);
   CHECK(CompleteUtf8Prefix("a\xF0\x9F\x98") == 1);
   CHECK(CompleteUtf8Prefix("\xF0\x9F\x98\x80") == 4);
-  CHECK(CompleteUtf8Prefix("abc\xC0") == 4);      // Never valid: complete.
-  CHECK(CompleteUtf8Prefix("ab\xE0\x80") == 4);   // E0 80 can never become valid.
+  CHECK(CompleteUtf8Prefix("abc\xC0") == 4);     // Never valid: complete.
+  CHECK(CompleteUtf8Prefix("ab\xE0\x80") == 4);  // E0 80 can never become valid.
   CHECK(CompleteUtf8Prefix("\x80\x80\x80\x80\x80") == 5);
 
   CHECK(IsValidUtf8("héllo 😀"));
@@ -478,15 +478,19 @@ TEST_CASE("Encode rejects invalid UTF-8 with the byte offset") {
     std::string text;
     std::string offset;
   };
-  for (const Case& c : {Case{"ab\xFF" "cd", "offset 2"}, Case{"\xED\xA0\x80", "offset 0"},
-                        Case{"abc\xE2\x82", "offset 3"},
-                        Case{std::string(20, 'a') + "\x80", "offset 20"},
-                        Case{"\xC0\xAF", "offset 0"}}) {
+  const std::vector<Case> cases = {
+      {std::string("ab\xFF") + "cd", "offset 2"},    // Never a UTF-8 byte.
+      {"\xED\xA0\x80", "offset 0"},                  // Surrogate.
+      {"abc\xE2\x82", "offset 3"},                   // Truncated.
+      {std::string(20, 'a') + "\x80", "offset 20"},  // Past the ASCII fast path.
+      {"\xC0\xAF", "offset 0"},                      // Overlong.
+  };
+  for (const Case& c : cases) {
     auto ids = tok->Encode(c.text);
     REQUIRE_FALSE(ids.ok());
     CHECK(ids.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(ids.status().message()), Catch::Contains("invalid UTF-8") &&
-                                                        Catch::Contains(c.offset));
+    CHECK_THAT(std::string(ids.status().message()),
+               Catch::Contains("invalid UTF-8") && Catch::Contains(c.offset));
   }
 }
 
@@ -510,23 +514,31 @@ TEST_CASE("bad tokenizer.json files are InvalidArgument naming file and field") 
     edit(doc);
     return doc.dump();
   };
-  ExpectLoadError(with([](Json& d) { d["pre_tokenizer"] = {{"type", "Metaspace"}}; }),
+  ExpectLoadError(with([](Json& d) {
+                    d["pre_tokenizer"] = {{"type", "Metaspace"}};
+                  }),
                   {"pre_tokenizer.type \"Metaspace\" is not supported"});
+  ExpectLoadError(
+      with([](Json& d) {
+        d["pre_tokenizer"] = Sequence(Json{{"type", "Digits"}}, ByteLevelPre(false, false));
+      }),
+      {"pre_tokenizer.pretokenizers[0].type \"Digits\" is not supported"});
   ExpectLoadError(with([](Json& d) {
-                    d["pre_tokenizer"] = Sequence(Json{{"type", "Digits"}}, ByteLevelPre(false, false));
+                    d["normalizer"] = {{"type", "Lowercase"}};
                   }),
-                  {"pre_tokenizer.pretokenizers[0].type \"Digits\" is not supported"});
-  ExpectLoadError(with([](Json& d) { d["normalizer"] = {{"type", "Lowercase"}}; }),
                   {"normalizer.type \"Lowercase\" is not supported"});
-  ExpectLoadError(with([](Json& d) {
-                    d["normalizer"] = {{"type", "Sequence"},
-                                       {"normalizers", Json::array({Json{{"type", "NFC"}},
-                                                                    Json{{"type", "NFKC"}}})}};
-                  }),
-                  {"normalizer.normalizers[1].type \"NFKC\""});
+  ExpectLoadError(
+      with([](Json& d) {
+        d["normalizer"] = {
+            {"type", "Sequence"},
+            {"normalizers", Json::array({Json{{"type", "NFC"}}, Json{{"type", "NFKC"}}})}};
+      }),
+      {"normalizer.normalizers[1].type \"NFKC\""});
   ExpectLoadError(with([](Json& d) { d["model"]["type"] = "WordPiece"; }),
                   {"model.type \"WordPiece\" is not supported"});
-  ExpectLoadError(with([](Json& d) { d["decoder"] = {{"type", "Metaspace"}}; }),
+  ExpectLoadError(with([](Json& d) {
+                    d["decoder"] = {{"type", "Metaspace"}};
+                  }),
                   {"decoder.type \"Metaspace\" is not supported"});
   ExpectLoadError(with([](Json& d) {
                     d["pre_tokenizer"] = Sequence(SplitPre(kLlama3Regex, "MergedWithPrevious"),
@@ -534,23 +546,26 @@ TEST_CASE("bad tokenizer.json files are InvalidArgument naming file and field") 
                   }),
                   {"pre_tokenizer.pretokenizers[0].behavior \"MergedWithPrevious\""});
   ExpectLoadError(with([](Json& d) {
-                    d["pre_tokenizer"] = Sequence(SplitPre("(unclosed"), ByteLevelPre(false, false));
+                    d["pre_tokenizer"] =
+                        Sequence(SplitPre("(unclosed"), ByteLevelPre(false, false));
                   }),
                   {"pre_tokenizer.pretokenizers[0].pattern.Regex", "cannot compile"});
   ExpectLoadError(with([](Json& d) { d["pre_tokenizer"] = SplitPre(kLlama3Regex); }),
                   {"pre_tokenizer", "ByteLevel"});
   ExpectLoadError(with([](Json& d) {
-                    d["pre_tokenizer"] = Sequence(ByteLevelPre(false, false), SplitPre(kLlama3Regex));
+                    d["pre_tokenizer"] =
+                        Sequence(ByteLevelPre(false, false), SplitPre(kLlama3Regex));
                   }),
                   {"pre_tokenizer.pretokenizers[1]", "ByteLevel must be the last"});
   ExpectLoadError(with([](Json& d) { d["model"]["merges"].push_back("h zz"); }),
                   {"model.merges[13] \"h zz\"", "token \"zz\" is not in the vocab"});
-  ExpectLoadError(with([](Json& d) { d["model"]["merges"].push_back(Json::array({"x", "q"})); }),
+  ExpectLoadError(with([](Json& d) {
+                    d["model"]["merges"].push_back(Json::array({"x", "q"}));
+                  }),
                   {"model.merges[13] \"x q\"", "merged token \"xq\" is not in the vocab"});
   ExpectLoadError(with([](Json& d) { d["model"]["merges"].push_back("hq"); }),
                   {"model.merges[13]"});
-  ExpectLoadError(with([](Json& d) { d["model"]["vocab"]["bad"] = -1; }),
-                  {"model.vocab[\"bad\"]"});
+  ExpectLoadError(with([](Json& d) { d["model"]["vocab"]["bad"] = -1; }), {"model.vocab[\"bad\"]"});
   ExpectLoadError(with([](Json& d) { d["model"].erase("vocab"); }), {"model.vocab"});
   ExpectLoadError(with([](Json& d) { d["added_tokens"][1].erase("content"); }),
                   {"added_tokens[1].content"});
@@ -633,9 +648,9 @@ TEST_CASE("bad GPT-2 files are InvalidArgument naming file, line and token") {
   auto unknown = load();
   REQUIRE_FALSE(unknown.ok());
   CHECK(unknown.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(unknown.status().message()),
-             Catch::Contains("merges.txt:3") && Catch::Contains("he zz") &&
-                 Catch::Contains("token \"zz\""));
+  CHECK_THAT(std::string(unknown.status().message()), Catch::Contains("merges.txt:3") &&
+                                                          Catch::Contains("he zz") &&
+                                                          Catch::Contains("token \"zz\""));
 
   WriteFile(dir + "/vocab.json", "{\"a\": 0,");
   auto truncated = load();
@@ -647,7 +662,8 @@ TEST_CASE("bad GPT-2 files are InvalidArgument naming file, line and token") {
 
 // The merge rule itself, written the slow, obvious way: merge the lowest-
 // ranked adjacent pair (leftmost on ties) until none applies.
-Ids ReferenceBpe(const std::string& word, const std::map<std::pair<std::string, std::string>, int>& rank,
+Ids ReferenceBpe(const std::string& word,
+                 const std::map<std::pair<std::string, std::string>, int>& rank,
                  const absl::flat_hash_map<std::string, int32_t>& id_of) {
   std::vector<std::string> symbols;
   for (char c : word) symbols.push_back(B(static_cast<unsigned char>(c)));
@@ -683,7 +699,9 @@ TEST_CASE("scan and heap merges agree with the reference on random words") {
     const std::string r = tokens[rng() % tokens.size()];
     if (l.size() + r.size() > 12) continue;
     merges.emplace_back(l, r);
-    if (vocab.try_emplace(l + r, static_cast<int32_t>(vocab.size())).second) tokens.push_back(l + r);
+    if (vocab.try_emplace(l + r, static_cast<int32_t>(vocab.size())).second) {
+      tokens.push_back(l + r);
+    }
   }
   auto model = BpeModel::Create(vocab, merges, {}, false, [](size_t) { return std::string(); });
   REQUIRE(model.ok());
@@ -735,7 +753,9 @@ TEST_CASE("loads what duet make-model writes and round-trips its corpus") {
   std::map<std::pair<std::string, std::string>, int> rank;
   for (size_t i = 0; i < vocab->merges.size(); ++i) rank[vocab->merges[i]] = static_cast<int>(i);
   absl::flat_hash_map<std::string, int32_t> id_of;
-  for (size_t i = 0; i < vocab->tokens.size(); ++i) id_of[vocab->tokens[i]] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < vocab->tokens.size(); ++i) {
+    id_of[vocab->tokens[i]] = static_cast<int32_t>(i);
+  }
   auto re = SplitRegex::Compile(kGpt2SplitRegex);
   REQUIRE(re.ok());
   Ids expected;
