@@ -1,0 +1,412 @@
+#include "prefill/prefill_service.h"
+
+#include <deque>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "engine/sampler.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "prefill/request.h"
+
+namespace duet::prefill {
+
+// What the io thread (and offer-error callbacks) hand to the engine thread,
+// applied in arrival order so that a Cancel never overtakes its request.
+struct PrefillService::Event {
+  enum class Kind { kRequest, kCancel, kReleased, kOfferFailed, kRouterLost };
+  Kind kind;
+  uint64_t request_id = 0;
+  proto::PrefillRequest request;  // kRequest
+  bool pulled = false;            // kReleased
+  std::string decode_address;     // kOfferFailed
+  absl::Status error;             // kOfferFailed
+};
+
+struct PrefillService::Inbox {
+  absl::Mutex mu;
+  std::deque<Event> events ABSL_GUARDED_BY(mu);
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || !events.empty(); }
+  void Push(Event e) {
+    absl::MutexLock lock(&mu);
+    events.push_back(std::move(e));
+  }
+};
+
+namespace {
+
+const char* const kRole = "prefill";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(PrefillServiceOptions options,
+                                                                       worker::FrameSink* sink) {
+  if (sink == nullptr) return absl::InvalidArgumentError("PrefillService needs a FrameSink");
+  std::unique_ptr<PrefillService> svc(new PrefillService(std::move(options), sink));
+  RETURN_IF_ERROR(svc->Init());
+  return svc;
+}
+
+PrefillService::PrefillService(PrefillServiceOptions options, worker::FrameSink* sink)
+    : options_(std::move(options)),
+      sink_(sink),
+      worker_id_(sink->worker_id()),
+      inbox_(std::make_shared<Inbox>()) {}
+
+absl::Status PrefillService::Init() {
+  if (options_.transport == nullptr) return absl::InvalidArgumentError("PrefillService needs a KV transport");
+  if (options_.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
+  if (options_.max_batch_tokens < 1) return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
+  if (options_.max_queued_requests < 0) return absl::InvalidArgumentError("max_queued_requests must be >= 0");
+  if (options_.lease_duration <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the lease duration must be positive");
+  }
+  if (options_.clock == nullptr) options_.clock = RealClock();
+  if (options_.served_model_name.empty()) {
+    options_.served_model_name = std::filesystem::path(options_.model_dir).filename().string();
+  }
+  backend_ = kernels::NewCpuBackend(options_.threads);
+  ASSIGN_OR_RETURN(model_, engine::Model::Load(options_.model_dir, backend_.get()));
+  const kernels::KvLayout kl = model_->KvLayoutFor(options_.block_size);
+  const int64_t blocks = options_.kv_blocks > 0
+                             ? options_.kv_blocks
+                             : engine::BlockPool::BlocksForBytes(kl, options_.kv_memory_bytes);
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_memory_bytes = ", options_.kv_memory_bytes,
+                                                   " holds no KV block of this model"));
+  }
+  pool_ = std::make_unique<engine::BlockPool>(kl, blocks);
+  kvtransfer::KvTransport& t = *options_.transport;
+  ASSIGN_OR_RETURN(region_, t.RegisterRegion(pool_->data(),
+                                             static_cast<uint64_t>(blocks * pool_->block_bytes()), blocks));
+  region_registered_ = true;
+  ASSIGN_OR_RETURN(region_bytes_, t.ExportRegion(region_));
+
+  const engine::ModelConfig& c = model_->config();
+  layout_.set_num_layers(c.num_layers);
+  layout_.set_num_kv_heads(c.num_kv_heads);
+  layout_.set_block_size(options_.block_size);
+  layout_.set_head_dim(c.head_dim);
+  layout_.set_dtype("f32");  // The CPU backend's KV dtype.
+  layout_.set_layer_begin(0);
+  layout_.set_layer_end(c.num_layers);
+  layout_.set_head_begin(0);
+  layout_.set_head_end(c.num_kv_heads);
+
+  scheduler_ = std::make_unique<PrefillScheduler>(
+      SchedulerOptions{.max_batch_tokens = options_.max_batch_tokens,
+                       .max_queued_requests = options_.max_queued_requests,
+                       .lease_duration = options_.lease_duration},
+      pool_.get(), options_.transport.get(), region_, options_.clock);
+
+  MetricsRegistry& m = MetricsRegistry::Default();
+  const Labels labels = {{"role", kRole}, {"worker", worker_id_}};
+  waiting_gauge_ = m.GetGauge("duet_requests_waiting", "Requests waiting to be scheduled", labels);
+  running_gauge_ = m.GetGauge("duet_requests_running", "Requests being computed", labels);
+  usage_gauge_ = m.GetGauge("duet_kv_cache_usage_ratio", "Fraction of KV blocks in use", labels);
+  queue_time_ = m.GetHistogram("duet_request_queue_time_seconds", "Time from arrival to scheduling",
+                               {{"role", kRole}}, LatencyBucketsSeconds());
+  PublishStats();
+  engine_ = std::thread([this] { EngineLoop(); });
+  LOG(INFO) << "prefill " << worker_id_ << ": " << options_.served_model_name << ", " << blocks
+            << " KV blocks of " << options_.block_size << " tokens, budget " << options_.max_batch_tokens
+            << " tokens/step, transport " << t.Name();
+  return absl::OkStatus();
+}
+
+PrefillService::~PrefillService() {
+  {
+    absl::MutexLock lock(&inbox_->mu);
+    inbox_->stopping = true;
+  }
+  if (engine_.joinable()) engine_.join();
+  // Leases end (epochs bumped) and blocks return before the pool's memory
+  // leaves the transport.
+  scheduler_.reset();
+  if (region_registered_) {
+    absl::Status s = options_.transport->DeregisterRegion(region_);
+    if (!s.ok()) LOG(WARNING) << "deregistering the KV pool: " << s;
+  }
+}
+
+worker::RegistrationInfo PrefillService::Registration() {
+  worker::RegistrationInfo info;
+  info.role = proto::ROLE_PREFILL;
+  info.model = options_.served_model_name;
+  info.data_address = options_.transport->address();
+  info.transport = options_.transport->Name();
+  info.kv_blocks_total = pool_->num_blocks();
+  info.layout = layout_;
+  info.max_model_len = model_->config().max_position_embeddings;
+  return info;
+}
+
+void PrefillService::SendFinish(uint64_t id, proto::FinishReason reason, const absl::Status& error) {
+  proto::Frame f = worker::WorkerRuntime::NewFrame();
+  proto::Finish* fin = f.mutable_finish();
+  fin->set_request_id(id);
+  fin->set_reason(reason);
+  if (!error.ok()) {
+    fin->set_error(std::string(error.message()));
+    fin->set_error_code(static_cast<int32_t>(error.code()));
+  }
+  sink_->SendToRouter(f);
+}
+
+void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame) {
+  switch (frame.msg_case()) {
+    case proto::Frame::kPrefill: {
+      const proto::PrefillRequest& r = frame.prefill();
+      absl::Status valid = ValidatePrefillRequest(r, model_->config());
+      if (!valid.ok()) {
+        LOG(WARNING) << "request " << r.request_id() << " rejected: " << valid;
+        SendFinish(r.request_id(), proto::FINISH_ERROR, valid);
+        return;
+      }
+      Event e{.kind = Event::Kind::kRequest, .request_id = r.request_id()};
+      e.request = std::move(*frame.mutable_prefill());
+      Post(std::move(e));
+      return;
+    }
+    case proto::Frame::kCancel:
+      Post(Event{.kind = Event::Kind::kCancel, .request_id = frame.cancel().request_id()});
+      return;
+    case proto::Frame::kKvReleased:
+      Post(Event{.kind = Event::Kind::kReleased,
+                 .request_id = frame.kv_released().request_id(),
+                 .pulled = frame.kv_released().pulled()});
+      return;
+    case proto::Frame::kStatsRequest: {
+      proto::Frame reply = worker::WorkerRuntime::NewFrame();
+      *reply.mutable_stats() = Stats();
+      if (from != nullptr) {
+        from->Send(reply);
+      } else {
+        sink_->SendToRouter(reply);
+      }
+      return;
+    }
+    default:
+      LOG(WARNING) << "prefill " << worker_id_ << ": ignoring an unexpected frame (case "
+                   << frame.msg_case() << ")";
+  }
+}
+
+void PrefillService::OnRouterLost() { Post(Event{.kind = Event::Kind::kRouterLost}); }
+
+void PrefillService::Post(Event event) { inbox_->Push(std::move(event)); }
+
+void PrefillService::EngineLoop() {
+  // Leases must end on time even when no frame arrives.
+  constexpr absl::Duration kExpiryPeriod = absl::Milliseconds(100);
+  bool idle = false;
+  while (true) {
+    std::deque<Event> events;
+    {
+      absl::MutexLock lock(&inbox_->mu);
+      if (idle) {
+        inbox_->mu.AwaitWithTimeout(absl::Condition(inbox_.get(), &Inbox::Ready), kExpiryPeriod);
+      }
+      if (inbox_->stopping) break;
+      events.swap(inbox_->events);
+    }
+    for (Event& e : events) Handle(e);
+    scheduler_->ExpireDue();
+    Step step = scheduler_->Schedule();
+    idle = step.empty();
+    if (!idle) {
+      PublishStats();  // So /stats shows the step while it runs.
+      RunStep(step);
+    }
+    PublishStats();
+  }
+}
+
+void PrefillService::Handle(Event& e) {
+  switch (e.kind) {
+    case Event::Kind::kRequest: {
+      const uint64_t id = e.request_id;
+      absl::Status s = scheduler_->Enqueue(std::move(e.request));
+      if (!s.ok()) {
+        LOG(WARNING) << "request " << id << " rejected: " << s;
+        SendFinish(id, proto::FINISH_ERROR, s);
+      }
+      return;
+    }
+    case Event::Kind::kCancel:
+      scheduler_->Cancel(e.request_id);
+      return;
+    case Event::Kind::kReleased: {
+      const int64_t blocks = scheduler_->Release(e.request_id);
+      if (e.pulled && blocks > 0) {
+        kv_blocks_transferred_ += blocks;
+        kv_bytes_moved_ += static_cast<uint64_t>(blocks * pool_->block_bytes());
+      }
+      return;
+    }
+    case Event::Kind::kOfferFailed:
+      // Only a request still leased here: the same callback may fire late,
+      // when a connection that carried long-released offers drops.
+      if (scheduler_->CancelLease(e.request_id)) {
+        LOG(WARNING) << "request " << e.request_id << ": decode " << e.decode_address
+                     << " unreachable: " << e.error;
+        SendFinish(e.request_id, proto::FINISH_ERROR,
+                   absl::UnavailableError(absl::StrCat("decode ", e.decode_address, " unreachable: ",
+                                                       e.error.message())));
+      }
+      return;
+    case Event::Kind::kRouterLost: {
+      const auto dropped = scheduler_->DropUnleased();
+      if (!dropped.empty()) LOG(WARNING) << "router lost: dropped " << dropped.size() << " requests";
+      return;
+    }
+  }
+}
+
+void PrefillService::RunStep(const Step& step) {
+  for (absl::Duration d : step.queue_times) queue_time_->Observe(absl::ToDoubleSeconds(d));
+  std::vector<engine::BatchSeq> batch;
+  batch.reserve(step.chunks.size());
+  for (const Step::Chunk& c : step.chunks) {
+    engine::BatchSeq b{.tokens = c.tokens, .start_pos = c.start_pos, .block_table = c.block_table};
+    if (c.last) b.logit_rows = {static_cast<int32_t>(c.tokens.size() - 1)};
+    batch.push_back(std::move(b));
+  }
+  absl::StatusOr<engine::Logits> logits = model_->Forward(batch, *pool_);
+  if (!logits.ok()) {
+    LOG(ERROR) << "prefill step of " << step.chunks.size() << " sequences failed: " << logits.status();
+    for (uint64_t id : scheduler_->Fail(step)) {
+      SendFinish(id, proto::FINISH_ERROR,
+                 absl::InternalError(absl::StrCat("prefill failed: ", logits.status().message())));
+    }
+    return;
+  }
+  // Logit rows come in batch order, one per last chunk: the order Complete returns.
+  const std::vector<uint64_t> done = scheduler_->Complete(step);
+  for (size_t i = 0; i < done.size(); ++i) HandleFirstToken(done[i], *logits, static_cast<int64_t>(i));
+}
+
+void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits, int64_t row) {
+  const PrefillSequence* s = scheduler_->Find(id);
+  CHECK(s != nullptr) << "completed request " << id << " vanished";
+  const proto::GenerationSpec& spec = s->request.spec();
+  // Position = tokens before the sampled one, as engine::Generate keys it.
+  const engine::SampleResult r = engine::Sample(logits.row(row), logits.vocab_size,
+                                                ToSamplingParams(spec.sampling()), spec.choice_index(),
+                                                s->num_tokens());
+  proto::Token token;
+  token.set_id(r.token);
+  token.set_logprob(r.logprob);
+  if (spec.sampling().logprobs() > 0) {
+    for (const auto& [tid, lp] : r.top_logprobs) {
+      proto::TopLogprob* t = token.add_top();
+      t->set_id(tid);
+      t->set_logprob(lp);
+    }
+  }
+  proto::Frame f = worker::WorkerRuntime::NewFrame();
+  proto::FirstToken* ft = f.mutable_first_token();
+  ft->set_request_id(id);
+  *ft->mutable_token() = token;
+  ft->set_worker_id(worker_id_);
+  sink_->SendToRouter(f);
+
+  switch (DecideFirstTokenEnd(s->request, model_->config(), r.token)) {
+    case FirstTokenEnd::kStop:
+      SendFinish(id, proto::FINISH_STOP);
+      scheduler_->Finish(id);
+      return;
+    case FirstTokenEnd::kLength:
+      SendFinish(id, proto::FINISH_LENGTH);
+      scheduler_->Finish(id);
+      return;
+    case FirstTokenEnd::kContinue:
+      Offer(id, token);
+      return;
+  }
+}
+
+void PrefillService::Offer(uint64_t id, const proto::Token& token) {
+  absl::StatusOr<kvtransfer::LeaseTable::Lease> lease = scheduler_->Lease(id);
+  if (!lease.ok()) {
+    LOG(ERROR) << "request " << id << ": cannot lease its blocks: " << lease.status();
+    SendFinish(id, proto::FINISH_ERROR,
+               absl::InternalError(absl::StrCat("cannot lease KV blocks: ", lease.status().message())));
+    scheduler_->Finish(id);
+    return;
+  }
+  const PrefillSequence* s = scheduler_->Find(id);
+  proto::Frame f = worker::WorkerRuntime::NewFrame();
+  proto::KvOffer* offer = f.mutable_kv_offer();
+  offer->set_request_id(id);
+  *offer->mutable_spec() = s->request.spec();
+  *offer->mutable_generated_ids() = s->request.resume_ids();
+  offer->add_generated_ids(token.id());
+  proto::KvHandle* h = offer->mutable_handle();
+  h->set_worker_id(worker_id_);
+  h->set_control_address(sink_->control_address());
+  h->set_data_address(options_.transport->address());
+  h->set_region(region_bytes_);
+  for (const auto& [block, epoch] : lease->block_epochs) {
+    h->add_block_ids(block);
+    h->add_block_epochs(epoch);
+  }
+  *h->mutable_layout() = layout_;
+  h->set_lease_ms(absl::ToInt64Milliseconds(options_.lease_duration));
+  h->set_num_tokens(s->num_tokens());
+
+  const std::string address = s->request.decode_address();
+  std::weak_ptr<Inbox> weak = inbox_;
+  sink_->SendToPeer(address, f, [weak, id, address](absl::Status error) {
+    std::shared_ptr<Inbox> inbox = weak.lock();
+    if (inbox == nullptr) return;  // The service is gone; its leases ended with it.
+    inbox->Push(Event{.kind = Event::Kind::kOfferFailed,
+                      .request_id = id,
+                      .decode_address = address,
+                      .error = std::move(error)});
+  });
+}
+
+void PrefillService::PublishStats() {
+  proto::WorkerStats s;
+  s.set_worker_id(worker_id_);
+  s.set_role(proto::ROLE_PREFILL);
+  s.set_kv_blocks_total(pool_->num_blocks());
+  s.set_kv_blocks_free(pool_->num_free());
+  s.set_queued_requests(scheduler_->num_queued());
+  s.set_running_requests(scheduler_->num_running());
+  s.set_queued_prefill_tokens(scheduler_->queued_prefill_tokens());
+  s.set_prompt_tokens_computed(scheduler_->prompt_tokens_computed());
+  s.set_kv_bytes_moved(kv_bytes_moved_);
+  s.set_kv_blocks_transferred(kv_blocks_transferred_);
+  s.set_leased_blocks(scheduler_->leased_blocks());
+  waiting_gauge_->Set(static_cast<double>(s.queued_requests()));
+  running_gauge_->Set(static_cast<double>(s.running_requests()));
+  usage_gauge_->Set(1.0 - static_cast<double>(s.kv_blocks_free()) / static_cast<double>(s.kv_blocks_total()));
+  absl::MutexLock lock(&stats_mu_);
+  stats_ = std::move(s);
+}
+
+proto::WorkerStats PrefillService::Stats() {
+  absl::MutexLock lock(&stats_mu_);
+  return stats_;
+}
+
+bool PrefillService::WaitForStats(const std::function<bool(const proto::WorkerStats&)>& pred,
+                                  absl::Duration timeout) {
+  struct Ctx {
+    const std::function<bool(const proto::WorkerStats&)>* pred;
+    const proto::WorkerStats* stats;
+  } ctx{&pred, nullptr};
+  absl::MutexLock lock(&stats_mu_);
+  ctx.stats = &stats_;
+  return stats_mu_.AwaitWithTimeout(
+      absl::Condition(+[](Ctx* c) { return (*c->pred)(*c->stats); }, &ctx), timeout);
+}
+
+}  // namespace duet::prefill

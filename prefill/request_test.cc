@@ -1,0 +1,138 @@
+#include "prefill/request.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace duet::prefill {
+namespace {
+
+engine::ModelConfig Config() {
+  engine::ModelConfig c;
+  c.vocab_size = 100;
+  c.max_position_embeddings = 16;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+proto::PrefillRequest Valid() {
+  proto::PrefillRequest r;
+  r.set_request_id(7);
+  for (int i = 0; i < 5; ++i) r.mutable_spec()->add_prompt_ids(10 + i);
+  r.mutable_spec()->mutable_sampling()->set_top_p(1.0f);
+  r.mutable_spec()->set_max_tokens(4);
+  r.set_decode_address("127.0.0.1:9");
+  return r;
+}
+
+void RequireInvalid(const proto::PrefillRequest& r, const std::string& needle) {
+  absl::Status s = ValidatePrefillRequest(r, Config());
+  INFO(s.ToString());
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(s.message()).find(needle) != std::string::npos);
+}
+
+TEST_CASE("valid requests pass; each malformed field is named", "[prefill][request]") {
+  REQUIRE(ValidatePrefillRequest(Valid(), Config()).ok());
+
+  auto r = Valid();
+  r.mutable_spec()->clear_prompt_ids();
+  RequireInvalid(r, "prompt is empty");
+
+  r = Valid();
+  r.mutable_spec()->set_prompt_ids(2, 100);
+  RequireInvalid(r, "prompt_ids[2] = 100");
+
+  r = Valid();
+  r.add_resume_ids(-1);
+  RequireInvalid(r, "resume_ids[0] = -1");
+
+  r = Valid();
+  for (int i = 0; i < 11; ++i) r.mutable_spec()->add_prompt_ids(1);  // 16 ok, 17 not
+  REQUIRE(ValidatePrefillRequest(r, Config()).ok());
+  r.add_resume_ids(1);
+  RequireInvalid(r, "more than the model's context of 16");
+
+  r = Valid();
+  r.mutable_spec()->mutable_sampling()->set_top_p(0.0f);
+  RequireInvalid(r, "top_p");
+
+  r = Valid();
+  r.mutable_spec()->mutable_sampling()->set_temperature(-1.0f);
+  RequireInvalid(r, "temperature");
+
+  r = Valid();
+  r.mutable_spec()->set_max_tokens(0);
+  RequireInvalid(r, "max_tokens must be >= 1");
+
+  r = Valid();
+  r.mutable_spec()->set_min_tokens(5);
+  RequireInvalid(r, "min_tokens");
+
+  r = Valid();
+  for (int i = 0; i < 4; ++i) r.add_resume_ids(3);
+  RequireInvalid(r, "resume_ids has 4 tokens");
+
+  r = Valid();
+  r.clear_decode_address();
+  RequireInvalid(r, "decode_address");
+  r.mutable_spec()->set_max_tokens(1);  // Token 1 is its last: no decode needed.
+  REQUIRE(ValidatePrefillRequest(r, Config()).ok());
+}
+
+TEST_CASE("first-token end rules follow Generate, min_tokens and resume_ids", "[prefill][request]") {
+  const auto c = Config();
+  auto r = Valid();
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kContinue);
+  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kStop);  // EOS
+
+  r.mutable_spec()->set_ignore_eos(true);
+  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kContinue);
+  r.mutable_spec()->add_stop_token_ids(50);
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kStop);  // stop ids ignore ignore_eos
+
+  r = Valid();
+  r.mutable_spec()->set_min_tokens(2);
+  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kContinue);  // EOS before min_tokens
+  r.add_resume_ids(40);  // Token 1 of this attempt is the request's second.
+  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kStop);
+
+  r = Valid();
+  r.mutable_spec()->set_max_tokens(1);
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kLength);
+  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kStop);  // stop wins, as in Generate
+  r.mutable_spec()->set_max_tokens(3);
+  r.add_resume_ids(40);
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kContinue);
+  r.add_resume_ids(41);
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kLength);
+
+  // Context: 15 tokens leave room for token 1 at position 15; 16 do not.
+  r = Valid();
+  r.mutable_spec()->set_max_tokens(100);
+  for (int i = 0; i < 10; ++i) r.mutable_spec()->add_prompt_ids(1);
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kContinue);
+  r.mutable_spec()->add_prompt_ids(1);
+  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kLength);
+}
+
+TEST_CASE("sampling params are taken literally", "[prefill][request]") {
+  proto::SamplingParams p;
+  p.set_temperature(0.5f);
+  p.set_top_k(7);
+  p.set_top_p(0.9f);
+  p.set_min_p(0.1f);
+  p.set_seed(123);
+  p.set_logprobs(2);
+  engine::SamplingParams e = ToSamplingParams(p);
+  REQUIRE(e.temperature == 0.5f);
+  REQUIRE(e.top_k == 7);
+  REQUIRE(e.top_p == 0.9f);
+  REQUIRE(e.min_p == 0.1f);
+  REQUIRE(e.seed == 123);
+  REQUIRE(e.logprobs == 2);
+}
+
+}  // namespace
+}  // namespace duet::prefill

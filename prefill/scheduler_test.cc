@@ -1,0 +1,251 @@
+#include "prefill/scheduler.h"
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "base/clock.h"
+#include "engine/block_pool.h"
+#include "kvtransfer/loopback/loopback_transport.h"
+
+namespace duet::prefill {
+namespace {
+
+constexpr int64_t kBlockSize = 4;
+
+// A pool of tiny blocks registered in a loopback transport, as the service does.
+struct Fixture {
+  explicit Fixture(int64_t num_blocks, SchedulerOptions options = {})
+      : pool(kernels::KvLayout{.num_layers = 1, .num_kv_heads = 1, .block_size = kBlockSize, .head_dim = 2},
+             num_blocks),
+        transport(kvtransfer::NewLoopbackTransport()) {
+    region = transport
+                 ->RegisterRegion(pool.data(), static_cast<uint64_t>(num_blocks * pool.block_bytes()),
+                                  num_blocks)
+                 .value();
+    sched = std::make_unique<PrefillScheduler>(options, &pool, transport.get(), region, &clock);
+  }
+  ~Fixture() {
+    sched.reset();
+    REQUIRE(pool.num_free() == pool.num_blocks());  // Every path returns every block.
+    REQUIRE(transport->DeregisterRegion(region).ok());
+  }
+  static proto::PrefillRequest Request(uint64_t id, int prompt_len, int resume_len = 0) {
+    proto::PrefillRequest r;
+    r.set_request_id(id);
+    for (int i = 0; i < prompt_len; ++i) r.mutable_spec()->add_prompt_ids(100 * static_cast<int>(id) + i);
+    for (int i = 0; i < resume_len; ++i) r.add_resume_ids(7);
+    return r;
+  }
+  void Enqueue(uint64_t id, int prompt_len, int resume_len = 0) {
+    REQUIRE(sched->Enqueue(Request(id, prompt_len, resume_len)).ok());
+  }
+
+  FakeClock clock;
+  engine::BlockPool pool;
+  kvtransfer::KvTransportPtr transport;
+  kvtransfer::RegionId region = 0;
+  std::unique_ptr<PrefillScheduler> sched;
+};
+
+struct ChunkView {
+  uint64_t id;
+  int64_t start;
+  int64_t len;
+  bool last;
+  bool operator==(const ChunkView&) const = default;
+};
+
+std::vector<ChunkView> View(const Step& s) {
+  std::vector<ChunkView> v;
+  for (const auto& c : s.chunks) {
+    v.push_back({c.request_id, c.start_pos, static_cast<int64_t>(c.tokens.size()), c.last});
+  }
+  return v;
+}
+
+TEST_CASE("FCFS batches several prompts within the token budget", "[prefill][scheduler]") {
+  Fixture f(64, {.max_batch_tokens = 10});
+  f.Enqueue(1, 4);
+  f.Enqueue(2, 3, 2);  // Resumed tokens are prefilled too.
+  f.Enqueue(3, 6);
+  REQUIRE(f.sched->queued_prefill_tokens() == 15);
+  Step s = f.sched->Schedule();
+  REQUIRE(View(s) == std::vector<ChunkView>{{1, 0, 4, true}, {2, 0, 5, true}, {3, 0, 1, false}});
+  REQUIRE(s.queue_times.size() == 3);
+  REQUIRE(s.chunks[1].tokens[3] == 7);  // prompt then resume
+  REQUIRE(f.sched->num_running() == 3);
+  REQUIRE(f.sched->Complete(s) == std::vector<uint64_t>{1, 2});
+  REQUIRE(f.sched->prompt_tokens_computed() == 10);
+  REQUIRE(f.sched->queued_prefill_tokens() == 5);
+  REQUIRE(f.sched->Find(1) != nullptr);
+  f.sched->Finish(1);
+  f.sched->Finish(2);
+  REQUIRE(f.sched->Find(1) == nullptr);
+
+  s = f.sched->Schedule();
+  REQUIRE(View(s) == std::vector<ChunkView>{{3, 1, 5, true}});
+  REQUIRE(s.chunks[0].tokens[0] == 301);
+  REQUIRE(f.sched->Complete(s) == std::vector<uint64_t>{3});
+  f.sched->Finish(3);
+  REQUIRE(f.sched->Schedule().empty());
+}
+
+TEST_CASE("a long prompt is chunked across steps with all its blocks reserved", "[prefill][scheduler]") {
+  Fixture f(64, {.max_batch_tokens = 8});
+  f.Enqueue(1, 21);
+  f.Enqueue(2, 3);
+  std::vector<std::vector<ChunkView>> steps;
+  for (int i = 0; i < 3; ++i) {
+    Step s = f.sched->Schedule();
+    steps.push_back(View(s));
+    REQUIRE(s.chunks[0].block_table.size() == 6);  // ceil(21 / 4), from the first step on
+    f.sched->Complete(s);
+  }
+  REQUIRE(steps[0] == std::vector<ChunkView>{{1, 0, 8, false}});
+  REQUIRE(steps[1] == std::vector<ChunkView>{{1, 8, 8, false}});
+  // The budget's remainder goes to the next request in line.
+  REQUIRE(steps[2] == std::vector<ChunkView>{{1, 16, 5, true}, {2, 0, 3, true}});
+  REQUIRE(f.sched->prompt_tokens_computed() == 24);
+  REQUIRE(f.pool.num_free() == 64 - 6 - 1);
+  f.sched->Finish(1);
+  f.sched->Finish(2);
+}
+
+TEST_CASE("the queue head waits for blocks held by leases; nothing overtakes it", "[prefill][scheduler]") {
+  Fixture f(4, {.max_batch_tokens = 64});
+  f.Enqueue(1, 12);  // 3 of the 4 blocks
+  Step s = f.sched->Schedule();
+  f.sched->Complete(s);
+  auto lease = f.sched->Lease(1);
+  REQUIRE(lease.ok());
+  REQUIRE(lease->block_epochs.size() == 3);
+  REQUIRE(f.sched->leased_blocks() == 3);
+
+  f.Enqueue(2, 8);  // 2 blocks: waits
+  f.Enqueue(3, 4);  // 1 block would fit, but FCFS
+  REQUIRE(f.sched->Schedule().empty());
+  REQUIRE(f.sched->Schedule().empty());
+  REQUIRE(f.sched->num_queued() == 2);
+
+  REQUIRE(f.sched->Release(1) == 3);
+  REQUIRE(f.sched->leased_blocks() == 0);
+  for (const auto& [b, epoch] : lease->block_epochs) {
+    REQUIRE(f.transport->BlockEpoch(f.region, b) == epoch + 1);  // Bumped before reuse.
+  }
+  s = f.sched->Schedule();
+  REQUIRE(View(s) == std::vector<ChunkView>{{2, 0, 8, true}, {3, 0, 4, true}});
+  f.sched->Complete(s);
+  f.sched->Finish(2);
+  f.sched->Finish(3);
+  REQUIRE(f.sched->Release(1) == 0);  // Already gone.
+}
+
+TEST_CASE("cancel drops a request in every state and frees its blocks", "[prefill][scheduler]") {
+  Fixture f(16, {.max_batch_tokens = 8});
+  f.Enqueue(1, 4);   // will be leased
+  f.Enqueue(2, 4);   // will be complete
+  f.Enqueue(3, 10);  // mid-chunk
+  f.Enqueue(4, 4);   // still queued (budget spent)
+  Step s = f.sched->Schedule();
+  f.sched->Complete(s);
+  s = f.sched->Schedule();
+  REQUIRE(View(s) == std::vector<ChunkView>{{3, 0, 8, false}});
+  f.sched->Complete(s);
+  auto lease = f.sched->Lease(1);
+  REQUIRE(lease.ok());
+  REQUIRE(f.sched->num_queued() == 1);
+  REQUIRE(f.sched->num_running() == 1);
+  REQUIRE(f.pool.num_free() == 16 - 1 - 1 - 3);
+
+  REQUIRE(f.sched->Cancel(4));  // queued
+  REQUIRE(f.sched->Cancel(3));  // mid-chunk
+  REQUIRE(f.sched->Cancel(2));  // complete
+  REQUIRE(f.sched->Cancel(1));  // leased: epochs bumped first
+  REQUIRE(f.transport->BlockEpoch(f.region, lease->block_epochs[0].first) ==
+          lease->block_epochs[0].second + 1);
+  REQUIRE_FALSE(f.sched->Cancel(1));
+  REQUIRE_FALSE(f.sched->Cancel(99));
+  REQUIRE(f.pool.num_free() == 16);
+  REQUIRE(f.sched->queued_prefill_tokens() == 0);
+  REQUIRE(f.sched->Schedule().empty());
+}
+
+TEST_CASE("an expired lease returns its blocks, on the injected clock", "[prefill][scheduler]") {
+  Fixture f(8, {.lease_duration = absl::Seconds(5)});
+  f.Enqueue(1, 9);
+  Step s = f.sched->Schedule();
+  f.sched->Complete(s);
+  auto lease = f.sched->Lease(1);
+  REQUIRE(lease.ok());
+  REQUIRE(f.pool.num_free() == 5);
+  f.clock.Advance(absl::Seconds(4));
+  REQUIRE(f.sched->ExpireDue() == 0);
+  REQUIRE(f.pool.num_free() == 5);
+  f.clock.Advance(absl::Seconds(1));
+  REQUIRE(f.sched->ExpireDue() == 1);
+  REQUIRE(f.pool.num_free() == 8);
+  REQUIRE(f.sched->leased_blocks() == 0);
+  REQUIRE(f.sched->lease_expirations() == 1);
+  REQUIRE(f.transport->BlockEpoch(f.region, lease->block_epochs[2].first) == lease->block_epochs[2].second + 1);
+  REQUIRE(f.sched->Release(1) == 0);  // A late KvReleased is harmless.
+  REQUIRE_FALSE(f.sched->CancelLease(1));
+}
+
+TEST_CASE("admission limits: queue full, prompts larger than the pool, duplicates", "[prefill][scheduler]") {
+  Fixture f(4, {.max_batch_tokens = 64, .max_queued_requests = 2});
+  f.Enqueue(1, 4);
+  f.Enqueue(2, 4);
+  absl::Status s = f.sched->Enqueue(Fixture::Request(3, 4));
+  REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(s.message() == "prefill queue full");
+  REQUIRE(f.sched->Enqueue(Fixture::Request(1, 4)).code() == absl::StatusCode::kAlreadyExists);
+
+  Step step = f.sched->Schedule();  // Admission makes room in the queue.
+  REQUIRE(f.sched->num_queued() == 0);
+  REQUIRE(f.sched->Enqueue(Fixture::Request(2, 4)).code() == absl::StatusCode::kAlreadyExists);  // running
+  s = f.sched->Enqueue(Fixture::Request(5, 17));  // 5 blocks > 4: could never run
+  REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(std::string(s.message()).find("needs 5 KV blocks") != std::string::npos);
+  f.Enqueue(4, 16);
+  f.sched->Complete(step);
+  f.sched->Finish(1);
+  f.sched->Finish(2);
+}
+
+TEST_CASE("router loss drops unleased requests; leases stay until they end", "[prefill][scheduler]") {
+  Fixture f(16, {.max_batch_tokens = 6});
+  f.Enqueue(1, 4);
+  Step s = f.sched->Schedule();
+  f.sched->Complete(s);
+  REQUIRE(f.sched->Lease(1).ok());
+  f.Enqueue(2, 10);
+  f.Enqueue(3, 4);
+  s = f.sched->Schedule();
+  f.sched->Complete(s);  // 2 is mid-chunk, 3 queued
+  REQUIRE(f.sched->DropUnleased() == std::vector<uint64_t>{3, 2});
+  REQUIRE(f.sched->num_leased() == 1);
+  REQUIRE(f.pool.num_free() == 15);
+  REQUIRE(f.sched->Release(1) == 1);
+  REQUIRE(f.pool.num_free() == 16);
+}
+
+TEST_CASE("destroying the scheduler ends live leases and frees everything", "[prefill][scheduler]") {
+  std::vector<std::pair<int32_t, uint64_t>> epochs;
+  {
+    Fixture f(8);
+    f.Enqueue(1, 5);
+    f.Enqueue(2, 3);
+    Step s = f.sched->Schedule();
+    f.sched->Complete(s);
+    auto lease = f.sched->Lease(1);
+    REQUIRE(lease.ok());
+    epochs = lease->block_epochs;
+    f.sched.reset();
+    for (const auto& [b, e] : epochs) REQUIRE(f.transport->BlockEpoch(f.region, b) == e + 1);
+    // ~Fixture checks the pool is whole again.
+  }
+}
+
+}  // namespace
+}  // namespace duet::prefill
