@@ -44,6 +44,11 @@ constexpr uint64_t kChunkBytes = 8ull << 20;
 // Bytes one transfer may issue per progress round, and reads it may have
 // outstanding: bounds the work done under the worker lock and UCX's queues.
 constexpr uint64_t kIssueBudgetBytes = 32ull << 20;
+// What Pull itself issues, on the caller's thread, before the progress thread
+// takes over: the first epoch reads (or a small first data read) leave at
+// once instead of after a thread wake-up. Small, because shared memory
+// transports copy inside ucp_get_nbx and Pull must return at once.
+constexpr uint64_t kInlineIssueBytes = 64ull << 10;
 constexpr int kMaxOutstandingOps = 512;
 // How long a force-closed endpoint may take to hand back its reads, and how
 // long an idle progress thread sleeps (keepalive runs inside progress).
@@ -270,8 +275,10 @@ class UcxKvTransport : public KvTransport {
   void ProgressLoop();
   void Wake();
   // Every helper below runs with mu_ held, from the progress thread or an API call.
-  void Advance(Transfer* t, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void IssueSome(Transfer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Issues at most `budget` bytes of reads (a progress round's worth by default).
+  void Advance(Transfer* t, absl::Time now, uint64_t budget = kIssueBudgetBytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueSome(Transfer* t, uint64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasMoreToIssue(const Transfer* t) const;
   void OpDone(Transfer* t, void* request, ucs_status_t status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Abort(Transfer* t, TransferState state, std::string detail, absl::Time now)
@@ -456,14 +463,25 @@ void UcxKvTransport::Wake() {
 }
 
 void UcxKvTransport::ProgressLoop() {
+  // When the worker last had something to do; the thread sleeps only after
+  // spin_window without any.
+  absl::Time last_event = absl::InfinitePast();
+  bool woken = false;
+  bool spin = false;
   for (;;) {
     absl::Duration wait = absl::ZeroDuration();
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+      unsigned events = 0;
+      for (int i = 0; i < 64; ++i) {
+        unsigned n = ucp_worker_progress(worker_);
+        if (n == 0) break;
+        events += n;
       }
       absl::Time now = absl::Now();
+      if (events > 0 || woken) last_event = now;
+      woken = false;
       // Endpoints that failed inside progress are closed out here, where
       // purging their requests cannot re-enter a callback.
       std::vector<PeerId> failed;
@@ -525,7 +543,12 @@ void UcxKvTransport::ProgressLoop() {
       if (!closing_.empty()) next_timer = std::min(next_timer, now + kBusyTick);
       if (more_to_issue) continue;
       if (options_.busy_poll && !active_.empty()) continue;
-      if (worker_fd_ >= 0) {
+      if (now - last_event < options_.spin_window) {
+        // More is likely on its way (the reply to a read just issued, the
+        // next phase's read of a pull just served): poll for it rather than
+        // pay a wake-up. Yield outside the lock so callers get mu_.
+        spin = true;
+      } else if (worker_fd_ >= 0) {
         ucs_status_t st = ucp_worker_arm(worker_);
         if (st == UCS_ERR_BUSY) continue;  // events arrived: progress again
         if (st != UCS_OK) {
@@ -537,6 +560,11 @@ void UcxKvTransport::ProgressLoop() {
       }
       wait = std::max(absl::ZeroDuration(), next_timer - now);
     }
+    if (spin) {
+      spin = false;
+      std::this_thread::yield();
+      continue;
+    }
     struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_fd_, POLLIN, 0}};
     struct timespec ts = absl::ToTimespec(wait);
     int n = ppoll(fds, worker_fd_ >= 0 ? 2 : 1, &ts, nullptr);
@@ -544,6 +572,7 @@ void UcxKvTransport::ProgressLoop() {
       uint64_t v;
       ssize_t r = read(wake_fd_, &v, sizeof(v));
       (void)r;
+      woken = true;
     }
   }
 }
@@ -682,14 +711,13 @@ bool UcxKvTransport::HasMoreToIssue(const Transfer* t) const {
   return false;
 }
 
-void UcxKvTransport::IssueSome(Transfer* t) {
+void UcxKvTransport::IssueSome(Transfer* t, uint64_t* budget) {
   Peer* peer = FindPeer(t->peer);
   if (peer == nullptr || peer->ep == nullptr) {
     t->error = UCS_ERR_CONNECTION_RESET;
     return;
   }
-  uint64_t budget = kIssueBudgetBytes;
-  while (HasMoreToIssue(t) && budget > 0 && t->requests.size() < kMaxOutstandingOps &&
+  while (HasMoreToIssue(t) && *budget > 0 && t->requests.size() < kMaxOutstandingOps &&
          t->error == UCS_OK) {
     void* local;
     uint64_t length;
@@ -699,6 +727,9 @@ void UcxKvTransport::IssueSome(Transfer* t) {
     if (data) {
       const Segment& s = t->segments[t->cursor];
       length = std::min(kChunkBytes, s.length - t->cursor_offset);
+      // A small (inline) budget never issues a read beyond it; a full one
+      // always issues at least one chunk.
+      if (length > *budget && *budget < kChunkBytes) break;
       local = t->local_base + s.dst_offset + t->cursor_offset;
       remote = t->keys->desc.base + s.src_offset + t->cursor_offset;
       rkey = t->keys->rkey;
@@ -733,11 +764,11 @@ void UcxKvTransport::IssueSome(Transfer* t) {
     } else {
       t->error = UCS_PTR_STATUS(sp);
     }
-    budget -= std::min(budget, length);
+    *budget -= std::min(*budget, length);
   }
 }
 
-void UcxKvTransport::Advance(Transfer* t, absl::Time now) {
+void UcxKvTransport::Advance(Transfer* t, absl::Time now, uint64_t budget) {
   for (;;) {
     if (t->finalized) return;
     if (!t->abort && t->error != UCS_OK) {
@@ -771,7 +802,7 @@ void UcxKvTransport::Advance(Transfer* t, absl::Time now) {
       t->cursor_offset = 0;
     }
     if (HasMoreToIssue(t)) {
-      IssueSome(t);
+      IssueSome(t, &budget);
       if (t->error != UCS_OK) continue;
       if (HasMoreToIssue(t)) return;  // the next progress round issues more
     }
@@ -1102,7 +1133,16 @@ absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
     Finalize(raw, TransferState::kPeerLost, peer->failure, raw->start);
   } else {
     peer->transfers.insert(id);
-    Wake();
+    // Send the first reads from here: they leave one thread wake-up sooner.
+    Advance(raw, raw->start, kInlineIssueBytes);
+    // Completions of reads in flight wake the progress thread, and it sleeps
+    // at most kIdleTick, so it needs a nudge only for a transfer with no read
+    // out (nothing issued yet, or already ended), a failed endpoint to close,
+    // or a deadline sooner than its longest sleep.
+    if (raw->requests.empty() || raw->abort || !failed_peers_.empty() ||
+        request.timeout < kIdleTick) {
+      Wake();
+    }
   }
   return id;
 }

@@ -5,10 +5,12 @@
 //   ASSIGN_OR_RETURN(KvTransportPtr t, NewUcxTransport(UcxTransportOptions{}));
 //   ASSIGN_OR_RETURN(PeerId p, t->Connect(exporter_address));  // then Pull/Wait
 //
-// One UCP worker per transport, driven by one progress thread that owns every
-// UCX call on the data path: Pull only queues the transfer and wakes it, so no
-// caller blocks on the network. A pull runs in three phases: read the promised
-// blocks' epochs, read the segments (one ucp_get_nbx each, straight into the
+// One UCP worker per transport, driven by one progress thread that does the
+// data path's UCX work; every UCX call is made under one mutex. Pull issues
+// the first reads itself (at most 64 KiB, typically the epoch reads, never
+// waiting for them) and leaves the rest to that thread, so no caller blocks
+// on the network. A pull runs in three phases: read the promised blocks'
+// epochs, read the segments (one ucp_get_nbx each, straight into the
 // registered destination), read the epochs again; it is kDone only if both
 // epoch reads equal the promised ones. A pull that ends in any other state may
 // have written part of its destination: those bytes are not KV.
@@ -64,6 +66,15 @@ struct UcxTransportOptions {
   // Spin on ucp_worker_progress while transfers are in flight instead of
   // sleeping on the worker's event fd (lower latency, one busy core).
   bool busy_poll = false;
+  // After any UCX event (a reply, a peer's read served), keep polling the
+  // worker this long before sleeping on its event fd: a pull's next phase,
+  // on either side, then costs no thread wake-up (tens of microseconds on a
+  // VM; tools/bench:kvtransfer shows both). The price is up to this much CPU
+  // after each burst of traffic, and on oversubscribed cores much more: a
+  // thread that spins loses the scheduler's preference for threads that
+  // slept, and pulls then wait for time slices. Give a worker that sets it
+  // a core to spare. Zero sleeps at once.
+  absl::Duration spin_window = absl::ZeroDuration();
 };
 
 // Creates the UCP context, worker and progress thread. Errors carry UCX's own

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "base/metrics.h"
 #include "kvtransfer/layout.h"
 #include "kvtransfer/testing/pattern.h"
@@ -68,6 +69,7 @@ TEST_CASE("a UCX transport pulls from itself and checks epochs", "[ucx]") {
   UcxTransportOptions options;
   // Both ways of driving the worker: sleeping on its event fd, or spinning.
   options.busy_poll = GENERATE(false, true);
+  options.spin_window = absl::Microseconds(GENERATE(0, 50));
   auto made = NewUcxTransport(options);
   REQUIRE(made.ok());
   KvTransport& t = **made;
@@ -241,7 +243,10 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
   auto peer = StartKvPeer(kPeerBlocks, block_bytes, kSeed);
   REQUIRE(peer.ok());
 
-  auto made = NewUcxTransport({});
+  UcxTransportOptions options;
+  // Sleeping on the event fd after every event, and polling a while first.
+  options.spin_window = absl::Microseconds(GENERATE(0, 50));
+  auto made = NewUcxTransport(options);
   REQUIRE(made.ok());
   KvTransport& t = **made;
   Pool dst(block_bytes * kLocalBlocks);

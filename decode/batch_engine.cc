@@ -1,0 +1,347 @@
+#include "decode/batch_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+
+namespace duet::decode {
+namespace {
+
+// Enough to outlast any offer still in flight behind its cancel.
+constexpr size_t kRememberCancelled = 4096;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+struct BatchEngine::Seq {
+  explicit Seq(engine::BlockPool* pool) : kv(pool) {}
+
+  uint64_t id = 0;
+  uint64_t arrival = 0;  // Order of Add: "newest" means the largest.
+  std::vector<int32_t> tokens;  // Prompt, then generated.
+  int64_t num_prompt = 0;
+  GenerationParams params;
+  engine::SequenceKv kv;
+  int64_t computed = 0;  // Positions whose KV is in kv.
+  Phase phase = Phase::kWaiting;
+  bool import_kv = false;  // Its KV is still to come from the importer.
+  // Prefill every token, then sample (a new request); otherwise prefill all
+  // but the last, which is then fed as a decode token (a recompute).
+  bool fresh = true;
+  bool first_pending = false;  // The next sample is this attempt's first token.
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt; }
+  int64_t PrefillTarget() const {
+    return fresh ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(tokens.size()) - 1;
+  }
+  // Positions the request must hold before it can run: its prefill plus
+  // the next fed token, so a newly admitted request never preempts in its
+  // first step.
+  int64_t AdmitPositions() const { return PrefillTarget() + 1; }
+};
+
+BatchEngine::BatchEngine(engine::Model* model, engine::BlockPool* pool, KvImporter* importer,
+                         EngineOptions options)
+    : model_(model),
+      pool_(pool),
+      importer_(importer),
+      // At least one request and one token a step, or nothing would ever run.
+      options_{.max_running = std::max<int64_t>(options.max_running, 1),
+               .token_budget = std::max<int64_t>(options.token_budget, 1)} {}
+
+BatchEngine::~BatchEngine() { DropAll(); }
+
+absl::Status BatchEngine::Add(SequenceRequest r) {
+  if (seqs_.count(r.request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", r.request_id, " is already here"));
+  }
+  if (cancelled_.count(r.request_id)) {
+    return absl::CancelledError(absl::StrCat("request ", r.request_id, " was cancelled"));
+  }
+  if (r.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (r.import_kv && (importer_ == nullptr || r.generated.empty())) {
+    return absl::InvalidArgumentError("an imported request needs an importer and a generated token");
+  }
+  auto seq = std::make_unique<Seq>(pool_);
+  seq->id = r.request_id;
+  seq->arrival = next_arrival_++;
+  seq->num_prompt = static_cast<int64_t>(r.prompt.size());
+  seq->tokens = std::move(r.prompt);
+  seq->tokens.insert(seq->tokens.end(), r.generated.begin(), r.generated.end());
+  seq->params = std::move(r.params);
+  seq->import_kv = r.import_kv;
+  seq->fresh = !r.import_kv;
+  seq->first_pending = !r.import_kv;
+  waiting_.push_back(seq.get());
+  seqs_[r.request_id] = std::move(seq);
+  return absl::OkStatus();
+}
+
+void BatchEngine::RememberCancelled(uint64_t id) {
+  if (!cancelled_.insert(id).second) return;
+  cancelled_order_.push_back(id);
+  if (cancelled_order_.size() > kRememberCancelled) {
+    cancelled_.erase(cancelled_order_.front());
+    cancelled_order_.pop_front();
+  }
+}
+
+bool BatchEngine::Cancel(uint64_t request_id) {
+  auto it = seqs_.find(request_id);
+  if (it == seqs_.end()) {
+    RememberCancelled(request_id);
+    return false;
+  }
+  Remove(it->second.get());
+  return true;
+}
+
+void BatchEngine::DropAll() {
+  std::vector<uint64_t> ids;
+  ids.reserve(seqs_.size());
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  for (uint64_t id : ids) Remove(seqs_.at(id).get());
+}
+
+void BatchEngine::Remove(Seq* s) {
+  // The import first: its transfer may still write the blocks.
+  if (s->import_kv && importer_ != nullptr) importer_->Abandon(s->id);
+  s->kv.Release();
+  if (s->phase == Phase::kWaiting) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
+  } else {
+    active_.erase(s->arrival);
+  }
+  seqs_.erase(s->id);  // Frees s.
+}
+
+void BatchEngine::Finish(Seq* s, FinishKind kind, absl::Status error, StepResult& out) {
+  out.finishes.push_back({.request_id = s->id, .kind = kind, .error = std::move(error)});
+  Remove(s);
+}
+
+EngineCounts BatchEngine::counts() const {
+  EngineCounts c;
+  c.waiting = static_cast<int64_t>(waiting_.size());
+  for (const Seq* s : waiting_) {
+    if (!s->import_kv) c.queued_prefill_tokens += s->PrefillTarget();
+  }
+  for (const auto& [arrival, s] : active_) {
+    switch (s->phase) {
+      case Phase::kPulling: ++c.pulling; break;
+      case Phase::kPrefilling:
+        ++c.prefilling;
+        c.queued_prefill_tokens += s->PrefillTarget() - s->computed;
+        break;
+      case Phase::kRunning: ++c.running; break;
+      case Phase::kWaiting: break;
+    }
+  }
+  c.prompt_tokens_computed = prompt_tokens_computed_;
+  c.preemptions = preemptions_;
+  return c;
+}
+
+void BatchEngine::PollImports(StepResult& out) {
+  std::vector<Seq*> pulling;  // Collected first: Finish edits active_.
+  for (const auto& [arrival, s] : active_) {
+    if (s->phase == Phase::kPulling) pulling.push_back(s);
+  }
+  for (Seq* s : pulling) {
+    std::optional<absl::Status> done = importer_->Poll(s->id);
+    if (!done.has_value()) continue;
+    s->import_kv = false;  // The importer has forgotten it either way.
+    if (!done->ok()) {
+      Finish(s, FinishKind::kError, *done, out);
+      continue;
+    }
+    s->computed = static_cast<int64_t>(s->tokens.size()) - 1;
+    s->phase = Phase::kRunning;
+  }
+}
+
+void BatchEngine::Preempt(Seq* v) {
+  LOG(DEBUG) << "preempting request " << v->id << " (" << v->tokens.size() << " tokens)";
+  v->kv.Release();
+  // A request that has sampled here (or arrived with a token to feed) keeps
+  // its tokens and recomputes the KV of all but the last; one still in its
+  // first prefill simply starts over.
+  if (v->phase == Phase::kRunning) v->fresh = false;
+  v->computed = 0;
+  v->phase = Phase::kWaiting;
+  active_.erase(v->arrival);
+  waiting_.push_front(v);
+  ++preemptions_;
+}
+
+void BatchEngine::ReserveRunning() {
+  std::vector<Seq*> running;
+  for (const auto& [arrival, s] : active_) {
+    if (s->phase == Phase::kRunning) running.push_back(s);
+  }
+  // Oldest first, so the victims (newest first) are never ones already served.
+  for (Seq* s : running) {
+    if (s->phase != Phase::kRunning) continue;  // Preempted for an older one.
+    const int64_t need = static_cast<int64_t>(s->tokens.size());  // Feeds position size - 1.
+    while (s->kv.capacity_tokens() < need && !s->kv.Reserve(need).ok()) {
+      Seq* victim = nullptr;
+      for (auto it = active_.rbegin(); it != active_.rend(); ++it) {
+        // Pulls are left alone: their transfers are writing the blocks.
+        if (it->second->phase == Phase::kRunning || it->second->phase == Phase::kPrefilling) {
+          victim = it->second;
+          break;
+        }
+      }
+      Preempt(victim);  // s itself is a candidate, so there is always one.
+      if (victim == s) break;
+    }
+  }
+}
+
+int64_t BatchEngine::GrowthNextStep() const {
+  int64_t blocks = 0;
+  for (const auto& [arrival, s] : active_) {
+    if (s->phase == Phase::kRunning &&
+        s->kv.capacity_tokens() < static_cast<int64_t>(s->tokens.size()) + 1) {
+      ++blocks;
+    }
+  }
+  return blocks;
+}
+
+void BatchEngine::Admit(StepResult& out) {
+  const int64_t block_size = pool_->layout().block_size;
+  while (!waiting_.empty()) {
+    if (static_cast<int64_t>(active_.size()) >= options_.max_running) return;
+    Seq* s = waiting_.front();
+    const int64_t positions = s->AdmitPositions();
+    const int64_t need = CeilDiv(positions, block_size);
+    if (need > pool_->num_blocks()) {
+      Finish(s, FinishKind::kError,
+             absl::ResourceExhaustedError(absl::StrCat("request ", s->id, " needs ", need,
+                                                       " KV blocks; this worker's pool has ",
+                                                       pool_->num_blocks())),
+             out);
+      continue;
+    }
+    // Keep the blocks running requests will grow into next step, so that an
+    // admission is not undone by a preemption right after (for imports, a
+    // wasted pull). With nothing active the pool is all free, so the head
+    // always goes in eventually: FIFO without starvation.
+    const int64_t reserve = active_.empty() ? 0 : GrowthNextStep();
+    if (pool_->num_free() < need + reserve) return;
+    if (!s->kv.Reserve(positions).ok()) return;
+    waiting_.pop_front();
+    active_[s->arrival] = s;
+    s->computed = 0;
+    if (!s->import_kv) {
+      s->phase = Phase::kPrefilling;
+      continue;
+    }
+    s->phase = Phase::kPulling;
+    absl::Status started = importer_->Start(s->id, s->kv.block_table());
+    if (!started.ok()) {
+      s->import_kv = false;  // A failed Start has ended the import.
+      Finish(s, FinishKind::kError, std::move(started), out);
+    }
+  }
+}
+
+StepResult BatchEngine::Step() {
+  StepResult out;
+  if (importer_ != nullptr) PollImports(out);
+  ReserveRunning();
+  Admit(out);
+
+  // The batch: every running request's next token, then prefill chunks of
+  // the oldest prefilling requests while the token budget lasts.
+  struct Entry {
+    Seq* seq;
+    int64_t len;
+    bool sample;
+  };
+  std::vector<engine::BatchSeq> batch;
+  std::vector<Entry> entries;
+  for (const auto& [arrival, s] : active_) {
+    if (s->phase != Phase::kRunning) continue;
+    const int64_t pos = static_cast<int64_t>(s->tokens.size()) - 1;
+    batch.push_back({.tokens = absl::MakeConstSpan(&s->tokens[pos], 1),
+                     .start_pos = pos,
+                     .block_table = s->kv.block_table(),
+                     .logit_rows = {0}});
+    entries.push_back({s, 1, true});
+  }
+  int64_t budget = options_.token_budget - static_cast<int64_t>(batch.size());
+  if (batch.empty()) budget = std::max<int64_t>(options_.token_budget, 1);
+  for (const auto& [arrival, s] : active_) {
+    if (budget <= 0) break;
+    if (s->phase != Phase::kPrefilling) continue;
+    const int64_t target = s->PrefillTarget();
+    const int64_t len = std::min(target - s->computed, budget);
+    const bool last = s->computed + len == target;
+    engine::BatchSeq b{.tokens = absl::MakeConstSpan(s->tokens.data() + s->computed, len),
+                       .start_pos = s->computed,
+                       .block_table = s->kv.block_table()};
+    if (last && s->fresh) b.logit_rows = {static_cast<int32_t>(len - 1)};
+    batch.push_back(std::move(b));
+    entries.push_back({s, len, last && s->fresh});
+    budget -= len;
+  }
+  if (batch.empty()) return out;
+
+  for (const Entry& e : entries) out.batch_tokens += e.len;
+  absl::StatusOr<engine::Logits> logits = model_->Forward(batch, *pool_);
+  out.ran_forward = true;
+  if (!logits.ok()) {
+    LOG(ERROR) << "forward pass failed: " << logits.status();
+    for (const Entry& e : entries) {
+      Finish(e.seq, FinishKind::kError,
+             absl::InternalError(absl::StrCat("forward pass failed: ", logits.status().message())), out);
+    }
+    return out;
+  }
+
+  const engine::ModelConfig& c = model_->config();
+  int64_t row = 0;
+  for (const Entry& e : entries) {
+    Seq* s = e.seq;
+    if (s->phase == Phase::kPrefilling) {
+      s->computed += e.len;
+      prompt_tokens_computed_ += e.len;
+      if (s->computed == s->PrefillTarget()) {
+        s->phase = Phase::kRunning;
+        s->fresh = false;
+      }
+      // Mid-prompt chunks and the end of a recompute (whose next token is
+      // already known) have no logits.
+      if (!e.sample) continue;
+    } else {
+      s->computed = static_cast<int64_t>(s->tokens.size());
+    }
+    // As engine::Generate: the position is the number of tokens before it.
+    const int64_t pos = static_cast<int64_t>(s->tokens.size());
+    const GenerationParams& p = s->params;
+    engine::SampleResult smp =
+        engine::Sample(logits->row(row++), c.vocab_size, p.sampling, p.choice_index, pos);
+    const int32_t token = smp.token;
+    s->tokens.push_back(token);
+    out.tokens.push_back({.request_id = s->id, .sample = std::move(smp), .first = s->first_pending});
+    s->first_pending = false;
+    const bool stop_id =
+        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+    const bool eos = !p.ignore_eos && c.IsEos(token) && s->generated() >= p.min_tokens;
+    if (eos || stop_id) {
+      Finish(s, FinishKind::kStop, absl::OkStatus(), out);
+    } else if (p.max_tokens > 0 && s->generated() >= p.max_tokens) {
+      Finish(s, FinishKind::kLength, absl::OkStatus(), out);
+    } else if (pos + 1 > c.max_position_embeddings) {
+      Finish(s, FinishKind::kLength, absl::OkStatus(), out);  // The context is full.
+    }
+  }
+  return out;
+}
+
+}  // namespace duet::decode

@@ -1,0 +1,448 @@
+// BatchEngine without sockets: admission, chunked prefill mixed with decode,
+// preemption, cancel in every state, import failures. Every output is checked
+// token for token against engine::Generate on the same tiny model.
+#include "decode/batch_engine.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/test_models.h"
+
+namespace duet::decode {
+namespace {
+
+engine::Model& TinyModel() {
+  static kernels::KernelBackendPtr backend = kernels::NewCpuBackend(2);
+  static std::unique_ptr<engine::Model> model = [] {
+    auto m = engine::Model::Load(testing::TinyModelDir("llama"), backend.get());
+    REQUIRE(m.ok());
+    return std::move(*m);
+  }();
+  return *model;
+}
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (i * 37 + salt * 101 + 11) % 900 + 3;
+  return p;
+}
+
+GenerationParams Greedy(int64_t max_tokens) {
+  GenerationParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+GenerationParams Seeded(int64_t max_tokens, uint64_t seed) {
+  GenerationParams p;
+  p.sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = seed, .logprobs = 3};
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.choice_index = seed % 3;
+  return p;
+}
+
+// The tiny model with another EOS id (same weights), to make EOS happen on cue.
+engine::Model& TinyModelWithEos(int32_t eos) {
+  static kernels::KernelBackendPtr backend = kernels::NewCpuBackend(2);
+  static std::map<int32_t, std::unique_ptr<engine::Model>> models;
+  auto& m = models[eos];
+  if (m == nullptr) {
+    namespace fs = std::filesystem;
+    const std::string dir = testing::FreshDir("eos-" + std::to_string(eos));
+    fs::copy(testing::TinyModelDir("llama"), dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    std::ifstream in(dir + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    in.close();
+    cfg["eos_token_id"] = eos;
+    std::ofstream(dir + "/config.json") << cfg.dump(2);
+    auto loaded = engine::Model::Load(dir, backend.get());
+    REQUIRE(loaded.ok());
+    m = std::move(*loaded);
+  }
+  return *m;
+}
+
+engine::GenerateResult Reference(const std::vector<int32_t>& prompt, const GenerationParams& p,
+                                 engine::Model& m = TinyModel()) {
+  engine::BlockPool pool(m.KvLayoutFor(16), 80);
+  engine::GenerateOptions o;
+  o.max_tokens = p.max_tokens > 0 ? p.max_tokens : m.config().max_position_embeddings;
+  o.sampling = p.sampling;
+  o.ignore_eos = p.ignore_eos;
+  o.stop_token_ids = p.stop_token_ids;
+  o.choice_index = p.choice_index;
+  auto r = engine::Generate(m, pool, prompt, o);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+// Fills imported blocks by running the prompt through the model, as a
+// prefill worker would, when the test says the "pull" is done.
+class FakeImporter : public KvImporter {
+ public:
+  absl::Status Start(uint64_t id, absl::Span<const int32_t> blocks) override {
+    started[id] = std::vector<int32_t>(blocks.begin(), blocks.end());
+    return start_error;
+  }
+  std::optional<absl::Status> Poll(uint64_t id) override {
+    if (auto f = fail.find(id); f != fail.end()) {
+      absl::Status s = f->second;
+      fail.erase(f);
+      started.erase(id);
+      return s;
+    }
+    if (!auto_complete && !ready.count(id)) return std::nullopt;
+    const std::vector<int32_t>& kv = kv_tokens.at(id);
+    engine::BatchSeq b{.tokens = kv, .start_pos = 0, .block_table = started.at(id)};
+    REQUIRE(TinyModel().Forward({b}, *pool).ok());
+    started.erase(id);
+    ++completed;
+    return absl::OkStatus();
+  }
+  void Abandon(uint64_t id) override { abandoned.insert(id); }
+
+  engine::BlockPool* pool = nullptr;
+  bool auto_complete = true;
+  absl::Status start_error;
+  std::map<uint64_t, std::vector<int32_t>> kv_tokens;  // Positions the "prefill" computed.
+  std::map<uint64_t, std::vector<int32_t>> started;
+  std::set<uint64_t> ready;
+  std::map<uint64_t, absl::Status> fail;
+  std::set<uint64_t> abandoned;
+  int completed = 0;
+};
+
+struct Output {
+  std::vector<engine::SampleResult> tokens;
+  std::vector<bool> first;
+  std::optional<FinishOut> finish;
+};
+
+struct Harness {
+  explicit Harness(int64_t blocks, EngineOptions options = {}, engine::Model* m = &TinyModel())
+      : model(m), pool(m->KvLayoutFor(16), blocks), engine(m, &pool, &importer, options) {
+    importer.pool = &pool;
+  }
+
+  void AddLocal(uint64_t id, std::vector<int32_t> prompt, GenerationParams p) {
+    prompts[id] = prompt;
+    params[id] = p;
+    REQUIRE(engine.Add({.request_id = id, .prompt = std::move(prompt), .params = p}).ok());
+  }
+  // As decode gets it: token 1 sampled elsewhere, the prompt's KV to import.
+  void AddImported(uint64_t id, std::vector<int32_t> prompt, GenerationParams p) {
+    prompts[id] = prompt;
+    params[id] = p;
+    imported.insert(id);
+    importer.kv_tokens[id] = prompt;
+    const int32_t token1 = Reference(prompt, p).ids.at(0);
+    REQUIRE(engine.Add({.request_id = id, .prompt = std::move(prompt), .params = p,
+                        .generated = {token1}, .import_kv = true})
+                .ok());
+  }
+
+  StepResult Step() {
+    StepResult r = engine.Step();
+    max_batch_tokens = std::max(max_batch_tokens, r.batch_tokens);
+    for (const TokenOut& t : r.tokens) {
+      REQUIRE(!out[t.request_id].finish.has_value());
+      out[t.request_id].tokens.push_back(t.sample);
+      out[t.request_id].first.push_back(t.first);
+    }
+    for (const FinishOut& f : r.finishes) {
+      REQUIRE(!out[f.request_id].finish.has_value());
+      out[f.request_id].finish = f;
+    }
+    return r;
+  }
+  void RunToEnd() {
+    for (int i = 0; i < 20000 && engine.HasWork(); ++i) Step();
+    REQUIRE(!engine.HasWork());
+  }
+
+  // Every request's tokens equal engine::Generate's; imported ones start
+  // after token 1, which their "prefill" produced.
+  void CheckAgainstGenerate() {
+    for (const auto& [id, prompt] : prompts) {
+      INFO("request " << id);
+      const engine::GenerateResult ref = Reference(prompt, params[id], *model);
+      const Output& o = out[id];
+      REQUIRE(o.finish.has_value());
+      REQUIRE(o.finish->kind == (ref.finish_reason == "stop" ? FinishKind::kStop : FinishKind::kLength));
+      const size_t skip = imported.count(id) ? 1 : 0;
+      REQUIRE(o.tokens.size() + skip == ref.ids.size());
+      for (size_t i = 0; i < o.tokens.size(); ++i) {
+        INFO("token " << i);
+        REQUIRE(o.tokens[i].token == ref.ids[i + skip]);
+        REQUIRE(std::abs(o.tokens[i].logprob - ref.logprobs[i + skip]) < 1e-4);
+        REQUIRE(o.tokens[i].top_logprobs.size() == ref.top_logprobs[i + skip].size());
+        for (size_t k = 0; k < o.tokens[i].top_logprobs.size(); ++k) {
+          REQUIRE(o.tokens[i].top_logprobs[k].first == ref.top_logprobs[i + skip][k].first);
+          REQUIRE(std::abs(o.tokens[i].top_logprobs[k].second - ref.top_logprobs[i + skip][k].second) < 1e-4);
+        }
+        // Only a locally prefilled request's first token is its TTFT token.
+        REQUIRE(o.first[i] == (i == 0 && skip == 0));
+      }
+    }
+  }
+
+  engine::Model* model;
+  engine::BlockPool pool;
+  FakeImporter importer;
+  BatchEngine engine;
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  std::map<uint64_t, GenerationParams> params;
+  std::set<uint64_t> imported;
+  std::map<uint64_t, Output> out;
+  int64_t max_batch_tokens = 0;
+};
+
+TEST_CASE("batched, chunked requests equal Generate token for token", "[batch_engine]") {
+  Harness h(256, {.max_running = 256, .token_budget = 13});
+  const int lens[] = {5, 20, 37, 3, 50, 16};
+  for (int i = 0; i < 6; ++i) {
+    GenerationParams p = i % 2 ? Seeded(10 + i, 100 + i) : Greedy(12 + i);
+    if (i == 3) p.ignore_eos = false;
+    h.AddLocal(i + 1, Prompt(lens[i], i), p);
+  }
+  h.AddImported(7, Prompt(33, 7), Seeded(14, 7));
+  h.AddImported(8, Prompt(16, 8), Greedy(9));
+  h.RunToEnd();
+  h.CheckAgainstGenerate();
+  REQUIRE(h.max_batch_tokens <= 13);  // The budget holds, decodes included.
+  EngineCounts c = h.engine.counts();
+  REQUIRE(c.preemptions == 0);
+  REQUIRE(c.prompt_tokens_computed == 5 + 20 + 37 + 3 + 50 + 16);  // Local prompts only.
+  REQUIRE(h.importer.completed == 2);
+  REQUIRE(h.pool.num_free() == h.pool.num_blocks());
+}
+
+TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", "[batch_engine]") {
+  SECTION("stop id and EOS") {
+    const auto prompt = Prompt(12, 1);
+    const auto free_run = Reference(prompt, Greedy(12));
+    Harness h(64);
+    GenerationParams p = Greedy(12);
+    p.stop_token_ids = {free_run.ids[4]};
+    h.AddLocal(1, prompt, p);
+    GenerationParams q = Seeded(30, 5);
+    q.ignore_eos = false;
+    h.AddLocal(2, Prompt(9, 2), q);
+    h.RunToEnd();
+    h.CheckAgainstGenerate();
+    REQUIRE(h.out[1].finish->kind == FinishKind::kStop);
+    // The stop id may appear earlier than index 4; it ends at its first.
+    REQUIRE(h.out[1].tokens.size() <= 5);
+  }
+  SECTION("min_tokens holds EOS back, not a stop id") {
+    const auto prompt = Prompt(12, 1);
+    const auto free_run = Reference(prompt, Greedy(12));
+    // A model whose EOS is the first token greedy decoding produces.
+    engine::Model& m = TinyModelWithEos(free_run.ids[0]);
+    GenerationParams p = Greedy(12);
+    p.ignore_eos = false;
+    {
+      Harness h(64, {}, &m);
+      h.AddLocal(1, prompt, p);  // Ends at once, as Generate does.
+      h.RunToEnd();
+      h.CheckAgainstGenerate();
+      REQUIRE(h.out[1].tokens.size() == 1);
+      REQUIRE(h.out[1].finish->kind == FinishKind::kStop);
+    }
+    {
+      Harness h(64, {}, &m);
+      p.min_tokens = 3;
+      h.AddLocal(1, prompt, p);
+      GenerationParams q = p;
+      q.stop_token_ids = {free_run.ids[0]};
+      h.AddLocal(2, prompt, q);  // A stop id is not held back.
+      h.RunToEnd();
+      const Output& o = h.out[1];
+      REQUIRE(o.tokens.size() >= 3);
+      for (size_t i = 0; i < o.tokens.size(); ++i) REQUIRE(o.tokens[i].token == free_run.ids[i]);
+      // It ends at the first EOS at or after min_tokens, or at max_tokens.
+      for (size_t i = 2; i + 1 < o.tokens.size(); ++i) REQUIRE(o.tokens[i].token != free_run.ids[0]);
+      REQUIRE(o.finish->kind == (o.tokens.back().token == free_run.ids[0] ? FinishKind::kStop : FinishKind::kLength));
+      REQUIRE(h.out[2].tokens.size() == 1);
+      REQUIRE(h.out[2].finish->kind == FinishKind::kStop);
+    }
+  }
+  SECTION("the context's end is FINISH_LENGTH") {
+    const int64_t context = TinyModel().config().max_position_embeddings;
+    Harness h(80);
+    h.AddLocal(1, Prompt(static_cast<int>(context) - 4, 3), Greedy(0));  // No max_tokens.
+    h.RunToEnd();
+    h.CheckAgainstGenerate();
+    REQUIRE(h.out[1].finish->kind == FinishKind::kLength);
+    // Sampled at positions context-4 .. context: the last is never fed.
+    REQUIRE(h.out[1].tokens.size() == 5);
+  }
+}
+
+TEST_CASE("admission waits until the pool has the blocks", "[batch_engine]") {
+  // A holds 7 of 8 blocks for its whole life (100 prompt + 10 generated
+  // positions); B and C need 2 each and wait, in order, until A is done.
+  Harness h(8);
+  h.AddLocal(1, Prompt(100, 1), Greedy(10));
+  h.AddImported(2, Prompt(30, 2), Seeded(6, 2));
+  h.AddLocal(3, Prompt(20, 3), Greedy(4));
+  h.Step();
+  EngineCounts c = h.engine.counts();
+  REQUIRE(c.running == 1);
+  REQUIRE(c.waiting == 2);
+  REQUIRE(h.pool.num_free() == 1);
+  while (!h.out[1].finish.has_value()) {
+    REQUIRE(h.importer.started.count(2) == 0);  // Not even a pull before it has room.
+    REQUIRE(h.out[3].tokens.empty());
+    h.Step();
+  }
+  h.RunToEnd();
+  h.CheckAgainstGenerate();
+  REQUIRE(h.engine.counts().preemptions == 0);
+  REQUIRE(h.pool.num_free() == 8);
+}
+
+TEST_CASE("preemption under memory pressure keeps every output identical", "[batch_engine]") {
+  for (int64_t budget : {2048, 16}) {
+    INFO("token budget " << budget);
+    // Four requests that grow to 4 blocks each share 10.
+    Harness h(10, {.max_running = 256, .token_budget = budget});
+    h.AddLocal(1, Prompt(20, 1), Greedy(40));
+    h.AddImported(2, Prompt(18, 2), Seeded(40, 2));
+    h.AddLocal(3, Prompt(22, 3), Seeded(40, 3));
+    h.AddImported(4, Prompt(17, 4), Greedy(40));
+    h.RunToEnd();
+    h.CheckAgainstGenerate();
+    EngineCounts c = h.engine.counts();
+    REQUIRE(c.preemptions > 0);
+    REQUIRE(c.prompt_tokens_computed > 20 + 22);  // Recomputes on top of the local prompts.
+    REQUIRE(h.pool.num_free() == 10);
+  }
+}
+
+TEST_CASE("a preempted request is requeued at the head of the queue", "[batch_engine]") {
+  // A and B fill the pool; B (newest) is preempted when A needs a 4th block.
+  // C, queued behind, would fit beside A but must not overtake B.
+  Harness h(6);
+  h.AddLocal(1, Prompt(47, 1), Greedy(20));  // 48 positions: 3 blocks, a 4th at token 2.
+  h.AddLocal(2, Prompt(47, 2), Greedy(20));
+  h.Step();
+  h.AddLocal(3, Prompt(10, 3), Greedy(3));
+  while (!h.out[1].finish.has_value()) {
+    h.Step();
+    REQUIRE(h.out[3].tokens.empty());
+  }
+  REQUIRE(h.engine.counts().preemptions == 1);
+  h.RunToEnd();
+  h.CheckAgainstGenerate();
+  REQUIRE(h.pool.num_free() == 6);
+}
+
+TEST_CASE("cancel frees the blocks in every state and reports nothing", "[batch_engine]") {
+  Harness h(16, {.max_running = 256, .token_budget = 8});
+  h.importer.auto_complete = false;
+  h.AddLocal(1, Prompt(20, 1), Greedy(50));     // running after its prefill
+  h.AddLocal(2, Prompt(40, 2), Greedy(50));     // prefilling, 8 tokens a step
+  h.AddImported(3, Prompt(20, 3), Greedy(50));  // pulling: never ready
+  h.AddImported(4, Prompt(150, 4), Greedy(5));  // waiting: 10 blocks never free
+  h.AddLocal(5, Prompt(20, 5), Greedy(50));     // waiting behind it
+  for (int i = 0; i < 4; ++i) h.Step();
+  EngineCounts c = h.engine.counts();
+  REQUIRE(c.running == 1);
+  REQUIRE(c.prefilling == 1);
+  REQUIRE(c.pulling == 1);
+  REQUIRE(c.waiting == 2);
+  REQUIRE(!h.out[1].tokens.empty());
+  const int64_t free_before = h.pool.num_free();
+
+  REQUIRE(h.engine.Cancel(4));  // Waiting, imported: its prefill hears of it.
+  REQUIRE(h.importer.abandoned.count(4) == 1);
+  REQUIRE(h.engine.Cancel(5));  // Waiting, local.
+  REQUIRE(h.pool.num_free() == free_before);
+  REQUIRE(h.engine.Cancel(3));  // Pulling: the transfer is stopped, its blocks freed.
+  REQUIRE(h.importer.abandoned.count(3) == 1);
+  REQUIRE(h.pool.num_free() == free_before + 2);
+  REQUIRE(h.engine.Cancel(2));  // Prefilling.
+  REQUIRE(h.pool.num_free() == free_before + 2 + 3);
+  REQUIRE(h.engine.counts().prefilling == 0);
+  const size_t tokens_1 = h.out[1].tokens.size();
+  REQUIRE(h.engine.Cancel(1));  // Running.
+  REQUIRE(h.pool.num_free() == 16);
+  REQUIRE(!h.engine.HasWork());
+  REQUIRE(!h.engine.Cancel(1));
+  h.Step();
+  REQUIRE(h.out[1].tokens.size() == tokens_1);
+  for (uint64_t id = 1; id <= 5; ++id) REQUIRE(!h.out[id].finish.has_value());
+  // Running requests (1) were pulled long ago: nothing to abandon.
+  REQUIRE(h.importer.abandoned.count(1) == 0);
+
+  // A request whose cancel came first is refused when it arrives.
+  REQUIRE(!h.engine.Cancel(99));
+  absl::Status late = h.engine.Add({.request_id = 99, .prompt = Prompt(5, 9), .params = Greedy(3)});
+  REQUIRE(late.code() == absl::StatusCode::kCancelled);
+  REQUIRE(h.engine.Add({.request_id = 6, .prompt = Prompt(5, 9), .params = Greedy(3)}).ok());
+  REQUIRE(h.engine.Add({.request_id = 6, .prompt = Prompt(5, 9), .params = Greedy(3)}).code() ==
+          absl::StatusCode::kAlreadyExists);
+  h.engine.DropAll();
+  REQUIRE(h.pool.num_free() == 16);
+}
+
+TEST_CASE("a failed import ends the request with the importer's error", "[batch_engine]") {
+  Harness h(16);
+  h.importer.fail[1] = absl::UnavailableError("KV pull failed: lease_expired: epoch moved");
+  h.AddImported(1, Prompt(20, 1), Greedy(5));
+  h.AddLocal(2, Prompt(10, 2), Greedy(5));
+  h.RunToEnd();
+  REQUIRE(h.out[1].tokens.empty());
+  REQUIRE(h.out[1].finish->kind == FinishKind::kError);
+  REQUIRE(h.out[1].finish->error.code() == absl::StatusCode::kUnavailable);
+  REQUIRE(h.out[1].finish->error.message() == "KV pull failed: lease_expired: epoch moved");
+  REQUIRE(h.out[2].finish->kind == FinishKind::kLength);
+  REQUIRE(h.importer.abandoned.count(1) == 0);  // The importer ended it itself.
+  REQUIRE(h.pool.num_free() == 16);
+
+  SECTION("a Start that fails ends it too") {
+    h.importer.start_error = absl::UnavailableError("KV pull failed: connect: refused");
+    h.AddImported(3, Prompt(20, 3), Greedy(5));
+    h.RunToEnd();
+    REQUIRE(h.out[3].finish->error.message() == "KV pull failed: connect: refused");
+    REQUIRE(h.pool.num_free() == 16);
+  }
+}
+
+TEST_CASE("a request larger than the whole pool fails at once", "[batch_engine]") {
+  Harness h(4);
+  h.AddLocal(1, Prompt(64, 1), Greedy(3));  // 65 positions: 5 blocks.
+  h.AddLocal(2, Prompt(10, 2), Greedy(3));
+  h.RunToEnd();
+  REQUIRE(h.out[1].finish->kind == FinishKind::kError);
+  REQUIRE(h.out[1].finish->error.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(h.out[2].finish->kind == FinishKind::kLength);
+  REQUIRE(h.pool.num_free() == 4);
+}
+
+TEST_CASE("max_running bounds the requests that hold blocks", "[batch_engine]") {
+  Harness h(64, {.max_running = 2, .token_budget = 2048});
+  for (uint64_t id = 1; id <= 4; ++id) h.AddLocal(id, Prompt(10, static_cast<int>(id)), Greedy(6));
+  h.Step();
+  EngineCounts c = h.engine.counts();
+  REQUIRE(c.running + c.prefilling == 2);
+  REQUIRE(c.waiting == 2);
+  h.RunToEnd();
+  h.CheckAgainstGenerate();
+}
+
+}  // namespace
+}  // namespace duet::decode

@@ -1,0 +1,111 @@
+#include "decode/colocated_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+
+namespace duet::decode {
+
+absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(ColocatedOptions options,
+                                                                           worker::FrameSink* sink) {
+  if (sink == nullptr) return absl::InvalidArgumentError("colocated needs a frame sink");
+  std::unique_ptr<ColocatedService> s(new ColocatedService());
+  ASSIGN_OR_RETURN(s->engine_, LoadEngine(options.model_dir, options.threads, options.kv_blocks,
+                                          options.kv_bytes, options.block_size));
+  s->options_ = std::move(options);
+  s->sink_ = sink;
+  s->layout_ = LayoutProto(s->engine_.model->config(), s->options_.block_size);
+  s->loop_ = std::make_unique<EngineLoop>(
+      s->engine_.model.get(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
+      EngineLoopOptions{.role = proto::ROLE_COLOCATED,
+                        .engine = {.max_running = s->options_.max_running,
+                                   .token_budget = s->options_.token_budget}});
+  LOG(INFO) << "colocated worker " << sink->worker_id() << ": " << s->engine_.pool->num_blocks()
+            << " KV blocks of " << s->options_.block_size << " tokens, token budget "
+            << s->options_.token_budget;
+  return s;
+}
+
+ColocatedService::~ColocatedService() {
+  if (loop_) loop_->Stop();
+}
+
+worker::RegistrationInfo ColocatedService::Registration() {
+  return {.role = proto::ROLE_COLOCATED,
+          .model = options_.served_model_name,
+          .kv_blocks_total = engine_.pool->num_blocks(),
+          .layout = layout_,
+          .max_model_len = engine_.model->config().max_position_embeddings};
+}
+
+void ColocatedService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
+  switch (frame.msg_case()) {
+    case proto::Frame::kPrefill:
+      HandlePrefill(std::move(*frame.mutable_prefill()));
+      return;
+    case proto::Frame::kCancel: {
+      const uint64_t id = frame.cancel().request_id();
+      loop_->Post([id](BatchEngine& e) { e.Cancel(id); });
+      return;
+    }
+    case proto::Frame::kStatsRequest: {
+      proto::Frame f = EngineLoop::NewFrame();
+      *f.mutable_stats() = Stats();
+      sink_->SendToRouter(f);
+      return;
+    }
+    default:
+      LOG(WARNING) << "colocated worker ignores an unexpected frame (case " << frame.msg_case() << ")";
+  }
+}
+
+void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
+  const uint64_t id = req.request_id();
+  const engine::ModelConfig& c = engine_.model->config();
+  absl::Status valid;
+  for (int32_t t : req.resume_ids()) {
+    if (t < 0 || t >= c.vocab_size) {
+      valid = absl::InvalidArgumentError(absl::StrCat("resume token id ", t, " is outside the vocabulary"));
+      break;
+    }
+  }
+  const int64_t tokens = req.spec().prompt_ids_size() + req.resume_ids_size();
+  absl::StatusOr<GenerationParams> params =
+      valid.ok() ? ParamsFromSpec(req.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
+  if (!params.ok()) {
+    LOG(WARNING) << "refusing request " << id << ": " << params.status();
+    sink_->SendToRouter(ErrorFinish(id, params.status()));
+    return;
+  }
+  if (params->max_tokens > 0 && req.resume_ids_size() >= params->max_tokens) {
+    // The client already has every token it asked for.
+    proto::Frame f = EngineLoop::NewFrame();
+    f.mutable_finish()->set_request_id(id);
+    f.mutable_finish()->set_reason(proto::FINISH_LENGTH);
+    sink_->SendToRouter(f);
+    return;
+  }
+  SequenceRequest r{.request_id = id,
+                    .prompt = {req.spec().prompt_ids().begin(), req.spec().prompt_ids().end()},
+                    .params = std::move(*params),
+                    .generated = {req.resume_ids().begin(), req.resume_ids().end()}};
+  loop_->Post([this, r = std::move(r)](BatchEngine& e) mutable {
+    const uint64_t id = r.request_id;
+    absl::Status added = e.Add(std::move(r));
+    if (added.ok()) return;
+    LOG(WARNING) << "request " << id << " not queued: " << added;
+    // A duplicate must not end the request already here; a request
+    // cancelled before it arrived is over for the router already.
+    if (added.code() != absl::StatusCode::kAlreadyExists && added.code() != absl::StatusCode::kCancelled) {
+      sink_->SendToRouter(ErrorFinish(id, added));
+    }
+  });
+}
+
+void ColocatedService::OnRouterLost() {
+  loop_->Post([](BatchEngine& e) { e.DropAll(); });
+}
+
+}  // namespace duet::decode

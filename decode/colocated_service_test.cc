@@ -1,0 +1,195 @@
+// ColocatedService in-process, the test playing the router: PrefillRequests
+// in, FirstToken / TokenBatch / Finish out, equal to engine::Generate token
+// for token, with chunked prefill mixed into running decodes, preemption
+// and cancellation.
+#include "decode/colocated_service.h"
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "decode/fake_frame_sink.h"
+#include "decode/service_test_util.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/test_models.h"
+
+namespace duet::decode {
+namespace {
+
+engine::Model& ReferenceModel() {
+  static kernels::KernelBackendPtr backend = kernels::NewCpuBackend(1);
+  static std::unique_ptr<engine::Model> model = [] {
+    auto m = engine::Model::Load(testing::TinyModelDir("qwen2"), backend.get());
+    REQUIRE(m.ok());
+    return std::move(*m);
+  }();
+  return *model;
+}
+
+struct Colocated {
+  explicit Colocated(int64_t kv_blocks, int64_t token_budget = 2048, int64_t max_running = 256) {
+    ColocatedOptions o;
+    o.model_dir = testing::TinyModelDir("qwen2");
+    o.served_model_name = "tiny";
+    o.threads = 1;
+    o.kv_blocks = kv_blocks;
+    o.token_budget = token_budget;
+    o.max_running = max_running;
+    auto s = ColocatedService::Create(std::move(o), &sink);
+    REQUIRE(s.ok());
+    service = std::move(*s);
+  }
+
+  void Send(uint64_t id, const proto::GenerationSpec& spec, const std::vector<int32_t>& resume = {}) {
+    specs[id] = spec;
+    proto::Frame f = EngineLoop::NewFrame();
+    f.mutable_prefill()->set_request_id(id);
+    *f.mutable_prefill()->mutable_spec() = spec;
+    for (int32_t t : resume) f.mutable_prefill()->add_resume_ids(t);
+    service->OnFrame(nullptr, f);
+  }
+  void Cancel(uint64_t id) {
+    proto::Frame f = EngineLoop::NewFrame();
+    f.mutable_cancel()->set_request_id(id);
+    service->OnFrame(nullptr, f);
+  }
+  bool WaitFinishes(size_t n) {
+    return sink.WaitForRouter([n](const FakeFrameSink::Frames& fs) { return CountFinishes(fs) >= n; });
+  }
+
+  FakeFrameSink sink;
+  std::unique_ptr<ColocatedService> service;
+  std::map<uint64_t, proto::GenerationSpec> specs;
+};
+
+TEST_CASE("colocated: chunked prefill mixed with decodes equals Generate", "[colocated]") {
+  Colocated c(256, /*token_budget=*/16);
+  // A short request starts decoding, then long prompts prefill 16 tokens a
+  // step (less the decodes) while it goes on.
+  c.Send(1, TestSpec(TestPrompt(6, 1), 30, /*greedy=*/true));
+  REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) { return !fs.empty(); }));
+  c.Send(2, TestSpec(TestPrompt(90, 2), 12, /*greedy=*/false, /*seed=*/5, /*logprobs=*/2));
+  proto::GenerationSpec eos = TestSpec(TestPrompt(45, 3), 25, false, 9, 0);
+  eos.set_ignore_eos(false);
+  c.Send(3, eos);
+  c.Send(4, TestSpec(TestPrompt(3, 4), 10, true, 0, 4));
+  REQUIRE(c.WaitFinishes(4));
+
+  const auto frames = c.sink.router();
+  auto out = CollectRouterFrames(frames);
+  int64_t prompt_tokens = 0;
+  for (const auto& [id, spec] : c.specs) {
+    INFO("request " << id);
+    REQUIRE(out[id].first_tokens == 1);
+    REQUIRE(frames.size() > 0);
+    CheckAgainstReference(out[id], ReferenceRun(ReferenceModel(), spec), 0);
+    prompt_tokens += spec.prompt_ids_size();
+  }
+  // Request 1 kept decoding while request 2's 90 prompt tokens went through
+  // in chunks: several of its tokens lie between 2's arrival and 2's first token.
+  int tokens_of_1_before_2 = 0;
+  for (const proto::Frame& f : frames) {
+    if (f.has_first_token() && f.first_token().request_id() == 2) break;
+    for (const auto& e : f.tokens().events()) tokens_of_1_before_2 += e.request_id() == 1;
+  }
+  REQUIRE(tokens_of_1_before_2 >= 5);
+  // The first-token frame names this worker.
+  for (const proto::Frame& f : frames) {
+    if (f.has_first_token()) REQUIRE(f.first_token().worker_id() == "decode-test");
+  }
+
+  proto::WorkerStats s = c.service->Stats();
+  REQUIRE(s.role() == proto::ROLE_COLOCATED);
+  REQUIRE(s.kv_blocks_free() == 256);
+  REQUIRE(s.prompt_tokens_computed() == prompt_tokens);
+  REQUIRE(s.preemptions() == 0);
+  REQUIRE(s.kv_bytes_moved() == 0);
+  REQUIRE(s.queued_prefill_tokens() == 0);
+}
+
+TEST_CASE("colocated: resume_ids continue a request where it stopped", "[colocated]") {
+  Colocated c(64);
+  const proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), 12, false, 11, 1);
+  const engine::GenerateResult ref = ReferenceRun(ReferenceModel(), spec);
+  c.Send(1, spec, {ref.ids[0], ref.ids[1], ref.ids[2]});
+  REQUIRE(c.WaitFinishes(1));
+  auto out = CollectRouterFrames(c.sink.router());
+  REQUIRE(out[1].first_tokens == 1);
+  CheckAgainstReference(out[1], ref, /*skip=*/3);  // The first token is ref's 4th.
+  REQUIRE(c.service->Stats().prompt_tokens_computed() == 25 + 3);
+}
+
+TEST_CASE("colocated: a pool too small preempts, outputs unchanged", "[colocated]") {
+  Colocated c(10, /*token_budget=*/32);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    c.Send(id, TestSpec(TestPrompt(15 + static_cast<int>(id), static_cast<int>(id)), 40, id % 2 == 0, id, 1));
+  }
+  REQUIRE(c.WaitFinishes(4));
+  auto out = CollectRouterFrames(c.sink.router());
+  for (const auto& [id, spec] : c.specs) {
+    INFO("request " << id);
+    REQUIRE(out[id].first_tokens == 1);
+    CheckAgainstReference(out[id], ReferenceRun(ReferenceModel(), spec), 0);
+  }
+  proto::WorkerStats s = c.service->Stats();
+  REQUIRE(s.preemptions() > 0);
+  REQUIRE(s.kv_blocks_free() == 10);
+}
+
+TEST_CASE("colocated: cancel, invalid requests, router loss", "[colocated]") {
+  Colocated c(80, 2048, /*max_running=*/1);
+  c.Send(1, TestSpec(TestPrompt(10, 1), 0, true));  // Runs to the context's end unless cancelled.
+  c.Send(2, TestSpec(TestPrompt(10, 2), 5, true));  // Waits behind it.
+  REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) { return !fs.empty(); }));
+  c.Cancel(2);
+  c.Cancel(1);
+  c.service->Sync();
+  c.service->Sync();
+  const size_t frames = c.sink.router().size();
+  proto::WorkerStats s = c.service->Stats();
+  REQUIRE(s.kv_blocks_free() == 80);
+  REQUIRE(s.running_requests() == 0);
+  REQUIRE(s.queued_requests() == 0);
+
+  // Refused with the field named; nothing queued.
+  proto::GenerationSpec bad = TestSpec({5, 2000}, 5, true);  // 2000 is outside the vocabulary.
+  c.Send(3, bad);
+  proto::GenerationSpec long_prompt = TestSpec(TestPrompt(1024, 4), 5, true);  // No room in the context.
+  c.Send(4, long_prompt);
+  c.Cancel(5);
+  c.Send(5, TestSpec(TestPrompt(10, 5), 5, true));  // Cancelled before it came.
+  c.service->Sync();
+  c.service->Sync();
+  auto out = CollectRouterFrames(c.sink.router());
+  REQUIRE(out[3].finish->reason() == proto::FINISH_ERROR);
+  REQUIRE(out[3].finish->error_code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  REQUIRE(out[3].finish->error().find("2000") != std::string::npos);
+  REQUIRE(out[4].finish->error().find("context") != std::string::npos);
+  REQUIRE(out.count(5) == 0);
+  REQUIRE(c.sink.router().size() == frames + 2);
+  REQUIRE(!out[1].finish.has_value());
+  REQUIRE(out.count(2) == 0);
+
+  // The router goes away mid-request: everything is dropped, silently.
+  c.Send(6, TestSpec(TestPrompt(10, 6), 0, true));
+  REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) {
+    for (const auto& f : fs) {
+      if (f.has_first_token() && f.first_token().request_id() == 6) return true;
+    }
+    return false;
+  }));
+  c.service->OnRouterLost();
+  c.service->Sync();
+  REQUIRE(c.service->Stats().kv_blocks_free() == 80);
+  REQUIRE(CountFinishes(c.sink.router()) == 2);
+
+  worker::RegistrationInfo r = c.service->Registration();
+  REQUIRE(r.role == proto::ROLE_COLOCATED);
+  REQUIRE(r.kv_blocks_total == 80);
+  REQUIRE(r.transport.empty());
+}
+
+}  // namespace
+}  // namespace duet::decode

@@ -1,0 +1,264 @@
+#include "decode/engine_loop.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace duet::decode {
+namespace {
+
+const char* RoleLabel(proto::Role role) {
+  switch (role) {
+    case proto::ROLE_DECODE: return "decode";
+    case proto::ROLE_COLOCATED: return "colocated";
+    case proto::ROLE_PREFILL: return "prefill";
+    default: return "unspecified";
+  }
+}
+
+proto::Token TokenProto(const engine::SampleResult& s) {
+  proto::Token t;
+  t.set_id(s.token);
+  t.set_logprob(s.logprob);
+  for (const auto& [id, lp] : s.top_logprobs) {
+    proto::TopLogprob* top = t.add_top();
+    top->set_id(id);
+    top->set_logprob(lp);
+  }
+  return t;
+}
+
+}  // namespace
+
+proto::Frame EngineLoop::NewFrame() {
+  proto::Frame f;
+  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  return f;
+}
+
+proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status) {
+  proto::Frame f = EngineLoop::NewFrame();
+  proto::Finish* fin = f.mutable_finish();
+  fin->set_request_id(request_id);
+  fin->set_reason(proto::FINISH_ERROR);
+  fin->set_error(std::string(status.message()));
+  fin->set_error_code(static_cast<int32_t>(status.code()));
+  return f;
+}
+
+absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
+                                           int64_t kv_bytes, int64_t block_size) {
+  if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  EngineResources r;
+  r.backend = kernels::NewCpuBackend(threads);
+  ASSIGN_OR_RETURN(r.model, engine::Model::Load(model_dir, r.backend.get()));
+  const kernels::KvLayout layout = r.model->KvLayoutFor(block_size);
+  const int64_t blocks = kv_blocks > 0 ? kv_blocks : engine::BlockPool::BlocksForBytes(layout, kv_bytes);
+  if (blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the KV pool would hold no block: kv_blocks=", kv_blocks,
+                                                   ", kv_bytes=", kv_bytes, ", block bytes ",
+                                                   layout.BlockStride() * sizeof(float)));
+  }
+  r.pool = std::make_unique<engine::BlockPool>(layout, blocks);
+  return r;
+}
+
+proto::KvLayout LayoutProto(const engine::ModelConfig& c, int64_t block_size) {
+  proto::KvLayout l;
+  l.set_num_layers(c.num_layers);
+  l.set_num_kv_heads(c.num_kv_heads);
+  l.set_block_size(block_size);
+  l.set_head_dim(c.head_dim);
+  l.set_dtype("f32");  // The CPU backend's compute dtype.
+  l.set_layer_begin(0);
+  l.set_layer_end(c.num_layers);
+  l.set_head_begin(0);
+  l.set_head_end(c.num_kv_heads);
+  return l;
+}
+
+absl::StatusOr<GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spec,
+                                                const engine::ModelConfig& c, int64_t context_tokens) {
+  if (spec.prompt_ids_size() == 0) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : spec.prompt_ids()) {
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " is outside the vocabulary of ", c.vocab_size));
+    }
+  }
+  // Room for the tokens already in the cache and the next one fed.
+  if (context_tokens + 1 > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("the request has ", context_tokens,
+                                                   " tokens; the model's context is ",
+                                                   c.max_position_embeddings));
+  }
+  if (spec.max_tokens() < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
+  if (spec.min_tokens() < 0) return absl::InvalidArgumentError("min_tokens must be >= 0");
+  const proto::SamplingParams& s = spec.sampling();
+  // Penalties have no engine counterpart; like engine::Generate and the
+  // prefill worker, the engine ignores them, but their range is still checked.
+  for (float penalty : {s.presence_penalty(), s.frequency_penalty()}) {
+    if (!(penalty >= -2 && penalty <= 2)) {
+      return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2], got ", penalty));
+    }
+  }
+  GenerationParams p;
+  // Taken literally, as on prefill: the router sends top_p = 1 for "off".
+  p.sampling = {.temperature = s.temperature(),
+                .top_k = s.top_k(),
+                .top_p = s.top_p(),
+                .min_p = s.min_p(),
+                .seed = s.seed(),
+                .logprobs = s.logprobs()};
+  if (absl::Status v = p.sampling.Validate(); !v.ok()) return v;
+  p.max_tokens = spec.max_tokens();
+  p.stop_token_ids.assign(spec.stop_token_ids().begin(), spec.stop_token_ids().end());
+  p.ignore_eos = spec.ignore_eos();
+  p.min_tokens = spec.min_tokens();
+  p.choice_index = spec.choice_index();
+  return p;
+}
+
+EngineLoop::EngineLoop(engine::Model* model, engine::BlockPool* pool, KvImporter* importer,
+                       worker::FrameSink* sink, EngineLoopOptions options)
+    : pool_(pool),
+      sink_(sink),
+      options_(options),
+      worker_id_(sink->worker_id()),
+      engine_(model, pool, importer, options.engine) {
+  MetricsRegistry& reg = MetricsRegistry::Default();
+  const Labels labels = {{"role", RoleLabel(options_.role)}, {"worker", worker_id_}};
+  running_gauge_ = reg.GetGauge("duet_requests_running", "Requests running (holding KV blocks)", labels);
+  waiting_gauge_ = reg.GetGauge("duet_requests_waiting", "Requests queued for admission", labels);
+  usage_gauge_ = reg.GetGauge("duet_kv_cache_usage_ratio", "Fraction of KV blocks in use", labels);
+  Publish(engine_);
+  thread_ = std::thread([this] { Run(); });
+}
+
+EngineLoop::~EngineLoop() { Stop(); }
+
+void EngineLoop::Post(Command command) {
+  absl::MutexLock lock(&mu_);
+  inbox_.push_back(std::move(command));
+}
+
+void EngineLoop::Sync() {
+  auto done = std::make_shared<absl::Notification>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    inbox_.push_back([done](BatchEngine&) { done->Notify(); });
+  }
+  done->WaitForNotification();
+}
+
+void EngineLoop::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+proto::WorkerStats EngineLoop::Stats() const {
+  proto::WorkerStats s;
+  s.set_worker_id(worker_id_);
+  s.set_role(options_.role);
+  s.set_kv_blocks_total(pool_->num_blocks());
+  s.set_kv_blocks_free(pool_->num_free());
+  absl::MutexLock lock(&mu_);
+  const EngineCounts& c = counts_;
+  s.set_queued_requests(c.waiting + c.pulling);
+  s.set_running_requests(c.prefilling + c.running);
+  s.set_queued_prefill_tokens(c.queued_prefill_tokens);
+  s.set_prompt_tokens_computed(c.prompt_tokens_computed);
+  s.set_preemptions(c.preemptions);
+  return s;
+}
+
+void EngineLoop::Publish(const BatchEngine& engine) {
+  EngineCounts c = engine.counts();
+  running_gauge_->Set(static_cast<double>(c.prefilling + c.running));
+  waiting_gauge_->Set(static_cast<double>(c.waiting + c.pulling));
+  const int64_t total = pool_->num_blocks();
+  usage_gauge_->Set(total == 0 ? 0.0 : 1.0 - static_cast<double>(pool_->num_free()) / total);
+  absl::MutexLock lock(&mu_);
+  counts_ = c;
+}
+
+void EngineLoop::Emit(StepResult& r) {
+  proto::Frame batch = NewFrame();
+  for (TokenOut& t : r.tokens) {
+    if (t.first) {
+      proto::Frame f = NewFrame();
+      f.mutable_first_token()->set_request_id(t.request_id);
+      *f.mutable_first_token()->mutable_token() = TokenProto(t.sample);
+      f.mutable_first_token()->set_worker_id(worker_id_);
+      sink_->SendToRouter(f);
+      continue;
+    }
+    proto::TokenEvent* e = batch.mutable_tokens()->add_events();
+    e->set_request_id(t.request_id);
+    *e->mutable_token() = TokenProto(t.sample);
+  }
+  if (batch.tokens().events_size() > 0) sink_->SendToRouter(batch);
+  for (FinishOut& fin : r.finishes) {
+    if (fin.kind == FinishKind::kError) {
+      LOG(WARNING) << "request " << fin.request_id << " failed: " << fin.error;
+      sink_->SendToRouter(ErrorFinish(fin.request_id, fin.error));
+      continue;
+    }
+    proto::Frame f = NewFrame();
+    f.mutable_finish()->set_request_id(fin.request_id);
+    f.mutable_finish()->set_reason(fin.kind == FinishKind::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
+    sink_->SendToRouter(f);
+  }
+}
+
+void EngineLoop::Run() {
+  // How long to wait for commands before the next step: not at all while
+  // the engine computes, a poll interval while only pulls are in flight,
+  // until a command arrives when there is nothing to do.
+  absl::Duration wait = absl::InfiniteDuration();
+  while (true) {
+    std::vector<Command> commands;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !inbox_.empty(); };
+      if (wait > absl::ZeroDuration() && !ready()) {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+      }
+      if (stop_) break;
+      commands.swap(inbox_);
+    }
+    for (Command& c : commands) c(engine_);
+    StepResult r;
+    if (engine_.HasWork()) r = engine_.Step();
+    // Counts first, frames second: whoever reacts to a frame sees its effect.
+    Publish(engine_);
+    Emit(r);
+    if (r.ran_forward || !r.finishes.empty()) {
+      wait = absl::ZeroDuration();
+    } else if (engine_.counts().pulling > 0) {
+      wait = options_.poll_interval;
+    } else {
+      wait = absl::InfiniteDuration();
+    }
+  }
+  // Shutdown: nothing may still write the pool once the service frees it.
+  std::vector<Command> rest;
+  {
+    absl::MutexLock lock(&mu_);
+    rest.swap(inbox_);
+  }
+  for (Command& c : rest) c(engine_);  // Sync waiters must not hang.
+  engine_.DropAll();
+  Publish(engine_);
+}
+
+}  // namespace duet::decode

@@ -1,0 +1,127 @@
+// EngineLoop: the engine thread shared by the decode and colocated services.
+// It owns a BatchEngine, applies commands that the io thread queued, steps
+// the engine while it has work, and turns each StepResult into frames for the
+// router: FirstToken per first token, ONE TokenBatch per step with every
+// other new token, then Finish per ended request.
+//
+//   EngineLoop loop(model, pool, importer, sink, {.role = proto::ROLE_DECODE});
+//   loop.Post([req](BatchEngine& e) { ... e.Add(req) ... });   // from OnFrame
+//   proto::WorkerStats s = loop.Stats();                       // any thread
+//
+// Who owns what: model, pool, importer and sink belong to the service and
+// outlive the loop. The engine and everything it holds are touched only on
+// the loop's thread; commands run there, in the order posted, before the
+// next step. Stats are a snapshot taken after each step and before its
+// frames are sent, so a test that saw a Finish also sees its blocks free.
+//
+// Metrics (MetricsRegistry::Default()): duet_requests_running,
+// duet_requests_waiting and duet_kv_cache_usage_ratio, labelled
+// {role, worker}.
+//
+// Thread-safe: Post, Sync, Stats and Stop may be called from any thread.
+#ifndef DUET_DECODE_ENGINE_LOOP_H_
+#define DUET_DECODE_ENGINE_LOOP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/metrics.h"
+#include "decode/batch_engine.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "kernels/backend.h"
+#include "proto/control.pb.h"
+#include "worker/frame_sink.h"
+
+namespace duet::decode {
+
+struct EngineLoopOptions {
+  proto::Role role = proto::ROLE_DECODE;
+  EngineOptions engine;
+  // How often the loop looks at pulls in flight when it has nothing to run.
+  absl::Duration poll_interval = absl::Microseconds(500);
+};
+
+class EngineLoop {
+ public:
+  using Command = std::function<void(BatchEngine&)>;
+
+  EngineLoop(engine::Model* model, engine::BlockPool* pool, KvImporter* importer,
+             worker::FrameSink* sink, EngineLoopOptions options);
+  ~EngineLoop();  // Stop().
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Runs `command` on the engine thread before its next step.
+  void Post(Command command);
+  // Returns once every command posted before it has run (tests, shutdown).
+  void Sync();
+  // Drops every request (abandoning imports, freeing blocks) and joins the thread.
+  void Stop();
+
+  // Role, blocks, queue and counters; the services add their own fields.
+  proto::WorkerStats Stats() const;
+
+  static proto::Frame NewFrame();
+
+ private:
+  void Run();
+  void Publish(const BatchEngine& engine);
+  void Emit(StepResult& result);
+
+  engine::BlockPool* const pool_;
+  worker::FrameSink* const sink_;
+  const EngineLoopOptions options_;
+  const std::string worker_id_;
+  Gauge* running_gauge_;
+  Gauge* waiting_gauge_;
+  Gauge* usage_gauge_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Command> inbox_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  EngineCounts counts_ ABSL_GUARDED_BY(mu_);
+
+  BatchEngine engine_;  // Engine thread only.
+  std::thread thread_;
+};
+
+// The engine's parameters for a request, or InvalidArgument naming what is
+// wrong: an empty prompt, a token outside the vocabulary, a prompt that
+// leaves no room in the context, sampling out of range (taken literally:
+// top_p 0 is invalid), negative max_tokens/min_tokens, or a penalty outside
+// [-2, 2]. Penalties are otherwise ignored, as engine::Generate and the
+// prefill worker ignore them; max_tokens 0 means no limit.
+absl::StatusOr<GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spec,
+                                                const engine::ModelConfig& config,
+                                                int64_t context_tokens);
+
+// What a worker's engine runs on, in destruction order (pool, model, backend).
+struct EngineResources {
+  kernels::KernelBackendPtr backend;
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::BlockPool> pool;
+};
+
+// Loads the model on a CPU backend of `threads` and sizes the pool:
+// kv_blocks when > 0, else as many blocks as kv_bytes holds.
+// InvalidArgument when neither gives at least one block.
+absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
+                                           int64_t kv_bytes, int64_t block_size);
+
+// This worker's pool as the control plane describes it (one shard: every layer and head).
+proto::KvLayout LayoutProto(const engine::ModelConfig& config, int64_t block_size);
+
+// Finish{FINISH_ERROR, error_code, error} for `request_id`.
+proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status);
+
+}  // namespace duet::decode
+
+#endif  // DUET_DECODE_ENGINE_LOOP_H_

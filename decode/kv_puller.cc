@@ -1,0 +1,188 @@
+#include "decode/kv_puller.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+
+namespace duet::decode {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+absl::Status Mismatch(const char* field, const std::string& theirs, const std::string& ours) {
+  return absl::InvalidArgumentError(absl::StrCat("KV handle layout mismatch: ", field, " is ", theirs,
+                                                 ", this decode worker has ", ours));
+}
+
+// An unset range (proto3 zero) means the whole model.
+std::pair<int64_t, int64_t> Range(int64_t begin, int64_t end, int64_t total) {
+  if (begin == 0 && end == 0) return {0, total};
+  return {begin, end};
+}
+
+}  // namespace
+
+kvtransfer::ShardLayout ShardFromProto(const proto::KvLayout& l) {
+  auto [lb, le] = Range(l.layer_begin(), l.layer_end(), l.num_layers());
+  auto [hb, he] = Range(l.head_begin(), l.head_end(), l.num_kv_heads());
+  return {.num_layers_total = l.num_layers(),
+          .layer_begin = lb,
+          .layer_end = le,
+          .num_kv_heads_total = l.num_kv_heads(),
+          .head_begin = hb,
+          .head_end = he,
+          .block_size = l.block_size(),
+          .head_dim = l.head_dim(),
+          .dtype_bytes = l.dtype() == "f32" ? 4 : 2};
+}
+
+absl::Status CheckHandle(const proto::KvHandle& h, const proto::KvLayout& own) {
+  const proto::KvLayout& l = h.layout();
+  if (l.dtype() != own.dtype()) return Mismatch("dtype", "\"" + l.dtype() + "\"", "\"" + own.dtype() + "\"");
+  if (l.block_size() != own.block_size()) {
+    return Mismatch("block_size", absl::StrCat(l.block_size()), absl::StrCat(own.block_size()));
+  }
+  if (l.num_layers() != own.num_layers()) {
+    return Mismatch("num_layers", absl::StrCat(l.num_layers()), absl::StrCat(own.num_layers()));
+  }
+  if (l.num_kv_heads() != own.num_kv_heads()) {
+    return Mismatch("num_kv_heads", absl::StrCat(l.num_kv_heads()), absl::StrCat(own.num_kv_heads()));
+  }
+  if (l.head_dim() != own.head_dim()) {
+    return Mismatch("head_dim", absl::StrCat(l.head_dim()), absl::StrCat(own.head_dim()));
+  }
+  // One handle is one source shard; this worker pulls every layer and head
+  // from it, so it must hold them all (the CPU backend has no TP/PP shards).
+  const kvtransfer::ShardLayout s = ShardFromProto(l);
+  if (s.layer_begin != 0 || s.layer_end != l.num_layers()) {
+    return Mismatch("layer range", absl::StrCat("[", s.layer_begin, ", ", s.layer_end, ")"),
+                    absl::StrCat("[0, ", l.num_layers(), ")"));
+  }
+  if (s.head_begin != 0 || s.head_end != l.num_kv_heads()) {
+    return Mismatch("head range", absl::StrCat("[", s.head_begin, ", ", s.head_end, ")"),
+                    absl::StrCat("[0, ", l.num_kv_heads(), ")"));
+  }
+  if (h.num_tokens() <= 0) return absl::InvalidArgumentError("KV handle: num_tokens must be > 0");
+  const int64_t blocks = CeilDiv(h.num_tokens(), l.block_size());
+  if (h.block_ids_size() < blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("KV handle: ", h.block_ids_size(), " block ids for ",
+                                                   h.num_tokens(), " tokens (", blocks, " needed)"));
+  }
+  if (h.block_epochs_size() != 0 && h.block_epochs_size() != h.block_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV handle: ", h.block_epochs_size(), " epochs for ",
+                                                   h.block_ids_size(), " blocks"));
+  }
+  return absl::OkStatus();
+}
+
+KvPuller::KvPuller(Options options) : options_(std::move(options)) {}
+
+void KvPuller::Track(uint64_t request_id, proto::KvHandle handle) {
+  Pending& p = pending_[request_id];
+  p.num_blocks = CeilDiv(handle.num_tokens(), handle.layout().block_size());
+  p.handle = std::move(handle);
+}
+
+absl::Status KvPuller::Start(uint64_t request_id, absl::Span<const int32_t> blocks) {
+  auto it = pending_.find(request_id);
+  if (it == pending_.end()) return absl::InternalError(absl::StrCat("no KV handle for request ", request_id));
+  Pending& p = it->second;
+  const proto::KvHandle& h = p.handle;
+  auto fail = [&](absl::Status why, const std::string& what) {
+    absl::Status s(why.code(), absl::StrCat("KV pull failed: ", what, ": ", why.message()));
+    Release(request_id, h, /*pulled=*/false);  // Invalidates h and p.
+    return s;
+  };
+  if (static_cast<int64_t>(blocks.size()) < p.num_blocks) {
+    return fail(absl::InternalError("fewer destination blocks than the handle's"), "plan");
+  }
+
+  kvtransfer::PeerId peer;
+  if (auto found = peers_.find(h.data_address()); found != peers_.end()) {
+    peer = found->second;
+  } else {
+    absl::StatusOr<kvtransfer::PeerId> connected = options_.transport->Connect(h.data_address());
+    if (!connected.ok()) {
+      // Whatever the transport says, the exporter is out of reach: the router may retry elsewhere.
+      return fail(absl::UnavailableError(connected.status().message()), "connect");
+    }
+    peer = *connected;
+    peers_[h.data_address()] = peer;
+  }
+
+  std::vector<int32_t> src(h.block_ids().begin(), h.block_ids().begin() + p.num_blocks);
+  std::vector<int32_t> dst(blocks.begin(), blocks.begin() + p.num_blocks);
+  auto plans = kvtransfer::PlanTransfer({ShardFromProto(h.layout())}, {ShardFromProto(options_.local_layout)},
+                                        {src}, {dst});
+  if (!plans.ok()) return fail(plans.status(), "plan");
+
+  kvtransfer::PullRequest req;
+  req.peer = peer;
+  req.remote_region = h.region();
+  req.local_region = options_.local_region;
+  for (kvtransfer::TransferPlan& plan : *plans) {
+    req.segments.insert(req.segments.end(), plan.segments.begin(), plan.segments.end());
+  }
+  for (int i = 0; i < h.block_epochs_size(); ++i) req.block_epochs.emplace_back(h.block_ids(i), h.block_epochs(i));
+  req.timeout = options_.timeout;
+  absl::StatusOr<kvtransfer::TransferId> id = options_.transport->Pull(req);
+  if (!id.ok()) return fail(id.status(), "start");
+  p.transfer = *id;
+  return absl::OkStatus();
+}
+
+std::optional<absl::Status> KvPuller::Poll(uint64_t request_id) {
+  auto it = pending_.find(request_id);
+  if (it == pending_.end() || !it->second.transfer.has_value()) {
+    return absl::InternalError(absl::StrCat("no KV pull in flight for request ", request_id));
+  }
+  std::optional<kvtransfer::TransferResult> r = options_.transport->Poll(*it->second.transfer);
+  if (!r.has_value()) return std::nullopt;
+  const proto::KvHandle handle = std::move(it->second.handle);
+  const int64_t num_blocks = it->second.num_blocks;
+  if (r->state == kvtransfer::TransferState::kDone) {
+    bytes_moved_.fetch_add(r->bytes, std::memory_order_relaxed);
+    blocks_transferred_.fetch_add(num_blocks, std::memory_order_relaxed);
+    Release(request_id, handle, /*pulled=*/true);
+    return absl::OkStatus();
+  }
+  // The endpoint is gone; a later pull from this exporter (restarted, say)
+  // must connect afresh.
+  if (r->state == kvtransfer::TransferState::kPeerLost) peers_.erase(handle.data_address());
+  Release(request_id, handle, /*pulled=*/false);
+  return absl::UnavailableError(
+      absl::StrCat("KV pull failed: ", kvtransfer::TransferStateName(r->state), ": ", r->detail));
+}
+
+void KvPuller::Abandon(uint64_t request_id) {
+  auto it = pending_.find(request_id);
+  if (it == pending_.end()) return;
+  bool pulled = false;
+  if (it->second.transfer.has_value()) {
+    // Wait, bounded by the transport, until the transfer has ended: the
+    // caller frees the destination blocks next, and a late read landing in
+    // a reused block would corrupt another request's KV.
+    options_.transport->Cancel(*it->second.transfer);
+    pulled = options_.transport->Wait(*it->second.transfer).state == kvtransfer::TransferState::kDone;
+  }
+  const proto::KvHandle handle = std::move(it->second.handle);
+  Release(request_id, handle, pulled);
+}
+
+void KvPuller::Release(uint64_t request_id, const proto::KvHandle& handle, bool pulled) {
+  proto::Frame f;
+  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  f.mutable_kv_released()->set_request_id(request_id);
+  f.mutable_kv_released()->set_pulled(pulled);
+  const std::string address = handle.control_address();
+  pending_.erase(request_id);
+  // Best effort: a prefill we cannot reach frees the blocks at lease expiry.
+  options_.sink->SendToPeer(address, f, [request_id, address](absl::Status s) {
+    LOG(WARNING) << "cannot tell prefill " << address << " that request " << request_id
+                 << "'s blocks are free: " << s;
+  });
+}
+
+}  // namespace duet::decode

@@ -1,0 +1,133 @@
+// Helpers for the decode and colocated service tests: prompts, the
+// engine::Generate reference, and the per-request view of the frames a
+// service sent to the router.
+//
+//   auto ref = ReferenceRun(model, prompt, spec);
+//   auto out = CollectRouterFrames(sink.router());
+//   CheckTokens(out[id].tokens, ref, /*skip=*/1);
+#ifndef DUET_DECODE_SERVICE_TEST_UTIL_H_
+#define DUET_DECODE_SERVICE_TEST_UTIL_H_
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "decode/engine_loop.h"
+#include "engine/generator.h"
+#include "proto/control.pb.h"
+
+namespace duet::decode {
+
+inline std::vector<int32_t> TestPrompt(int n, int salt) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (i * 37 + salt * 101 + 11) % 900 + 3;
+  return p;
+}
+
+inline proto::GenerationSpec TestSpec(const std::vector<int32_t>& prompt, int max_tokens, bool greedy,
+                                      uint64_t seed = 0, int logprobs = 0) {
+  proto::GenerationSpec s;
+  for (int32_t t : prompt) s.add_prompt_ids(t);
+  s.set_max_tokens(max_tokens);
+  s.set_ignore_eos(true);
+  proto::SamplingParams* p = s.mutable_sampling();
+  if (greedy) {
+    p->set_temperature(0);
+    p->set_top_p(1);  // The router's "off"; proto3's 0 would be invalid.
+  } else {
+    p->set_temperature(0.9f);
+    p->set_top_k(40);
+    p->set_top_p(0.95f);
+    p->set_seed(seed);
+    s.set_choice_index(static_cast<uint32_t>(seed % 2));
+  }
+  p->set_logprobs(logprobs);
+  return s;
+}
+
+// engine::Generate for what `spec` asks, on its own pool.
+inline engine::GenerateResult ReferenceRun(engine::Model& model, const proto::GenerationSpec& spec) {
+  absl::StatusOr<GenerationParams> p =
+      ParamsFromSpec(spec, model.config(), spec.prompt_ids_size());
+  REQUIRE(p.ok());
+  engine::BlockPool pool(model.KvLayoutFor(16), 80);
+  engine::GenerateOptions o;
+  o.max_tokens = p->max_tokens > 0 ? p->max_tokens : model.config().max_position_embeddings;
+  o.sampling = p->sampling;
+  o.ignore_eos = p->ignore_eos;
+  o.stop_token_ids = p->stop_token_ids;
+  o.choice_index = p->choice_index;
+  std::vector<int32_t> prompt(spec.prompt_ids().begin(), spec.prompt_ids().end());
+  auto r = engine::Generate(model, pool, prompt, o);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+struct RequestFrames {
+  std::vector<proto::Token> tokens;  // FirstToken (if any), then TokenBatch events, in order.
+  int first_tokens = 0;
+  std::optional<proto::Finish> finish;
+  int frames_after_finish = 0;
+};
+
+// Also checks that no TokenBatch carries two tokens of one request (one
+// token per request per step).
+inline std::map<uint64_t, RequestFrames> CollectRouterFrames(const std::vector<proto::Frame>& frames) {
+  std::map<uint64_t, RequestFrames> out;
+  for (const proto::Frame& f : frames) {
+    REQUIRE(f.protocol_version() == proto::PROTOCOL_VERSION_CURRENT);
+    if (f.has_first_token()) {
+      RequestFrames& r = out[f.first_token().request_id()];
+      if (r.finish) ++r.frames_after_finish;
+      r.tokens.push_back(f.first_token().token());
+      ++r.first_tokens;
+    } else if (f.has_tokens()) {
+      std::set<uint64_t> ids;
+      for (const proto::TokenEvent& e : f.tokens().events()) {
+        REQUIRE(ids.insert(e.request_id()).second);
+        RequestFrames& r = out[e.request_id()];
+        if (r.finish) ++r.frames_after_finish;
+        r.tokens.push_back(e.token());
+      }
+    } else if (f.has_finish()) {
+      RequestFrames& r = out[f.finish().request_id()];
+      if (r.finish) ++r.frames_after_finish;
+      r.finish = f.finish();
+    }
+  }
+  return out;
+}
+
+inline size_t CountFinishes(const std::vector<proto::Frame>& frames) {
+  size_t n = 0;
+  for (const proto::Frame& f : frames) n += f.has_finish() ? 1 : 0;
+  return n;
+}
+
+// `tokens` equal ref's generated tokens from index `skip` on: ids exactly,
+// logprobs and top logprobs within 1e-4; the finish reason matches.
+inline void CheckAgainstReference(const RequestFrames& got, const engine::GenerateResult& ref, size_t skip) {
+  REQUIRE(got.finish.has_value());
+  REQUIRE(got.frames_after_finish == 0);
+  REQUIRE(got.finish->reason() == (ref.finish_reason == "stop" ? proto::FINISH_STOP : proto::FINISH_LENGTH));
+  REQUIRE(got.tokens.size() + skip == ref.ids.size());
+  for (size_t i = 0; i < got.tokens.size(); ++i) {
+    INFO("token " << i + skip);
+    const proto::Token& t = got.tokens[i];
+    REQUIRE(t.id() == ref.ids[i + skip]);
+    REQUIRE(std::abs(t.logprob() - ref.logprobs[i + skip]) < 1e-4);
+    const auto& top = ref.top_logprobs[i + skip];
+    REQUIRE(static_cast<size_t>(t.top_size()) == top.size());
+    for (int k = 0; k < t.top_size(); ++k) {
+      REQUIRE(t.top(k).id() == top[k].first);
+      REQUIRE(std::abs(t.top(k).logprob() - top[k].second) < 1e-4);
+    }
+  }
+}
+
+}  // namespace duet::decode
+
+#endif  // DUET_DECODE_SERVICE_TEST_UTIL_H_
