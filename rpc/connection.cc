@@ -107,6 +107,9 @@ void Connection::DoWrite() {
                     asio::bind_executor(strand_, [self = shared_from_this()](
                                                      boost::system::error_code ec, size_t) {
                       self->writing_ = false;
+                      // Fail() (e.g. Close() while this write was in flight)
+                      // already dropped the queue: nothing left to pop.
+                      if (self->closed_.load()) return;
                       if (ec) {
                         self->Fail(absl::UnavailableError(ec.message()));
                         return;

@@ -8,6 +8,11 @@ namespace duet::tools {
 int RunGenerate(int argc, char** argv);
 int RunMakeModel(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
+int RunRouter(int argc, char** argv);
+int RunPrefill(int argc, char** argv);
+int RunDecode(int argc, char** argv);
+int RunWorker(int argc, char** argv);
+int RunUp(int argc, char** argv);
 
 }  // namespace duet::tools
 

@@ -11,6 +11,11 @@ constexpr char kUsage[] =
     "usage: duet COMMAND [flags]\n"
     "\n"
     "commands:\n"
+    "  up           start a local cluster (router + workers) serving the OpenAI API\n"
+    "  router       the OpenAI-compatible router\n"
+    "  prefill      a prefill worker\n"
+    "  decode       a decode worker\n"
+    "  worker       a worker of any role (--role=colocated: both phases in one engine)\n"
     "  generate     generate tokens from a prompt on one engine, in this process\n"
     "  make-model   write a Hugging Face model directory with random weights\n"
     "  tokenize     text to token ids (one JSON array per stdin line), or back\n"
@@ -31,6 +36,11 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return duet::tools::RunGenerate(argc - 1, argv + 1);
   if (cmd == "make-model") return duet::tools::RunMakeModel(argc - 1, argv + 1);
   if (cmd == "tokenize") return duet::tools::RunTokenize(argc - 1, argv + 1);
+  if (cmd == "up") return duet::tools::RunUp(argc - 1, argv + 1);
+  if (cmd == "router") return duet::tools::RunRouter(argc - 1, argv + 1);
+  if (cmd == "prefill") return duet::tools::RunPrefill(argc - 1, argv + 1);
+  if (cmd == "decode") return duet::tools::RunDecode(argc - 1, argv + 1);
+  if (cmd == "worker") return duet::tools::RunWorker(argc - 1, argv + 1);
   std::fprintf(stderr, "duet: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

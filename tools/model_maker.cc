@@ -211,6 +211,12 @@ absl::Status MakeModel(const MakeModelOptions& o) {
                                   {{"format", "pt"}, {"producer", "duet make-model"}});
 }
 
+std::string ModelBaseName(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
 std::string CacheDir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
     return (fs::path(x) / "duet").string();

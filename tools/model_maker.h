@@ -29,6 +29,10 @@ struct MakeModelOptions {
 
 absl::Status MakeModel(const MakeModelOptions& options);
 
+// The served model name a directory implies: its last path component
+// ("/models/tiny-llama/" -> "tiny-llama").
+std::string ModelBaseName(const std::string& dir);
+
 // duet's cache folder: $XDG_CACHE_HOME/duet, else ~/.cache/duet.
 std::string CacheDir();
 

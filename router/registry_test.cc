@@ -1,0 +1,277 @@
+#include "router/registry.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "router/fake_worker.h"
+#include "rpc/io_thread.h"
+
+namespace duet::router {
+namespace {
+
+using testing::FakeWorker;
+using testing::kWaitLimit;
+
+// Records what the registry tells its listener.
+class Recorder : public RegistryListener {
+ public:
+  void OnWorkerLive(const std::string& id, proto::Role) override {
+    absl::MutexLock lock(&mu_);
+    live_.push_back(id);
+  }
+  void OnWorkerLost(const std::string& id, proto::Role, const std::string& reason) override {
+    absl::MutexLock lock(&mu_);
+    lost_.push_back(id);
+    reasons_.push_back(reason);
+  }
+  void OnWorkerFrame(const std::string& id, proto::Frame f) override {
+    absl::MutexLock lock(&mu_);
+    frames_.emplace_back(id, std::move(f));
+  }
+  void OnHeartbeat(const std::string& id, const proto::WorkerStats&) override {
+    absl::MutexLock lock(&mu_);
+    heartbeats_++;
+  }
+
+  bool WaitLive(size_t n) { return Wait([&] { return live_.size() >= n; }); }
+  bool WaitLost(size_t n) { return Wait([&] { return lost_.size() >= n; }); }
+  bool WaitFrames(size_t n) { return Wait([&] { return frames_.size() >= n; }); }
+  bool WaitHeartbeats(int n) { return Wait([&] { return heartbeats_ >= n; }); }
+
+  std::vector<std::string> live() {
+    absl::MutexLock lock(&mu_);
+    return live_;
+  }
+  std::vector<std::string> lost() {
+    absl::MutexLock lock(&mu_);
+    return lost_;
+  }
+  std::string reason(size_t i) {
+    absl::MutexLock lock(&mu_);
+    return reasons_.at(i);
+  }
+  std::pair<std::string, proto::Frame> frame(size_t i) {
+    absl::MutexLock lock(&mu_);
+    return frames_.at(i);
+  }
+
+ private:
+  template <typename F>
+  bool Wait(F pred) {
+    absl::MutexLock lock(&mu_);
+    auto cond = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pred(); };
+    return mu_.AwaitWithTimeout(absl::Condition(&cond), kWaitLimit);
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::string> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, proto::Frame>> frames_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct Fixture {
+  explicit Fixture(Clock* clock = RealClock()) {
+    registry = std::make_unique<WorkerRegistry>(
+        io.context(),
+        RegistryOptions{.model = "tiny",
+                        .heartbeat_interval = absl::Milliseconds(500),
+                        .refuse_close_delay = absl::Milliseconds(20),
+                        .clock = clock},
+        &recorder);
+    REQUIRE(registry->Start().ok());
+  }
+  ~Fixture() { registry->Stop(); }
+
+  rpc::IoThread io;
+  Recorder recorder;
+  std::unique_ptr<WorkerRegistry> registry;
+};
+
+TEST_CASE("a worker speaking another protocol version is refused and closed") {
+  Fixture fx;
+  FakeWorker w(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny", .protocol_version = 2});
+  auto reply = w.Register(fx.registry->address());
+  REQUIRE(reply.ok());
+  CHECK_FALSE(reply->ok());
+  CHECK(reply->error() ==
+        "protocol version mismatch: the worker speaks version 2, this router speaks version 1");
+  CHECK(w.WaitRegistrationClosed());
+  CHECK(fx.registry->LiveLoads().empty());
+  CHECK(fx.recorder.live().empty());
+}
+
+TEST_CASE("a worker serving another model is refused and closed") {
+  Fixture fx;
+  FakeWorker w(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "llama-70b"});
+  auto reply = w.Register(fx.registry->address());
+  REQUIRE(reply.ok());
+  CHECK_FALSE(reply->ok());
+  CHECK(reply->error() ==
+        "model mismatch: worker d0 serves model \"llama-70b\" but this router serves \"tiny\"");
+  CHECK(w.WaitRegistrationClosed());
+  CHECK(fx.registry->LiveLoads().empty());
+}
+
+TEST_CASE("a worker whose control address is unreachable is refused") {
+  Fixture fx;
+  // A port nobody listens on: take one, then free it.
+  std::string dead;
+  {
+    auto s = rpc::Server::Listen(fx.io.context(), "127.0.0.1:0", [](rpc::ConnectionPtr) {});
+    REQUIRE(s.ok());
+    dead = (*s)->address();
+  }
+  FakeWorker w(fx.io, {.id = "c0", .model = "tiny", .control_address = dead});
+  auto reply = w.Register(fx.registry->address());
+  REQUIRE(reply.ok());
+  CHECK_FALSE(reply->ok());
+  CHECK(reply->error().find("cannot connect to control_address " + dead) != std::string::npos);
+  CHECK(fx.registry->LiveLoads().empty());
+}
+
+TEST_CASE("registration: greeting on the worker's port, then the reply; events flow both ways") {
+  Fixture fx;
+  FakeWorker w(fx.io, {.id = "c0", .role = proto::ROLE_COLOCATED, .model = "tiny", .kv_blocks_total = 64});
+  auto reply = w.Register(fx.registry->address());
+  REQUIRE(reply.ok());
+  CHECK(reply->ok());
+  CHECK(reply->heartbeat_interval_ms() == 500);
+  REQUIRE(w.WaitGreeting());
+  REQUIRE(fx.recorder.WaitLive(1));
+  CHECK(fx.recorder.live() == std::vector<std::string>{"c0"});
+
+  auto loads = fx.registry->LiveLoads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].id == "c0");
+  CHECK(loads[0].role == proto::ROLE_COLOCATED);
+  CHECK(loads[0].control_address == w.control_address());
+  CHECK(loads[0].kv_blocks_free == 64);  // Before any heartbeat: the whole pool.
+
+  // Router -> worker on the greeting connection.
+  proto::Frame cancel = FakeWorker::NewFrame();
+  cancel.mutable_cancel()->set_request_id(42);
+  REQUIRE(fx.registry->Send("c0", cancel));
+  CHECK_FALSE(fx.registry->Send("nobody", cancel));
+  auto got = w.NextFrame();
+  REQUIRE(got.ok());
+  CHECK(got->cancel().request_id() == 42);
+
+  // Worker -> router events reach the listener tagged with the worker.
+  proto::Frame ft = FakeWorker::NewFrame();
+  ft.mutable_first_token()->set_request_id(7);
+  ft.mutable_first_token()->mutable_token()->set_id(99);
+  w.Send(ft);
+  REQUIRE(fx.recorder.WaitFrames(1));
+  auto [from, frame] = fx.recorder.frame(0);
+  CHECK(from == "c0");
+  CHECK(frame.first_token().token().id() == 99);
+}
+
+TEST_CASE("heartbeats set loads; dispatch charges count until the next heartbeat") {
+  Fixture fx;
+  FakeWorker p(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny"});
+  FakeWorker d(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
+  REQUIRE(p.Register(fx.registry->address())->ok());
+  REQUIRE(d.Register(fx.registry->address())->ok());
+  REQUIRE(fx.recorder.WaitLive(2));
+
+  proto::WorkerStats ps;
+  ps.set_queued_prefill_tokens(100);
+  p.Heartbeat(ps);
+  proto::WorkerStats ds;
+  ds.set_kv_blocks_free(50);
+  ds.set_running_requests(2);
+  d.Heartbeat(ds);
+  REQUIRE(fx.recorder.WaitHeartbeats(2));
+
+  fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 40);  // 41 tokens -> 3 blocks of 16.
+  auto loads = fx.registry->LiveLoads();
+  REQUIRE(loads.size() == 2);
+  CHECK(loads[0].id == "d0");
+  CHECK(loads[0].kv_blocks_free == 47);
+  CHECK(loads[0].running_requests == 3);
+  CHECK(loads[1].id == "p0");
+  CHECK(loads[1].queued_prefill_tokens == 140);
+
+  p.Heartbeat(ps);  // The worker's own numbers now include that request.
+  REQUIRE(fx.recorder.WaitHeartbeats(3));
+  loads = fx.registry->LiveLoads();
+  CHECK(loads[1].queued_prefill_tokens == 100);
+  CHECK(loads[0].kv_blocks_free == 47);  // d0 has not heartbeaten since.
+}
+
+TEST_CASE("a worker silent for three heartbeat intervals is removed") {
+  FakeClock clock;
+  Fixture fx(&clock);
+  FakeWorker w(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
+  REQUIRE(w.Register(fx.registry->address())->ok());
+  REQUIRE(fx.recorder.WaitLive(1));
+
+  clock.Advance(absl::Milliseconds(1400));
+  fx.registry->CheckHeartbeats();
+  CHECK(fx.registry->LiveLoads().size() == 1);  // 1.4 s < 3 x 500 ms.
+
+  w.Heartbeat(proto::WorkerStats());
+  REQUIRE(fx.recorder.WaitHeartbeats(1));
+  clock.Advance(absl::Milliseconds(1500));  // Exactly three intervals since the heartbeat.
+  fx.registry->CheckHeartbeats();
+  CHECK(fx.registry->LiveLoads().size() == 1);
+  CHECK(fx.recorder.lost().empty());
+
+  clock.Advance(absl::Milliseconds(1));
+  fx.registry->CheckHeartbeats();
+  REQUIRE(fx.recorder.WaitLost(1));
+  CHECK(fx.recorder.lost() == std::vector<std::string>{"d0"});
+  CHECK(fx.recorder.reason(0).find("no heartbeat for 1.501s") != std::string::npos);
+  CHECK(fx.registry->LiveLoads().empty());
+  // Both of its connections are closed.
+  CHECK(w.WaitRegistrationClosed());
+  CHECK(w.WaitRouterConnectionClosed());
+  proto::Frame f = FakeWorker::NewFrame();
+  f.mutable_cancel();
+  CHECK_FALSE(fx.registry->Send("d0", f));
+}
+
+TEST_CASE("closing either connection removes the worker") {
+  Fixture fx;
+  FakeWorker a(fx.io, {.id = "a", .role = proto::ROLE_COLOCATED, .model = "tiny"});
+  FakeWorker b(fx.io, {.id = "b", .role = proto::ROLE_COLOCATED, .model = "tiny"});
+  REQUIRE(a.Register(fx.registry->address())->ok());
+  REQUIRE(b.Register(fx.registry->address())->ok());
+  REQUIRE(a.WaitGreeting());
+  REQUIRE(fx.recorder.WaitLive(2));
+
+  a.CloseRouterConnection();  // The router's connection to a.
+  REQUIRE(fx.recorder.WaitLost(1));
+  CHECK(fx.recorder.lost()[0] == "a");
+  CHECK(a.WaitRegistrationClosed());  // The registry closes the other one.
+
+  b.CloseRegistration();
+  REQUIRE(fx.recorder.WaitLost(2));
+  CHECK(fx.recorder.lost()[1] == "b");
+  CHECK(b.WaitRouterConnectionClosed());
+  CHECK(fx.registry->LiveLoads().empty());
+}
+
+TEST_CASE("a worker registering again under its id replaces the old entry") {
+  Fixture fx;
+  FakeWorker old_w(fx.io, {.id = "x", .role = proto::ROLE_COLOCATED, .model = "tiny"});
+  REQUIRE(old_w.Register(fx.registry->address())->ok());
+  REQUIRE(fx.recorder.WaitLive(1));
+  FakeWorker new_w(fx.io, {.id = "x", .role = proto::ROLE_COLOCATED, .model = "tiny"});
+  REQUIRE(new_w.Register(fx.registry->address())->ok());
+  REQUIRE(fx.recorder.WaitLive(2));
+  CHECK(fx.recorder.lost() == std::vector<std::string>{"x"});
+  auto loads = fx.registry->LiveLoads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].control_address == new_w.control_address());
+  CHECK(old_w.WaitRegistrationClosed());
+}
+
+}  // namespace
+}  // namespace duet::router

@@ -1,0 +1,700 @@
+// The router end to end in one process: a real Router, fake workers speaking
+// the real control protocol, and a raw HTTP client on a socket.
+#include "router/router.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+#include "router/fake_worker.h"
+#include "router/test_model.h"
+#include "rpc/io_thread.h"
+
+namespace duet::router {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using testing::FakeWorker;
+
+// A blocking HTTP/1.1 client; reads give up after 20 s so a broken router
+// fails the test instead of hanging it.
+class Client {
+ public:
+  struct Head {
+    int status = 0;
+    std::map<std::string, std::string> headers;  // Lower-case names.
+  };
+
+  explicit Client(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    timeval tv{.tv_sec = 20, .tv_usec = 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~Client() { Close(); }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  void Request(const std::string& method, const std::string& path, const std::string& body = "") {
+    std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: localhost\r\n");
+    if (!body.empty() || method == "POST") {
+      absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n");
+    }
+    absl::StrAppend(&req, "\r\n", body);
+    std::string_view rest = req;
+    while (!rest.empty()) {
+      ssize_t n = ::send(fd_, rest.data(), rest.size(), MSG_NOSIGNAL);
+      REQUIRE(n > 0);
+      rest.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+  Head ReadHead() {
+    Head h;
+    std::string line = ReadLine();
+    REQUIRE(line.size() >= 12);
+    REQUIRE(absl::SimpleAtoi(line.substr(9, 3), &h.status));
+    while (true) {
+      line = ReadLine();
+      if (line.empty()) break;
+      size_t colon = line.find(':');
+      REQUIRE(colon != std::string::npos);
+      std::string name = line.substr(0, colon);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      size_t v = line.find_first_not_of(' ', colon + 1);
+      h.headers[name] = v == std::string::npos ? "" : line.substr(v);
+    }
+    head_ = h;
+    return h;
+  }
+
+  // The whole body (Content-Length or chunked).
+  std::string ReadBody() {
+    if (head_.headers.count("content-length")) {
+      size_t n = std::stoul(head_.headers["content-length"]);
+      return ReadN(n);
+    }
+    std::string body;
+    while (auto chunk = NextChunk()) body += *chunk;
+    return body;
+  }
+
+  // One chunk of a chunked body; nullopt at its end.
+  std::optional<std::string> NextChunk() {
+    std::string size_line = ReadLine();
+    size_t n = std::stoul(size_line, nullptr, 16);
+    std::string data = ReadN(n);
+    REQUIRE(ReadLine().empty());
+    if (n == 0) return std::nullopt;
+    return data;
+  }
+
+  // The next SSE event's data (the server sends one event per chunk).
+  std::optional<std::string> NextEvent() {
+    auto chunk = NextChunk();
+    if (!chunk) return std::nullopt;
+    REQUIRE(absl::StartsWith(*chunk, "data: "));
+    REQUIRE(absl::EndsWith(*chunk, "\n\n"));
+    return chunk->substr(6, chunk->size() - 8);
+  }
+
+  std::vector<std::string> AllEvents() {
+    std::vector<std::string> out;
+    while (auto e = NextEvent()) out.push_back(*e);
+    return out;
+  }
+
+ private:
+  void Fill() {
+    char tmp[4096];
+    ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
+    REQUIRE(n > 0);
+    buf_.append(tmp, static_cast<size_t>(n));
+  }
+  std::string ReadLine() {
+    size_t pos;
+    while ((pos = buf_.find("\r\n")) == std::string::npos) Fill();
+    std::string line = buf_.substr(0, pos);
+    buf_.erase(0, pos + 2);
+    return line;
+  }
+  std::string ReadN(size_t n) {
+    while (buf_.size() < n) Fill();
+    std::string out = buf_.substr(0, n);
+    buf_.erase(0, n);
+    return out;
+  }
+
+  int fd_ = -1;
+  std::string buf_;
+  Head head_;
+};
+
+struct Response {
+  int status;
+  std::map<std::string, std::string> headers;
+  std::string body;
+};
+
+Response Call(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  Client c(port);
+  c.Request(method, path, body);
+  Client::Head h = c.ReadHead();
+  return {h.status, h.headers, c.ReadBody()};
+}
+
+proto::Frame FirstTokenFrame(uint64_t id, int32_t token, const std::string& worker) {
+  proto::Frame f = FakeWorker::NewFrame();
+  f.mutable_first_token()->set_request_id(id);
+  f.mutable_first_token()->mutable_token()->set_id(token);
+  f.mutable_first_token()->mutable_token()->set_logprob(-0.25f);
+  f.mutable_first_token()->set_worker_id(worker);
+  return f;
+}
+proto::Frame TokenFrame(uint64_t id, int32_t token) {
+  proto::Frame f = FakeWorker::NewFrame();
+  auto* ev = f.mutable_tokens()->add_events();
+  ev->set_request_id(id);
+  ev->mutable_token()->set_id(token);
+  ev->mutable_token()->set_logprob(-0.5f);
+  return f;
+}
+proto::Frame FinishFrame(uint64_t id, proto::FinishReason reason, int error_code = 0, std::string error = "") {
+  proto::Frame f = FakeWorker::NewFrame();
+  f.mutable_finish()->set_request_id(id);
+  f.mutable_finish()->set_reason(reason);
+  f.mutable_finish()->set_error_code(error_code);
+  f.mutable_finish()->set_error(error);
+  return f;
+}
+
+// A worker that answers every PrefillRequest with `tokens` (FirstToken, one
+// TokenBatch per further token, then Finish) and every StatsRequest with
+// `stats`. With `hold_after` = n it stops after n tokens.
+struct Scripted {
+  std::vector<int32_t> tokens;
+  proto::FinishReason reason = proto::FINISH_LENGTH;
+  int hold_after = -1;
+  proto::WorkerStats stats;
+  bool answer_stats = true;
+};
+
+void Script(FakeWorker& w, Scripted s, const std::string& id) {
+  w.on_frame = [s, id](FakeWorker& w, const proto::Frame& f) {
+    if (f.has_prefill()) {
+      const uint64_t rid = f.prefill().request_id();
+      const int n = s.hold_after >= 0 ? s.hold_after : static_cast<int>(s.tokens.size());
+      for (int i = 0; i < n; ++i) {
+        w.Send(i == 0 ? FirstTokenFrame(rid, s.tokens[i], id) : TokenFrame(rid, s.tokens[i]));
+      }
+      if (s.hold_after < 0) w.Send(FinishFrame(rid, s.reason));
+      return false;  // Also queued, so tests can inspect it.
+    }
+    if (f.has_stats_request()) {
+      if (!s.answer_stats) return true;
+      proto::Frame r = FakeWorker::NewFrame();
+      *r.mutable_stats() = s.stats;
+      r.mutable_stats()->set_worker_id(id);
+      w.Send(r);
+      return true;
+    }
+    return false;
+  };
+}
+
+struct Fixture {
+  Fixture() {
+    dir = testing::TinyModelDir();
+    tok = std::move(engine::Tokenizer::Load(dir)).value();
+    format = std::move(engine::PromptFormat::Load(dir)).value();
+    REQUIRE(router.Start({.model_dir = dir,
+                          .served_model_name = "tiny",
+                          .stats_timeout = absl::Milliseconds(300),
+                          .clock = &clock})
+                .ok());
+  }
+  ~Fixture() { router.Stop(); }
+
+  std::unique_ptr<FakeWorker> AddWorker(const std::string& id, proto::Role role, Scripted s) {
+    auto w = std::make_unique<FakeWorker>(io, testing::FakeWorkerOptions{.id = id, .role = role, .model = "tiny"});
+    Script(*w, std::move(s), id);
+    auto reply = w->Register(router.control_address());
+    REQUIRE(reply.ok());
+    REQUIRE(reply->ok());
+    REQUIRE(w->WaitGreeting());
+    return w;
+  }
+
+  std::vector<int32_t> Encode(const std::string& text) {
+    return tok->Encode(text).value();
+  }
+  std::vector<int32_t> PromptIds(const std::string& prompt) { return Encode(format.CompletionPrefix() + prompt); }
+
+  // The text the client must see for `ids`.
+  std::string Text(const std::vector<int32_t>& ids) { return tok->Decode(ids, /*skip_special=*/true).value(); }
+
+  Json Stats() {
+    Response r = Call(router.http_port(), "GET", "/stats");
+    REQUIRE(r.status == 200);
+    return Json::parse(r.body);
+  }
+
+  std::string dir;
+  std::unique_ptr<engine::Tokenizer> tok;
+  engine::PromptFormat format;
+  FakeClock clock;  // Heartbeats never expire unless a test says so.
+  rpc::IoThread io;  // The fake workers' io thread.
+  Router router;
+};
+
+std::vector<int32_t> Ids(const proto::PrefillRequest& p) {
+  return {p.spec().prompt_ids().begin(), p.spec().prompt_ids().end()};
+}
+std::vector<int32_t> Resume(const proto::PrefillRequest& p) { return {p.resume_ids().begin(), p.resume_ids().end()}; }
+
+TEST_CASE("non-stream completion: dispatch, then the body exactly") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" there was a tiny model");
+  const int32_t eot = fx.tok->TokenToId("<|eot_id|>");
+  out.push_back(eot);  // A special token: in token_ids, not in the text.
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .reason = proto::FINISH_STOP});
+
+  Response r = Call(fx.router.http_port(), "POST", "/v1/completions",
+                    absl::StrCat(R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": )",
+                                 out.size() + 4, R"(, "temperature": 0, "seed": 5})"));
+  REQUIRE(r.status == 200);
+  CHECK(r.headers["content-type"] == "application/json");
+
+  auto pf = w->NextFrame();
+  REQUIRE(pf.ok());
+  REQUIRE(pf->has_prefill());
+  const proto::PrefillRequest& p = pf->prefill();
+  CHECK(Ids(p) == fx.PromptIds("Once upon a time"));
+  CHECK(p.spec().prompt_ids(0) == fx.tok->TokenToId(fx.format.bos_token()));
+  CHECK(p.spec().max_tokens() == static_cast<int>(out.size()) + 4);
+  CHECK(p.spec().sampling().temperature() == 0.0f);
+  CHECK(p.spec().sampling().top_p() == 1.0f);
+  CHECK(p.spec().sampling().seed() == 5);
+  CHECK(p.resume_ids().empty());
+  CHECK(p.decode_worker_id() == "c0");
+  CHECK(p.decode_address() == w->control_address());
+
+  Json got = Json::parse(r.body);
+  REQUIRE(got["id"].is_string());
+  CHECK(absl::StartsWith(got["id"].get<std::string>(), "cmpl-"));
+  Json want;
+  want["id"] = got["id"];
+  want["object"] = "text_completion";
+  want["created"] = got["created"];
+  want["model"] = "tiny";
+  Json choice;
+  choice["index"] = 0;
+  choice["text"] = fx.Text(out);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = "stop";
+  choice["token_ids"] = out;
+  want["choices"] = Json::array({choice});
+  want["usage"] = {{"prompt_tokens", p.spec().prompt_ids_size()},
+                   {"completion_tokens", out.size()},
+                   {"total_tokens", p.spec().prompt_ids_size() + out.size()}};
+  CHECK(r.body == want.dump());
+  CHECK(fx.Text(out) == " there was a tiny model");
+
+  Json stats = fx.Stats();
+  CHECK(stats["router"]["requests_in_flight"] == 0);
+  CHECK(stats["router"]["requests_ok"] == 1);
+}
+
+TEST_CASE("stream completion: one chunk per token, a final chunk, then [DONE]") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" héllo wörld");
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .reason = proto::FINISH_LENGTH});
+  Client c(fx.router.http_port());
+  c.Request("POST", "/v1/completions",
+            absl::StrCat(R"({"model": "tiny", "prompt": [5, 6, 7], "stream": true, "logprobs": 0, "max_tokens": )",
+                         out.size(), R"(, "stream_options": {"include_usage": true}})"));
+  Client::Head h = c.ReadHead();
+  REQUIRE(h.status == 200);
+  CHECK(absl::StartsWith(h.headers["content-type"], "text/event-stream"));
+  std::vector<std::string> events = c.AllEvents();
+  REQUIRE(events.size() == out.size() + 3);  // Tokens, final, usage, [DONE].
+  CHECK(events.back() == "[DONE]");
+
+  auto pf = w->NextFrame();
+  REQUIRE(pf.ok());
+  CHECK(Ids(pf->prefill()) == std::vector<int32_t>{5, 6, 7});  // Token prompts get no BOS.
+
+  Json first = Json::parse(events[0]);
+  const Json id = first["id"];
+  const Json created = first["created"];
+  auto chunk = [&](const std::string& text, std::vector<int32_t> ids, Json logprobs, Json finish) {
+    Json choice;
+    choice["index"] = 0;
+    choice["text"] = text;
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = std::move(finish);
+    choice["token_ids"] = std::move(ids);
+    Json j;
+    j["id"] = id;
+    j["object"] = "text_completion";
+    j["created"] = created;
+    j["model"] = "tiny";
+    j["choices"] = Json::array({std::move(choice)});
+    return j.dump();
+  };
+  // Expected deltas from the same incremental detokenizer the router must use.
+  engine::IncrementalDetokenizer detok(fx.tok.get(), true);
+  std::string text;
+  int64_t chars = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::string delta = detok.Push(out[i]).value();
+    Json lp;
+    lp["tokens"] = Json::array({fx.tok->Decode({out[i]}).value()});
+    lp["token_logprobs"] = Json::array({i == 0 ? -0.25 : -0.5});
+    lp["top_logprobs"] = Json::array({Json::object()});
+    lp["text_offset"] = Json::array({chars});
+    CHECK(events[i] == chunk(delta, {out[i]}, lp, nullptr));
+    for (unsigned char ch : delta) chars += (ch & 0xC0) != 0x80;
+    text += delta;
+  }
+  std::string rest = detok.Finish();
+  CHECK(events[out.size()] == chunk(rest, {}, nullptr, "length"));
+  CHECK(text + rest == " héllo wörld");
+  Json usage = Json::parse(events[out.size() + 1]);
+  CHECK(usage["choices"] == Json::array());
+  CHECK(usage["usage"]["prompt_tokens"] == 3);
+  CHECK(usage["usage"]["completion_tokens"] == out.size());
+}
+
+TEST_CASE("client disconnect cancels the attempt on the worker") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" a b c d e");
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .hold_after = 2});
+  uint64_t rid;
+  {
+    Client c(fx.router.http_port());
+    c.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": 50})");
+    REQUIRE(c.ReadHead().status == 200);
+    REQUIRE(c.NextEvent().has_value());
+    REQUIRE(c.NextEvent().has_value());
+    auto pf = w->NextFrame();
+    REQUIRE(pf.ok());
+    rid = pf->prefill().request_id();
+  }  // The client goes away mid-stream.
+  auto cancel = w->WaitFor([&](const proto::Frame& f) { return f.has_cancel() && f.cancel().request_id() == rid; });
+  REQUIRE(cancel.ok());
+  // Late events for the cancelled attempt are dropped, and nothing leaks.
+  w->Send(TokenFrame(rid, out[2]));
+  w->Send(FinishFrame(rid, proto::FINISH_LENGTH));
+  Json stats = fx.Stats();
+  CHECK(stats["router"]["requests_in_flight"] == 0);
+  CHECK(stats["router"]["attempts_in_flight"] == 0);
+  CHECK(stats["router"]["requests_cancelled"] == 1);
+}
+
+TEST_CASE("a worker dying mid-stream ends the stream with an error, then [DONE]") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" one two three");
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .hold_after = 1});
+  Client c(fx.router.http_port());
+  c.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": 50})");
+  REQUIRE(c.ReadHead().status == 200);
+  auto e0 = c.NextEvent();
+  REQUIRE(e0.has_value());
+  CHECK(Json::parse(*e0)["choices"][0]["token_ids"] == Json::array({out[0]}));
+  w->Kill();
+  auto e1 = c.NextEvent();
+  REQUIRE(e1.has_value());
+  Json err = Json::parse(*e1);
+  REQUIRE(err.contains("error"));
+  CHECK(absl::StrContains(err["error"]["message"].get<std::string>(), "decode worker c0 was lost"));
+  CHECK(err["error"]["type"] == "server_error");
+  CHECK(c.NextEvent() == std::optional<std::string>("[DONE]"));
+  CHECK_FALSE(c.NextEvent().has_value());
+}
+
+TEST_CASE("decode lost: its request fails with 503, the prefill gets Cancel, others are unaffected") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" ok then");
+  // p0 sends the first token; the decodes send nothing (d0 dies, d1 finishes).
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {.tokens = out, .hold_after = 1});
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  auto d1 = fx.AddWorker("d1", proto::ROLE_DECODE, {});
+  auto run = [&](Client& c) {
+    c.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 9})");
+    auto pf = p0->NextFrame();
+    REQUIRE(pf.ok());
+    return pf->prefill();
+  };
+  // Least-loaded: the first request goes to d0 (tie, id order), the second to
+  // d1 (d0 now has a request charged).
+  Client a(fx.router.http_port());
+  proto::PrefillRequest pa = run(a);
+  Client b(fx.router.http_port());
+  proto::PrefillRequest pb = run(b);
+  REQUIRE(pa.decode_worker_id() == "d0");
+  REQUIRE(pb.decode_worker_id() == "d1");
+  CHECK(pa.request_id() != pb.request_id());
+
+  d0->Kill();
+  Client::Head ha = a.ReadHead();
+  CHECK(ha.status == 503);
+  Json err = Json::parse(a.ReadBody());
+  CHECK(absl::StrContains(err["error"]["message"].get<std::string>(), "decode worker d0 was lost"));
+  CHECK(err["error"]["type"] == "server_error");
+  auto cancel = p0->WaitFor([&](const proto::Frame& f) {
+    return f.has_cancel() && f.cancel().request_id() == pa.request_id();
+  });
+  CHECK(cancel.ok());
+
+  // b carries on: its decode sends the rest.
+  for (size_t i = 1; i < out.size(); ++i) d1->Send(TokenFrame(pb.request_id(), out[i]));
+  d1->Send(FinishFrame(pb.request_id(), proto::FINISH_STOP));
+  Client::Head hb = b.ReadHead();
+  REQUIRE(hb.status == 200);
+  Json body = Json::parse(b.ReadBody());
+  CHECK(body["choices"][0]["token_ids"] == Json(out));
+  CHECK(body["choices"][0]["text"] == " ok then");
+}
+
+TEST_CASE("prefill lost before its first token: re-dispatched elsewhere under a new id") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" fine");
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {.tokens = out, .hold_after = 0});  // Never answers.
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  Client c(fx.router.http_port());
+  c.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 9})");
+  auto first = p0->NextFrame();
+  REQUIRE(first.ok());
+  // A second prefill joins; then p0 dies with the attempt.
+  auto p1 = fx.AddWorker("p1", proto::ROLE_PREFILL, {.tokens = {out[0]}, .hold_after = 1});
+  p0->Kill();
+  auto second = p1->NextFrame();
+  REQUIRE(second.ok());
+  const proto::PrefillRequest& p = second->prefill();
+  CHECK(p.request_id() != first->prefill().request_id());
+  CHECK(Ids(p) == Ids(first->prefill()));
+  CHECK(p.resume_ids().empty());
+  CHECK(p.decode_worker_id() == "d0");
+  // d0 got a Cancel for the lost attempt (it may hold an offer for it).
+  CHECK(d0->WaitFor([&](const proto::Frame& f) {
+              return f.has_cancel() && f.cancel().request_id() == first->prefill().request_id();
+            }).ok());
+  for (size_t i = 1; i < out.size(); ++i) d0->Send(TokenFrame(p.request_id(), out[i]));
+  d0->Send(FinishFrame(p.request_id(), proto::FINISH_STOP));
+  REQUIRE(c.ReadHead().status == 200);
+  Json body = Json::parse(c.ReadBody());
+  CHECK(body["choices"][0]["token_ids"] == Json(out));
+  CHECK(fx.Stats()["router"]["redispatches"] == 1);
+}
+
+TEST_CASE("a failed KV pull resumes on a new attempt with the tokens already sent") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" the quick brown fox jumps");
+  REQUIRE(out.size() >= 5);
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {});
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  // The prefill's first token continues after whatever was resumed.
+  p0->on_frame = [out](FakeWorker& w, const proto::Frame& f) {
+    if (f.has_prefill()) {
+      w.Send(FirstTokenFrame(f.prefill().request_id(), out[f.prefill().resume_ids_size()], "p0"));
+    }
+    return false;
+  };
+  Client c(fx.router.http_port());
+  c.Request("POST", "/v1/completions",
+            absl::StrCat(R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": )", out.size(), "}"));
+  REQUIRE(c.ReadHead().status == 200);
+  auto a1 = p0->NextFrame();
+  REQUIRE(a1.ok());
+  const uint64_t id1 = a1->prefill().request_id();
+  // The client has token 1; wait for it so the decode's events come after.
+  auto e0 = c.NextEvent();
+  REQUIRE(e0.has_value());
+  CHECK(Json::parse(*e0)["choices"][0]["token_ids"] == Json::array({out[0]}));
+  // The decode streams token 2, then its pull of the rest fails.
+  d0->Send(TokenFrame(id1, out[1]));
+  d0->Send(FinishFrame(id1, proto::FINISH_ERROR, static_cast<int>(absl::StatusCode::kUnavailable), "lease expired"));
+  // The prefill hears Cancel for the failed attempt (its lease is freed), then the new attempt.
+  auto cancel = p0->NextFrame();
+  REQUIRE(cancel.ok());
+  CHECK(cancel->cancel().request_id() == id1);
+  auto a2 = p0->NextFrame();
+  REQUIRE(a2.ok());
+  REQUIRE(a2->has_prefill());
+  const proto::PrefillRequest& p = a2->prefill();
+  const uint64_t id2 = p.request_id();
+  CHECK(id2 != id1);
+  CHECK(Resume(p) == std::vector<int32_t>{out[0], out[1]});
+  CHECK(Ids(p) == Ids(a1->prefill()));
+  CHECK(p.spec().max_tokens() == static_cast<int>(out.size()));  // resume_ids count toward it.
+  CHECK(p.decode_worker_id() == "d0");
+  // A stale event of the failed attempt is dropped; the new attempt goes on.
+  d0->Send(TokenFrame(id1, 3));
+  for (size_t i = 3; i < out.size(); ++i) d0->Send(TokenFrame(id2, out[i]));
+  d0->Send(FinishFrame(id2, proto::FINISH_LENGTH));
+  std::vector<int32_t> ids = {out[0]};
+  std::string text = Json::parse(*e0)["choices"][0]["text"];
+  std::vector<std::string> events = c.AllEvents();
+  REQUIRE(events.size() >= 2);
+  CHECK(events.back() == "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    Json e = Json::parse(events[i]);
+    for (int32_t id : e["choices"][0]["token_ids"]) ids.push_back(id);
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  CHECK(ids == out);  // Seamless: every token once, in order.
+  CHECK(text == " the quick brown fox jumps");
+  CHECK(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"] == "length");
+}
+
+TEST_CASE("at most three attempts, then an error") {
+  Fixture fx;
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {.tokens = {}, .hold_after = 0});
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  // Every attempt fails at once with UNAVAILABLE from the prefill.
+  p0->on_frame = [](FakeWorker& w, const proto::Frame& f) {
+    if (f.has_prefill()) {
+      w.Send(FinishFrame(f.prefill().request_id(), proto::FINISH_ERROR,
+                         static_cast<int>(absl::StatusCode::kUnavailable), "cannot reach the decode"));
+    }
+    return false;
+  };
+  Response r = Call(fx.router.http_port(), "POST", "/v1/completions", R"({"model": "tiny", "prompt": "x"})");
+  CHECK(r.status == 503);
+  Json err = Json::parse(r.body);
+  CHECK(absl::StrContains(err["error"]["message"].get<std::string>(), "failed after 3 attempts"));
+  std::set<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto f = p0->NextFrame();
+    REQUIRE(f.ok());
+    ids.insert(f->prefill().request_id());
+  }
+  CHECK(ids.size() == 3);
+  // Each failed attempt was cancelled on its decode too.
+  for (uint64_t id : ids) {
+    CHECK(d0->WaitFor([id](const proto::Frame& f) { return f.has_cancel() && f.cancel().request_id() == id; }).ok());
+  }
+}
+
+TEST_CASE("errors: unknown model 404, bad params 400, no workers 503") {
+  Fixture fx;
+  const int port = fx.router.http_port();
+  Response r = Call(port, "POST", "/v1/completions", R"({"model": "gpt-4", "prompt": "x"})");
+  CHECK(r.status == 404);
+  Json e = Json::parse(r.body);
+  CHECK(e["error"]["code"] == "model_not_found");
+  CHECK(e["error"]["param"] == "model");
+
+  r = Call(port, "POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "temperature": "hot"})");
+  CHECK(r.status == 400);
+  CHECK(Json::parse(r.body)["error"]["param"] == "temperature");
+
+  r = Call(port, "POST", "/v1/completions", R"({"model": "tiny", "prompt": "x"})");
+  CHECK(r.status == 503);
+  CHECK(Json::parse(r.body)["error"]["message"] == "no live worker");
+
+  r = Call(port, "GET", "/v1/completions");
+  CHECK(r.status == 405);
+  r = Call(port, "GET", "/nope");
+  CHECK(r.status == 404);
+  CHECK(fx.Stats()["router"]["requests_rejected"] == 3);
+}
+
+TEST_CASE("health, models, metrics") {
+  Fixture fx;
+  const int port = fx.router.http_port();
+  Response r = Call(port, "GET", "/health");
+  CHECK(r.status == 503);
+  CHECK(Json::parse(r.body)["status"] == "unavailable");
+
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {});
+  r = Call(port, "GET", "/health");
+  CHECK(r.status == 503);
+  CHECK(Json::parse(r.body)["error"] == "no live decode worker");
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  r = Call(port, "GET", "/health");
+  CHECK(r.status == 200);
+  CHECK(r.body == R"({"status":"ok"})");
+
+  r = Call(port, "GET", "/v1/models");
+  REQUIRE(r.status == 200);
+  Json m = Json::parse(r.body);
+  CHECK(m["object"] == "list");
+  REQUIRE(m["data"].size() == 1);
+  CHECK(m["data"][0]["id"] == "tiny");
+  CHECK(m["data"][0]["object"] == "model");
+  CHECK(m["data"][0]["owned_by"] == "duet");
+  CHECK(m["data"][0]["created"].is_number_integer());
+
+  r = Call(port, "GET", "/metrics");
+  REQUIRE(r.status == 200);
+  CHECK(absl::StartsWith(r.headers["content-type"], "text/plain; version=0.0.4"));
+  CHECK(absl::StrContains(r.body, "duet_requests_total{status=\"rejected\"}"));
+  CHECK(absl::StrContains(r.body, "duet_time_to_first_token_seconds_bucket{model=\"tiny\""));
+  CHECK(absl::StrContains(r.body, "duet_e2e_request_latency_seconds_count{model=\"tiny\"}"));
+}
+
+TEST_CASE("/stats asks each worker fresh, and falls back to its heartbeat when it is silent") {
+  Fixture fx;
+  proto::WorkerStats fresh;
+  fresh.set_role(proto::ROLE_DECODE);
+  fresh.set_kv_blocks_total(100);
+  fresh.set_kv_blocks_free(93);
+  fresh.set_running_requests(2);
+  fresh.set_kv_bytes_moved(4096);
+  fresh.set_leased_blocks(0);
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {.stats = fresh});
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {.answer_stats = false});
+  proto::WorkerStats hb;
+  hb.set_kv_blocks_total(100);
+  hb.set_kv_blocks_free(60);
+  hb.set_leased_blocks(40);
+  hb.set_prompt_tokens_computed(1234);
+  p0->Heartbeat(hb);
+  // The heartbeat and /stats travel on different connections: ask until the
+  // heartbeat shows (each ask waits for the silent worker's timeout).
+  Json s;
+  for (int i = 0; i < 50; ++i) {
+    s = fx.Stats();
+    if (s["workers"]["p0"]["prompt_tokens_computed"] == 1234) break;
+  }
+  const Json& d = s["workers"]["d0"];
+  CHECK(d["role"] == "decode");
+  CHECK(d["fresh"] == true);
+  CHECK(d["kv_blocks_free"] == 93);
+  CHECK(d["running_requests"] == 2);
+  CHECK(d["kv_bytes_moved"] == 4096);
+  const Json& p = s["workers"]["p0"];
+  CHECK(p["role"] == "prefill");
+  CHECK(p["fresh"] == false);
+  CHECK(p["kv_blocks_free"] == 60);
+  CHECK(p["leased_blocks"] == 40);
+  CHECK(p["prompt_tokens_computed"] == 1234);
+  CHECK(s["router"]["live_workers"] == 2);
+}
+
+}  // namespace
+}  // namespace duet::router

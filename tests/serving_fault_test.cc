@@ -1,0 +1,229 @@
+// Faults with real processes: a prefill or decode worker SIGKILLed under
+// load, a client that disconnects mid-stream, malformed and oversized
+// control frames. Every accepted request ends in a response or an error,
+// and every KV block returns to its pool.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/cluster.h"
+#include "tests/serving_util.h"
+#include "tests/test_models.h"
+
+namespace duet::testing {
+namespace {
+
+std::string ModelName(const std::string& dir) { return std::filesystem::path(dir).filename().string(); }
+
+// Polls /stats until pred holds; fails the test after `timeout`.
+nlohmann::json WaitStats(Cluster& c, const std::function<bool(const nlohmann::json&)>& pred,
+                         absl::Duration timeout = absl::Seconds(30)) {
+  nlohmann::json last;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    auto s = c.Stats();
+    if (s.ok()) {
+      last = *s;
+      if (pred(last)) return last;
+    }
+  }
+  FAIL("condition not reached; last /stats: " << last.dump());
+  return last;
+}
+
+bool AllIdle(const nlohmann::json& s) {
+  for (auto& [id, w] : s["workers"].items()) {
+    if (w["kv_blocks_free"] != w["kv_blocks_total"] || w["queued_requests"] != 0 || w["running_requests"] != 0 ||
+        w.value("leased_blocks", 0) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A TCP connection to HOST:PORT, or -1.
+int Dial(const std::string& address) {
+  auto colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Sends `bytes`, then reads until the peer closes; true if it closed.
+bool SendAndExpectClose(const std::string& address, const std::string& bytes) {
+  int fd = Dial(address);
+  if (fd < 0) return false;
+  (void)!write(fd, bytes.data(), bytes.size());
+  char buf[256];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+  }
+  close(fd);
+  return n == 0;
+}
+
+std::vector<ParsedCompletion> SendAll(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
+  std::vector<ParsedCompletion> got(reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto r = c.Post("/v1/completions", CompletionBody(reqs[i], model));
+      if (!r.ok()) got[i].error = r.status().ToString();
+      else if (r->status != 200) got[i].error = absl::StrCat("HTTP ", r->status, ": ", r->body);
+      else got[i] = ParseCompletion(r->body, reqs[i].stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return got;
+}
+
+TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere, unchanged", "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-1", {"--kv-blocks", "1024"}).ok());
+  // A small decode pool: offers wait there, so when prefill-0 dies some
+  // requests have streamed token 1 but their KV is still on prefill-0.
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "16"}).ok());
+  REQUIRE(c.WaitForWorkers(3).ok());
+  auto reqs = MixedRequests(40, 1000, 60, 30, 11);
+  for (auto& r : reqs) r.max_tokens = std::max(r.max_tokens, 20);
+  auto want = ReferenceOutputs(dir, reqs);
+  std::vector<ParsedCompletion> got;
+  std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
+  // Kill prefill-0 once it holds offered KV that decode has not pulled.
+  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
+  REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
+  load.join();
+  Verdicts v;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
+    INFO("request " << i << ": " << diff);
+    REQUIRE(diff.empty());
+  }
+  WARN(v.exact << " exact, " << v.near_tie << " near-tie outputs");
+  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  INFO(s.dump());
+  REQUIRE(s["router"]["redispatches"].get<int64_t>() > 0);
+}
+
+TEST_CASE("SIGKILL of a decode worker: its requests fail clearly, others finish, leases reclaim blocks",
+          "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-1", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.WaitForWorkers(3).ok());
+  auto reqs = MixedRequests(30, 1000, 40, 10, 12);
+  for (auto& r : reqs) r.max_tokens = 300;  // Long enough to be mid-decode at the kill.
+  auto want = ReferenceOutputs(dir, reqs);
+  std::vector<ParsedCompletion> got;
+  std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
+  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; });
+  REQUIRE(c.process("decode-0").Signal(SIGKILL).ok());
+  load.join();
+  int ok = 0, failed = 0;
+  Verdicts v;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (!got[i].error.empty()) {
+      ++failed;
+      INFO("request " << i << " error: " << got[i].error);
+      REQUIRE(got[i].error.find("decode") != std::string::npos);
+    } else {
+      std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
+      INFO("request " << i << ": " << diff);
+      REQUIRE(diff.empty());
+      ++ok;
+    }
+  }
+  REQUIRE(failed > 0);
+  REQUIRE(ok > 0);
+  // Whatever prefill offered to the dead decode comes back when leases expire.
+  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  INFO(s.dump());
+}
+
+TEST_CASE("a client that disconnects mid-stream cancels its request and frees its blocks", "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  nlohmann::json body = {{"model", ModelName(dir)}, {"prompt", std::vector<int>(50, 7)}, {"max_tokens", 900},
+                         {"ignore_eos", true}, {"stream", true}};
+  const std::string b = body.dump();
+  const std::string req = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                                       "Content-Length: ", b.size(), "\r\n\r\n", b);
+  int fd = Dial(absl::StrCat("127.0.0.1:", c.http_port()));
+  REQUIRE(fd >= 0);
+  REQUIRE(write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  // Read until a few token events have arrived, then hang up.
+  std::string seen;
+  char buf[4096];
+  while (std::count(seen.begin(), seen.end(), '\n') < 12) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    REQUIRE(n > 0);
+    seen.append(buf, n);
+  }
+  close(fd);
+  auto s = WaitStats(c, AllIdle);
+  INFO(s.dump());
+  REQUIRE(s["router"]["requests_cancelled"].get<int64_t>() == 1);
+}
+
+TEST_CASE("malformed and oversized frames are refused by every process without harm", "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::vector<std::string> addresses = {c.control_address(), c.ready("prefill-0")["control"],
+                                              c.ready("decode-0")["control"]};
+  for (const std::string& addr : addresses) {
+    INFO("process at " << addr);
+    // A length prefix of 6 and bytes that are no protobuf Frame.
+    REQUIRE(SendAndExpectClose(addr, std::string("\0\0\0\x06\xff\xff\xff\xff\xff\xff", 10)));
+    // A frame claiming 2 GiB: refused from its header alone.
+    REQUIRE(SendAndExpectClose(addr, std::string("\x7f\xff\xff\xff", 4) + std::string(64, 'x')));
+  }
+  // Everyone still serves, and the workers are still registered.
+  TestRequest r;
+  r.prompt = {1, 2, 3, 4, 5};
+  r.max_tokens = 6;
+  auto want = ReferenceOutputs(dir, {r});
+  auto got = SendAll(c, {r}, ModelName(dir));
+  Verdicts v;
+  REQUIRE(Verify(dir, got[0], want[0], r, &v) == "");
+  auto s = c.Stats();
+  REQUIRE(s.ok());
+  REQUIRE((*s)["workers"].size() == 2);
+  for (const char* id : {"router", "prefill-0", "decode-0"}) REQUIRE(c.process(id).running());
+}
+
+}  // namespace
+}  // namespace duet::testing

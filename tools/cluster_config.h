@@ -1,0 +1,48 @@
+// The cluster file of `duet up --config`: which workers to run and how.
+// `duet place --emit` writes the same format.
+//
+//   {"model": "/models/x", "router": {"port": 8000},
+//    "prefill": [{"tp": 1, "pp": 1, "device": "cpu", "kv_memory_gib": 0.5, "threads": 1, "cpus": [0]}],
+//    "decode":  [{"tp": 1, "pp": 1, "device": "cpu", "kv_memory_gib": 1.0, "threads": 1, "cpus": [1]}]}
+//
+// Pools: "prefill", "decode", "colocated" (lists of instances; a pool may be
+// absent). Instance fields, all optional: tp, pp (1 on the CPU backend),
+// device ("cpu", or "cuda:N" for the CUDA backend), kv_memory_gib, kv_blocks,
+// threads, cpus (cores to pin to), max_batch_tokens. Unknown fields are
+// errors, so typos do not pass silently.
+#ifndef DUET_TOOLS_CLUSTER_CONFIG_H_
+#define DUET_TOOLS_CLUSTER_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace duet::tools {
+
+struct InstanceConfig {
+  std::string role;  // prefill | decode | colocated
+  int tp = 1;
+  int pp = 1;
+  std::string device = "cpu";
+  double kv_memory_gib = 0.25;
+  int64_t kv_blocks = 0;
+  int threads = 0;
+  std::vector<int> cpus;
+  int64_t max_batch_tokens = 2048;
+};
+
+struct ClusterConfig {
+  std::string model;
+  std::string served_model_name;
+  int router_port = 8000;
+  std::string policy = "least_loaded";
+  std::vector<InstanceConfig> instances;
+};
+
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text, const std::string& source);
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
+
+}  // namespace duet::tools
+
+#endif  // DUET_TOOLS_CLUSTER_CONFIG_H_

@@ -1,0 +1,276 @@
+// The serving processes: duet router | prefill | decode | worker --role=...
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/flags.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "decode/colocated_service.h"
+#include "decode/decode_service.h"
+#include "kvtransfer/ucx/ucx_transport.h"
+#include "prefill/prefill_service.h"
+#include "router/router.h"
+#include "tools/commands.h"
+#include "tools/model_maker.h"
+#include "worker/runtime.h"
+
+namespace duet::tools {
+namespace {
+
+// Blocks SIGINT and SIGTERM in every thread (call before starting any), so
+// WaitForSignal can take them synchronously.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int WaitForSignal(const sigset_t& set) {
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& j) {
+  if (path.empty()) return absl::OkStatus();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ModelDir(const FlagSet& f) {
+  std::string dir = f.GetString("model");
+  if (!dir.empty()) return dir;
+  return EnsureCachedModel("tiny", "llama");
+}
+
+std::string ServedName(const FlagSet& f, const std::string& dir) {
+  std::string n = f.GetString("served-model-name");
+  return n.empty() ? ModelBaseName(dir) : n;
+}
+
+// Parses a flag's result or exits with the usage error (code 2).
+int UsageError(const std::string& cmd, const absl::Status& s) {
+  std::fprintf(stderr, "duet %s: %s\n", cmd.c_str(), std::string(s.message()).c_str());
+  return 2;
+}
+
+// --- router ---------------------------------------------------------------
+
+int Router(int argc, char** argv) {
+  FlagSet f("duet router",
+            "The OpenAI-compatible front door: registers workers, dispatches each request to a\n"
+            "prefill and a decode worker, streams tokens back. Needs the model directory for its\n"
+            "tokenizer and config only (no weights). Stops on SIGINT/SIGTERM.");
+  router::AddRouterFlags(f);
+  f.String("ready-file", "", "write {\"http\", \"control\", \"pid\"} as JSON here once serving");
+  absl::Status s = f.Parse(argc, argv);
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (!s.ok()) return UsageError("router", s);
+  auto opts = router::RouterOptionsFromFlags(f);
+  if (!opts.ok()) return UsageError("router", opts.status());
+  if (opts->model_dir.empty()) {
+    auto dir = EnsureCachedModel("tiny", "llama");
+    if (!dir.ok()) return UsageError("router", dir.status());
+    opts->model_dir = *dir;
+  }
+  sigset_t sigs = BlockStopSignals();
+  router::Router r;
+  s = r.Start(*opts);
+  if (!s.ok()) {
+    std::fprintf(stderr, "duet router: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "duet router: serving %s on http port %d, workers register at %s\n",
+               r.served_model_name().c_str(), r.http_port(), r.control_address().c_str());
+  s = WriteJsonFile(f.GetString("ready-file"),
+                    {{"http_port", r.http_port()}, {"control", r.control_address()}, {"pid", getpid()}});
+  if (!s.ok()) LOG(ERROR) << s;
+  int sig = WaitForSignal(sigs);
+  std::fprintf(stderr, "duet router: %s, stopping\n", strsignal(sig));
+  r.Stop();
+  return 0;
+}
+
+// --- workers ----------------------------------------------------------------
+
+void AddWorkerFlags(FlagSet& f, bool with_role) {
+  if (with_role) f.String("role", "colocated", "prefill | decode | colocated");
+  f.String("model", "", "Hugging Face model directory (default: the embedded tiny model)");
+  f.String("served-model-name", "", "the model name to register (default: the directory's name)");
+  f.String("router", "127.0.0.1:7000", "HOST:PORT of the router's control port");
+  f.String("listen", "127.0.0.1:0", "HOST:PORT of this worker's control port (port 0 picks one)");
+  f.Int("metrics-port", 0, "port of /metrics (0 picks one, -1 disables)");
+  f.String("metrics-host", "127.0.0.1", "address /metrics listens on");
+  f.String("worker-id", "", "unique id in the cluster (default: ROLE-PID)");
+  f.Int("threads", 0, "CPU threads for the engine (0: every core this process may use)");
+  f.Double("kv-memory", 0.25, "KV cache size in GiB (ignored when --kv-blocks is set)");
+  f.Int("kv-blocks", 0, "KV cache size in blocks");
+  f.Int("block-size", 16, "tokens per KV block (prefill and decode must agree)");
+  f.Int("max-batch-tokens", 2048, "tokens per engine step (prefill chunks and decodes)");
+  f.Int("max-running", 256, "decode/colocated: most requests in the running batch");
+  f.Int("lease-ms", 60000, "prefill: how long offered KV blocks wait for decode to pull them");
+  f.Int("tp", 1, "tensor parallelism (the CPU backend supports 1)");
+  f.Int("pp", 1, "pipeline parallelism (the CPU backend supports 1)");
+  f.String("ready-file", "", "write {\"control\", \"metrics_port\", \"worker_id\", \"pid\"} as JSON once listening");
+  f.Int("heartbeat-ms", 500, "heartbeat interval");
+}
+
+int RunWorkerRole(const std::string& role, const FlagSet& f) {
+  const std::string cmd = role == "colocated" ? "worker" : role;
+  if (f.GetInt("tp") != 1 || f.GetInt("pp") != 1) {
+    return UsageError(cmd, absl::InvalidArgumentError(
+                               "--tp and --pp above 1 need the CUDA backend; the CPU backend runs TP=1, PP=1"));
+  }
+  if (f.GetInt("block-size") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--block-size must be > 0"));
+  if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {
+    return UsageError(cmd, absl::InvalidArgumentError("--kv-blocks must be >= 0 and --kv-memory > 0"));
+  }
+  auto dir = ModelDir(f);
+  if (!dir.ok()) return UsageError(cmd, dir.status());
+  const std::string name = ServedName(f, *dir);
+  worker::RuntimeOptions ro;
+  ro.worker_id = f.GetString("worker-id").empty() ? absl::StrCat(role, "-", getpid()) : f.GetString("worker-id");
+  ro.listen = f.GetString("listen");
+  ro.router_address = f.GetString("router");
+  ro.metrics_port = static_cast<int>(f.GetInt("metrics-port"));
+  ro.metrics_host = f.GetString("metrics-host");
+  ro.heartbeat_interval = absl::Milliseconds(std::max<int64_t>(1, f.GetInt("heartbeat-ms")));
+  const int64_t kv_bytes = static_cast<int64_t>(f.GetDouble("kv-memory") * (1 << 30));
+
+  sigset_t sigs = BlockStopSignals();
+  worker::WorkerRuntime runtime(ro);
+  std::unique_ptr<worker::WorkerService> service;
+  absl::Status s;
+  if (role == "prefill" || role == "decode") {
+    auto transport = kvtransfer::NewUcxTransport({});
+    if (!transport.ok()) {
+      std::fprintf(stderr, "duet %s: %s\n", cmd.c_str(), transport.status().ToString().c_str());
+      return 1;
+    }
+    if (role == "prefill") {
+      prefill::PrefillServiceOptions o;
+      o.model_dir = *dir;
+      o.served_model_name = name;
+      o.threads = static_cast<int>(f.GetInt("threads"));
+      o.kv_blocks = f.GetInt("kv-blocks");
+      o.kv_memory_bytes = kv_bytes;
+      o.block_size = f.GetInt("block-size");
+      o.max_batch_tokens = f.GetInt("max-batch-tokens");
+      o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
+      o.transport = std::move(*transport);
+      auto svc = prefill::PrefillService::Create(std::move(o), &runtime);
+      if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
+    } else {
+      decode::DecodeOptions o;
+      o.model_dir = *dir;
+      o.served_model_name = name;
+      o.threads = static_cast<int>(f.GetInt("threads"));
+      o.kv_blocks = f.GetInt("kv-blocks");
+      o.kv_bytes = kv_bytes;
+      o.block_size = f.GetInt("block-size");
+      o.max_running = f.GetInt("max-running");
+      o.token_budget = f.GetInt("max-batch-tokens");
+      o.transport = std::move(*transport);
+      auto svc = decode::DecodeService::Create(std::move(o), &runtime);
+      if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
+    }
+  } else if (role == "colocated") {
+    decode::ColocatedOptions o;
+    o.model_dir = *dir;
+    o.served_model_name = name;
+    o.threads = static_cast<int>(f.GetInt("threads"));
+    o.kv_blocks = f.GetInt("kv-blocks");
+    o.kv_bytes = kv_bytes;
+    o.block_size = f.GetInt("block-size");
+    o.max_running = f.GetInt("max-running");
+    o.token_budget = f.GetInt("max-batch-tokens");
+    auto svc = decode::ColocatedService::Create(std::move(o), &runtime);
+    if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
+  } else {
+    return UsageError(cmd, absl::InvalidArgumentError(
+                               absl::StrCat("--role must be prefill, decode or colocated, got \"", role, "\"")));
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "duet %s: %s\n", cmd.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  // A refused registration (protocol version, model name) ends the process.
+  s = runtime.Start(service.get(), [](absl::Status why) {
+    std::fprintf(stderr, "duet: %s\n", why.ToString().c_str());
+    kill(getpid(), SIGTERM);
+  });
+  if (!s.ok()) {
+    std::fprintf(stderr, "duet %s: %s\n", cmd.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "duet %s: %s serving %s, control %s, metrics port %d, router %s\n", cmd.c_str(),
+               runtime.worker_id().c_str(), name.c_str(), runtime.control_address().c_str(),
+               runtime.metrics_port(), ro.router_address.c_str());
+  s = WriteJsonFile(f.GetString("ready-file"), {{"control", runtime.control_address()},
+                                                {"metrics_port", runtime.metrics_port()},
+                                                {"worker_id", runtime.worker_id()},
+                                                {"role", role},
+                                                {"pid", getpid()}});
+  if (!s.ok()) LOG(ERROR) << s;
+  int sig = WaitForSignal(sigs);
+  std::fprintf(stderr, "duet %s: %s, stopping\n", cmd.c_str(), strsignal(sig));
+  runtime.Stop();
+  service.reset();
+  return 0;
+}
+
+int Worker(const std::string& fixed_role, int argc, char** argv) {
+  const bool any = fixed_role.empty();
+  FlagSet f(any ? "duet worker" : "duet " + fixed_role,
+            fixed_role == "prefill"
+                ? "A prefill worker: runs prompts (FCFS, token budget, chunking), samples the first\n"
+                  "token, and holds the KV blocks under a lease until the chosen decode worker pulls\n"
+                  "them over UCX. Registers with the router; stops on SIGINT/SIGTERM."
+            : fixed_role == "decode"
+                ? "A decode worker: admits requests when its KV pool has room, pulls their KV from the\n"
+                  "prefill worker over UCX, and runs continuous-batching decode steps, preempting the\n"
+                  "newest request under memory pressure. Registers with the router."
+                : "A worker of any role; --role=colocated runs both phases in one engine (continuous\n"
+                  "batching with chunked prefill): the baseline disaggregation must beat.");
+  AddWorkerFlags(f, any);
+  absl::Status s = f.Parse(argc, argv);
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (!s.ok()) return UsageError(any ? "worker" : fixed_role, s);
+  return RunWorkerRole(any ? f.GetString("role") : fixed_role, f);
+}
+
+}  // namespace
+
+int RunRouter(int argc, char** argv) { return Router(argc, argv); }
+int RunPrefill(int argc, char** argv) { return Worker("prefill", argc, argv); }
+int RunDecode(int argc, char** argv) { return Worker("decode", argc, argv); }
+int RunWorker(int argc, char** argv) { return Worker("", argc, argv); }
+
+}  // namespace duet::tools
