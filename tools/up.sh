@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Quick start: installs what is missing, builds duet, and runs it on the
-# embedded tiny model. (Until the serving cluster lands, this generates from
-# a prompt of token ids in one process: `duet generate`.)
+# Quick start: installs what is missing, builds duet, and starts a local
+# cluster (router + 1 prefill + 1 decode worker) serving the OpenAI API on the
+# embedded tiny model at http://127.0.0.1:8000/v1. Ctrl-C stops it. Extra
+# arguments go to `duet up` (see `duet up --help`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash tools/setup.sh
 bazel build -c opt //tools:duet
-echo "duet generate on the embedded tiny model (made on first use in ${XDG_CACHE_HOME:-$HOME/.cache}/duet):" >&2
-exec bazel-bin/tools/duet generate --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 16 --temperature 0 \
-  --logprobs 2 --json "$@"
+exec bazel-bin/tools/duet up "$@"
