@@ -1,0 +1,629 @@
+// End-to-end serving benchmark: a slice of the Splitwise conversation trace
+// replayed open-loop against two clusters started from the `duet` binary on
+// this machine's cores, disaggregated (router + prefill on core 0 + decode on
+// core 1) beside colocated (router + one worker on both cores), in one table
+// (STYLE rule 9: the colocated cluster is the reference, measured in the same
+// run).
+//
+//   bazel run -c opt //tools/bench:serve -- --rate 1.0 [--requests 120 --length-scale 0.25]
+//
+// Token counts are scaled to fit the bench model (context 2048); prompts are
+// random token ids (fixed seed); every request streams with ignore_eos and
+// max_tokens = the scaled decode length. Arrival gaps keep the trace's own
+// pattern, rescaled so the mean rate is --rate. Each request runs on its own
+// thread from its arrival time (open loop), so a slow cluster does not slow
+// the offered load. TTFT and TPOT are measured at the client from the SSE
+// events: TTFT = first event carrying a token - send time; TPOT = (last token
+// time - first token time) / (tokens - 1).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/flags.h"
+#include "base/status_macros.h"
+#include "base/subprocess.h"
+#include "http/client.h"
+#include "tools/model_maker.h"
+
+namespace duet::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+void Progress(const std::string& line) {
+  std::fprintf(stderr, "[serve bench] %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+// Other work on the machine skews every figure here (two cores, shared with
+// whoever else builds): CPU time the whole machine spent busy, and the part
+// of it that was this bench and its cluster, tell how much there was.
+struct CpuTicks {
+  int64_t machine_busy = 0;  // All cores, from /proc/stat.
+  int64_t ours = 0;          // This process and the cluster's (user + system).
+};
+
+int64_t ProcessTicks(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  int64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::strtoll(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoll(field.c_str(), nullptr, 10);
+  }
+  return utime + stime;
+}
+
+CpuTicks ReadCpuTicks(const std::vector<pid_t>& cluster) {
+  CpuTicks t;
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  int64_t v[8] = {};
+  in >> cpu;
+  for (int64_t& x : v) in >> x;
+  // user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
+  t.machine_busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+  t.ours = ProcessTicks(getpid());
+  for (pid_t p : cluster) t.ours += ProcessTicks(p);
+  return t;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// --- The workload -----------------------------------------------------------
+
+struct TraceRow {
+  double arrived_at_s;
+  int64_t prompt_tokens;
+  int64_t output_tokens;
+};
+
+absl::StatusOr<std::vector<TraceRow>> LoadTrace(const std::string& path, int64_t offset, int64_t n) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open the trace ", path));
+  std::string line;
+  std::getline(in, line);
+  if (line.rfind("arrived_at,num_prefill_tokens,num_decode_tokens", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": unexpected header \"", line, "\""));
+  }
+  std::vector<TraceRow> rows;
+  for (int64_t i = 0; std::getline(in, line) && static_cast<int64_t>(rows.size()) < n; ++i) {
+    if (i < offset) continue;
+    std::vector<std::string> f = absl::StrSplit(line, ',');
+    if (f.size() < 3) return absl::InvalidArgumentError(absl::StrCat(path, ": bad row \"", line, "\""));
+    rows.push_back({std::strtod(f[0].c_str(), nullptr), std::strtoll(f[1].c_str(), nullptr, 10),
+                    std::strtoll(f[2].c_str(), nullptr, 10)});
+  }
+  if (static_cast<int64_t>(rows.size()) < n) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " has ", rows.size(), " rows after offset ", offset,
+                                                   "; asked for ", n));
+  }
+  return rows;
+}
+
+struct BenchRequest {
+  double arrival_s;  // From the start of the run.
+  std::vector<int32_t> prompt;
+  int64_t max_tokens;
+};
+
+// Gaps keep the trace's pattern (its bursts and lulls) with their mean
+// rescaled to 1 / rate; lengths are scaled and clamped to the context.
+std::vector<BenchRequest> MakeWorkload(const std::vector<TraceRow>& rows, double rate, double scale,
+                                       int64_t context, int64_t vocab, uint32_t seed) {
+  const double span = rows.back().arrived_at_s - rows.front().arrived_at_s;
+  const double mean_gap = rows.size() > 1 ? span / static_cast<double>(rows.size() - 1) : 1.0;
+  const double stretch = mean_gap > 0 ? 1.0 / (mean_gap * rate) : 0.0;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<BenchRequest> out;
+  for (const TraceRow& r : rows) {
+    BenchRequest b;
+    b.arrival_s = (r.arrived_at_s - rows.front().arrived_at_s) * stretch;
+    b.max_tokens = std::clamp<int64_t>(std::llround(r.output_tokens * scale), 1, context / 2);
+    const int64_t prompt = std::clamp<int64_t>(std::llround(r.prompt_tokens * scale), 1, context - b.max_tokens);
+    b.prompt.resize(prompt);
+    for (auto& t : b.prompt) t = token(rng);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// --- A streaming client -------------------------------------------------------
+
+struct Outcome {
+  std::string error;  // Empty: completed with [DONE] and no error event.
+  double send_s = 0;  // From the start of the run.
+  double first_token_s = -1, last_token_s = -1;
+  int64_t tokens = 0;
+  bool ok() const { return error.empty(); }
+  double ttft() const { return first_token_s - send_s; }
+  double tpot() const { return tokens > 1 ? (last_token_s - first_token_s) / static_cast<double>(tokens - 1) : 0; }
+};
+
+// One streamed completion over HTTP/1.0 (so the stream is the raw SSE bytes,
+// ended by the close), timing each event as its bytes arrive.
+Outcome StreamCompletion(int port, const std::string& body, Clock::time_point t0, double timeout_s) {
+  Outcome o;
+  const Clock::time_point start = Clock::now();
+  o.send_s = Seconds(start - t0);
+  const Clock::time_point deadline = start + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    o.error = "socket failed";
+    return o;
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    o.error = absl::StrCat("connect: ", strerror(errno));
+    return o;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const std::string req = absl::StrCat("POST /v1/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n",
+                                       "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                                       "\r\n\r\n", body);
+  for (size_t sent = 0; sent < req.size();) {
+    ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) {
+      close(fd);
+      o.error = absl::StrCat("send: ", strerror(errno));
+      return o;
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string pending;
+  bool head_done = false, done = false;
+  int status = 0;
+  char buf[16384];
+  while (!done) {
+    const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left_ms <= 0) {
+      o.error = absl::StrCat("timed out after ", timeout_s, " s with ", o.tokens, " tokens");
+      break;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000))) <= 0) continue;
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    const double now_s = Seconds(Clock::now() - t0);
+    if (n < 0) {
+      o.error = absl::StrCat("recv: ", strerror(errno));
+      break;
+    }
+    if (n == 0) {
+      if (!head_done || status != 200) {
+        o.error = absl::StrCat("HTTP ", status, ": ", pending.substr(0, 300));
+      } else {
+        o.error = absl::StrCat("stream closed without [DONE] after ", o.tokens, " tokens");
+      }
+      break;
+    }
+    pending.append(buf, static_cast<size_t>(n));
+    if (!head_done) {
+      const size_t end = pending.find("\r\n\r\n");
+      if (end == std::string::npos) continue;
+      const size_t sp = pending.find(' ');
+      status = sp == std::string::npos ? 0 : std::atoi(pending.c_str() + sp + 1);
+      pending.erase(0, end + 4);
+      head_done = true;
+    }
+    if (status != 200) continue;  // Read the error body to the close.
+    for (size_t end; !done && (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      for (absl::string_view line : absl::StrSplit(event, '\n')) {
+        if (line.rfind("data: ", 0) != 0) continue;
+        line.remove_prefix(6);
+        if (line == "[DONE]") {
+          done = true;
+          break;
+        }
+        Json j = Json::parse(line.begin(), line.end(), nullptr, false);
+        if (j.is_discarded()) {
+          o.error = absl::StrCat("bad SSE data: ", std::string(line.substr(0, 200)));
+        } else if (j.contains("error")) {
+          o.error = j["error"].dump();
+        } else if (j.contains("choices") && !j["choices"].empty() && j["choices"][0].contains("token_ids")) {
+          const int64_t k = static_cast<int64_t>(j["choices"][0]["token_ids"].size());
+          if (k > 0) {
+            if (o.tokens == 0) o.first_token_s = now_s;
+            o.last_token_s = now_s;
+            o.tokens += k;
+          }
+        }
+      }
+    }
+  }
+  close(fd);
+  return o;
+}
+
+std::string CompletionBody(const std::string& model, const BenchRequest& r) {
+  return Json{{"model", model},           {"prompt", r.prompt}, {"max_tokens", r.max_tokens},
+              {"temperature", 0},         {"stream", true},     {"ignore_eos", true}}
+      .dump();
+}
+
+// --- A cluster of duet processes ----------------------------------------------
+
+struct WorkerSpec {
+  std::string role;  // prefill | decode | colocated
+  int threads;
+  std::vector<int> cpus;
+};
+
+class LocalCluster {
+ public:
+  explicit LocalCluster(std::string run_dir) : run_dir_(std::move(run_dir)) { fs::create_directories(run_dir_); }
+  ~LocalCluster() {
+    for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) (*it)->Terminate(absl::Seconds(5));
+  }
+
+  absl::Status Start(const std::string& model_dir, const std::vector<WorkerSpec>& workers, double kv_gib,
+                     int64_t heartbeat_ms) {
+    const std::string hb = std::to_string(heartbeat_ms);
+    const std::string exe = fs::absolute("tools/duet").string();
+    ASSIGN_OR_RETURN(Json r, Launch("router", {exe, "router", "--model", model_dir, "--listen", "127.0.0.1:0",
+                                               "--control-listen", "127.0.0.1:0", "--heartbeat-ms", hb}, {}));
+    http_port_ = r["http_port"];
+    const std::string control = r["control"];
+    std::map<std::string, int> counts;
+    for (const WorkerSpec& w : workers) {
+      const std::string id = absl::StrCat(w.role, "-", counts[w.role]++);
+      std::vector<std::string> args = {exe, w.role == "colocated" ? "worker" : w.role};
+      if (w.role == "colocated") args.push_back("--role=colocated");
+      for (const std::string& a : {std::string("--model"), model_dir, std::string("--router"), control,
+                                   std::string("--worker-id"), id, std::string("--threads"),
+                                   std::to_string(w.threads), std::string("--metrics-port"), std::string("0"),
+                                   std::string("--kv-memory"), absl::StrCat(kv_gib), std::string("--heartbeat-ms"), hb}) {
+        args.push_back(a);
+      }
+      RETURN_IF_ERROR(Launch(id, args, w.cpus).status());
+    }
+    // Ready when the router lists every worker.
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (absl::Now() < deadline) {
+      auto s = http::HttpCall("127.0.0.1", http_port_, "GET", "/stats", "", absl::Seconds(5));
+      if (s.ok() && s->status == 200) {
+        Json j = Json::parse(s->body, nullptr, false);
+        if (!j.is_discarded() && j.contains("workers") && j["workers"].size() == workers.size()) {
+          return absl::OkStatus();
+        }
+      }
+      RETURN_IF_ERROR(CheckAlive());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return absl::DeadlineExceededError(absl::StrCat("workers did not register; logs in ", run_dir_));
+  }
+
+  // Unavailable naming the first process that has exited.
+  absl::Status CheckAlive() {
+    for (auto& p : procs_) {
+      if (auto st = p->TryWait()) {
+        return absl::UnavailableError(
+            absl::StrCat(p->name(), " ", DescribeExit(*st), "; log: ", p->log_path()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int http_port() const { return http_port_; }
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> out;
+    for (const auto& p : procs_) out.push_back(p->pid());
+    return out;
+  }
+
+ private:
+  absl::StatusOr<Json> Launch(const std::string& id, std::vector<std::string> args, const std::vector<int>& cpus) {
+    const std::string ready = run_dir_ + "/" + id + ".json";
+    args.push_back("--ready-file");
+    args.push_back(ready);
+    ASSIGN_OR_RETURN(auto p, Subprocess::Start(args, {}, run_dir_ + "/" + id + ".log", cpus));
+    p->set_name(id);
+    procs_.push_back(std::move(p));
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (absl::Now() < deadline) {
+      std::ifstream in(ready);
+      if (in) {
+        Json j = Json::parse(in, nullptr, false);
+        if (!j.is_discarded()) return j;
+      }
+      RETURN_IF_ERROR(CheckAlive());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(id, " not ready; log: ", run_dir_, "/", id, ".log"));
+  }
+
+  std::string run_dir_;
+  int http_port_ = 0;
+  std::vector<std::unique_ptr<Subprocess>> procs_;
+};
+
+// --- One run ------------------------------------------------------------------
+
+struct RunResult {
+  std::vector<Outcome> outcomes;
+  double wall_s = 0;  // First arrival to the last completion.
+};
+
+// Every request on its own thread, sent at its arrival time.
+RunResult Replay(int port, const std::string& model, const std::vector<BenchRequest>& reqs, double timeout_s) {
+  RunResult r;
+  r.outcomes.resize(reqs.size());
+  const Clock::time_point t0 = Clock::now() + std::chrono::milliseconds(200);  // Threads start first.
+  std::vector<std::thread> threads;
+  threads.reserve(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::string body = CompletionBody(model, reqs[i]);
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<int64_t>(reqs[i].arrival_s * 1e6)));
+      r.outcomes[i] = StreamCompletion(port, body, t0, timeout_s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Outcome& o : r.outcomes) r.wall_s = std::max(r.wall_s, o.last_token_s);
+  return r;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+struct Summary {
+  double ttft[3], tpot[3];  // p50, p90, p99 in seconds.
+  double slo_attainment;
+  double req_per_s, tok_per_s;
+  int64_t errors;
+  std::string first_error;
+};
+
+Summary Summarize(const RunResult& r, double ttft_slo, double tpot_slo) {
+  Summary s{};
+  std::vector<double> ttft, tpot;
+  int64_t met = 0, tokens = 0, done = 0;
+  for (const Outcome& o : r.outcomes) {
+    if (!o.ok()) {
+      if (s.errors++ == 0) s.first_error = o.error;
+      continue;
+    }
+    ++done;
+    tokens += o.tokens;
+    ttft.push_back(o.ttft());
+    if (o.tokens > 1) tpot.push_back(o.tpot());
+    if (o.ttft() <= ttft_slo && o.tpot() <= tpot_slo) ++met;
+  }
+  const double qs[3] = {0.5, 0.9, 0.99};
+  for (int i = 0; i < 3; ++i) {
+    s.ttft[i] = Percentile(ttft, qs[i]);
+    s.tpot[i] = Percentile(tpot, qs[i]);
+  }
+  // Errors count as misses.
+  s.slo_attainment = static_cast<double>(met) / static_cast<double>(r.outcomes.size());
+  s.req_per_s = r.wall_s > 0 ? done / r.wall_s : 0;
+  s.tok_per_s = r.wall_s > 0 ? tokens / r.wall_s : 0;
+  return s;
+}
+
+struct Setup {
+  std::string name;
+  std::vector<WorkerSpec> workers;
+};
+
+absl::Status Run(const FlagSet& f) {
+  const Clock::time_point bench_start = Clock::now();
+  const double rate = f.GetDouble("rate");
+  const double scale = f.GetDouble("length-scale");
+  const int64_t n = f.GetInt("requests");
+  const double timeout_s = f.GetDouble("timeout-s");
+  if (rate <= 0 || scale <= 0 || n < 2 || timeout_s <= 0) {
+    return absl::InvalidArgumentError("--rate, --length-scale and --timeout-s must be > 0, --requests >= 2");
+  }
+  std::string trace = f.GetString("trace");
+  if (!f.IsSet("trace")) {
+    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    trace = absl::StrCat(ws != nullptr ? ws : ".", "/../shared/data/traces/splitwise_conv.csv");
+  }
+  std::string model_dir = f.GetString("model");
+  if (model_dir.empty()) {
+    Progress("making or finding the cached bench model (the first time takes a while)");
+    ASSIGN_OR_RETURN(model_dir, tools::EnsureCachedModel("bench", "llama"));
+  }
+  std::ifstream cfg_in(model_dir + "/config.json");
+  Json cfg = Json::parse(cfg_in, nullptr, false);
+  if (cfg.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(model_dir, "/config.json is not JSON"));
+  const int64_t context = cfg.value("max_position_embeddings", 2048);
+  const int64_t vocab = cfg.value("vocab_size", 32000);
+  const std::string model_name = tools::ModelBaseName(model_dir);
+
+  ASSIGN_OR_RETURN(std::vector<TraceRow> rows, LoadTrace(trace, f.GetInt("offset"), n));
+  const std::vector<BenchRequest> reqs =
+      MakeWorkload(rows, rate, scale, context, vocab, static_cast<uint32_t>(f.GetInt("seed")));
+  std::vector<double> plen, olen;
+  for (const BenchRequest& r : reqs) {
+    plen.push_back(static_cast<double>(r.prompt.size()));
+    olen.push_back(static_cast<double>(r.max_tokens));
+  }
+  double prompt_sum = 0, out_sum = 0;
+  for (double v : plen) prompt_sum += v;
+  for (double v : olen) out_sum += v;
+
+  const double kv_gib = f.GetDouble("kv-memory");
+  const int cores = 2;
+  std::vector<Setup> setups = {
+      {"disaggregated", {{"prefill", 1, {0}}, {"decode", 1, {1}}}},
+      {"colocated", {{"colocated", cores, {0, 1}}}},
+  };
+  if (std::thread::hardware_concurrency() < static_cast<unsigned>(cores)) {
+    return absl::FailedPreconditionError("this benchmark pins workers to cores 0 and 1; the machine has fewer");
+  }
+  const std::string run_root = absl::StrCat(fs::temp_directory_path().string(), "/duet-serve-bench-", getpid());
+
+  double ttft_slo = f.GetDouble("ttft-slo"), tpot_slo = f.GetDouble("tpot-slo");
+  std::string slo_note = "given";
+  std::vector<Summary> summaries;
+  std::vector<double> run_walls;
+  std::vector<double> other_cores;  // Cores' worth of CPU other processes used during each run.
+  for (const Setup& s : setups) {
+    Progress(absl::StrCat(s.name, ": starting the cluster"));
+    LocalCluster cluster(run_root + "/" + s.name);
+    RETURN_IF_ERROR(cluster.Start(model_dir, s.workers, kv_gib, f.GetInt("heartbeat-ms")));
+    // Warm-up: first-use costs (UCX endpoints, allocations) are not the load's.
+    {
+      BenchRequest w{0, std::vector<int32_t>(64, 7), 8};
+      Outcome o = StreamCompletion(cluster.http_port(), CompletionBody(model_name, w), Clock::now(), timeout_s);
+      if (!o.ok()) return absl::InternalError(absl::StrCat(s.name, ": warm-up request failed: ", o.error));
+    }
+    // The SLOs, unless given: a multiple of one request alone on the first
+    // (disaggregated) cluster, at the slice's p90 prompt and median output.
+    if (ttft_slo <= 0 || tpot_slo <= 0) {
+      BenchRequest probe{0, std::vector<int32_t>(static_cast<size_t>(Percentile(plen, 0.9)), 11),
+                         std::max<int64_t>(8, static_cast<int64_t>(Percentile(olen, 0.5)))};
+      Outcome o = StreamCompletion(cluster.http_port(), CompletionBody(model_name, probe), Clock::now(), timeout_s);
+      if (!o.ok()) return absl::InternalError(absl::StrCat(s.name, ": SLO probe failed: ", o.error));
+      const double k = f.GetDouble("slo-scale");
+      if (ttft_slo <= 0) ttft_slo = k * o.ttft();
+      if (tpot_slo <= 0) tpot_slo = k * o.tpot();
+      slo_note = absl::StrCat(k, "x one ", probe.prompt.size(), "-token prompt alone on ", s.name, " (TTFT ",
+                              static_cast<int>(o.ttft() * 1e3), " ms, TPOT ",
+                              static_cast<int>(o.tpot() * 1e3), " ms)");
+    }
+    Progress(absl::StrCat(s.name, ": replaying ", n, " requests at ", rate, " req/s (~",
+                          static_cast<int>(reqs.back().arrival_s), " s of arrivals)"));
+    const CpuTicks before = ReadCpuTicks(cluster.pids());
+    RunResult r = Replay(cluster.http_port(), model_name, reqs, timeout_s);
+    const CpuTicks after = ReadCpuTicks(cluster.pids());
+    const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK)) * std::max(r.wall_s, 1e-3);
+    other_cores.push_back(
+        std::max<double>(0, (after.machine_busy - before.machine_busy) - (after.ours - before.ours)) / ticks);
+    RETURN_IF_ERROR(cluster.CheckAlive());
+    summaries.push_back(Summarize(r, ttft_slo, tpot_slo));
+    run_walls.push_back(r.wall_s);
+    Progress(absl::StrCat(s.name, ": done in ", static_cast<int>(r.wall_s), " s, ", summaries.back().errors,
+                          " errors", summaries.back().errors ? " (first: " + summaries.back().first_error + ")" : ""));
+  }
+  const bool failed = summaries[0].errors + summaries[1].errors > 0;
+  std::error_code ec;
+  if (!failed) fs::remove_all(run_root, ec);
+
+  std::printf("duet serve bench: %s, trace %s rows %lld..%lld\n", model_dir.c_str(), trace.c_str(),
+              static_cast<long long>(f.GetInt("offset")), static_cast<long long>(f.GetInt("offset") + n - 1));
+  std::printf("workload: %lld requests at %.2f req/s (trace gaps rescaled; %.0f s of arrivals), length scale %g: "
+              "prompt mean %.0f p50 %.0f max %.0f tokens, output mean %.0f p50 %.0f max %.0f tokens\n",
+              static_cast<long long>(n), rate, reqs.back().arrival_s, scale, prompt_sum / n, Percentile(plen, 0.5),
+              Percentile(plen, 1.0), out_sum / n, Percentile(olen, 0.5), Percentile(olen, 1.0));
+  std::printf("disaggregated: router + prefill (core 0, 1 thread) + decode (core 1, 1 thread); "
+              "colocated: router + 1 worker (cores 0-1, %d threads); routers unpinned; heartbeat %lld ms\n",
+              cores, static_cast<long long>(f.GetInt("heartbeat-ms")));
+  std::printf("SLO: TTFT <= %.0f ms and TPOT <= %.0f ms (%s)\n\n", ttft_slo * 1e3, tpot_slo * 1e3,
+              slo_note.c_str());
+  const Summary& d = summaries[0];
+  const Summary& c = summaries[1];
+  std::printf("%-24s %14s %14s %8s\n", "figure", "disaggregated", "colocated (ref)", "ratio");
+  auto row = [](const std::string& name, double a, double b, const char* fmt) {
+    char x[32], y[32];
+    std::snprintf(x, sizeof(x), fmt, a);
+    std::snprintf(y, sizeof(y), fmt, b);
+    std::printf("%-24s %14s %14s %8.2f\n", name.c_str(), x, y, b != 0 ? a / b : NAN);
+  };
+  const char* q[3] = {"p50", "p90", "p99"};
+  for (int i = 0; i < 3; ++i) row(absl::StrCat("TTFT ", q[i], " ms"), d.ttft[i] * 1e3, c.ttft[i] * 1e3, "%.0f");
+  for (int i = 0; i < 3; ++i) row(absl::StrCat("TPOT ", q[i], " ms"), d.tpot[i] * 1e3, c.tpot[i] * 1e3, "%.1f");
+  row("SLO attainment", d.slo_attainment, c.slo_attainment, "%.2f");
+  row("throughput req/s", d.req_per_s, c.req_per_s, "%.3f");
+  row("throughput out tok/s", d.tok_per_s, c.tok_per_s, "%.1f");
+  row("run wall s", run_walls[0], run_walls[1], "%.1f");
+  std::printf("%-24s %14lld %14lld %8s\n", "errors", static_cast<long long>(d.errors),
+              static_cast<long long>(c.errors), "-");
+  for (size_t i = 0; i < summaries.size(); ++i) {
+    if (summaries[i].errors > 0) {
+      std::printf("first error (%s): %s\n", setups[i].name.c_str(), summaries[i].first_error.c_str());
+    }
+  }
+  if (failed) std::printf("the processes' logs are kept in %s\n", run_root.c_str());
+  std::printf("\nother processes on the machine used %.2f (disaggregated) and %.2f (colocated) cores' worth "
+              "of CPU during the runs (of %d; above ~0.1 the figures are skewed)\n",
+              other_cores[0], other_cores[1], cores);
+  std::printf("total wall time %.1f s\n", Seconds(Clock::now() - bench_start));
+  if (failed) return absl::InternalError("some requests failed");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace duet::bench
+
+int main(int argc, char** argv) {
+  duet::FlagSet f("serve",
+                  "Replays a slice of the Splitwise conversation trace open-loop against a disaggregated\n"
+                  "cluster (prefill on core 0, decode on core 1) and a colocated one (both cores), and\n"
+                  "prints TTFT, TPOT, SLO attainment and throughput side by side.");
+  f.Double("rate", 1.0, "mean arrival rate, requests/s (the trace's gaps, rescaled)");
+  f.Int("requests", 120, "requests to replay (trace rows from --offset)");
+  f.Int("offset", 0, "first trace row");
+  f.Double("length-scale", 0.25, "factor on the trace's prompt and output lengths (clamped to the context)");
+  f.String("trace", "", "trace CSV (default: ../shared/data/traces/splitwise_conv.csv from the workspace)");
+  f.String("model", "", "model directory (default: the cached bench model, made on first use)");
+  f.Double("ttft-slo", 0, "TTFT SLO in seconds (0: --slo-scale x one request alone)");
+  f.Double("tpot-slo", 0, "TPOT SLO in seconds (0: --slo-scale x one request alone)");
+  f.Double("slo-scale", 5, "SLOs measured from one request alone are this multiple of its latency");
+  f.Double("kv-memory", 0.5, "KV cache per worker in GiB");
+  // A worker pinned to a core that other work also wants can miss three
+  // heartbeats in a row; raise this on a busy machine.
+  f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers (3 missed: the worker is dropped)");
+  f.Double("timeout-s", 300, "a request not done after this long counts as an error");
+  f.Int("seed", 1, "seed of the prompts' token ids");
+  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = duet::bench::Run(f); !s.ok()) {
+    std::fprintf(stderr, "serve bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
