@@ -794,7 +794,8 @@ void AddRouterFlags(FlagSet& f) {
   f.String("listen", "0.0.0.0:8000", "HOST:PORT of the OpenAI HTTP API");
   f.String("control-listen", "0.0.0.0:7000", "HOST:PORT workers register on");
   f.String("policy", "least_loaded", "dispatch policy: least_loaded | round_robin");
-  f.Int("heartbeat-ms", 500, "heartbeat interval workers are held to (3 missed: dropped)");
+  f.Int("heartbeat-ms", 500, "heartbeat interval workers are held to");
+  f.Int("missed-heartbeats", 10, "heartbeats a worker may miss before it is dropped");
   f.Int("max-attempts", 3, "attempts per request across worker failures");
   f.Int("max-model-len", 0, "context in tokens (0: config.json's max_position_embeddings)");
 }
@@ -808,6 +809,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   ASSIGN_OR_RETURN(o.policy, ParseDispatchPolicy(f.GetString("policy")));
   if (f.GetInt("heartbeat-ms") < 1) return absl::InvalidArgumentError("--heartbeat-ms must be >= 1");
   o.heartbeat_interval = absl::Milliseconds(f.GetInt("heartbeat-ms"));
+  if (f.GetInt("missed-heartbeats") < 1) return absl::InvalidArgumentError("--missed-heartbeats must be >= 1");
+  o.missed_heartbeats = static_cast<int>(f.GetInt("missed-heartbeats"));
   if (f.GetInt("max-attempts") < 1) return absl::InvalidArgumentError("--max-attempts must be >= 1");
   o.max_attempts = static_cast<int>(f.GetInt("max-attempts"));
   if (f.GetInt("max-model-len") < 0) return absl::InvalidArgumentError("--max-model-len must be >= 0");

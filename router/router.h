@@ -52,7 +52,10 @@ struct RouterOptions {
   std::string control_listen = "127.0.0.1:0";
   DispatchPolicy policy = DispatchPolicy::kLeastLoaded;
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
-  int missed_heartbeats = 3;
+  // A worker silent for this many intervals is dropped. Generous, because a
+  // loaded machine delays heartbeats; a dead process is noticed sooner, by
+  // its closed connections.
+  int missed_heartbeats = 10;
   int max_attempts = 3;
   absl::Duration stats_timeout = absl::Seconds(2);
   absl::Duration connect_timeout = absl::Seconds(2);
