@@ -107,11 +107,12 @@ absl::StatusOr<RegionDescriptor> DecodeRegion(absl::string_view bytes) {
   ByteReader r(bytes);
   RegionDescriptor d;
   uint32_t magic;
-  uint16_t version, flags;
+  uint16_t version = 0, flags = 0;
   if (!r.U32(&magic) || magic != kRegionMagic) {
     return absl::InvalidArgumentError("remote region: not a UCX region descriptor (bad magic)");
   }
-  if (!r.U16(&version) || version != kWireVersion) {
+  if (!r.U16(&version)) return absl::InvalidArgumentError("remote region: truncated descriptor");
+  if (version != kWireVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("remote region: unsupported descriptor version ", version));
   }
@@ -142,12 +143,13 @@ std::string EncodeAddress(const void* worker_address, size_t length) {
 absl::StatusOr<std::string> DecodeAddress(absl::string_view bytes) {
   ByteReader r(bytes);
   uint32_t magic;
-  uint16_t version, flags;
+  uint16_t version = 0, flags = 0;
   std::string worker_address;
   if (!r.U32(&magic) || magic != kAddressMagic) {
     return absl::InvalidArgumentError("peer address: not a UCX transport address (bad magic)");
   }
-  if (!r.U16(&version) || version != kWireVersion) {
+  if (!r.U16(&version)) return absl::InvalidArgumentError("peer address: truncated");
+  if (version != kWireVersion) {
     return absl::InvalidArgumentError(absl::StrCat("peer address: unsupported version ", version));
   }
   if (!r.U16(&flags) || !r.Blob(&worker_address, kMaxWorkerAddressBytes) || !r.done() ||
