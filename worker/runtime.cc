@@ -219,8 +219,10 @@ void WorkerRuntime::RegistrationLoop() {
       bool closed = false;
       bool registered = false;
       absl::Status refused;
+      absl::Duration interval;  // The router's heartbeat interval, once it answers.
     };
     auto state = std::make_shared<State>();
+    state->interval = options_.heartbeat_interval;
     (*conn)->Start({
         .on_frame =
             [state](const rpc::ConnectionPtr&, proto::Frame f) {
@@ -228,6 +230,9 @@ void WorkerRuntime::RegistrationLoop() {
               absl::MutexLock lock(&state->mu);
               if (f.register_reply().ok()) {
                 state->registered = true;
+                if (f.register_reply().heartbeat_interval_ms() > 0) {
+                  state->interval = absl::Milliseconds(f.register_reply().heartbeat_interval_ms());
+                }
               } else {
                 state->refused = absl::FailedPreconditionError(
                     absl::StrCat("the router refused this worker: ", f.register_reply().error()));
@@ -258,9 +263,11 @@ void WorkerRuntime::RegistrationLoop() {
     while (true) {
       {
         absl::MutexLock lock(&state->mu);
+        // The router's interval rules once it has answered: it drops
+        // workers by its own clock.
         state->mu.AwaitWithTimeout(
             absl::Condition(+[](State* s) { return s->closed || !s->refused.ok(); }, state.get()),
-            options_.heartbeat_interval);
+            std::min(options_.heartbeat_interval, state->interval));
         if (!state->refused.ok()) {
           LOG(ERROR) << state->refused;
           (*conn)->Close();
