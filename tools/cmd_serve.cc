@@ -139,6 +139,20 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Int("heartbeat-ms", 500, "heartbeat interval");
 }
 
+// The engine fields the decode and colocated workers share.
+template <typename Options>
+void FillBatchEngineOptions(const FlagSet& f, const std::string& dir, const std::string& name, int64_t kv_bytes,
+                            Options& o) {
+  o.model_dir = dir;
+  o.served_model_name = name;
+  o.threads = static_cast<int>(f.GetInt("threads"));
+  o.kv_blocks = f.GetInt("kv-blocks");
+  o.kv_bytes = kv_bytes;
+  o.block_size = f.GetInt("block-size");
+  o.max_running = f.GetInt("max-running");
+  o.token_budget = f.GetInt("max-batch-tokens");
+}
+
 int RunWorkerRole(const std::string& role, const FlagSet& f) {
   const std::string cmd = role == "colocated" ? "worker" : role;
   if (f.GetInt("tp") != 1 || f.GetInt("pp") != 1) {
@@ -186,28 +200,14 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
     } else {
       decode::DecodeOptions o;
-      o.model_dir = *dir;
-      o.served_model_name = name;
-      o.threads = static_cast<int>(f.GetInt("threads"));
-      o.kv_blocks = f.GetInt("kv-blocks");
-      o.kv_bytes = kv_bytes;
-      o.block_size = f.GetInt("block-size");
-      o.max_running = f.GetInt("max-running");
-      o.token_budget = f.GetInt("max-batch-tokens");
+      FillBatchEngineOptions(f, *dir, name, kv_bytes, o);
       o.transport = std::move(*transport);
       auto svc = decode::DecodeService::Create(std::move(o), &runtime);
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
     }
   } else if (role == "colocated") {
     decode::ColocatedOptions o;
-    o.model_dir = *dir;
-    o.served_model_name = name;
-    o.threads = static_cast<int>(f.GetInt("threads"));
-    o.kv_blocks = f.GetInt("kv-blocks");
-    o.kv_bytes = kv_bytes;
-    o.block_size = f.GetInt("block-size");
-    o.max_running = f.GetInt("max-running");
-    o.token_budget = f.GetInt("max-batch-tokens");
+    FillBatchEngineOptions(f, *dir, name, kv_bytes, o);
     auto svc = decode::ColocatedService::Create(std::move(o), &runtime);
     if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
   } else {
