@@ -11,7 +11,7 @@ namespace duet::engine {
 
 BlockPool::BlockPool(const kernels::KvLayout& layout, int64_t num_blocks)
     : layout_(layout), num_blocks_(num_blocks),
-      data_(new float[static_cast<size_t>(layout.BlockStride() * num_blocks)]()),
+      data_(static_cast<size_t>(layout.BlockStride() * num_blocks) * sizeof(float)),
       refs_(num_blocks, 0) {
   free_.reserve(num_blocks);
   // Hand out low ids first: block tables of a fresh pool read 0, 1, 2, ...

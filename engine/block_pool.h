@@ -5,7 +5,7 @@
 //   SequenceKv seq(&pool);
 //   RETURN_IF_ERROR(seq.Reserve(prompt.size()));  // ResourceExhausted when full
 //
-// Storage is one contiguous float buffer in the layout of kernels/kv_layout.h
+// Storage is one contiguous float buffer (huge-page backed) in the layout of kernels/kv_layout.h
 // ([block][layer][K|V][kv_head][slot][head_dim]). A block is free when its
 // reference count is zero; sequences that share a prefix hold the same blocks
 // and each drops its reference when it ends, so every block returns to the
@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/huge_buffer.h"
 #include "kernels/kv_layout.h"
 
 namespace duet::engine {
@@ -43,8 +44,8 @@ class BlockPool {
   int RefCount(int32_t block) const;
   const kernels::KvLayout& layout() const { return layout_; }
   int64_t block_bytes() const { return layout_.BlockStride() * sizeof(float); }
-  float* data() { return data_.get(); }
-  const float* data() const { return data_.get(); }
+  float* data() { return data_.As<float>(); }
+  const float* data() const { return data_.As<float>(); }
 
   // Blocks that a pool of `bytes` bytes holds for this layout.
   static int64_t BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes);
@@ -52,7 +53,7 @@ class BlockPool {
  private:
   const kernels::KvLayout layout_;
   const int64_t num_blocks_;
-  std::unique_ptr<float[]> data_;
+  HugeBuffer data_;  // zero-filled, transparent huge pages where the kernel has them
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> refs_ ABSL_GUARDED_BY(mu_);

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/flags.h"
+#include "base/huge_buffer.h"
 #include "kvtransfer/testing/pattern.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 
@@ -62,7 +63,8 @@ int Main(int argc, char** argv) {
   }
   KvTransport& t = **transport;
   const uint64_t pool_bytes = block_bytes * static_cast<uint64_t>(blocks);
-  auto* pool = static_cast<uint8_t*>(std::aligned_alloc(4096, (pool_bytes + 4095) / 4096 * 4096));
+  HugeBuffer buffer(pool_bytes);  // as engine::BlockPool allocates
+  auto* pool = buffer.As<uint8_t>();
   for (int32_t b = 0; b < blocks; ++b) FillBlock(pool + b * block_bytes, block_bytes, seed, b, 0);
   auto region = t.RegisterRegion(pool, pool_bytes, blocks);
   if (!region.ok()) {
@@ -156,7 +158,6 @@ int Main(int argc, char** argv) {
   }
   stop();
   transport->reset();
-  std::free(pool);
   Reply("bye");
   return 0;
 }

@@ -2,6 +2,9 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -10,9 +13,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -21,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -35,6 +42,9 @@ namespace {
 constexpr uint32_t kAddressMagic = 0x41564b44;  // "DKVA" in memory order
 constexpr uint32_t kRegionMagic = 0x52564b44;   // "DKVR"
 constexpr uint16_t kWireVersion = 1;
+// Addresses: version 2 adds the host section (same-host lane).
+constexpr uint16_t kAddressVersion = 2;
+constexpr uint16_t kAddressHasHost = 1;  // address flag
 constexpr uint32_t kMaxKeyBytes = 1 << 16;
 constexpr uint32_t kMaxWorkerAddressBytes = 1 << 20;
 
@@ -55,6 +65,20 @@ constexpr int kMaxOutstandingOps = 512;
 constexpr absl::Duration kCloseBound = absl::Seconds(1);
 constexpr absl::Duration kIdleTick = absl::Milliseconds(50);
 constexpr absl::Duration kBusyTick = absl::Milliseconds(1);
+// Same-host lane: process_vm_readv takes at most IOV_MAX (1024) pieces a
+// call; a call copies at most kChunkBytes, so Cancel and deadlines are seen
+// between calls. How often the progress thread looks at exporters' pidfds
+// besides when one becomes readable.
+constexpr int kMaxIov = 1024;
+constexpr absl::Duration kPidCheck = absl::Milliseconds(100);
+// How long Wait watches a same-host pull that another thread is copying
+// before it sleeps.
+constexpr absl::Duration kWaitSpin = absl::Milliseconds(5);
+
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
 
 absl::Status UcxError(ucs_status_t st, absl::string_view what) {
   std::string msg = absl::StrCat(what, ": ", ucs_status_string(st));
@@ -131,32 +155,116 @@ absl::StatusOr<RegionDescriptor> DecodeRegion(absl::string_view bytes) {
   return d;
 }
 
-std::string EncodeAddress(const void* worker_address, size_t length) {
+// Who a process is on its host: a peer with the same boot id and PID
+// namespace can be read with process_vm_readv. The probe word holds a random
+// nonce, so a reused pid is never taken for the exporter.
+struct HostIdentity {
+  std::string boot_id;
+  uint64_t pid_namespace = 0;
+  uint32_t pid = 0;
+  uint64_t probe_address = 0;
+  uint64_t nonce = 0;
+};
+
+struct PeerAddress {
+  std::string worker_address;
+  std::optional<HostIdentity> host;
+};
+
+std::string EncodeAddress(const void* worker_address, size_t length,
+                          const std::optional<HostIdentity>& host) {
   ByteWriter w;
   w.U32(kAddressMagic);
-  w.U16(kWireVersion);
-  w.U16(0);
+  w.U16(kAddressVersion);
+  w.U16(host ? kAddressHasHost : 0);
   w.Blob(absl::string_view(static_cast<const char*>(worker_address), length));
+  if (host) {
+    w.Blob(host->boot_id);
+    w.U64(host->pid_namespace);
+    w.U32(host->pid);
+    w.U64(host->probe_address);
+    w.U64(host->nonce);
+  }
   return w.Take();
 }
 
-absl::StatusOr<std::string> DecodeAddress(absl::string_view bytes) {
+absl::StatusOr<PeerAddress> DecodeAddress(absl::string_view bytes) {
   ByteReader r(bytes);
   uint32_t magic;
   uint16_t version = 0, flags = 0;
-  std::string worker_address;
+  PeerAddress a;
   if (!r.U32(&magic) || magic != kAddressMagic) {
     return absl::InvalidArgumentError("peer address: not a UCX transport address (bad magic)");
   }
   if (!r.U16(&version)) return absl::InvalidArgumentError("peer address: truncated");
-  if (version != kWireVersion) {
+  if (version != kAddressVersion) {
     return absl::InvalidArgumentError(absl::StrCat("peer address: unsupported version ", version));
   }
-  if (!r.U16(&flags) || !r.Blob(&worker_address, kMaxWorkerAddressBytes) || !r.done() ||
-      worker_address.empty()) {
+  if (!r.U16(&flags) || !r.Blob(&a.worker_address, kMaxWorkerAddressBytes) ||
+      a.worker_address.empty() || (flags & ~kAddressHasHost) != 0) {
     return absl::InvalidArgumentError("peer address: truncated or malformed");
   }
-  return worker_address;
+  if (flags & kAddressHasHost) {
+    HostIdentity h;
+    if (!r.Blob(&h.boot_id, 64) || !r.U64(&h.pid_namespace) || !r.U32(&h.pid) ||
+        !r.U64(&h.probe_address) || !r.U64(&h.nonce) || h.pid == 0) {
+      return absl::InvalidArgumentError("peer address: truncated or malformed host section");
+    }
+    a.host = std::move(h);
+  }
+  if (!r.done()) return absl::InvalidArgumentError("peer address: truncated or malformed");
+  return a;
+}
+
+// This process's identity, or nullopt where /proc cannot tell it.
+std::optional<HostIdentity> OwnHost(const uint64_t* probe_word) {
+  HostIdentity h;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  if (!(f >> h.boot_id) || h.boot_id.empty() || h.boot_id.size() > 64) return std::nullopt;
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return std::nullopt;
+  h.pid_namespace = static_cast<uint64_t>(st.st_ino);
+  h.pid = static_cast<uint32_t>(getpid());
+  h.probe_address = reinterpret_cast<uint64_t>(probe_word);
+  h.nonce = *probe_word;
+  return h;
+}
+
+// Whether UCX_TLS (as UCX reads it: a list, or "^" and a list to leave out)
+// lets intra-node memory transports run: the same-host lane counts as one.
+bool TlsAllowsSameHost(absl::string_view tls) {
+  if (tls.empty()) return true;
+  bool exclude = absl::ConsumePrefix(&tls, "^");
+  bool named = false;
+  for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipWhitespace())) {
+    if (t == "all" || t == "sm" || t == "shm" || t == "cma") named = true;
+  }
+  return exclude ? !named : named;
+}
+
+// Whether the process behind `pidfd` has exited (or the fd is unusable).
+bool PidExited(int pidfd) {
+  if (pidfd < 0) return true;
+  struct pollfd p = {pidfd, POLLIN, 0};
+  int n = poll(&p, 1, 0);
+  return n != 0;
+}
+
+// Reads the pieces local[i] <- remote[i] of process `pid`, at most kMaxIov a
+// call. Returns bytes read, or -errno; a short read is reported as -EFAULT.
+int64_t ReadPeer(pid_t pid, const std::vector<struct iovec>& local,
+                 const std::vector<struct iovec>& remote) {
+  int64_t total = 0;
+  for (size_t i = 0; i < local.size(); i += kMaxIov) {
+    size_t n = std::min<size_t>(kMaxIov, local.size() - i);
+    size_t want = 0;
+    for (size_t k = i; k < i + n; ++k) want += local[k].iov_len;
+    ssize_t got = process_vm_readv(pid, &local[i], n, &remote[i], n, 0);
+    if (got < 0) return -errno;
+    if (static_cast<size_t>(got) != want) return -EFAULT;
+    total += got;
+  }
+  return total;
 }
 
 const char* FailureReason(TransferState s) { return TransferStateName(s); }
@@ -221,6 +329,11 @@ class UcxKvTransport : public KvTransport {
     PeerId id = 0;
     std::string address;  // our framed form, the key of peer_by_address_
     ucp_ep_h ep = nullptr;
+    // Same-host lane: the exporter's pid and a pidfd that turns readable when
+    // it exits. Such a peer has no UCX endpoint.
+    bool same_host = false;
+    pid_t pid = 0;
+    int pidfd = -1;
     bool failed = false;
     std::string failure;
     std::map<std::string, std::shared_ptr<RemoteKeys>> keys;
@@ -260,6 +373,13 @@ class UcxKvTransport : public KvTransport {
     absl::Time drain_deadline;
     bool forced_close = false;
 
+    // Same-host lane: one thread at a time copies, without mu_ (busy); stop
+    // asks it to end early (Cancel, Disconnect, peer lost).
+    bool same_host = false;
+    bool nudged = false;  // Poll asked the progress thread to copy it
+    bool busy = false;
+    std::atomic<bool> stop{false};
+
     bool finalized = false;
     bool released = false;  // region count and keys given back (drained)
     bool taken = false;
@@ -276,12 +396,25 @@ class UcxKvTransport : public KvTransport {
 
   void ProgressLoop();
   void Wake();
+  // mu_.Lock() that spins on TryLock for a while first: critical sections
+  // are microseconds, a futex sleep and wake-up tens of them on a VM.
+  void LockSpinning() ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_);
   // Every helper below runs with mu_ held, from the progress thread or an API call.
   // Issues at most `budget` bytes of reads (a progress round's worth by default).
   void Advance(Transfer* t, absl::Time now, uint64_t budget = kIssueBudgetBytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IssueSome(Transfer* t, uint64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasMoreToIssue(const Transfer* t) const;
+  // Same-host lane: moves a transfer on by up to `budget` bytes, copying
+  // with mu_ released (budget 0: only ends it if it must end). Callers must
+  // look the transfer up again afterwards if they let go of it.
+  void SameHostStep(Transfer* t, absl::Time now, uint64_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends transfers of same-host peers whose process has exited.
+  void CheckSameHostPeers(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens a same-host peer: its pidfd after a probe read of its nonce.
+  absl::StatusOr<int> OpenSameHost(const HostIdentity& peer);
+  bool CheckEpochs(Transfer* t, bool before, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void OpDone(Transfer* t, void* request, ucs_status_t status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Abort(Transfer* t, TransferState state, std::string detail, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -301,6 +434,10 @@ class UcxKvTransport : public KvTransport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
+  // The word a same-host peer reads to prove it reached this process.
+  alignas(64) uint64_t probe_word_ = 0;
+  std::optional<HostIdentity> host_;
+  bool same_host_lane_ = false;  // this side reads same-host peers directly
   int worker_fd_ = -1;  // UCX's event fd, -1 when the worker cannot sleep on events
   int wake_fd_ = -1;    // eventfd that wakes the progress thread
 
@@ -324,6 +461,8 @@ class UcxKvTransport : public KvTransport {
   // (closed) endpoint never sees freed memory; bounded.
   std::vector<std::unique_ptr<Peer>> retired_peers_ ABSL_GUARDED_BY(mu_);
   std::vector<EpochTable> retired_epochs_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_pid_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
 
   // Regions, apart from mu_ so that BumpEpoch never waits for the worker.
   // Lock order: mu_ before regions_mu_.
@@ -372,7 +511,16 @@ absl::Status UcxKvTransport::Init() {
   size_t addr_len = 0;
   st = ucp_worker_get_address(worker_, &addr, &addr_len);
   if (st != UCS_OK) return UcxError(st, "ucp_worker_get_address");
-  address_ = EncodeAddress(addr, addr_len);
+  std::random_device rd;
+  while (probe_word_ == 0) probe_word_ = (uint64_t{rd()} << 32) ^ rd();
+  host_ = OwnHost(&probe_word_);
+  std::string tls;
+  if (const char* env = std::getenv("UCX_TLS")) tls = env;
+  for (const auto& [name, value] : options_.ucx_config) {
+    if (name == "TLS") tls = value;
+  }
+  same_host_lane_ = options_.same_host_lane && host_.has_value() && TlsAllowsSameHost(tls);
+  address_ = EncodeAddress(addr, addr_len, host_);
   ucp_worker_release_address(worker_, addr);
 
   if (!options_.busy_poll) {
@@ -385,6 +533,7 @@ absl::Status UcxKvTransport::Init() {
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+
 
   MetricsRegistry& m = MetricsRegistry::Default();
   const Labels labels = {{"transport", "ucx"}};
@@ -455,6 +604,15 @@ UcxKvTransport::~UcxKvTransport() {
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
+
+}
+
+void UcxKvTransport::LockSpinning() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  for (int i = 0; i < 2000; ++i) {
+    if (mu_.TryLock()) return;
+    if (i % 64 == 63) std::this_thread::yield();
+  }
+  mu_.Lock();
 }
 
 void UcxKvTransport::Wake() {
@@ -470,6 +628,9 @@ void UcxKvTransport::ProgressLoop() {
   absl::Time last_event = absl::InfinitePast();
   bool woken = false;
   bool spin = false;
+  bool pid_event = false;
+  std::vector<int> pidfds;
+  std::vector<struct pollfd> fds;
   for (;;) {
     absl::Duration wait = absl::ZeroDuration();
     {
@@ -486,6 +647,9 @@ void UcxKvTransport::ProgressLoop() {
       woken = false;
       // Endpoints that failed inside progress are closed out here, where
       // purging their requests cannot re-enter a callback.
+      if (pid_event || now - last_pid_check_ >= kPidCheck) CheckSameHostPeers(now);
+      pid_event = false;
+
       std::vector<PeerId> failed;
       failed.swap(failed_peers_);
       for (PeerId id : failed) {
@@ -536,6 +700,12 @@ void UcxKvTransport::ProgressLoop() {
           continue;
         }
         if (t->finalized) continue;  // only draining: UCX events wake us
+        if (t->same_host) {
+          // Copied in steps; a busy one is being copied by a waiter.
+          if (!t->busy) more_to_issue = true;
+          next_timer = std::min(next_timer, t->deadline);
+          continue;
+        }
         if (HasMoreToIssue(t) && !t->abort && t->requests.size() < kMaxOutstandingOps) {
           more_to_issue = true;  // the per-round budget ran out: go again at once
         }
@@ -561,15 +731,30 @@ void UcxKvTransport::ProgressLoop() {
         next_timer = std::min(next_timer, now + absl::Microseconds(100));
       }
       wait = std::max(absl::ZeroDuration(), next_timer - now);
+      pidfds.clear();
+      for (auto& [id, p] : peers_) {
+        if (p->same_host && !p->failed && p->pidfd >= 0) pidfds.push_back(p->pidfd);
+      }
     }
     if (spin) {
       spin = false;
       std::this_thread::yield();
       continue;
     }
-    struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_fd_, POLLIN, 0}};
+    // The wake eventfd, UCX's event fd, and the pidfds of same-host
+    // exporters (readable once they exit). A pidfd closed meanwhile only
+    // makes a spurious wake-up: the check above uses the live set.
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    if (worker_fd_ >= 0) fds.push_back({worker_fd_, POLLIN, 0});
+    const size_t first_pidfd = fds.size();
+    for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
     struct timespec ts = absl::ToTimespec(wait);
-    int n = ppoll(fds, worker_fd_ >= 0 ? 2 : 1, &ts, nullptr);
+    int n = ppoll(fds.data(), fds.size(), &ts, nullptr);
+    for (size_t i = first_pidfd; n > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) pid_event = true;
+    }
+
     if (n > 0 && (fds[0].revents & POLLIN)) {
       uint64_t v;
       ssize_t r = read(wake_fd_, &v, sizeof(v));
@@ -626,6 +811,10 @@ void UcxKvTransport::PeerFailed(Peer* peer, std::string why, absl::Time now) {
 }
 
 void UcxKvTransport::CloseEndpoint(Peer* peer, bool force, absl::Time now) {
+  if (peer->pidfd >= 0) {
+    close(peer->pidfd);
+    peer->pidfd = -1;
+  }
   if (peer->ep == nullptr) return;
   ucp_ep_h ep = peer->ep;
   peer->ep = nullptr;
@@ -661,6 +850,7 @@ void UcxKvTransport::PollClosing(absl::Time now) {
 void UcxKvTransport::Abort(Transfer* t, TransferState state, std::string detail, absl::Time now) {
   if (t->finalized || t->abort) return;
   t->abort = state;
+  t->stop.store(true, std::memory_order_relaxed);
   t->abort_detail = std::move(detail);
   t->drain_deadline = now + options_.cancel_grace;
   // RMA reads cannot be cancelled in flight by most transports; this is a
@@ -692,7 +882,7 @@ void UcxKvTransport::Finalize(Transfer* t, TransferState state, std::string deta
 }
 
 void UcxKvTransport::ReleaseIfDrained(Transfer* t) {
-  if (t->released || !t->finalized || !t->requests.empty()) return;
+  if (t->released || !t->finalized || !t->requests.empty() || t->busy) return;
   t->released = true;
   t->keys.reset();
   absl::MutexLock lock(&regions_mu_);
@@ -771,6 +961,10 @@ void UcxKvTransport::IssueSome(Transfer* t, uint64_t* budget) {
 }
 
 void UcxKvTransport::Advance(Transfer* t, absl::Time now, uint64_t budget) {
+  if (t->same_host) {
+    SameHostStep(t, now, budget);
+    return;
+  }
   for (;;) {
     if (t->finalized) return;
     if (!t->abort && t->error != UCS_OK) {
@@ -816,19 +1010,7 @@ void UcxKvTransport::Advance(Transfer* t, absl::Time now, uint64_t budget) {
       case Phase::kEpochsBefore:
       case Phase::kEpochsAfter: {
         bool before = t->phase == Phase::kEpochsBefore;
-        for (const auto& [block, promised] : t->block_epochs) {
-          size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
-                     t->epoch_blocks.begin();
-          if (t->epochs_read[i] != promised) {
-            Finalize(t, TransferState::kLeaseExpired,
-                     absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i],
-                                  ", the handle promised ", promised,
-                                  before ? " (lease ended before the pull)"
-                                         : " (lease ended during the pull)"),
-                     now);
-            return;
-          }
-        }
+        if (!CheckEpochs(t, before, now)) return;
         if (before) {
           t->phase = Phase::kData;
         } else {
@@ -858,6 +1040,12 @@ absl::StatusOr<std::shared_ptr<UcxKvTransport::RemoteKeys>> UcxKvTransport::Keys
   ASSIGN_OR_RETURN(RegionDescriptor desc, DecodeRegion(descriptor));
   auto keys = std::make_shared<RemoteKeys>();
   keys->desc = std::move(desc);
+  if (peer->same_host) {
+    // Read by address: the packed keys are validated, never unpacked.
+    if (peer->keys.size() >= 256) peer->keys.clear();
+    peer->keys.emplace(descriptor, keys);
+    return keys;
+  }
   ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, keys->desc.rkey.data(), &keys->rkey);
   if (st != UCS_OK) {
     return absl::InvalidArgumentError(
@@ -999,15 +1187,247 @@ void UcxKvTransport::BumpEpoch(RegionId region, int32_t block) {
   std::atomic_ref<uint64_t>(r.epochs[block]).fetch_add(1, std::memory_order_seq_cst);
 }
 
+absl::StatusOr<int> UcxKvTransport::OpenSameHost(const HostIdentity& peer) {
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(peer.pid), 0));
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("pidfd_open: ", std::strerror(errno)));
+  uint64_t word = 0;
+  struct iovec local = {&word, sizeof(word)};
+  struct iovec remote = {reinterpret_cast<void*>(peer.probe_address), sizeof(word)};
+  ssize_t n = process_vm_readv(static_cast<pid_t>(peer.pid), &local, 1, &remote, 1, 0);
+  int err = errno;
+  if (n != static_cast<ssize_t>(sizeof(word)) || word != peer.nonce || PidExited(fd)) {
+    close(fd);
+    if (n < 0) return absl::UnavailableError(absl::StrCat("process_vm_readv: ", std::strerror(err)));
+    return absl::UnavailableError("the probe word does not hold the peer's nonce (another process?)");
+  }
+  return fd;
+}
+
+void UcxKvTransport::CheckSameHostPeers(absl::Time now) {
+  last_pid_check_ = now;
+  std::vector<Peer*> dead;
+  for (auto& [id, p] : peers_) {
+    if (p->same_host && !p->failed && PidExited(p->pidfd)) dead.push_back(p.get());
+  }
+  for (Peer* p : dead) PeerFailed(p, absl::StrCat("peer lost: process ", p->pid, " exited"), now);
+}
+
+bool UcxKvTransport::CheckEpochs(Transfer* t, bool before, absl::Time now) {
+  for (const auto& [block, promised] : t->block_epochs) {
+    size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
+               t->epoch_blocks.begin();
+    if (t->epochs_read[i] != promised) {
+      Finalize(t, TransferState::kLeaseExpired,
+               absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i],
+                            ", the handle promised ", promised,
+                            before ? " (lease ended before the pull)"
+                                   : " (lease ended during the pull)"),
+               now);
+      return false;
+    }
+  }
+  return true;
+}
+
+void UcxKvTransport::SameHostStep(Transfer* t, absl::Time now, uint64_t budget) {
+  if (t->finalized || t->busy) return;
+  if (t->abort) {
+    Finalize(t, *t->abort, t->abort_detail, now);
+    return;
+  }
+  if (now >= t->deadline) {
+    Finalize(t, TransferState::kTimedOut,
+             absl::StrCat("not finished within ", absl::FormatDuration(t->timeout)), now);
+    return;
+  }
+  Peer* peer = FindPeer(t->peer);
+  if (peer == nullptr || peer->failed || peer->pidfd < 0) {
+    Finalize(t, TransferState::kPeerLost,
+             peer != nullptr && peer->failed ? peer->failure : "peer disconnected", now);
+    return;
+  }
+  if (budget == 0) return;
+  if (t->phase == Phase::kQueued) {
+    t->phase = t->epoch_blocks.empty() ? Phase::kData : Phase::kEpochsBefore;
+    t->cursor = 0;
+    t->cursor_offset = 0;
+  }
+  const pid_t pid = peer->pid;
+  const RegionDescriptor& desc = t->keys->desc;
+  // The copy, without mu_: the fields it touches belong to this thread while
+  // busy is set (Finalize and release wait for it).
+  t->busy = true;
+  mu_.Unlock();
+  std::vector<struct iovec> local, remote;
+  auto read_epochs = [&]() -> int64_t {
+    local.clear();
+    remote.clear();
+    for (const auto& [first, last] : t->epoch_runs) {
+      const uint64_t bytes = (last - first + 1) * sizeof(uint64_t);
+      local.push_back({&t->epochs_read[first], bytes});
+      remote.push_back({reinterpret_cast<void*>(
+                            desc.epoch_base +
+                            static_cast<uint64_t>(t->epoch_blocks[first]) * sizeof(uint64_t)),
+                        bytes});
+    }
+    // Data reads before the epochs are complete before the epochs are read,
+    // and the epochs before any data read after them.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    int64_t n = ReadPeer(pid, local, remote);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return n;
+  };
+  std::optional<std::string> lease_ended;
+  auto epochs_match = [&](bool before) {
+    for (const auto& [block, promised] : t->block_epochs) {
+      size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
+                 t->epoch_blocks.begin();
+      if (t->epochs_read[i] != promised) {
+        lease_ended = absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i],
+                                   ", the handle promised ", promised,
+                                   before ? " (lease ended before the pull)"
+                                          : " (lease ended during the pull)");
+        return false;
+      }
+    }
+    return true;
+  };
+  int64_t error = 0;  // -errno of a failed read
+  bool finished = false;
+  if (t->phase == Phase::kEpochsBefore) {
+    int64_t n = read_epochs();
+    if (n < 0) {
+      error = n;
+    } else if (epochs_match(/*before=*/true)) {
+      t->phase = Phase::kData;
+      t->cursor = 0;
+      t->cursor_offset = 0;
+    }
+  }
+  if (error == 0 && !lease_ended && t->phase == Phase::kData) {
+    while (error == 0 && t->cursor < t->segments.size() && budget > 0 &&
+           !t->stop.load(std::memory_order_relaxed)) {
+      local.clear();
+      remote.clear();
+      uint64_t batch = 0;
+      while (t->cursor < t->segments.size() && local.size() < kMaxIov && batch < kChunkBytes &&
+             batch < budget) {
+        const Segment& s = t->segments[t->cursor];
+        uint64_t length =
+            std::min({s.length - t->cursor_offset, kChunkBytes - batch, budget - batch});
+        if (length > 0) {
+          local.push_back({t->local_base + s.dst_offset + t->cursor_offset, length});
+          remote.push_back(
+              {reinterpret_cast<void*>(desc.base + s.src_offset + t->cursor_offset), length});
+        }
+        batch += length;
+        t->cursor_offset += length;
+        if (t->cursor_offset >= s.length) {
+          ++t->cursor;
+          t->cursor_offset = 0;
+        }
+      }
+      int64_t n = ReadPeer(pid, local, remote);
+      if (n < 0) {
+        error = n;
+      } else {
+        t->bytes_done += static_cast<uint64_t>(n);
+        budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
+      }
+      if (absl::Now() >= t->deadline) break;
+    }
+    if (error == 0 && t->cursor >= t->segments.size()) {
+      if (t->epoch_blocks.empty()) {
+        finished = true;
+      } else {
+        t->phase = Phase::kEpochsAfter;
+      }
+    }
+  }
+  if (error == 0 && !lease_ended && t->phase == Phase::kEpochsAfter &&
+      !t->stop.load(std::memory_order_relaxed)) {
+    int64_t n = read_epochs();
+    if (n < 0) {
+      error = n;
+    } else if (epochs_match(/*before=*/false)) {
+      finished = true;
+    }
+  }
+  LockSpinning();
+  t->busy = false;
+  now = absl::Now();
+
+  // What was read from the pid is the exporter's only if it is alive now:
+  // until it exits, its pid cannot name another process.
+  peer = FindPeer(t->peer);
+  if (peer != nullptr && !peer->failed && (error == -ESRCH || PidExited(peer->pidfd))) {
+    PeerFailed(peer, absl::StrCat("peer lost: process ", pid, " exited"), now);
+  }
+  if (t->abort) {
+    Finalize(t, *t->abort, t->abort_detail, now);
+  } else if (peer == nullptr || peer->failed) {
+    Finalize(t, TransferState::kPeerLost, peer != nullptr ? peer->failure : "peer disconnected",
+             now);
+  } else if (error != 0) {
+    // EFAULT: the exporter no longer maps those bytes (a deregistered region,
+    // whose epochs have all moved on) or the descriptor lies.
+    Finalize(t,
+             error == -EFAULT && !t->epoch_blocks.empty() ? TransferState::kLeaseExpired
+                                                          : TransferState::kPeerLost,
+             absl::StrCat("process_vm_readv from pid ", pid, ": ",
+                          std::strerror(static_cast<int>(-error))),
+             now);
+  } else if (lease_ended) {
+    Finalize(t, TransferState::kLeaseExpired, *lease_ended, now);
+  } else if (finished) {
+    Finalize(t, TransferState::kDone, "", now);
+  } else if (now >= t->deadline) {
+    Finalize(t, TransferState::kTimedOut,
+             absl::StrCat("not finished within ", absl::FormatDuration(t->timeout)), now);
+  }
+}
+
 absl::StatusOr<PeerId> UcxKvTransport::Connect(const std::string& peer_address) {
-  ASSIGN_OR_RETURN(std::string worker_address, DecodeAddress(peer_address));
+  ASSIGN_OR_RETURN(PeerAddress decoded, DecodeAddress(peer_address));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peer_by_address_.find(peer_address);
+    if (it != peer_by_address_.end()) return it->second;
+  }
+  // Same host, same PID namespace: read the exporter's memory directly.
+  int pidfd = -1;
+  if (same_host_lane_ && decoded.host && decoded.host->boot_id == host_->boot_id &&
+      decoded.host->pid_namespace == host_->pid_namespace) {
+    absl::StatusOr<int> fd = OpenSameHost(*decoded.host);
+    if (fd.ok()) {
+      pidfd = *fd;
+    } else {
+      LOG(INFO) << "ucx: no same-host lane to pid " << decoded.host->pid
+                << ", using UCX endpoints: " << fd.status().message();
+    }
+  }
   absl::MutexLock lock(&mu_);
   auto it = peer_by_address_.find(peer_address);
-  if (it != peer_by_address_.end()) return it->second;
+  if (it != peer_by_address_.end()) {
+    if (pidfd >= 0) close(pidfd);
+    return it->second;
+  }
   auto peer = std::make_unique<Peer>();
   peer->owner = this;
   peer->id = next_peer_++;
   peer->address = peer_address;
+  if (pidfd >= 0) {
+    peer->same_host = true;
+    peer->pid = static_cast<pid_t>(decoded.host->pid);
+    peer->pidfd = pidfd;
+    PeerId id = peer->id;
+    LOG(INFO) << "ucx peer " << id << ": same-host lane (process_vm_readv) to pid " << peer->pid;
+    peer_by_address_[peer_address] = id;
+    peers_.emplace(id, std::move(peer));
+    Wake();  // the progress thread watches the new pidfd
+    return id;
+  }
+  const std::string& worker_address = decoded.worker_address;
   ucp_ep_params_t params = {};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -1135,6 +1555,22 @@ absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
     Finalize(raw, TransferState::kPeerLost, peer->failure, raw->start);
   } else {
     peer->transfers.insert(id);
+    if (peer->same_host) {
+      raw->same_host = true;
+      // A small pull is copied here (microseconds); the progress thread, or
+      // a caller in Wait, copies the others.
+      uint64_t bytes = 0;
+      for (const Segment& s : raw->segments) bytes += s.length;
+      if (bytes <= kInlineIssueBytes) {
+        SameHostStep(raw, raw->start, kInlineIssueBytes);
+        // mu_ was released while copying: the transfer is still ours (only
+        // Poll/Wait of its id, which the caller has not seen, collect it).
+      }
+      // No wake-up: a caller that Waits copies the pull itself, and waking
+      // the progress thread meanwhile costs a VM's copy tens of
+      // microseconds. Poll hands it to the progress thread instead.
+      return id;
+    }
     // Send the first reads from here: they leave one thread wake-up sooner.
     Advance(raw, raw->start, kInlineIssueBytes);
     // Completions of reads in flight wake the progress thread, and it sleeps
@@ -1168,7 +1604,14 @@ std::optional<TransferResult> UcxKvTransport::Poll(TransferId id) {
     r.detail = absl::StrCat("unknown transfer ", id);
     return r;
   }
-  if (!it->second->finalized) return std::nullopt;
+  Transfer* t = it->second.get();
+  if (!t->finalized) {
+    if (t->same_host && !t->nudged) {
+      t->nudged = true;  // nobody waits for it: the progress thread copies it
+      Wake();
+    }
+    return std::nullopt;
+  }
   return Take(it);
 }
 
@@ -1184,11 +1627,38 @@ TransferResult UcxKvTransport::Wait(TransferId id) {
   // The progress thread ends the transfer by its deadline plus the drain and
   // forced-close bounds; the extra second only guards against a stalled thread.
   absl::Time limit = it->second->deadline + options_.cancel_grace + 2 * kCloseBound + absl::Seconds(1);
-  auto done = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A same-host pull is copied by its waiter whenever no other thread is
+  // copying it: no thread wake-up between the caller and its bytes.
+  auto ready = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto i = transfers_.find(id);
-    return i == transfers_.end() || i->second->finalized;
+    return i == transfers_.end() || i->second->finalized ||
+           (i->second->same_host && !i->second->busy);
   };
-  mu_.AwaitWithDeadline(absl::Condition(&done), limit);
+  const absl::Time spin_until = absl::Now() + kWaitSpin;
+  for (;;) {
+    it = transfers_.find(id);
+    if (it == transfers_.end() || it->second->finalized) break;
+    Transfer* t = it->second.get();
+    if (t->same_host && !t->busy) {
+      SameHostStep(t, absl::Now(), std::numeric_limits<uint64_t>::max());
+      continue;
+    }
+    // The progress thread is copying a step of a same-host pull (at most
+    // kIssueBudgetBytes, a few milliseconds): watch for its end rather than
+    // sleep, so the rest is copied here without a wake-up in between. Past
+    // the limit, too: a step always ends.
+    if (t->same_host && (absl::Now() < spin_until || absl::Now() >= limit)) {
+      mu_.Unlock();
+      std::this_thread::yield();
+      LockSpinning();
+      continue;
+    }
+    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), limit)) {
+      it = transfers_.find(id);
+      if (it != transfers_.end() && it->second->busy) continue;
+      break;
+    }
+  }
   it = transfers_.find(id);
   if (it == transfers_.end() || it->second->taken) {
     TransferResult r;

@@ -15,6 +15,27 @@
 // epoch reads equal the promised ones. A pull that ends in any other state may
 // have written part of its destination: those bytes are not KV.
 //
+// Same-host lane. UCX 1.13 picks no shared-memory lane for RMA on endpoints
+// with peer error handling (TCP carries even a pull between two processes of
+// one host, and every read wakes the exporter's progress thread). So when
+// both ends run on one host (same boot id and PID namespace), the importer
+// reads the exporter's registered memory itself with process_vm_readv
+// (cross-memory attach, the mechanism of UCX's own cma transport): one-sided,
+// no exporter thread involved, up to 1024 segments a system call, the same
+// three phases. Liveness comes from a pidfd of the exporter, watched by the
+// progress thread and checked after every copy, so bytes read from a pid
+// are only accepted while that pid still names the exporter. Connect probes
+// a nonce in the exporter's memory first and falls back to UCX endpoints
+// where the kernel refuses (another user, ptrace restrictions). The lane is
+// used unless same_host_lane is false or UCX_TLS (environment or
+// ucx_config) leaves out UCX's intra-node transports (it must name all, sm,
+// shm or cma, or exclude none of them with "^"); UCX_TLS=tcp keeps every
+// pull on UCX. A same-host pull of up to 64 KiB is copied inside Pull;
+// a larger one by the caller that Waits for it, or, once Poll has asked
+// about it (or at the progress thread's next tick), by the progress thread
+// in steps of 32 MiB. Pull wakes no thread for it: on a VM the wake-up
+// alone costs a concurrent copy tens of microseconds.
+//
 // Failures: endpoints use UCP_ERR_HANDLING_MODE_PEER and a short keepalive
 // (1 s unless UCX_KEEPALIVE_INTERVAL is set), so a dead exporter fails its
 // transfers as kPeerLost well within the default 5 s pull timeout; the
@@ -26,7 +47,8 @@
 // Wait therefore returns at the latest about cancel_grace + 1 s past the
 // deadline.
 //
-// Address: a small versioned header around ucp_worker_get_address's bytes.
+// Address: a small versioned header around ucp_worker_get_address's bytes,
+// then the host section (boot id, PID namespace, pid, probe word, nonce).
 // ExportRegion: a versioned little-endian record (magic "DKVR", version 1,
 // base, length, packed rkey, epoch table address, block count, epoch rkey).
 // Both are validated on receipt; malformed bytes are InvalidArgument.
@@ -75,6 +97,8 @@ struct UcxTransportOptions {
   // slept, and pulls then wait for time slices. Give a worker that sets it
   // a core to spare. Zero sleeps at once.
   absl::Duration spin_window = absl::ZeroDuration();
+  // Read exporters on this host with process_vm_readv (see above).
+  bool same_host_lane = true;
 };
 
 // Creates the UCP context, worker and progress thread. Errors carry UCX's own

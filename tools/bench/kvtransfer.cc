@@ -16,7 +16,12 @@
 //   also with spin_window --alt-spin-us on both sides.
 // Every pull carries its blocks' epochs (the lease check of real pulls).
 //
-// References, all ucx_perftest -t ucp_get -s <bytes of the pull> -O 1:
+// On one host duet uses its same-host lane (process_vm_readv, see
+// ucx_transport.h) unless --tls / UCX_TLS leaves out intra-node transports
+// (--tls tcp). Its references are then UCX's transport of the same mechanism,
+// ucx_perftest -t get -D zcopy -x cma -d memory -O 1, as a server/client pair
+// and as one process (-l); the shm column stays for information.
+// On UCX's lanes (--tls tcp), all ucx_perftest -t ucp_get -s <bytes of the pull> -O 1:
 //   pair  server and client processes on loopback, -e and duet's UCX_TLS:
 //         duet's endpoints use UCP_ERR_HANDLING_MODE_PEER, so both get the
 //         same lanes (TCP on UCX 1.13, even on one host). Its server
@@ -67,6 +72,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/flags.h"
+#include "base/huge_buffer.h"
 #include "base/status_macros.h"
 #include "kvtransfer/layout.h"
 #include "kvtransfer/transport.h"
@@ -114,11 +120,9 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-uint8_t* AllocTouched(uint64_t bytes) {
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
-  if (p != nullptr) std::memset(p, 0, bytes);  // fault every page in before timing
-  return p;
-}
+// Pools as workers allocate them (engine::BlockPool): huge-page backed,
+// every page faulted in before timing.
+HugeBuffer AllocTouched(uint64_t bytes) { return HugeBuffer(bytes, /*touch=*/true); }
 
 // ---------------------------------------------------------------------------
 // Child processes: the exporter, the lane probe and ucx_perftest.
@@ -267,10 +271,16 @@ std::string SelfPath() {
 }
 
 // The "ep_cfg[i]: ..." lane descriptions UCX logs at UCX_LOG_LEVEL=info.
+// How duet's lanes read when its transport used the same-host lane.
+constexpr absl::string_view kSameHostLane = "same-host lane (process_vm_readv)";
+
 std::string EndpointConfigs(const std::string& log) {
   std::set<std::string> seen;
   std::vector<std::string> out;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (line.find(kSameHostLane) != absl::string_view::npos && seen.insert("same-host").second) {
+      out.push_back(std::string(kSameHostLane));
+    }
     size_t at = line.find("ep_cfg[");
     if (at == absl::string_view::npos) continue;
     size_t colon = line.find(": ", at);
@@ -334,22 +344,31 @@ enum class PerftestMode {
   kPair,      // server and client processes, -e (duet's error handling), duet's UCX_TLS
   kLoopback,  // -l: one process reads from itself, -e, duet's UCX_TLS
   kShm,       // server and client, default transports, no error handling
+  kCmaPair,   // UCT get zcopy on cma (process_vm_readv), server and client
+  kCmaLoopback,  // the same, one process reading itself
 };
+
+bool IsCma(PerftestMode mode) { return mode == PerftestMode::kCmaPair || mode == PerftestMode::kCmaLoopback; }
 
 // One ucx_perftest -t ucp_get run of `size` bytes per get, one get
 // outstanding (-O 1): what one pull of that size asks of UCX.
 PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const std::string& tls) {
   PerftestResult result;
   // Both sides see duet's UCX_TLS, or for kShm the default transports.
-  std::vector<std::string> env = {mode == PerftestMode::kShm ? "UCX_TLS=" : tls.empty() ? "" : "UCX_TLS=" + tls};
+  std::vector<std::string> env = {mode == PerftestMode::kShm || IsCma(mode) ? "UCX_TLS=" : tls.empty() ? "" : "UCX_TLS=" + tls};
   if (env[0].empty()) env.clear();
   std::vector<std::string> test = {"-t", "ucp_get", "-s", std::to_string(size), "-n", std::to_string(iters),
                                    "-w", std::to_string(std::max(1, iters / 10)), "-O", "1"};
-  if (mode != PerftestMode::kShm) test.push_back("-e");
+  if (IsCma(mode)) {
+    test[1] = "get";
+    test.insert(test.begin() + 2, {"-D", "zcopy", "-x", "cma", "-d", "memory"});
+  } else if (mode != PerftestMode::kShm) {
+    test.push_back("-e");
+  }
   for (int attempt = 0; attempt < 2 && !result.ok; ++attempt) {
     std::unique_ptr<Child> server;
     std::vector<std::string> argv = {"ucx_perftest"};
-    if (mode == PerftestMode::kLoopback) {
+    if (mode == PerftestMode::kLoopback || mode == PerftestMode::kCmaLoopback) {
       argv.push_back("-l");
     } else {
       auto port = FreePort();
@@ -382,7 +401,7 @@ PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const st
       server->ReadAll(absl::Seconds(5));
       server->Wait(absl::Seconds(5));
     }
-    result.lanes = EndpointConfigs(out);
+    result.lanes = IsCma(mode) ? "get_zcopy(cma/memory)" : EndpointConfigs(out);
     for (absl::string_view line : absl::StrSplit(out, '\n')) {
       if (!absl::StartsWith(line, "Final:")) continue;
       std::vector<std::string> w = absl::StrSplit(line.substr(6), ' ', absl::SkipWhitespace());
@@ -427,11 +446,8 @@ int RunExporter(const FlagSet& f) {
     std::cerr << "exporter: " << t.status() << "\n";
     return 1;
   }
-  auto* pool = reinterpret_cast<uint64_t*>(AllocTouched(bytes));
-  if (pool == nullptr) {
-    std::cerr << "exporter: cannot allocate " << bytes << " bytes\n";
-    return 1;
-  }
+  HugeBuffer buffer = AllocTouched(bytes);
+  auto* pool = buffer.As<uint64_t>();
   for (uint64_t w = 0; w < bytes / 8; ++w) pool[w] = (w * 8) ^ kWordKey;
   auto region = (*t)->RegisterRegion(pool, bytes, blocks);
   if (!region.ok()) {
@@ -446,7 +462,6 @@ int RunExporter(const FlagSet& f) {
   while (std::getline(std::cin, line) && line != "quit") {
   }
   t->reset();
-  std::free(pool);
   return 0;
 }
 
@@ -460,7 +475,8 @@ int RunProbe(const FlagSet& f) {
     return 1;
   }
   const uint64_t block_bytes = kvtransfer::ShardBlockBytes(BenchLayout());
-  uint8_t* dst = AllocTouched(block_bytes);
+  HugeBuffer buffer = AllocTouched(block_bytes);
+  uint8_t* dst = buffer.As<uint8_t>();
   auto region = (*t)->RegisterRegion(dst, block_bytes, 0);
   auto peer = (*t)->Connect(absl::HexStringToBytes(f.GetString("probe-address")));
   if (!region.ok() || !peer.ok()) {
@@ -477,7 +493,6 @@ int RunProbe(const FlagSet& f) {
   TransferResult res = id.ok() ? (*t)->Wait(*id) : TransferResult{};
   std::cout << "probe " << kvtransfer::TransferStateName(res.state) << std::endl;
   t->reset();
-  std::free(dst);
   return res.state == TransferState::kDone ? 0 : 1;
 }
 
@@ -638,9 +653,9 @@ absl::StatusOr<std::vector<Measured>> MeasurePulls(const FlagSet& f, const std::
   if (spin_us >= 0) options.spin_window = absl::Microseconds(spin_us);
   ASSIGN_OR_RETURN(kvtransfer::KvTransportPtr transport, kvtransfer::NewUcxTransport(options));
   KvTransport& t = *transport;
-  std::unique_ptr<uint8_t, decltype(&std::free)> dst(AllocTouched(pool_bytes), &std::free);
-  if (dst == nullptr) return absl::ResourceExhaustedError("cannot allocate the importer's pool");
-  ASSIGN_OR_RETURN(RegionId local, t.RegisterRegion(dst.get(), pool_bytes, 0));
+  HugeBuffer buffer = AllocTouched(pool_bytes);
+  uint8_t* dst = buffer.As<uint8_t>();
+  ASSIGN_OR_RETURN(RegionId local, t.RegisterRegion(dst, pool_bytes, 0));
   ASSIGN_OR_RETURN(PeerId peer, t.Connect(address));
   const std::string only = f.GetString("only");
   std::vector<Measured> out(pulls.size());
@@ -649,7 +664,7 @@ absl::StatusOr<std::vector<Measured>> MeasurePulls(const FlagSet& f, const std::
     if (!only.empty() && name.find(only) == std::string::npos) continue;
     Progress(absl::StrCat("duet", spin_us > 0 ? absl::StrCat(" (spin ", spin_us, " us)") : "", ": ", name,
                           " (", Bytes(pulls[i].bytes()), ", ", pulls[i].segments.size(), " segments)"));
-    ASSIGN_OR_RETURN(out[i], Measure(t, peer, remote, local, dst.get(), pulls[i],
+    ASSIGN_OR_RETURN(out[i], Measure(t, peer, remote, local, dst, pulls[i],
                                      static_cast<int>(f.GetInt("reps")), f.GetDouble("min-seconds")));
   }
   t.Disconnect(peer);
@@ -734,8 +749,12 @@ absl::Status Run(const FlagSet& f) {
   main_pulls.insert(main_pulls.end(), lat.begin(), lat.end());
   std::string duet_lanes;
   ASSIGN_OR_RETURN(std::vector<Measured> duet, MeasurePulls(f, main_pulls, pool_blocks, spin_us, &duet_lanes));
+  // duet on its same-host lane is compared with UCX's transport of the same
+  // mechanism, UCT's cma get (UCP 1.13 never puts RMA on cma); spinning
+  // only matters to UCX's lanes.
+  const bool same_host = duet_lanes.find(std::string(kSameHostLane)) != std::string::npos;
   std::vector<Measured> alt(lat.size());
-  if (alt_spin_us > 0) {
+  if (alt_spin_us > 0 && !same_host) {
     ASSIGN_OR_RETURN(alt, MeasurePulls(f, lat, 4, alt_spin_us, nullptr));
   }
 
@@ -765,10 +784,17 @@ absl::Status Run(const FlagSet& f) {
   std::map<uint64_t, Ref> ref;
   for (uint64_t s : sizes) {
     const int iters = static_cast<int>(std::clamp<uint64_t>((128ull << 20) / s, 3, 300));
-    Progress(absl::StrCat("ucx_perftest -t ucp_get -s ", s, " -n ", iters, " -O 1: pair -e, -l -e, pair shm"));
     Ref& r = ref[s];
-    r.pair = RunPerftest(s, iters, PerftestMode::kPair, tls);
-    r.loopback = RunPerftest(s, iters, PerftestMode::kLoopback, tls);
+    if (same_host) {
+      Progress(absl::StrCat("ucx_perftest -t get -D zcopy -x cma -d memory -s ", s, " -n ", iters,
+                            " -O 1: pair, -l; ucx_perftest -t ucp_get pair shm"));
+      r.pair = RunPerftest(s, iters, PerftestMode::kCmaPair, tls);
+      r.loopback = RunPerftest(s, iters, PerftestMode::kCmaLoopback, tls);
+    } else {
+      Progress(absl::StrCat("ucx_perftest -t ucp_get -s ", s, " -n ", iters, " -O 1: pair -e, -l -e, pair shm"));
+      r.pair = RunPerftest(s, iters, PerftestMode::kPair, tls);
+      r.loopback = RunPerftest(s, iters, PerftestMode::kLoopback, tls);
+    }
     r.shm = RunPerftest(s, iters, PerftestMode::kShm, tls);
   }
   std::string pair_lanes, loopback_lanes, shm_lanes;
@@ -781,15 +807,28 @@ absl::Status Run(const FlagSet& f) {
   std::printf("duet kvtransfer bench: UCX pulls of the bench model's KV (12 layers x 4 KV heads x 16 slots x 64 "
               "x F32: %s a block, %s a layer) from an exporter process on this host; LLC %s\n",
               Bytes(block_bytes).c_str(), Bytes(layout.LayerBytes()).c_str(), LastLevelCache().c_str());
-  std::printf("UCX_TLS %s. Lanes: duet (UCP_ERR_HANDLING_MODE_PEER) %s; ucx_perftest -e %s; -l -e %s; "
-              "shm (no -e) %s\n",
-              tls_note.c_str(), duet_lanes.c_str(), pair_lanes.c_str(), loopback_lanes.c_str(), shm_lanes.c_str());
-  std::printf("duet: median of >= %lld pulls, each with its blocks' epoch checks, spin_window %lld us%s. "
-              "References, ucx_perftest -t ucp_get -s <bytes> -O 1, overall bandwidth: 'pair' = server + client "
-              "processes (its server progresses only between 1 ms polls); '-l' = one process reading itself "
-              "(responder always progressed); 'shm' = pair on the default transports, for information\n\n",
-              static_cast<long long>(f.GetInt("reps")), static_cast<long long>(main_spin_us),
-              f.GetBool("busy-poll") ? ", busy_poll" : "");
+  if (same_host) {
+    std::printf("UCX_TLS %s. Lanes: duet %s; references ucx_perftest -t get -D zcopy -x cma -d memory "
+                "(UCT's cma transport: process_vm_readv, the same mechanism); shm: ucx_perftest -t ucp_get "
+                "without -e %s\n",
+                tls_note.c_str(), duet_lanes.c_str(), shm_lanes.c_str());
+    std::printf("duet: median of >= %lld pulls (Pull then Wait), each with its blocks' epoch checks. References, "
+                "overall bandwidth, one get outstanding (-O 1): 'pair' = server + client processes; '-l' = one "
+                "process reading itself; 'shm' = UCP get on the default transports (a shared segment UCX "
+                "allocated and maps itself, which a registered KV pool is not), for information\n\n",
+                static_cast<long long>(f.GetInt("reps")));
+  } else {
+    std::printf("UCX_TLS %s. Lanes: duet (UCP_ERR_HANDLING_MODE_PEER) %s; ucx_perftest -e %s; -l -e %s; "
+                "shm (no -e) %s\n",
+                tls_note.c_str(), duet_lanes.c_str(), pair_lanes.c_str(), loopback_lanes.c_str(),
+                shm_lanes.c_str());
+    std::printf("duet: median of >= %lld pulls, each with its blocks' epoch checks, spin_window %lld us%s. "
+                "References, ucx_perftest -t ucp_get -s <bytes> -O 1, overall bandwidth: 'pair' = server + client "
+                "processes (its server progresses only between 1 ms polls); '-l' = one process reading itself "
+                "(responder always progressed); 'shm' = pair on the default transports, for information\n\n",
+                static_cast<long long>(f.GetInt("reps")), static_cast<long long>(main_spin_us),
+                f.GetBool("busy-poll") ? ", busy_poll" : "");
+  }
   std::printf("%-24s %6s %14s %5s %9s %9s %9s %7s %7s %8s %9s\n", "pull", "blocks", "bytes", "segs", "duet GB/s",
               "pair GB/s", "-l GB/s", "x pair", "x -l", "target", "shm GB/s");
   for (size_t i = 0; i < pulls.size(); ++i) {
