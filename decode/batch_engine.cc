@@ -324,8 +324,9 @@ StepResult BatchEngine::Step() {
     // As engine::Generate: the position is the number of tokens before it.
     const int64_t pos = static_cast<int64_t>(s->tokens.size());
     const GenerationParams& p = s->params;
-    engine::SampleResult smp =
-        engine::Sample(logits->row(row++), c.vocab_size, p.sampling, p.choice_index, pos);
+    engine::SampleResult smp = engine::Sample(
+        logits->row(row++), c.vocab_size, p.sampling, p.choice_index, pos,
+        absl::MakeConstSpan(s->tokens).subspan(static_cast<size_t>(s->num_prompt)));
     const int32_t token = smp.token;
     s->tokens.push_back(token);
     out.tokens.push_back({.request_id = s->id, .sample = std::move(smp), .first = s->first_pending});

@@ -99,8 +99,6 @@ absl::StatusOr<GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spe
   if (spec.max_tokens() < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
   if (spec.min_tokens() < 0) return absl::InvalidArgumentError("min_tokens must be >= 0");
   const proto::SamplingParams& s = spec.sampling();
-  // Penalties have no engine counterpart; like engine::Generate and the
-  // prefill worker, the engine ignores them, but their range is still checked.
   for (float penalty : {s.presence_penalty(), s.frequency_penalty()}) {
     if (!(penalty >= -2 && penalty <= 2)) {
       return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2], got ", penalty));
@@ -113,7 +111,9 @@ absl::StatusOr<GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spe
                 .top_p = s.top_p(),
                 .min_p = s.min_p(),
                 .seed = s.seed(),
-                .logprobs = s.logprobs()};
+                .logprobs = s.logprobs(),
+                .presence_penalty = s.presence_penalty(),
+                .frequency_penalty = s.frequency_penalty()};
   if (absl::Status v = p.sampling.Validate(); !v.ok()) return v;
   p.max_tokens = spec.max_tokens();
   p.stop_token_ids.assign(spec.stop_token_ids().begin(), spec.stop_token_ids().end());

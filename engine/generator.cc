@@ -37,7 +37,8 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
   }
   int64_t pos = n;  // Position of the token being sampled.
   while (true) {
-    SampleResult s = Sample(logits.row(0), c.vocab_size, options.sampling, options.choice_index, pos);
+    SampleResult s = Sample(logits.row(0), c.vocab_size, options.sampling, options.choice_index, pos,
+                            result.ids);
     result.ids.push_back(s.token);
     result.logprobs.push_back(s.logprob);
     result.top_logprobs.push_back(std::move(s.top_logprobs));

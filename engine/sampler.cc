@@ -41,6 +41,12 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
   }
   if (logprobs < 0) return absl::InvalidArgumentError("logprobs must be >= 0");
+  for (auto [name, v] : {std::pair<const char*, float>{"presence_penalty", presence_penalty},
+                         {"frequency_penalty", frequency_penalty}}) {
+    if (!(v >= -2 && v <= 2)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be in [-2, 2], got ", v));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -55,15 +61,36 @@ double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position) {
 }
 
 SampleResult Sample(const float* logits, int64_t vocab, const SamplingParams& p,
-                    uint64_t choice_index, int64_t position) {
+                    uint64_t choice_index, int64_t position, absl::Span<const int32_t> generated) {
   SampleResult out;
+  // Penalties apply to a copy that the choice is made from; logprobs stay
+  // those of the raw logits.
+  const float* raw = logits;
+  std::vector<float> penalized;
+  if ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && !generated.empty()) {
+    penalized.assign(logits, logits + vocab);
+    std::vector<int32_t> seen(generated.begin(), generated.end());
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      const int32_t id = seen[i];
+      if (id >= 0 && id < vocab) {
+        penalized[id] -= p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+      }
+      i = j;
+    }
+  }
   // Log-softmax of the raw logits, in double.
-  double mx = logits[0];
-  for (int64_t i = 1; i < vocab; ++i) mx = std::max<double>(mx, logits[i]);
+  double mx = raw[0];
+  for (int64_t i = 1; i < vocab; ++i) mx = std::max<double>(mx, raw[i]);
   double sum = 0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(raw[i] - mx);
   const double log_z = mx + std::log(sum);
-  auto logprob = [&](int32_t id) { return static_cast<float>(logits[id] - log_z); };
+  auto logprob = [&](int32_t id) { return static_cast<float>(raw[id] - log_z); };
+  auto raw_better = [&](int32_t a, int32_t b) {
+    return raw[a] != raw[b] ? raw[a] > raw[b] : a < b;
+  };
 
   // Candidates ordered by logit, best first, ties to the lower id.
   auto better = [&](int32_t a, int32_t b) {
@@ -73,9 +100,11 @@ SampleResult Sample(const float* logits, int64_t vocab, const SamplingParams& p,
     const int64_t n = std::min<int64_t>(p.logprobs, vocab);
     std::vector<int32_t> ids(vocab);
     std::iota(ids.begin(), ids.end(), 0);
-    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), raw_better);
     for (int64_t i = 0; i < n; ++i) out.top_logprobs.push_back({ids[i], logprob(ids[i])});
   }
+  // From here on the choice: from the penalized logits when there are any.
+  if (!penalized.empty()) logits = penalized.data();
 
   if (p.temperature == 0.0f) {
     int32_t best = 0;

@@ -1,10 +1,15 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, and logprobs.
+// Token sampling: greedy, temperature, top-k, top-p, min-p, presence and
+// frequency penalties, and logprobs.
 //
 //   SamplingParams p{.temperature = 0.8f, .top_p = 0.95f, .seed = 42};
 //   SampleResult r = Sample(logits.row(i), vocab, p, /*choice=*/0, /*position=*/n);
 //
 // Logprobs are the log-softmax of the raw logits, before temperature and
-// filtering (what OpenAI and vLLM report). The random draw for a token is a
+// filtering (what OpenAI and vLLM report). Penalties follow OpenAI: a
+// token's logit drops by frequency_penalty * (times it was generated) +
+// presence_penalty * (1 if it was), counting only `generated` (this choice's
+// output so far, not the prompt); they shape sampling, not the reported
+// logprobs. The random draw for a token is a
 // pure function of (seed, choice index, position): a counter-based generator
 // (Philox-4x32-10), so a request samples the same tokens whether one process
 // or two (prefill, then decode) produce them, and in any batch.
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace duet::engine {
 
@@ -26,6 +32,8 @@ struct SamplingParams {
   float min_p = 0.0f;        // 0 = off.
   uint64_t seed = 0;
   int32_t logprobs = 0;      // Top alternatives to report per position.
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
 
   // InvalidArgument naming the parameter when out of range.
   absl::Status Validate() const;
@@ -38,7 +46,8 @@ struct SampleResult {
 };
 
 SampleResult Sample(const float* logits, int64_t vocab_size, const SamplingParams& params,
-                    uint64_t choice_index, int64_t position);
+                    uint64_t choice_index, int64_t position,
+                    absl::Span<const int32_t> generated = {});
 
 // A uniform draw in [0, 1) keyed by (seed, choice, position).
 double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position);

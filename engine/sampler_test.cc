@@ -83,5 +83,39 @@ TEST_CASE("invalid parameters are named", "[sampler]") {
   REQUIRE(SamplingParams{}.Validate().ok());
 }
 
+
+TEST_CASE("penalties lower generated tokens' logits, not the reported logprobs", "[sampler]") {
+  // Token 0 leads by 1.0 over token 1, by 1.5 over token 2.
+  const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f};
+  SamplingParams greedy{.temperature = 0.0f, .logprobs = 2};
+  const std::vector<int32_t> once = {0}, twice = {0, 3, 0};
+  // No penalty, or nothing generated: the argmax.
+  REQUIRE(Sample(logits.data(), 4, greedy, 0, 5, twice).token == 0);
+  SamplingParams p = greedy;
+  p.frequency_penalty = 0.6f;
+  REQUIRE(Sample(logits.data(), 4, p, 0, 5, {}).token == 0);
+  REQUIRE(Sample(logits.data(), 4, p, 0, 5, once).token == 0);   // 2.0 - 0.6 > 1.0
+  REQUIRE(Sample(logits.data(), 4, p, 0, 5, twice).token == 1);  // 2.0 - 1.2 < 1.0
+  p.frequency_penalty = 0.0f;
+  p.presence_penalty = 1.2f;  // once is enough, and counts do not matter
+  REQUIRE(Sample(logits.data(), 4, p, 0, 5, once).token == 1);
+  p.presence_penalty = 0.7f;
+  REQUIRE(Sample(logits.data(), 4, p, 0, 5, twice).token == 0);  // 2.0 - 0.7 > 1.0
+  // Negative penalties favour repeats.
+  p.presence_penalty = -2.0f;
+  REQUIRE(Sample(logits.data(), 4, p, 0, 5, std::vector<int32_t>{2}).token == 2);
+  // The reported logprobs are of the raw logits either way.
+  p.presence_penalty = 1.2f;
+  SampleResult r = Sample(logits.data(), 4, p, 0, 5, once);
+  SampleResult raw = Sample(logits.data(), 4, greedy, 0, 5, {});
+  REQUIRE(r.token == 1);
+  REQUIRE(r.top_logprobs == raw.top_logprobs);
+  REQUIRE(r.top_logprobs[0].first == 0);
+  REQUIRE(r.logprob == raw.top_logprobs[1].second);
+  // Out of range is named.
+  p.frequency_penalty = 2.5f;
+  REQUIRE(p.Validate().message().find("frequency_penalty") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace duet::engine

@@ -296,9 +296,11 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   CHECK(s != nullptr) << "completed request " << id << " vanished";
   const proto::GenerationSpec& spec = s->request.spec();
   // Position = tokens before the sampled one, as engine::Generate keys it.
-  const engine::SampleResult r = engine::Sample(logits.row(row), logits.vocab_size,
-                                                ToSamplingParams(spec.sampling()), spec.choice_index(),
-                                                s->num_tokens());
+  // Tokens already generated (a resumed request) count for penalties.
+  const engine::SampleResult r = engine::Sample(
+      logits.row(row), logits.vocab_size, ToSamplingParams(spec.sampling()), spec.choice_index(),
+      s->num_tokens(),
+      absl::MakeConstSpan(s->request.resume_ids().data(), s->request.resume_ids().size()));
   proto::Token token;
   token.set_id(r.token);
   token.set_logprob(r.logprob);

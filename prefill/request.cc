@@ -28,7 +28,9 @@ engine::SamplingParams ToSamplingParams(const proto::SamplingParams& p) {
                                 .top_p = p.top_p(),
                                 .min_p = p.min_p(),
                                 .seed = p.seed(),
-                                .logprobs = p.logprobs()};
+                                .logprobs = p.logprobs(),
+                                .presence_penalty = p.presence_penalty(),
+                                .frequency_penalty = p.frequency_penalty()};
 }
 
 absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,

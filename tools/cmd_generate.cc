@@ -85,6 +85,8 @@ absl::Status Generate(const FlagSet& f) {
   opt.sampling.top_k = static_cast<int32_t>(f.GetInt("top-k"));
   opt.sampling.min_p = static_cast<float>(f.GetDouble("min-p"));
   opt.sampling.logprobs = static_cast<int32_t>(f.GetInt("logprobs"));
+  opt.sampling.presence_penalty = static_cast<float>(f.GetDouble("presence-penalty"));
+  opt.sampling.frequency_penalty = static_cast<float>(f.GetDouble("frequency-penalty"));
   opt.sampling.seed = f.IsSet("seed") ? static_cast<uint64_t>(f.GetInt("seed")) : std::random_device{}();
   RETURN_IF_ERROR(opt.sampling.Validate());
   if (opt.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
@@ -152,6 +154,8 @@ int RunGenerate(int argc, char** argv) {
   f.Double("top-p", 1.0, "nucleus sampling mass in (0, 1]");
   f.Int("top-k", 0, "keep the k most likely tokens; 0 keeps all");
   f.Double("min-p", 0.0, "drop tokens below min-p times the most likely one's probability");
+  f.Double("presence-penalty", 0.0, "subtract this from the logit of every token generated so far, [-2, 2]");
+  f.Double("frequency-penalty", 0.0, "subtract this times its count so far from a token's logit, [-2, 2]");
   f.Int("seed", 0, "sampling seed (default: random)");
   f.Bool("ignore-eos", "keep generating past the model's EOS ids");
   f.Int("logprobs", 0, "report the top-K log-probabilities per generated position");
