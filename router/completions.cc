@@ -155,6 +155,10 @@ absl::Status ParamError(absl::string_view param, absl::string_view message) {
   return WithPayloads(absl::InvalidArgumentError(message), param, "");
 }
 
+absl::Status WithCode(absl::Status status, absl::string_view code) {
+  return WithPayloads(std::move(status), "", code);
+}
+
 std::string ErrorParam(const absl::Status& status) {
   auto p = status.GetPayload(kParamPayload);
   return p ? std::string(*p) : "";
@@ -170,6 +174,10 @@ int HttpStatusFor(const absl::Status& status) {
       return 400;
     case absl::StatusCode::kNotFound:
       return 404;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
     case absl::StatusCode::kResourceExhausted:
       return 429;
     case absl::StatusCode::kUnavailable:
@@ -185,7 +193,9 @@ std::string ErrorJson(const absl::Status& status) {
   const int http = HttpStatusFor(status);
   Json err;
   err["message"] = std::string(status.message());
-  err["type"] = http < 500 ? "invalid_request_error" : "server_error";
+  // As OpenAI's API: 401 is an invalid_request_error too (code
+  // invalid_api_key); every 5xx a server_error.
+  err["type"] = http == 429 ? "rate_limit_error" : http < 500 ? "invalid_request_error" : "server_error";
   std::string param = ErrorParam(status);
   err["param"] = param.empty() ? Json(nullptr) : Json(param);
   auto code = status.GetPayload(kCodePayload);
@@ -201,12 +211,11 @@ std::string ErrorJson(const absl::Status& status) {
   return out.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text, const ServedModel& model,
-                                                         uint64_t default_seed) {
-  Json body = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return ParamError("", "the request body is not valid JSON");
-  if (!body.is_object()) return ParamError("", "the request body must be a JSON object");
+namespace {
 
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+absl::Status CheckModel(const Json& body, const ServedModel& model) {
   const Json* m = Field(body, "model");
   if (m == nullptr) return ParamError("model", "'model' is required");
   if (!m->is_string()) return ParamError("model", absl::StrCat("'model' must be a string, got ", Describe(*m)));
@@ -216,18 +225,59 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
                                                          model.name, "`")),
                         "model", "model_not_found");
   }
+  return absl::OkStatus();
+}
 
-  CompletionRequest r;
-  int64_t max_tokens = kDefaultMaxTokens, top_k = 0, logprobs = -1, n = 1, min_tokens = 0, seed = 0;
+absl::StatusOr<Json> ParseBody(absl::string_view text) {
+  // Depth is bounded by the HTTP body limit; nlohmann's parser is iterative
+  // for arrays and objects, so hostile nesting costs memory, not stack.
+  Json body = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return ParamError("", "the request body is not valid JSON");
+  if (!body.is_object()) return ParamError("", "the request body must be a JSON object");
+  return body;
+}
+
+absl::StatusOr<std::vector<std::string>> StopStrings(const Json& body) {
+  std::vector<std::string> out;
+  const Json* stop = Field(body, "stop");
+  if (stop == nullptr) return out;
+  auto add = [&](const Json& e) -> absl::Status {
+    if (!e.is_string()) {
+      return ParamError("stop", absl::StrCat("'stop' must be a string or an array of strings, got ", Describe(e)));
+    }
+    const std::string& v = e.get_ref<const std::string&>();
+    if (v.empty()) return ParamError("stop", "'stop' strings must not be empty");
+    if (v.size() > static_cast<size_t>(kMaxStopBytes)) {
+      return ParamError("stop", absl::StrCat("'stop' strings are at most ", kMaxStopBytes, " bytes"));
+    }
+    out.push_back(v);
+    return absl::OkStatus();
+  };
+  if (stop->is_array()) {
+    if (stop->size() > static_cast<size_t>(kMaxStop)) {
+      return ParamError("stop", absl::StrCat("'stop' holds at most ", kMaxStop, " strings, got ", stop->size()));
+    }
+    for (const Json& e : *stop) RETURN_IF_ERROR(add(e));
+  } else {
+    RETURN_IF_ERROR(add(*stop));
+  }
+  return out;
+}
+
+// The sampling and length fields both APIs share.
+absl::Status ParseCommon(const Json& body, const ServedModel& model, uint64_t default_seed, CompletionRequest& r) {
+  int64_t max_tokens = kDefaultMaxTokens, top_k = 0, n = 1, min_tokens = 0, seed = 0;
   double temperature = 1, top_p = 1, min_p = 0, presence = 0, frequency = 0;
-  bool echo = false, ignore_eos = false;
-  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  bool ignore_eos = false;
   RETURN_IF_ERROR(GetInt(body, "max_tokens", 1, kInt32Max, &max_tokens));
+  if (r.kind == ApiKind::kChat) {
+    // The newer name wins where a client sends both.
+    RETURN_IF_ERROR(GetInt(body, "max_completion_tokens", 1, kInt32Max, &max_tokens));
+  }
   RETURN_IF_ERROR(GetNumber(body, "temperature", 0, 2, false, &temperature));
   RETURN_IF_ERROR(GetNumber(body, "top_p", 0, 1, /*open_lo=*/true, &top_p));
   RETURN_IF_ERROR(GetInt(body, "top_k", -1, kInt32Max, &top_k));  // -1 and 0: off.
   RETURN_IF_ERROR(GetNumber(body, "min_p", 0, 1, false, &min_p));
-  RETURN_IF_ERROR(GetInt(body, "logprobs", 0, kMaxLogprobs, &logprobs));
   if (const Json* v = Field(body, "seed"); v != nullptr) {
     if (!v->is_number_integer()) {
       return ParamError("seed", absl::StrCat("'seed' must be an integer, got ", Describe(*v)));
@@ -238,14 +288,12 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
   RETURN_IF_ERROR(GetNumber(body, "frequency_penalty", -2, 2, false, &frequency));
   RETURN_IF_ERROR(GetBool(body, "stream", &r.stream));
   RETURN_IF_ERROR(GetBool(body, "ignore_eos", &ignore_eos));
-  RETURN_IF_ERROR(GetBool(body, "echo", &echo));
-  RETURN_IF_ERROR(GetInt(body, "n", 1, kInt32Max, &n));
+  RETURN_IF_ERROR(GetInt(body, "n", 1, kMaxChoices, &n));
   RETURN_IF_ERROR(GetInt(body, "min_tokens", 0, max_tokens, &min_tokens));
-  if (n != 1) return ParamError("n", absl::StrCat("'n' = ", n, " is not supported; only 1 is"));
-  if (echo) return ParamError("echo", "'echo' is not supported");
-  if (const Json* stop = Field(body, "stop"); stop != nullptr && !(stop->is_array() && stop->empty())) {
-    return ParamError("stop", "'stop' strings are not supported yet");
+  if (const Json* u = Field(body, "user"); u != nullptr && !u->is_string()) {
+    return ParamError("user", absl::StrCat("'user' must be a string, got ", Describe(*u)));
   }
+  ASSIGN_OR_RETURN(r.stop, StopStrings(body));
   if (const Json* opts = Field(body, "stream_options"); opts != nullptr) {
     if (!opts->is_object()) {
       return ParamError("stream_options", absl::StrCat("'stream_options' must be an object, got ", Describe(*opts)));
@@ -257,56 +305,204 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
       return ParamError("stop_token_ids", "'stop_token_ids' must be an array of token ids");
     }
     for (const Json& e : *stops) {
-      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= VocabSize(model)) {
+      if (!e.is_number_integer() || (!e.is_number_unsigned() && e.get<int64_t>() < 0) ||
+          e.get<uint64_t>() >= static_cast<uint64_t>(VocabSize(model))) {
         return ParamError("stop_token_ids", absl::StrCat("'stop_token_ids' has ", Describe(e),
                                                          ", which is not a token id"));
       }
       r.spec.add_stop_token_ids(static_cast<int32_t>(e.get<int64_t>()));
     }
   }
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(body, model));
-
   proto::GenerationSpec& spec = r.spec;
-  spec.mutable_prompt_ids()->Assign(ids.begin(), ids.end());
   proto::SamplingParams& sp = *spec.mutable_sampling();
   sp.set_temperature(static_cast<float>(temperature));
   sp.set_top_k(top_k < 0 ? 0 : static_cast<int32_t>(top_k));
   sp.set_top_p(static_cast<float>(top_p));  // Proto zeros are literal: 1 means off.
   sp.set_min_p(static_cast<float>(min_p));
   sp.set_seed(Field(body, "seed") != nullptr ? static_cast<uint64_t>(seed) : default_seed);
-  sp.set_logprobs(logprobs < 0 ? 0 : static_cast<int32_t>(logprobs));
   sp.set_presence_penalty(static_cast<float>(presence));
   sp.set_frequency_penalty(static_cast<float>(frequency));
   spec.set_max_tokens(static_cast<int32_t>(max_tokens));
   spec.set_ignore_eos(ignore_eos);
   spec.set_min_tokens(static_cast<int32_t>(min_tokens));
   spec.set_choice_index(0);
+  r.n = static_cast<int>(n);
+  return absl::OkStatus();
+}
+
+absl::Status CheckLength(size_t prompt_tokens, const ServedModel& model) {
+  if (static_cast<int64_t>(prompt_tokens) >= model.max_model_len) {
+    return ParamError("prompt" , absl::StrCat("this model's maximum context length is ", model.max_model_len,
+                                              " tokens, but the prompt has ", prompt_tokens,
+                                              " tokens (at least one must be left for the completion)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text, const ServedModel& model,
+                                                         uint64_t default_seed) {
+  ASSIGN_OR_RETURN(Json body, ParseBody(text));
+  RETURN_IF_ERROR(CheckModel(body, model));
+  CompletionRequest r;
+  r.kind = ApiKind::kCompletion;
+  int64_t logprobs = -1;
+  RETURN_IF_ERROR(GetInt(body, "logprobs", 0, kMaxLogprobs, &logprobs));
+  RETURN_IF_ERROR(GetBool(body, "echo", &r.echo));
+  RETURN_IF_ERROR(ParseCommon(body, model, default_seed, r));
+  if (r.echo && logprobs >= 0) {
+    return ParamError("echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
+  }
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(body, model));
+  if (r.echo) {
+    const Json* p = Field(body, "prompt");
+    const Json& one = p->is_array() && !p->empty() && (*p)[0].is_string() ? (*p)[0] : *p;
+    if (one.is_string()) {
+      r.echo_text = one.get<std::string>();
+    } else {
+      auto decoded = model.tokenizer->Decode(ids, /*skip_special=*/true);
+      r.echo_text = decoded.ok() ? *decoded : "";
+    }
+  }
+  r.spec.mutable_prompt_ids()->Assign(ids.begin(), ids.end());
+  r.spec.mutable_sampling()->set_logprobs(logprobs < 0 ? 0 : static_cast<int32_t>(logprobs));
   r.logprobs = static_cast<int>(logprobs);
   return r;
 }
 
-CompletionBuilder::CompletionBuilder(const engine::Tokenizer* tokenizer, std::string id, int64_t created,
-                                     std::string model, int logprobs, int64_t prompt_tokens)
-    : tokenizer_(tokenizer),
-      id_(std::move(id)),
-      created_(created),
-      model_(std::move(model)),
-      logprobs_(logprobs),
-      prompt_tokens_(prompt_tokens),
-      detok_(tokenizer, /*skip_special=*/true) {}
+absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const ServedModel& model,
+                                                   uint64_t default_seed) {
+  ASSIGN_OR_RETURN(Json body, ParseBody(text));
+  RETURN_IF_ERROR(CheckModel(body, model));
+  CompletionRequest r;
+  r.kind = ApiKind::kChat;
+  bool logprobs = false;
+  int64_t top_logprobs = -1;
+  RETURN_IF_ERROR(GetBool(body, "logprobs", &logprobs));
+  RETURN_IF_ERROR(GetInt(body, "top_logprobs", 0, kMaxLogprobs, &top_logprobs));
+  if (top_logprobs >= 0 && !logprobs) {
+    return ParamError("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  RETURN_IF_ERROR(ParseCommon(body, model, default_seed, r));
+  if (const Json* tools = Field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+    return ParamError("tools", "tool calls are not supported");
+  }
+  const Json* msgs = Field(body, "messages");
+  if (msgs == nullptr) return ParamError("messages", "'messages' is required");
+  if (!msgs->is_array() || msgs->empty()) {
+    return ParamError("messages", absl::StrCat("'messages' must be a non-empty array, got ", Describe(*msgs)));
+  }
+  std::vector<engine::ChatMessage> messages;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const Json& m = (*msgs)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return ParamError("messages", absl::StrCat(where, " must be an object, got ", Describe(m)));
+    const Json* role = Field(m, "role");
+    if (role == nullptr || !role->is_string()) {
+      return ParamError("messages", absl::StrCat(where, ".role must be a string"));
+    }
+    std::string r_name = role->get<std::string>();
+    if (r_name == "developer") r_name = "system";  // OpenAI's newer name for it.
+    if (r_name != "system" && r_name != "user" && r_name != "assistant") {
+      return ParamError("messages", absl::StrCat(where, ".role must be system, user or assistant, got ",
+                                                 Describe(*role)));
+    }
+    const Json* content = Field(m, "content");
+    std::string text;
+    if (content == nullptr) {
+      return ParamError("messages", absl::StrCat(where, ".content is required"));
+    } else if (content->is_string()) {
+      text = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const Json& part = (*content)[k];
+        const Json* type = part.is_object() ? Field(part, "type") : nullptr;
+        const Json* t = part.is_object() ? Field(part, "text") : nullptr;
+        if (type == nullptr || !type->is_string() || type->get<std::string>() != "text" || t == nullptr ||
+            !t->is_string()) {
+          return ParamError("messages", absl::StrCat(where, ".content[", k,
+                                                     "] must be {\"type\": \"text\", \"text\": string}; only "
+                                                     "text parts are supported"));
+        }
+        text += t->get<std::string>();
+      }
+    } else {
+      return ParamError("messages", absl::StrCat(where, ".content must be a string or an array of text parts, got ",
+                                                 Describe(*content)));
+    }
+    messages.push_back({std::move(r_name), std::move(text)});
+  }
+  if (!model.format->has_chat_template()) {
+    return ParamError("messages", absl::StrCat("the model `", model.name,
+                                               "` has no chat template; use /v1/completions"));
+  }
+  auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true);
+  if (!rendered.ok()) return ParamError("messages", rendered.status().message());
+  auto ids = model.tokenizer->Encode(*rendered);
+  if (!ids.ok()) return ParamError("messages", ids.status().message());
+  if (ids->empty()) return ParamError("messages", "the conversation renders to an empty prompt");
+  RETURN_IF_ERROR(CheckLength(ids->size(), model));
+  r.spec.mutable_prompt_ids()->Assign(ids->begin(), ids->end());
+  r.logprobs = logprobs ? static_cast<int>(std::max<int64_t>(top_logprobs, 0)) : -1;
+  // Workers report at least the chosen token's logprob; alternatives as asked.
+  r.spec.mutable_sampling()->set_logprobs(logprobs ? static_cast<int32_t>(std::max<int64_t>(top_logprobs, 0)) : 0);
+  return r;
+}
 
-std::string CompletionBuilder::TokenText(int32_t id) const {
+// ---------------------------------------------------------------- responses
+
+ChoiceBuilder::ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index)
+    : tokenizer_(tokenizer),
+      kind_(params.kind),
+      index_(index),
+      logprobs_(params.logprobs),
+      stop_(params.stop),
+      echo_text_(params.echo ? params.echo_text : ""),
+      detok_(tokenizer, /*skip_special=*/true),
+      text_chars_(CountChars(echo_text_)) {}
+
+std::string ChoiceBuilder::TokenText(int32_t id) const {
   auto text = tokenizer_->Decode(absl::MakeConstSpan(&id, 1));
   return text.ok() ? *text : "";
 }
 
-std::string CompletionBuilder::AddToken(const proto::Token& token, bool chunk) {
+std::string ChoiceBuilder::Release(const std::string& piece) {
+  if (stop_.empty()) return piece;
+  held_ += piece;
+  // The earliest stop string in the held text ends the choice there.
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop_) cut = std::min(cut, held_.find(s));
+  if (cut != std::string::npos) {
+    std::string out = held_.substr(0, cut);
+    held_.clear();
+    stopped_ = true;
+    return out;
+  }
+  // Hold back the longest tail that a stop string starts with.
+  size_t keep = 0;
+  for (const std::string& s : stop_) {
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string ChoiceBuilder::AddToken(const proto::Token& token, const ResponseEnvelope& env, bool chunk) {
+  if (stopped_ || finished_) return "";
   const int32_t id = token.id();
-  const int64_t offset = text_chars_;
   auto delta = detok_.Push(id);
   std::string piece = delta.ok() ? std::move(*delta) : "";
-  text_ += piece;
+  const int64_t offset = text_chars_;
   text_chars_ += CountChars(piece);
+  std::string shown = Release(piece);
+  shown_ += shown;
   ids_.push_back(id);
   const size_t lp_index = lp_tokens_.size();
   if (logprobs_ >= 0) {
@@ -324,22 +520,53 @@ std::string CompletionBuilder::AddToken(const proto::Token& token, bool chunk) {
     lp_offsets_.push_back(offset);
   }
   if (!chunk) return "";
-  return ChunkJson(piece, {id}, lp_index, std::nullopt, logprobs_ >= 0);
+  if (first_chunk_ && !echo_text_.empty()) shown = echo_text_ + shown;
+  return ChunkJson(env, shown, {id}, lp_index, lp_tokens_.size(), std::nullopt);
 }
 
-std::string CompletionBuilder::ChunkJson(const std::string& text, const std::vector<int32_t>& ids,
-                                         size_t lp_begin, std::optional<absl::string_view> finish_reason,
-                                         bool with_logprobs) {
-  Json choice;
-  choice["index"] = 0;
-  choice["text"] = text;
-  if (with_logprobs) {
-    Json lp;
+std::string ChoiceBuilder::FullText() {
+  if (!finished_) {
+    finished_ = true;
+    if (!stopped_) {
+      shown_ += Release(detok_.Finish());
+      if (!stopped_) {
+        shown_ += held_;  // Nothing more can complete a stop string.
+        held_.clear();
+      }
+    }
+  }
+  return echo_text_ + shown_;
+}
+
+std::string ChoiceBuilder::LogprobsJson(size_t begin, size_t end) const {
+  if (logprobs_ < 0) return "null";
+  Json lp;
+  if (kind_ == ApiKind::kChat) {
+    auto bytes = [](const std::string& s) {
+      Json b = Json::array();
+      for (unsigned char c : s) b.push_back(static_cast<int>(c));
+      return b;
+    };
+    Json content = Json::array();
+    for (size_t i = begin; i < end; ++i) {
+      Json e;
+      e["token"] = lp_tokens_[i];
+      e["logprob"] = FloatJson(lp_values_[i]);
+      e["bytes"] = bytes(lp_tokens_[i]);
+      Json top = Json::array();
+      for (const auto& [k, v] : lp_top_[i]) {
+        top.push_back(Json{{"token", k}, {"logprob", FloatJson(v)}, {"bytes", bytes(k)}});
+      }
+      e["top_logprobs"] = std::move(top);
+      content.push_back(std::move(e));
+    }
+    lp["content"] = std::move(content);
+  } else {
     lp["tokens"] = Json::array();
     lp["token_logprobs"] = Json::array();
     lp["top_logprobs"] = Json::array();
     lp["text_offset"] = Json::array();
-    for (size_t i = lp_begin; i < lp_tokens_.size(); ++i) {
+    for (size_t i = begin; i < end; ++i) {
       lp["tokens"].push_back(lp_tokens_[i]);
       lp["token_logprobs"].push_back(FloatJson(lp_values_[i]));
       Json top = Json::object();
@@ -347,32 +574,22 @@ std::string CompletionBuilder::ChunkJson(const std::string& text, const std::vec
       lp["top_logprobs"].push_back(std::move(top));
       lp["text_offset"].push_back(lp_offsets_[i]);
     }
-    choice["logprobs"] = std::move(lp);
-  } else {
-    choice["logprobs"] = nullptr;
   }
-  choice["finish_reason"] = finish_reason ? Json(std::string(*finish_reason)) : Json(nullptr);
-  choice["token_ids"] = ids;
-  Json out;
-  out["id"] = id_;
-  out["object"] = "text_completion";
-  out["created"] = created_;
-  out["model"] = model_;
-  out["choices"] = Json::array({std::move(choice)});
-  return out.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-std::string CompletionBuilder::FinalChunk(absl::string_view finish_reason) {
-  std::string rest;
-  if (!finished_) {
-    rest = detok_.Finish();
-    text_ += rest;
-    finished_ = true;
-  }
-  return ChunkJson(rest, {}, lp_tokens_.size(), finish_reason, false);
+  return lp.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 namespace {
+
+Json Envelope(const ResponseEnvelope& env, bool chunk) {
+  Json out;
+  out["id"] = env.id;
+  out["object"] = env.kind == ApiKind::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                             : "text_completion";
+  out["created"] = env.created;
+  out["model"] = env.model;
+  out["system_fingerprint"] = env.system_fingerprint;
+  return out;
+}
 
 Json Usage(int64_t prompt, int64_t completion) {
   Json u;
@@ -384,52 +601,68 @@ Json Usage(int64_t prompt, int64_t completion) {
 
 }  // namespace
 
-std::string CompletionBuilder::UsageChunk() {
-  Json out;
-  out["id"] = id_;
-  out["object"] = "text_completion";
-  out["created"] = created_;
-  out["model"] = model_;
-  out["choices"] = Json::array();
-  out["usage"] = Usage(prompt_tokens_, static_cast<int64_t>(ids_.size()));
+std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::string& text,
+                                     const std::vector<int32_t>& ids, size_t lp_begin, size_t lp_end,
+                                     std::optional<absl::string_view> finish_reason) {
+  Json choice;
+  choice["index"] = index_;
+  if (kind_ == ApiKind::kChat) {
+    Json delta = Json::object();
+    if (first_chunk_) delta["role"] = "assistant";
+    if (!text.empty() || first_chunk_) delta["content"] = text;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = text;
+  }
+  first_chunk_ = false;
+  choice["logprobs"] = lp_end > lp_begin ? Json::parse(LogprobsJson(lp_begin, lp_end)) : Json(nullptr);
+  choice["finish_reason"] = finish_reason ? Json(std::string(*finish_reason)) : Json(nullptr);
+  if (kind_ == ApiKind::kCompletion) choice["token_ids"] = ids;
+  Json out = Envelope(env, /*chunk=*/true);
+  out["choices"] = Json::array({std::move(choice)});
   return out.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string CompletionBuilder::Response(absl::string_view finish_reason) {
-  if (!finished_) {
-    text_ += detok_.Finish();
-    finished_ = true;
-  }
-  Json choice;
-  choice["index"] = 0;
-  choice["text"] = text_;
-  if (logprobs_ >= 0) {
-    Json lp;
-    lp["tokens"] = lp_tokens_;
-    Json values = Json::array();
-    for (float v : lp_values_) values.push_back(FloatJson(v));
-    lp["token_logprobs"] = std::move(values);
-    Json tops = Json::array();
-    for (const auto& top : lp_top_) {
-      Json t = Json::object();
-      for (const auto& [k, v] : top) t[k] = FloatJson(v);
-      tops.push_back(std::move(t));
+std::string ChoiceBuilder::FinalChunk(const ResponseEnvelope& env, absl::string_view finish_reason) {
+  std::string before = shown_;
+  const bool first = first_chunk_;
+  std::string all = FullText();  // Flushes held text (none after a stop).
+  std::string rest = shown_.substr(before.size());
+  if (first && !echo_text_.empty()) rest = echo_text_ + rest;
+  (void)all;
+  return ChunkJson(env, rest, {}, 0, 0, finish_reason);
+}
+
+std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens) {
+  Json out = Envelope(env, /*chunk=*/true);
+  out["choices"] = Json::array();
+  out["usage"] = Usage(prompt_tokens, completion_tokens);
+  return out.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string RenderResponse(const ResponseEnvelope& env, const std::vector<ChoiceBuilder*>& choices,
+                           const std::vector<std::string>& finish_reasons, int64_t prompt_tokens) {
+  Json out = Envelope(env, /*chunk=*/false);
+  Json list = Json::array();
+  int64_t completion = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    ChoiceBuilder& c = *choices[i];
+    Json choice;
+    choice["index"] = c.index();
+    const std::string text = c.FullText();
+    if (env.kind == ApiKind::kChat) {
+      choice["message"] = Json{{"role", "assistant"}, {"content", text}};
+    } else {
+      choice["text"] = text;
     }
-    lp["top_logprobs"] = std::move(tops);
-    lp["text_offset"] = lp_offsets_;
-    choice["logprobs"] = std::move(lp);
-  } else {
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = Json::parse(c.LogprobsJson(0, c.lp_tokens_.size()));
+    choice["finish_reason"] = finish_reasons[i];
+    if (env.kind == ApiKind::kCompletion) choice["token_ids"] = c.token_ids();
+    list.push_back(std::move(choice));
+    completion += c.completion_tokens();
   }
-  choice["finish_reason"] = std::string(finish_reason);
-  choice["token_ids"] = ids_;
-  Json out;
-  out["id"] = id_;
-  out["object"] = "text_completion";
-  out["created"] = created_;
-  out["model"] = model_;
-  out["choices"] = Json::array({std::move(choice)});
-  out["usage"] = Usage(prompt_tokens_, static_cast<int64_t>(ids_.size()));
+  out["choices"] = std::move(list);
+  out["usage"] = Usage(prompt_tokens, completion);
   return out.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

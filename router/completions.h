@@ -1,16 +1,25 @@
-// The OpenAI completions API as the router speaks it: request validation
-// (JSON body -> GenerationSpec) and response rendering (tokens -> JSON / SSE
-// chunks). Pure: no network, no locks, so every rule is unit-tested.
+// The OpenAI completions and chat completions APIs as the router speaks them:
+// request validation (JSON body -> CompletionRequest) and response rendering
+// (tokens -> JSON bodies and SSE chunks). Pure: no network, no locks, so
+// every rule is unit-tested.
 //
-//   ASSIGN_OR_RETURN(CompletionRequest r, ParseCompletionRequest(body, model, seed));
-//   CompletionBuilder b(model.tokenizer, "cmpl-1", created, "tiny", r);
-//   std::string chunk = b.AddToken(token, /*chunk=*/true);   // one SSE event
-//   std::string body = b.Response("stop");                   // non-stream body
+//   ASSIGN_OR_RETURN(CompletionRequest r, ParseCompletionRequest(body, model, seed));  // or ParseChatRequest
+//   ResponseEnvelope env{.kind = r.kind, .id = "cmpl-1", .created = t, .model = "tiny"};
+//   ChoiceBuilder c(model.tokenizer, r, /*index=*/0);
+//   std::string chunk = c.AddToken(token, env, /*chunk=*/true);   // one SSE event
+//   if (c.stopped()) ...                                           // a stop string matched
+//   std::string body = RenderResponse(env, {&c}, {"stop"}, prompt_tokens);
+//
+// Stop strings are matched on the detokenized text: text that may still
+// become a stop string is held back, so a stop string never reaches the
+// client, also when it is split across tokens; the choice ends at the token
+// that completes it (finish_reason "stop"), that token counted in usage.
 //
 // Errors are Status values that carry the HTTP shape: InvalidArgument ->
-// 400, NotFound -> 404 (model_not_found), Unavailable -> 503; the offending
-// request field rides along as a payload (ErrorParam), and ErrorJson renders
-// OpenAI's {"error": {"message", "type", "param", "code"}}.
+// 400, NotFound -> 404 (model_not_found), Unauthenticated -> 401,
+// ResourceExhausted -> 429, Unavailable -> 503; the offending request field
+// rides along as a payload (ErrorParam), and ErrorJson renders OpenAI's
+// {"error": {"message", "type", "param", "code"}}.
 #ifndef DUET_ROUTER_COMPLETIONS_H_
 #define DUET_ROUTER_COMPLETIONS_H_
 
@@ -39,61 +48,103 @@ struct ServedModel {
   int64_t vocab_size = 0;
 };
 
+enum class ApiKind { kCompletion, kChat };
+
 struct CompletionRequest {
-  proto::GenerationSpec spec;  // prompt_ids, sampling (seed filled), max_tokens, ignore_eos.
+  ApiKind kind = ApiKind::kCompletion;
+  // prompt_ids, sampling (seed filled), max_tokens, ignore_eos; choice_index
+  // 0 (the router numbers the choices).
+  proto::GenerationSpec spec;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage.
-  int logprobs = -1;           // -1: "logprobs": null; else top-N per token.
+  // Completions: "logprobs": N (top-N per token). Chat: "logprobs": true with
+  // "top_logprobs": N. -1: no logprobs.
+  int logprobs = -1;
+  int n = 1;                      // Choices.
+  std::vector<std::string> stop;  // Stop strings, at most kMaxStop.
+  std::string echo_text;          // Completions with "echo": the prompt's text.
+  bool echo = false;
 };
 
 inline constexpr int kDefaultMaxTokens = 16;
 inline constexpr int kMaxLogprobs = 20;
+inline constexpr int kMaxChoices = 16;
+inline constexpr int kMaxStop = 4;
+inline constexpr int kMaxStopBytes = 256;
 
 // Validates a /v1/completions body. `default_seed` is used when the body
 // has no "seed" (the router passes a random one).
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body, const ServedModel& model,
                                                          uint64_t default_seed);
+// Validates a /v1/chat/completions body: "messages" rendered with the
+// model's chat template.
+absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view body, const ServedModel& model,
+                                                   uint64_t default_seed);
 
 // Errors in the API's terms.
 absl::Status ParamError(absl::string_view param, absl::string_view message);
+// An error with OpenAI's "code" field set (e.g. "invalid_api_key").
+absl::Status WithCode(absl::Status status, absl::string_view code);
 std::string ErrorParam(const absl::Status& status);  // "" when none.
 int HttpStatusFor(const absl::Status& status);
 // OpenAI's error object, {"error": {...}}, for a non-OK status.
 std::string ErrorJson(const absl::Status& status);
 
-// Accumulates one choice's tokens and renders them.
-class CompletionBuilder {
+// What every response object of one request shares.
+struct ResponseEnvelope {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::string system_fingerprint;
+};
+
+// Accumulates one choice's tokens and renders its parts.
+class ChoiceBuilder {
  public:
-  CompletionBuilder(const engine::Tokenizer* tokenizer, std::string id, int64_t created,
-                    std::string model, int logprobs, int64_t prompt_tokens);
+  ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index);
 
-  // Adds a generated token. Returns its SSE chunk's JSON when `chunk`.
-  std::string AddToken(const proto::Token& token, bool chunk);
-  // The last stream chunk: any text still held back, and finish_reason.
-  std::string FinalChunk(absl::string_view finish_reason);
-  // The stream_options.include_usage chunk (empty choices, usage).
-  std::string UsageChunk();
-  // The whole non-stream response body.
-  std::string Response(absl::string_view finish_reason);
+  // Adds a generated token. Returns its SSE chunk's JSON when `chunk` (with
+  // the text it makes safe to show; the first chunk of a chat choice also
+  // carries the role, the first of an echoed completion the prompt). After
+  // stopped(), further tokens are ignored and return "".
+  std::string AddToken(const proto::Token& token, const ResponseEnvelope& env, bool chunk);
+  // The choice's last stream chunk: text still held back (none after a stop
+  // string), and finish_reason.
+  std::string FinalChunk(const ResponseEnvelope& env, absl::string_view finish_reason);
 
+  // A stop string matched: the choice is over, with finish_reason "stop".
+  bool stopped() const { return stopped_; }
+  int index() const { return index_; }
   const std::vector<int32_t>& token_ids() const { return ids_; }
-  int64_t prompt_tokens() const { return prompt_tokens_; }
+  // Tokens the client is charged for (up to the one that completed a stop).
+  int64_t completion_tokens() const { return static_cast<int64_t>(ids_.size()); }
+  // The whole text so far, as the non-stream response shows it.
+  std::string FullText();
 
  private:
-  std::string ChunkJson(const std::string& text, const std::vector<int32_t>& ids, size_t lp_begin,
-                        std::optional<absl::string_view> finish_reason, bool with_logprobs);
+  friend std::string RenderResponse(const ResponseEnvelope&, const std::vector<ChoiceBuilder*>&,
+                                    const std::vector<std::string>&, int64_t);
+  // Text shown from this token on: held-back text and stop strings applied.
+  std::string Release(const std::string& piece);
+  std::string ChunkJson(const ResponseEnvelope& env, const std::string& text, const std::vector<int32_t>& ids,
+                        size_t lp_begin, size_t lp_end, std::optional<absl::string_view> finish_reason);
+  std::string LogprobsJson(size_t begin, size_t end) const;  // "null" when off
   std::string TokenText(int32_t id) const;
 
   const engine::Tokenizer* tokenizer_;
-  const std::string id_;
-  const int64_t created_;
-  const std::string model_;
+  const ApiKind kind_;
+  const int index_;
   const int logprobs_;
-  const int64_t prompt_tokens_;
+  const std::vector<std::string> stop_;
+  const std::string echo_text_;
   engine::IncrementalDetokenizer detok_;
-  std::string text_;
-  int64_t text_chars_ = 0;  // Code points in text_ (OpenAI offsets count characters).
+  std::string shown_;    // Text released to the client.
+  std::string held_;     // Text that may still start a stop string.
+  int64_t text_chars_;   // Code points before the next token's text (echo included).
+  bool first_chunk_ = true;
   bool finished_ = false;
+  bool stopped_ = false;
   std::vector<int32_t> ids_;
   // Logprobs, one entry per token.
   std::vector<std::string> lp_tokens_;
@@ -101,6 +152,13 @@ class CompletionBuilder {
   std::vector<std::vector<std::pair<std::string, float>>> lp_top_;
   std::vector<int64_t> lp_offsets_;
 };
+
+// The stream_options.include_usage chunk (empty choices, usage).
+std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens);
+// The whole non-stream response body: the choices in order, each with its
+// finish reason; usage sums the choices.
+std::string RenderResponse(const ResponseEnvelope& env, const std::vector<ChoiceBuilder*>& choices,
+                           const std::vector<std::string>& finish_reasons, int64_t prompt_tokens);
 
 }  // namespace duet::router
 

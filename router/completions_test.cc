@@ -79,10 +79,16 @@ TEST_CASE("bad request bodies are 400 (or 404) naming the parameter") {
       {R"({"model": "tiny", "prompt": "hi", "stream": "yes"})", 400, "stream"},
       {R"({"model": "tiny", "prompt": "hi", "stream": 1})", 400, "stream"},
       {R"({"model": "tiny", "prompt": "hi", "ignore_eos": "no"})", 400, "ignore_eos"},
-      {R"({"model": "tiny", "prompt": "hi", "n": 2})", 400, "n"},
+      {R"({"model": "tiny", "prompt": "hi", "n": 0})", 400, "n"},
+      {R"({"model": "tiny", "prompt": "hi", "n": 17})", 400, "n"},
+      {R"({"model": "tiny", "prompt": "hi", "user": 5})", 400, "user"},
+      {R"({"model": "tiny", "prompt": "hi", "echo": true, "logprobs": 2})", 400, "echo"},
       {R"({"model": "tiny", "prompt": "hi", "stream_options": 5})", 400, "stream_options"},
       {R"({"model": "tiny", "prompt": "hi", "presence_penalty": 3})", 400, "presence_penalty"},
-      {R"({"model": "tiny", "prompt": "hi", "stop": ["x"]})", 400, "stop"},
+      {R"({"model": "tiny", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop"},
+      {R"({"model": "tiny", "prompt": "hi", "stop": [""]})", 400, "stop"},
+      {R"({"model": "tiny", "prompt": "hi", "stop": 5})", 400, "stop"},
+      {R"({"model": "tiny", "prompt": "hi", "stop": ["a", 5]})", 400, "stop"},
   };
   for (const Case& c : cases) {
     INFO(c.body);
@@ -173,14 +179,19 @@ TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprob
   ids.push_back(eot);  // Special: in token_ids, not in the text.
   const std::string want_text = tok.Decode(ids, /*skip_special=*/true).value();
 
-  CompletionBuilder stream(&tok, "cmpl-x", 1700000000, "tiny", 2, 5);
-  CompletionBuilder whole(&tok, "cmpl-x", 1700000000, "tiny", 2, 5);
+  CompletionRequest params;
+  params.logprobs = 2;
+  const ResponseEnvelope env{.kind = ApiKind::kCompletion, .id = "cmpl-x", .created = 1700000000,
+                             .model = "tiny", .system_fingerprint = "fp_t"};
+  ChoiceBuilder stream(&tok, params, 0);
+  ChoiceBuilder whole(&tok, params, 0);
   std::string streamed;
   std::vector<int32_t> streamed_ids;
   for (int32_t id : ids) {
     proto::Token t = Tok(id, -0.5f, {{id, -0.5f}, {7, -1.25f}, {8, -3.0f}});
-    json chunk = json::parse(stream.AddToken(t, true));
-    CHECK(whole.AddToken(t, false).empty());
+    json chunk = json::parse(stream.AddToken(t, env, true));
+    CHECK(whole.AddToken(t, env, false).empty());
+    CHECK(chunk["system_fingerprint"] == "fp_t");
     CHECK(chunk["id"] == "cmpl-x");
     CHECK(chunk["object"] == "text_completion");
     CHECK(chunk["created"] == 1700000000);
@@ -198,19 +209,19 @@ TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprob
     streamed += c["text"].get<std::string>();
     streamed_ids.push_back(id);
   }
-  json final_chunk = json::parse(stream.FinalChunk("stop"));
+  json final_chunk = json::parse(stream.FinalChunk(env, "stop"));
   streamed += final_chunk["choices"][0]["text"].get<std::string>();
   CHECK(final_chunk["choices"][0]["finish_reason"] == "stop");
   CHECK(final_chunk["choices"][0]["token_ids"] == json::array());
   CHECK(streamed == want_text);
   CHECK(streamed_ids == ids);
 
-  json usage = json::parse(stream.UsageChunk());
+  json usage = json::parse(RenderUsageChunk(env, 5, stream.completion_tokens()));
   CHECK(usage["choices"] == json::array());
   CHECK(usage["usage"] == json{{"prompt_tokens", 5}, {"completion_tokens", ids.size()},
                                {"total_tokens", 5 + ids.size()}});
 
-  json body = json::parse(whole.Response("length"));
+  json body = json::parse(RenderResponse(env, {&whole}, {"length"}, 5));
   const json& c = body["choices"][0];
   CHECK(body["object"] == "text_completion");
   CHECK(c["text"] == want_text);
@@ -227,12 +238,163 @@ TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprob
 }
 
 TEST_CASE("no logprobs requested: logprobs is null") {
-  CompletionBuilder b(M().tok.get(), "cmpl-y", 1, "tiny", -1, 3);
-  json chunk = json::parse(b.AddToken(Tok(40, -0.1f), true));
+  CompletionRequest params;
+  const ResponseEnvelope env{.id = "cmpl-y", .created = 1, .model = "tiny"};
+  ChoiceBuilder b(M().tok.get(), params, 0);
+  json chunk = json::parse(b.AddToken(Tok(40, -0.1f), env, true));
   CHECK(chunk["choices"][0]["logprobs"].is_null());
-  json body = json::parse(b.Response("stop"));
+  json body = json::parse(RenderResponse(env, {&b}, {"stop"}, 3));
   CHECK(body["choices"][0]["logprobs"].is_null());
   CHECK(body["usage"] == json{{"prompt_tokens", 3}, {"completion_tokens", 1}, {"total_tokens", 4}});
+}
+
+TEST_CASE("chat requests: messages rendered with the chat template, chat-only fields checked") {
+  auto r = ParseChatRequest(
+      R"({"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
+          "max_completion_tokens": 9, "max_tokens": 3, "logprobs": true, "top_logprobs": 2, "n": 3,
+          "stop": "END", "user": "u-1", "some_future_field": {"x": 1}})",
+      M().served, 5);
+  REQUIRE(r.ok());
+  CHECK(r->kind == ApiKind::kChat);
+  const std::string want = M()
+                               .format
+                               .RenderChat({{"system", "Be brief."}, {"user", "Hi there"}},
+                                           /*add_generation_prompt=*/true)
+                               .value();
+  CHECK(std::vector<int32_t>(r->spec.prompt_ids().begin(), r->spec.prompt_ids().end()) ==
+        M().tok->Encode(want).value());
+  CHECK(r->spec.max_tokens() == 9);  // max_completion_tokens wins
+  CHECK(r->logprobs == 2);
+  CHECK(r->spec.sampling().logprobs() == 2);
+  CHECK(r->n == 3);
+  CHECK(r->stop == std::vector<std::string>{"END"});
+
+  struct Case {
+    std::string body;
+    std::string param;
+  };
+  const std::vector<Case> bad = {
+      {R"({"model": "tiny"})", "messages"},
+      {R"({"model": "tiny", "messages": []})", "messages"},
+      {R"({"model": "tiny", "messages": "hi"})", "messages"},
+      {R"({"model": "tiny", "messages": [5]})", "messages"},
+      {R"({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]})", "messages"},
+      {R"({"model": "tiny", "messages": [{"content": "x"}]})", "messages"},
+      {R"({"model": "tiny", "messages": [{"role": "user"}]})", "messages"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": 7}]})", "messages"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
+           "top_logprobs": 21})", "top_logprobs"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})",
+       "max_completion_tokens"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
+       "tools"},
+  };
+  for (const Case& c : bad) {
+    INFO(c.body);
+    auto e = ParseChatRequest(c.body, M().served, 1);
+    REQUIRE_FALSE(e.ok());
+    CHECK(HttpStatusFor(e.status()) == 400);
+    CHECK(ErrorParam(e.status()) == c.param);
+  }
+}
+
+// Feeds the ids of `text` one at a time; returns the streamed text and the
+// non-stream text.
+std::pair<std::string, std::string> StreamText(const std::string& text, const CompletionRequest& params,
+                                               bool* stopped, int64_t* tokens) {
+  const ResponseEnvelope env{.id = "c", .model = "tiny"};
+  ChoiceBuilder stream(M().tok.get(), params, 0), whole(M().tok.get(), params, 0);
+  std::string streamed;
+  const std::vector<int32_t> ids = M().tok->Encode(text).value();
+  for (int32_t id : ids) {
+    std::string chunk = stream.AddToken(Tok(id, -0.1f), env, true);
+    whole.AddToken(Tok(id, -0.1f), env, false);
+    if (chunk.empty()) break;  // after a stop
+    streamed += json::parse(chunk)["choices"][0]["text"].get<std::string>();
+    if (stream.stopped()) break;
+  }
+  streamed += json::parse(stream.FinalChunk(env, "stop"))["choices"][0]["text"].get<std::string>();
+  *stopped = stream.stopped();
+  *tokens = stream.completion_tokens();
+  json body = json::parse(RenderResponse(env, {&whole}, {"stop"}, 1));
+  return {streamed, body["choices"][0]["text"].get<std::string>()};
+}
+
+TEST_CASE("stop strings end the choice and never reach the client, also split across tokens") {
+  CompletionRequest params;
+  params.stop = {"world peace", "###"};
+  bool stopped = false;
+  int64_t tokens = 0;
+  const std::string text = "Hello there, world peace is near ### and more";
+  REQUIRE(M().tok->Encode("world peace").value().size() >= 2);  // split across tokens
+  auto [streamed, whole] = StreamText(text, params, &stopped, &tokens);
+  CHECK(stopped);
+  CHECK(streamed == "Hello there, ");
+  CHECK(whole == "Hello there, ");
+  // Tokens up to the one that completed the stop string are counted, no more.
+  CHECK(tokens == static_cast<int64_t>(M().tok->Encode("Hello there, world peace").value().size()));
+  // A prefix of a stop string that never completes is released at the end.
+  params.stop = {"nearly"};
+  auto [s2, w2] = StreamText("it is near", params, &stopped, &tokens);
+  CHECK_FALSE(stopped);
+  CHECK(s2 == "it is near");
+  CHECK(w2 == "it is near");
+  // The earliest match wins.
+  params.stop = {"more", "is"};
+  auto [s3, w3] = StreamText(text, params, &stopped, &tokens);
+  CHECK(stopped);
+  CHECK(s3 == "Hello there, world peace ");
+}
+
+TEST_CASE("n choices render in order with their finish reasons; usage sums them; chat shape") {
+  CompletionRequest params;
+  params.kind = ApiKind::kChat;
+  params.logprobs = 1;
+  const ResponseEnvelope env{.kind = ApiKind::kChat, .id = "chatcmpl-1", .created = 2, .model = "tiny",
+                             .system_fingerprint = "fp_x"};
+  ChoiceBuilder a(M().tok.get(), params, 0), b(M().tok.get(), params, 1);
+  const std::vector<int32_t> ids = M().tok->Encode("Good day").value();
+  json first = json::parse(a.AddToken(Tok(ids[0], -0.25f, {{ids[0], -0.25f}}), env, true));
+  CHECK(first["object"] == "chat.completion.chunk");
+  CHECK(first["choices"][0]["delta"]["role"] == "assistant");
+  CHECK(first["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.25);
+  CHECK(first["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size() == 1);
+  for (size_t i = 1; i < ids.size(); ++i) {
+    json c = json::parse(a.AddToken(Tok(ids[i], -0.5f), env, true));
+    CHECK_FALSE(c["choices"][0]["delta"].contains("role"));
+  }
+  b.AddToken(Tok(ids[0], -1.0f), env, false);
+  json body = json::parse(RenderResponse(env, {&a, &b}, {"stop", "length"}, 4));
+  CHECK(body["object"] == "chat.completion");
+  CHECK(body["system_fingerprint"] == "fp_x");
+  REQUIRE(body["choices"].size() == 2);
+  CHECK(body["choices"][0]["index"] == 0);
+  CHECK(body["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "Good day"}});
+  CHECK(body["choices"][0]["finish_reason"] == "stop");
+  CHECK(body["choices"][1]["index"] == 1);
+  CHECK(body["choices"][1]["finish_reason"] == "length");
+  CHECK(body["choices"][1]["logprobs"]["content"].size() == 1);
+  CHECK(body["usage"] == json{{"prompt_tokens", 4}, {"completion_tokens", ids.size() + 1},
+                              {"total_tokens", 4 + ids.size() + 1}});
+}
+
+TEST_CASE("echo puts the prompt's text before the completion") {
+  auto r = ParseCompletionRequest(R"({"model": "tiny", "prompt": "Once upon", "echo": true})", M().served, 1);
+  REQUIRE(r.ok());
+  CHECK(r->echo_text == "Once upon");
+  const ResponseEnvelope env{.id = "c", .model = "tiny"};
+  ChoiceBuilder s(M().tok.get(), *r, 0), w(M().tok.get(), *r, 0);
+  const int32_t id = M().tok->Encode(" a time").value()[0];
+  json chunk = json::parse(s.AddToken(Tok(id, -0.1f), env, true));
+  w.AddToken(Tok(id, -0.1f), env, false);
+  const std::string piece = M().tok->Decode({id}).value();
+  CHECK(chunk["choices"][0]["text"] == "Once upon" + piece);
+  json body = json::parse(RenderResponse(env, {&w}, {"length"}, 3));
+  CHECK(body["choices"][0]["text"] == "Once upon" + piece);
 }
 
 }  // namespace

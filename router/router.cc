@@ -1,6 +1,8 @@
 #include "router/router.h"
 
+#include <atomic>
 #include <boost/asio/post.hpp>
+#include <cstdlib>
 #include <boost/asio/steady_timer.hpp>
 #include <deque>
 #include <filesystem>
@@ -15,7 +17,9 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
@@ -177,12 +181,16 @@ class Router::Impl : public RegistryListener {
   void OnWorkerFrame(const std::string& worker_id, proto::Frame frame) override;
 
  private:
-  // One client request; its attempts share it.
+  struct Group;
+  using GroupPtr = std::shared_ptr<Group>;
+  // One choice of a client request: the unit the workers run. Its attempts
+  // share it.
   struct Request {
-    uint64_t seq = 0;
-    CompletionRequest params;
-    std::unique_ptr<CompletionBuilder> builder;
-    OutboxPtr out;
+    GroupPtr group;
+    int index = 0;                   // The choice's index.
+    proto::GenerationSpec spec;      // The group's, with choice_index = index.
+    std::unique_ptr<ChoiceBuilder> builder;
+    bool done = false;               // Finished (its finish reason is in the group).
     int attempts = 0;
     // The current attempt.
     uint64_t attempt_id = 0;
@@ -194,10 +202,24 @@ class Router::Impl : public RegistryListener {
     // different connections); replayed once it arrives.
     std::vector<std::variant<proto::Token, proto::Finish>> held;
     std::string last_failure;
-    absl::Time arrival, first_token_at, last_token_at;
+    absl::Time first_token_at, last_token_at;
     bool any_token = false;
   };
   using RequestPtr = std::shared_ptr<Request>;
+
+  // One client request: n choices and the client's answer channel.
+  struct Group {
+    uint64_t seq = 0;
+    CompletionRequest params;
+    ResponseEnvelope env;
+    OutboxPtr out;
+    std::vector<RequestPtr> choices;
+    std::vector<std::string> finish;  // Per choice, once it is done.
+    int remaining = 0;
+    bool ended = false;
+    absl::Time arrival;
+    bool any_token = false;
+  };
 
   struct StatsQuery {
     OutboxPtr out;
@@ -208,7 +230,9 @@ class Router::Impl : public RegistryListener {
   using StatsQueryPtr = std::shared_ptr<StatsQuery>;
 
   void Handle(http::HttpRequest req, http::HttpExchangePtr ex);
-  void HandleCompletion(http::HttpRequest req, http::HttpExchangePtr ex);
+  void HandleCompletion(http::HttpRequest req, http::HttpExchangePtr ex, ApiKind kind);
+  // 401 unless the request carries the API key (when one is set).
+  bool Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex);
   void HandleStats(http::HttpExchangePtr ex);
   void HandleHealth(http::HttpExchangePtr ex);
   void HandleModels(http::HttpExchangePtr ex);
@@ -222,7 +246,10 @@ class Router::Impl : public RegistryListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Complete(const RequestPtr& r, proto::FinishReason reason, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const RequestPtr& r, const absl::Status& status, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailGroup(const GroupPtr& g, const absl::Status& status, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const RequestPtr& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every running choice of `g` on the workers and stops tracking it.
+  void DropGroup(const GroupPtr& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendCancel(const RequestPtr& r, const std::string& except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RequestPtr FindAttempt(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFirstToken(const std::string& from, const proto::FirstToken& ft, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -256,12 +283,14 @@ class Router::Impl : public RegistryListener {
   uint64_t next_attempt_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, RequestPtr> attempts_ ABSL_GUARDED_BY(mu_);  // By attempt (request_id).
-  std::map<uint64_t, RequestPtr> requests_ ABSL_GUARDED_BY(mu_);  // By client sequence number.
+  std::map<uint64_t, GroupPtr> requests_ ABSL_GUARDED_BY(mu_);  // By client sequence number.
   std::list<StatsQueryPtr> stats_queries_ ABSL_GUARDED_BY(mu_);
   // Router-local totals for /stats (the metrics registry is process-wide).
   int64_t n_ok_ ABSL_GUARDED_BY(mu_) = 0, n_error_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_cancelled_ ABSL_GUARDED_BY(mu_) = 0, n_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_redispatched_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> rejected_auth_{0};
+  std::string system_fingerprint_;
 };
 
 absl::Status Router::Impl::Start(RouterOptions options) {
@@ -283,6 +312,11 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                         .max_model_len = context,
                         .vocab_size = shape.vocab_size};
   created_ = absl::ToUnixSeconds(absl::Now());
+  // Names this build and model, as OpenAI's field does its backend config.
+  system_fingerprint_ = absl::StrFormat(
+      "fp_duet_%010x", std::hash<std::string>{}(absl::StrCat("duet/1 ", options_.served_model_name, " ",
+                                                             tokenizer_->vocab_size(), " ", context)) &
+                           0xffffffffffull);
   {
     absl::MutexLock lock(&mu_);
     dispatcher_ = Dispatcher(options_.policy);
@@ -316,7 +350,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   RETURN_IF_ERROR(registry_->Start());
   auto http = http::HttpServer::Start(
       http_io_->context(), options_.http_listen,
-      [this](http::HttpRequest req, http::HttpExchangePtr ex) { Handle(std::move(req), std::move(ex)); });
+      [this](http::HttpRequest req, http::HttpExchangePtr ex) { Handle(std::move(req), std::move(ex)); },
+      options_.http_limits);
   if (!http.ok()) return http.status();
   http_ = std::move(*http);
   LOG(INFO) << "router serving model \"" << options_.served_model_name << "\" (context " << context
@@ -333,7 +368,7 @@ void Router::Impl::Stop() {
   control_io_->Stop();
   http_io_->Stop();
   // Exchanges must go before the contexts they post to.
-  std::map<uint64_t, RequestPtr> requests;
+  std::map<uint64_t, GroupPtr> requests;
   std::list<StatsQueryPtr> queries;
   {
     absl::MutexLock lock(&mu_);
@@ -358,9 +393,11 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
     return false;
   };
   if (path == "/v1/completions") {
-    if (method_is("POST")) HandleCompletion(std::move(req), std::move(ex));
+    if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kCompletion);
+  } else if (path == "/v1/chat/completions") {
+    if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kChat);
   } else if (path == "/v1/models") {
-    if (method_is("GET")) HandleModels(std::move(ex));
+    if (method_is("GET") && Authorized(req, ex)) HandleModels(std::move(ex));
   } else if (path == "/health") {
     if (method_is("GET")) HandleHealth(std::move(ex));
   } else if (path == "/stats") {
@@ -373,8 +410,33 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
       ex->Reply(std::move(r));
     }
   } else {
-    ex->Reply(JsonResponse(404, ErrorJson(absl::NotFoundError(absl::StrCat("no route for ", path)))));
+    ex->Reply(JsonResponse(404, ErrorJson(WithCode(absl::NotFoundError(absl::StrCat("no route for ", path)),
+                                                   "unknown_url"))));
   }
+}
+
+bool Router::Impl::Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex) {
+  if (options_.api_key.empty()) return true;
+  auto it = req.headers.find("authorization");
+  absl::Status s;
+  if (it == req.headers.end()) {
+    s = absl::UnauthenticatedError(
+        "You didn't provide an API key. Send it in the Authorization header: Bearer YOUR_KEY");
+  } else {
+    absl::string_view v = it->second;
+    // Constant time over the key's length: no early exit on the first mismatch.
+    bool ok = absl::ConsumePrefix(&v, "Bearer ") && v.size() == options_.api_key.size();
+    unsigned diff = ok ? 0 : 1;
+    for (size_t i = 0; ok && i < v.size(); ++i) diff |= static_cast<unsigned char>(v[i] ^ options_.api_key[i]);
+    if (diff == 0) return true;
+    s = absl::UnauthenticatedError("Incorrect API key provided");
+  }
+  ++rejected_auth_;
+  total_rejected_->Increment();
+  http::HttpResponse r = JsonResponse(401, ErrorJson(WithCode(s, "invalid_api_key")));
+  r.headers.push_back({"WWW-Authenticate", "Bearer"});
+  ex->Reply(std::move(r));
+  return false;
 }
 
 void Router::Impl::HandleModels(http::HttpExchangePtr ex) {
@@ -398,9 +460,10 @@ void Router::Impl::HandleHealth(http::HttpExchangePtr ex) {
   ex->Reply(JsonResponse(s.ok() ? 200 : 503, out.dump()));
 }
 
-void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr ex) {
+void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr ex, ApiKind kind) {
   const absl::Time arrival = options_.clock->Now();
-  auto parsed = ParseCompletionRequest(req.body, served_, RandomU64());
+  auto parsed = kind == ApiKind::kChat ? ParseChatRequest(req.body, served_, RandomU64())
+                                       : ParseCompletionRequest(req.body, served_, RandomU64());
   if (!parsed.ok()) {
     total_rejected_->Increment();
     {
@@ -410,29 +473,58 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
     ex->Reply(JsonResponse(HttpStatusFor(parsed.status()), ErrorJson(parsed.status())));
     return;
   }
-  auto r = std::make_shared<Request>();
-  r->params = std::move(*parsed);
-  r->arrival = arrival;
-  r->out = std::make_shared<Outbox>(ex);
-  r->builder = std::make_unique<CompletionBuilder>(
-      tokenizer_.get(), absl::StrFormat("cmpl-%016x%016x", RandomU64(), RandomU64()),
-      absl::ToUnixSeconds(absl::Now()), options_.served_model_name, r->params.logprobs,
-      r->params.spec.prompt_ids_size());
+  auto g = std::make_shared<Group>();
+  g->params = std::move(*parsed);
+  g->arrival = arrival;
+  g->out = std::make_shared<Outbox>(ex);
+  g->env = ResponseEnvelope{
+      .kind = kind,
+      .id = absl::StrFormat("%s-%016x%016x", kind == ApiKind::kChat ? "chatcmpl" : "cmpl", RandomU64(), RandomU64()),
+      .created = absl::ToUnixSeconds(absl::Now()),
+      .model = options_.served_model_name,
+      .system_fingerprint = system_fingerprint_};
+  for (int i = 0; i < g->params.n; ++i) {
+    auto r = std::make_shared<Request>();
+    r->group = g;
+    r->index = i;
+    r->spec = g->params.spec;
+    r->spec.set_choice_index(static_cast<uint32_t>(i));
+    r->builder = std::make_unique<ChoiceBuilder>(tokenizer_.get(), g->params, i);
+    g->choices.push_back(std::move(r));
+  }
+  g->finish.assign(g->choices.size(), "");
+  g->remaining = static_cast<int>(g->choices.size());
   uint64_t seq = 0;
   Pending p;
   {
     absl::MutexLock lock(&mu_);
-    r->seq = next_seq_++;
-    p.Add(r->out);
-    absl::Status s = StartAttempt(r, p);
+    g->seq = next_seq_++;
+    p.Add(g->out);
+    absl::Status s;
+    if (static_cast<int64_t>(requests_.size()) >= options_.max_requests) {
+      s = WithCode(absl::ResourceExhaustedError(absl::StrCat(
+                       "the server has ", requests_.size(), " requests in flight, its limit (--max-requests); "
+                       "retry later")),
+                   "queue_full");
+    }
+    for (const RequestPtr& r : g->choices) {
+      if (!s.ok()) break;
+      s = StartAttempt(r, p);
+    }
     if (!s.ok()) {
+      for (const RequestPtr& r : g->choices) {
+        if (r->attempts > 0) SendCancel(r, "");
+        attempts_.erase(r->attempt_id);
+      }
       ++n_rejected_;
       total_rejected_->Increment();
-      r->out->Reply(JsonResponse(HttpStatusFor(s), ErrorJson(s)));
+      http::HttpResponse resp = JsonResponse(HttpStatusFor(s), ErrorJson(s));
+      if (resp.status == 429 || resp.status == 503) resp.headers.push_back({"Retry-After", "1"});
+      g->out->Reply(std::move(resp));
     } else {
-      seq = r->seq;
-      requests_[seq] = r;
-      if (r->params.stream) r->out->StartStream();
+      seq = g->seq;
+      requests_[seq] = g;
+      if (g->params.stream) g->out->StartStream();
     }
   }
   p.Flush();
@@ -443,12 +535,21 @@ void Router::Impl::OnClientGone(uint64_t seq) {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(seq);
   if (it == requests_.end()) return;
-  RequestPtr r = it->second;
-  LOG(INFO) << "client of request " << r->attempt_id << " disconnected; cancelling it";
-  SendCancel(r, "");
-  Forget(r);
+  GroupPtr g = it->second;
+  LOG(INFO) << "client of request " << g->env.id << " disconnected; cancelling it";
+  DropGroup(g);
   ++n_cancelled_;
   total_cancelled_->Increment();
+}
+
+void Router::Impl::DropGroup(const GroupPtr& g) {
+  g->ended = true;
+  for (const RequestPtr& r : g->choices) {
+    if (r->done) continue;
+    r->done = true;
+    if (attempts_.erase(r->attempt_id) > 0) SendCancel(r, "");
+  }
+  requests_.erase(g->seq);
 }
 
 // ---------------------------------------------------------------- state machine
@@ -472,12 +573,12 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
     proto::Frame f = NewFrame();
     proto::PrefillRequest* pr = f.mutable_prefill();
     pr->set_request_id(id);
-    *pr->mutable_spec() = r->params.spec;
+    *pr->mutable_spec() = r->spec;
     pr->mutable_resume_ids()->Assign(resume.begin(), resume.end());
     pr->set_decode_worker_id(a->decode_id);
     pr->set_decode_address(a->decode_address);
     if (!registry_->Send(a->prefill_id, f)) continue;
-    registry_->Charge(*a, r->params.spec.prompt_ids_size() + static_cast<int64_t>(resume.size()));
+    registry_->Charge(*a, r->spec.prompt_ids_size() + static_cast<int64_t>(resume.size()));
     r->attempts++;
     r->attempt_id = id;
     r->prefill_id = a->prefill_id;
@@ -494,7 +595,7 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
 void Router::Impl::Redispatch(const RequestPtr& r, const std::string& reason, Pending& p) {
   attempts_.erase(r->attempt_id);
   r->last_failure = reason;
-  if (static_cast<int64_t>(r->builder->token_ids().size()) >= r->params.spec.max_tokens()) {
+  if (static_cast<int64_t>(r->builder->token_ids().size()) >= r->spec.max_tokens()) {
     Complete(r, proto::FINISH_LENGTH, p);  // Nothing is left to generate.
     return;
   }
@@ -510,21 +611,31 @@ void Router::Impl::Redispatch(const RequestPtr& r, const std::string& reason, Pe
 }
 
 void Router::Impl::Deliver(const RequestPtr& r, const proto::Token& token, Pending& p) {
-  if (static_cast<int64_t>(r->builder->token_ids().size()) >= r->params.spec.max_tokens()) {
+  if (r->done) return;
+  if (static_cast<int64_t>(r->builder->token_ids().size()) >= r->spec.max_tokens()) {
     LOG(WARNING) << "attempt " << r->attempt_id << " sent a token past max_tokens; dropped";
     return;
   }
+  Group& g = *r->group;
   const absl::Time now = options_.clock->Now();
+  if (!g.any_token) {
+    g.any_token = true;
+    ttft_->Observe(absl::ToDoubleSeconds(now - g.arrival));
+  }
   if (!r->any_token) {
     r->any_token = true;
     r->first_token_at = now;
-    ttft_->Observe(absl::ToDoubleSeconds(now - r->arrival));
   }
   r->last_token_at = now;
-  std::string chunk = r->builder->AddToken(token, r->params.stream);
-  if (r->params.stream) {
-    r->out->Event(std::move(chunk));
-    p.Add(r->out);
+  std::string chunk = r->builder->AddToken(token, g.env, g.params.stream);
+  if (g.params.stream && !chunk.empty()) {
+    g.out->Event(std::move(chunk));
+    p.Add(g.out);
+  }
+  if (r->builder->stopped()) {
+    // A stop string: the choice is complete; the workers stop generating it.
+    SendCancel(r, "");
+    Complete(r, proto::FINISH_STOP, p);
   }
 }
 
@@ -535,44 +646,65 @@ void Router::Impl::SendCancel(const RequestPtr& r, const std::string& except) {
   if (r->decode_id != except && r->decode_id != r->prefill_id) registry_->Send(r->decode_id, f);
 }
 
-void Router::Impl::Forget(const RequestPtr& r) {
-  attempts_.erase(r->attempt_id);
-  requests_.erase(r->seq);
-}
+void Router::Impl::Forget(const RequestPtr& r) { attempts_.erase(r->attempt_id); }
 
 void Router::Impl::Complete(const RequestPtr& r, proto::FinishReason reason, Pending& p) {
   Forget(r);
-  ++n_ok_;
-  total_ok_->Increment();
-  const absl::Time now = options_.clock->Now();
-  e2e_->Observe(absl::ToDoubleSeconds(now - r->arrival));
+  if (r->done) return;
+  r->done = true;
+  GroupPtr g = r->group;
+  if (g->ended) return;
+  const std::string why = FinishReasonName(reason);
+  g->finish[r->index] = why;
   const size_t n = r->builder->token_ids().size();
   if (n > 1) tpot_->Observe(absl::ToDoubleSeconds(r->last_token_at - r->first_token_at) / (n - 1));
-  const std::string why = FinishReasonName(reason);
-  if (r->params.stream) {
-    r->out->Event(r->builder->FinalChunk(why));
-    if (r->params.include_usage) r->out->Event(r->builder->UsageChunk());
-    r->out->Event("[DONE]");
-    r->out->EndStream();
+  if (g->params.stream) g->out->Event(r->builder->FinalChunk(g->env, why));
+  p.Add(g->out);
+  if (--g->remaining > 0) return;
+  // Every choice is done: the response ends.
+  g->ended = true;
+  requests_.erase(g->seq);
+  ++n_ok_;
+  total_ok_->Increment();
+  e2e_->Observe(absl::ToDoubleSeconds(options_.clock->Now() - g->arrival));
+  const int64_t prompt = g->params.spec.prompt_ids_size();
+  if (g->params.stream) {
+    if (g->params.include_usage) {
+      int64_t completion = 0;
+      for (const RequestPtr& c : g->choices) completion += c->builder->completion_tokens();
+      g->out->Event(RenderUsageChunk(g->env, prompt, completion));
+    }
+    g->out->Event("[DONE]");
+    g->out->EndStream();
   } else {
-    r->out->Reply(JsonResponse(200, r->builder->Response(why)));
+    std::vector<ChoiceBuilder*> builders;
+    for (const RequestPtr& c : g->choices) builders.push_back(c->builder.get());
+    g->out->Reply(JsonResponse(200, RenderResponse(g->env, builders, g->finish, prompt)));
   }
-  p.Add(r->out);
 }
 
 void Router::Impl::Fail(const RequestPtr& r, const absl::Status& status, Pending& p) {
   Forget(r);
+  r->done = true;
+  FailGroup(r->group, status, p);
+}
+
+void Router::Impl::FailGroup(const GroupPtr& g, const absl::Status& status, Pending& p) {
+  if (g->ended) return;
+  DropGroup(g);  // The other choices stop too: the response is an error.
   ++n_error_;
   total_error_->Increment();
-  LOG(WARNING) << "request " << r->attempt_id << " failed: " << status;
-  if (r->params.stream) {
-    r->out->Event(ErrorJson(status));
-    r->out->Event("[DONE]");
-    r->out->EndStream();
+  LOG(WARNING) << "request " << g->env.id << " failed: " << status;
+  if (g->params.stream) {
+    g->out->Event(ErrorJson(status));
+    g->out->Event("[DONE]");
+    g->out->EndStream();
   } else {
-    r->out->Reply(JsonResponse(HttpStatusFor(status), ErrorJson(status)));
+    http::HttpResponse resp = JsonResponse(HttpStatusFor(status), ErrorJson(status));
+    if (resp.status == 503) resp.headers.push_back({"Retry-After", "1"});
+    g->out->Reply(std::move(resp));
   }
-  p.Add(r->out);
+  p.Add(g->out);
 }
 
 void Router::Impl::ApplyFinish(const RequestPtr& r, const proto::Finish& fin, const std::string& from,
@@ -677,10 +809,11 @@ void Router::Impl::OnWorkerLost(const std::string& worker_id, proto::Role role, 
   Pending p;
   absl::MutexLock lock(&mu_);
   std::vector<RequestPtr> affected;
-  for (const auto& [seq, r] : requests_) {
+  for (const auto& [id, r] : attempts_) {
     if (r->prefill_id == worker_id || r->decode_id == worker_id) affected.push_back(r);
   }
   for (const RequestPtr& r : affected) {
+    if (r->done || FindAttempt(r->attempt_id) != r) continue;  // Ended with an earlier one's group.
     if (r->prefill_id == worker_id &&
         (!r->first_token || (r->decode_id != worker_id && !r->decode_heard))) {
       // Either nothing reached the client, or token 1 did but the decode has
@@ -762,6 +895,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
   }
   Json router;
   router["requests_in_flight"] = static_cast<int64_t>(requests_.size());
+  router["requests_unauthorized"] = rejected_auth_.load();
   router["attempts_in_flight"] = static_cast<int64_t>(attempts_.size());
   router["requests_ok"] = n_ok_;
   router["requests_error"] = n_error_;
@@ -798,6 +932,14 @@ void AddRouterFlags(FlagSet& f) {
   f.Int("missed-heartbeats", 10, "heartbeats a worker may miss before it is dropped");
   f.Int("max-attempts", 3, "attempts per request across worker failures");
   f.Int("max-model-len", 0, "context in tokens (0: config.json's max_position_embeddings)");
+  f.String("api-key", "", "require 'Authorization: Bearer KEY' on /v1/ endpoints (also $DUET_API_KEY)");
+  f.String("api-key-file", "", "read the API key from this file (first line), instead of --api-key");
+  f.Int("max-requests", 4096, "client requests in flight; more get 429 with Retry-After");
+  f.Int("max-body-bytes", 4 << 20, "largest request body; larger gets 413");
+  f.Int("max-header-bytes", 16 << 10, "largest request header block; larger gets 431");
+  f.Int("max-connections", 1024, "open client connections; more get 503");
+  f.Int("header-timeout-s", 10, "seconds a client may take to send its headers");
+  f.Int("idle-timeout-s", 60, "seconds a keep-alive connection may sit idle");
 }
 
 absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
@@ -815,6 +957,32 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   o.max_attempts = static_cast<int>(f.GetInt("max-attempts"));
   if (f.GetInt("max-model-len") < 0) return absl::InvalidArgumentError("--max-model-len must be >= 0");
   o.max_model_len = f.GetInt("max-model-len");
+  o.api_key = f.GetString("api-key");
+  if (o.api_key.empty()) {
+    if (const char* env = std::getenv("DUET_API_KEY")) o.api_key = env;
+  }
+  if (!f.GetString("api-key-file").empty()) {
+    if (!f.GetString("api-key").empty()) {
+      return absl::InvalidArgumentError("give --api-key or --api-key-file, not both");
+    }
+    std::ifstream in(f.GetString("api-key-file"));
+    if (!in) return absl::NotFoundError(absl::StrCat("--api-key-file: cannot read ", f.GetString("api-key-file")));
+    std::getline(in, o.api_key);
+    while (!o.api_key.empty() && (o.api_key.back() == '\r' || o.api_key.back() == ' ')) o.api_key.pop_back();
+    if (o.api_key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--api-key-file: ", f.GetString("api-key-file"), " is empty"));
+    }
+  }
+  for (const char* name : {"max-requests", "max-body-bytes", "max-header-bytes", "max-connections",
+                           "header-timeout-s", "idle-timeout-s"}) {
+    if (f.GetInt(name) < 1) return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1"));
+  }
+  o.max_requests = f.GetInt("max-requests");
+  o.http_limits.max_body_bytes = static_cast<size_t>(f.GetInt("max-body-bytes"));
+  o.http_limits.max_header_bytes = static_cast<size_t>(f.GetInt("max-header-bytes"));
+  o.http_limits.max_connections = static_cast<int>(f.GetInt("max-connections"));
+  o.http_limits.header_timeout = absl::Seconds(f.GetInt("header-timeout-s"));
+  o.http_limits.idle_timeout = absl::Seconds(f.GetInt("idle-timeout-s"));
   return o;
 }
 

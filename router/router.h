@@ -6,9 +6,12 @@
 //   ... workers register on router.control_address(); clients use http_port() ...
 //   router.Stop();
 //
-// Request flow (proto/README.md): POST /v1/completions is validated and
-// tokenized here, then dispatched as a PrefillRequest (one *attempt*, with a
-// router-wide request_id) to a prefill worker naming the chosen decode.
+// Request flow (proto/README.md): POST /v1/completions and
+// /v1/chat/completions are validated and tokenized here. Each of the n
+// choices is its own request to the workers (choice_index i, so one seed
+// gives n different samples); the response ends when every choice has, and
+// fails as a whole when one fails. A choice is dispatched as a
+// PrefillRequest (one *attempt*, with a router-wide request_id) to a prefill worker naming the chosen decode.
 // FirstToken comes from the prefill, TokenBatch and Finish from the decode;
 // the router detokenizes incrementally and answers with one JSON body or an
 // SSE stream. Each attempt moves dispatched -> first token -> decoding ->
@@ -37,6 +40,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "base/flags.h"
+#include "http/server.h"
 #include "router/dispatch.h"
 
 namespace duet::router {
@@ -62,6 +66,14 @@ struct RouterOptions {
   // Context in tokens; 0: config.json's max_position_embeddings.
   int64_t max_model_len = 0;
   Clock* clock = RealClock();  // Heartbeat deadlines and latency metrics.
+  // Non-empty: the OpenAI endpoints (/v1/...) require "Authorization: Bearer
+  // <api_key>" (401 otherwise); /health and /metrics stay open.
+  std::string api_key;
+  // Client requests in flight at once; more are refused with 429 and
+  // Retry-After (workers queue what they hold, the router bounds the rest).
+  int64_t max_requests = 4096;
+  // Body, header and connection limits and the timeouts that bound slow clients.
+  http::HttpLimits http_limits;
 };
 
 class Router {

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -57,8 +59,9 @@ class Client {
     fd_ = -1;
   }
 
-  void Request(const std::string& method, const std::string& path, const std::string& body = "") {
-    std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: localhost\r\n");
+  void Request(const std::string& method, const std::string& path, const std::string& body = "",
+               const std::string& extra_headers = "") {
+    std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: localhost\r\n", extra_headers);
     if (!body.empty() || method == "POST") {
       absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n");
     }
@@ -225,15 +228,16 @@ void Script(FakeWorker& w, Scripted s, const std::string& id) {
 }
 
 struct Fixture {
-  Fixture() {
+  explicit Fixture(std::function<void(RouterOptions&)> adjust = nullptr) {
     dir = testing::TinyModelDir();
     tok = std::move(engine::Tokenizer::Load(dir)).value();
     format = std::move(engine::PromptFormat::Load(dir)).value();
-    REQUIRE(router.Start({.model_dir = dir,
-                          .served_model_name = "tiny",
-                          .stats_timeout = absl::Milliseconds(300),
-                          .clock = &clock})
-                .ok());
+    RouterOptions o{.model_dir = dir,
+                    .served_model_name = "tiny",
+                    .stats_timeout = absl::Milliseconds(300),
+                    .clock = &clock};
+    if (adjust) adjust(o);
+    REQUIRE(router.Start(o).ok());
   }
   ~Fixture() { router.Stop(); }
 
@@ -309,6 +313,9 @@ TEST_CASE("non-stream completion: dispatch, then the body exactly") {
   want["object"] = "text_completion";
   want["created"] = got["created"];
   want["model"] = "tiny";
+  REQUIRE(got["system_fingerprint"].is_string());
+  CHECK(absl::StartsWith(got["system_fingerprint"].get<std::string>(), "fp_"));
+  want["system_fingerprint"] = got["system_fingerprint"];
   Json choice;
   choice["index"] = 0;
   choice["text"] = fx.Text(out);
@@ -361,6 +368,7 @@ TEST_CASE("stream completion: one chunk per token, a final chunk, then [DONE]") 
     j["object"] = "text_completion";
     j["created"] = created;
     j["model"] = "tiny";
+    j["system_fingerprint"] = first["system_fingerprint"];
     j["choices"] = Json::array({std::move(choice)});
     return j.dump();
   };
@@ -694,6 +702,113 @@ TEST_CASE("/stats asks each worker fresh, and falls back to its heartbeat when i
   CHECK(p["leased_blocks"] == 40);
   CHECK(p["prompt_tokens_computed"] == 1234);
   CHECK(s["router"]["live_workers"] == 2);
+}
+
+TEST_CASE("n choices: one attempt per choice index, one body with every choice") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" two ways");
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .reason = proto::FINISH_STOP});
+  Response r = Call(fx.router.http_port(), "POST", "/v1/completions",
+                    R"({"model": "tiny", "prompt": "x", "n": 2, "seed": 9, "max_tokens": 10})");
+  REQUIRE(r.status == 200);
+  std::set<uint32_t> indexes;
+  std::set<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto pf = w->NextFrame();
+    REQUIRE(pf.ok());
+    REQUIRE(pf->has_prefill());
+    indexes.insert(pf->prefill().spec().choice_index());
+    ids.insert(pf->prefill().request_id());
+    CHECK(pf->prefill().spec().sampling().seed() == 9);
+  }
+  CHECK(indexes == std::set<uint32_t>{0, 1});
+  CHECK(ids.size() == 2);
+  Json body = Json::parse(r.body);
+  REQUIRE(body["choices"].size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(body["choices"][i]["index"] == i);
+    CHECK(body["choices"][i]["text"] == fx.Text(out));
+    CHECK(body["choices"][i]["finish_reason"] == "stop");
+  }
+  CHECK(body["usage"]["completion_tokens"] == 2 * out.size());
+}
+
+TEST_CASE("a stop string ends the choice early and cancels it on the worker") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" one two three four");
+  // The worker never finishes by itself.
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .hold_after = static_cast<int>(out.size())});
+  Client c(fx.router.http_port());
+  c.Request("POST", "/v1/chat/completions",
+            R"({"model": "tiny", "messages": [{"role": "user", "content": "count"}], "stop": ["three"],
+                "stream": true, "max_tokens": 50})");
+  REQUIRE(c.ReadHead().status == 200);
+  std::vector<std::string> events = c.AllEvents();
+  REQUIRE(events.size() >= 2);
+  CHECK(events.back() == "[DONE]");
+  std::string text;
+  Json last;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    Json e = Json::parse(events[i]);
+    CHECK(e["object"] == "chat.completion.chunk");
+    if (e["choices"][0]["delta"].contains("content")) text += e["choices"][0]["delta"]["content"].get<std::string>();
+    last = e;
+  }
+  CHECK(text == " one two ");
+  CHECK(last["choices"][0]["finish_reason"] == "stop");
+  auto pf = w->NextFrame();
+  REQUIRE(pf.ok());
+  const uint64_t id = pf->prefill().request_id();
+  auto cancel = w->WaitFor([&](const proto::Frame& f) { return f.has_cancel() && f.cancel().request_id() == id; });
+  CHECK(cancel.ok());
+}
+
+TEST_CASE("--api-key: /v1/ needs the bearer key (401 in OpenAI's shape); /health stays open") {
+  Fixture fx([](RouterOptions& o) { o.api_key = "sk-test-123"; });
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = fx.Encode(" ok"), .reason = proto::FINISH_STOP});
+  const std::string body = R"({"model": "tiny", "prompt": "x", "max_tokens": 3})";
+  for (const std::string& header : {std::string(""), std::string("Authorization: Bearer sk-wrong\r\n"),
+                                    std::string("Authorization: sk-test-123\r\n"),
+                                    std::string("Authorization: Bearer sk-test-12\r\n")}) {
+    INFO(header);
+    Client c(fx.router.http_port());
+    c.Request("POST", "/v1/completions", body, header);
+    Client::Head h = c.ReadHead();
+    CHECK(h.status == 401);
+    Json err = Json::parse(c.ReadBody());
+    CHECK(err["error"]["code"] == "invalid_api_key");
+    CHECK(err["error"]["type"] == "invalid_request_error");
+  }
+  Client ok(fx.router.http_port());
+  ok.Request("POST", "/v1/completions", body, "Authorization: Bearer sk-test-123\r\n");
+  CHECK(ok.ReadHead().status == 200);
+  Client models(fx.router.http_port());
+  models.Request("GET", "/v1/models");
+  CHECK(models.ReadHead().status == 401);
+  CHECK(Call(fx.router.http_port(), "GET", "/health").status == 200);
+  CHECK(fx.Stats()["router"]["requests_unauthorized"] == 5);
+}
+
+TEST_CASE("--max-requests: one more request in flight gets 429 with Retry-After") {
+  Fixture fx([](RouterOptions& o) { o.max_requests = 1; });
+  std::vector<int32_t> out = fx.Encode(" wait");
+  auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .hold_after = 1});
+  Client first(fx.router.http_port());
+  first.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": 9})");
+  REQUIRE(first.ReadHead().status == 200);
+  Response r = Call(fx.router.http_port(), "POST", "/v1/completions",
+                    R"({"model": "tiny", "prompt": "y", "max_tokens": 9})");
+  CHECK(r.status == 429);
+  CHECK(r.headers["retry-after"] == "1");
+  Json err = Json::parse(r.body);
+  CHECK(err["error"]["code"] == "queue_full");
+  first.Close();  // The first request is cancelled; the slot frees up.
+  auto pf = w->NextFrame();
+  REQUIRE(pf.ok());
+  auto cancel = w->WaitFor([&](const proto::Frame& f) { return f.has_cancel(); });
+  REQUIRE(cancel.ok());
+  Json stats = fx.Stats();
+  CHECK(stats["router"]["requests_in_flight"] == 0);
 }
 
 }  // namespace
