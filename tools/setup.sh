@@ -10,6 +10,8 @@ PACKAGES=(
   libucx-dev ucx-utils libopenblas-dev libopenblas0-pthread
   catch2 nlohmann-json3-dev libicu-dev libpcre2-dev
   mbw python3
+  prometheus
+  clang libclang-rt-14-dev
 )
 
 missing=()
