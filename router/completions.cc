@@ -26,7 +26,11 @@ absl::Status WithPayloads(absl::Status s, absl::string_view param, absl::string_
   return s;
 }
 
+// A short description of a client's value for an error message. Never
+// dumps a container: nesting is the client's to choose, and dump recurses.
 std::string Describe(const Json& v) {
+  if (v.is_array()) return absl::StrCat("an array of ", v.size());
+  if (v.is_object()) return "an object";
   std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
   return s.size() > 40 ? s.substr(0, 37) + "..." : s;
 }
