@@ -30,8 +30,39 @@ run() {
   fi
 }
 
+# libFuzzer on the request parser (clang, ASan + UBSan) for DUET_FUZZ_SECONDS
+# (default 60) from the seed corpus; one test that fails on any finding.
+fuzz() {
+  local seconds="${DUET_FUZZ_SECONDS:-60}"
+  echo "== libFuzzer: //router:request_fuzzer for ${seconds} s"
+  if ! bazel build --config=fuzz //router:request_fuzzer 2>&1 | grep -avE '^INFO: From'; then
+    echo "fuzzer build failed"
+    total_fail=$((total_fail + 1))
+    rc=1
+    return
+  fi
+  local work
+  work="$(mktemp -d)"
+  cp router/fuzz_corpus/* "$work/"
+  local bin
+  bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)/router/request_fuzzer"
+  if (cd "$work" && "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+        -artifact_prefix="$work/" -print_final_stats=1 "$work" >"$work/log" 2>&1); then
+    echo "fuzzer: $(grep -a -m1 'Done' "$work/log"), no finding"
+    total_pass=$((total_pass + 1))
+  else
+    tail -40 "$work/log"
+    echo "fuzzer: FINDING (crash input kept in $work)"
+    total_fail=$((total_fail + 1))
+    rc=1
+    return
+  fi
+  rm -rf "$work"
+}
+
 run //... --test_tag_filters=-gpu --build_tests_only "$@"
 run --config=asan --test_tag_filters=-gpu --build_tests_only //base/... //engine/... //kernels/... //tests/...
+fuzz
 
 echo "${total_pass} passed, ${total_fail} failed"
 exit $rc
