@@ -1,5 +1,6 @@
 #include "base/metrics.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -18,9 +19,11 @@ void AtomicAdd(std::atomic<double>& a, double v) {
 std::string FormatValue(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  // Shortest text that reads back as v (Prometheus's own clients print
+  // bucket bounds this way: le="0.1", not le="0.10000000000000001").
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
 }
 
 std::string EscapeLabel(const std::string& v) {

@@ -23,10 +23,10 @@ TEST_CASE("counters, gauges and histograms render in the Prometheus text format"
   REQUIRE_THAT(text, Contains("duet_requests_total{status=\"ok\"} 3\n"));
   REQUIRE_THAT(text, Contains("duet_requests_total{status=\"error\"} 1\n"));
   REQUIRE_THAT(text, Contains("duet_kv_cache_usage_ratio{role=\"decode\",worker=\"d\\\"1\"} 0.25\n"));
-  REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_bucket{transport=\"ucx\",le=\"0.10000000000000001\"} 1\n"));
+  REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_bucket{transport=\"ucx\",le=\"0.1\"} 1\n"));
   REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_bucket{transport=\"ucx\",le=\"1\"} 2\n"));
   REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_bucket{transport=\"ucx\",le=\"+Inf\"} 3\n"));
-  REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_sum{transport=\"ucx\"} 7.5499999999999998\n"));
+  REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_sum{transport=\"ucx\"} 7.55\n"));
   REQUIRE_THAT(text, Contains("duet_kv_transfer_seconds_count{transport=\"ucx\"} 3\n"));
 }
 

@@ -111,6 +111,13 @@ absl::Status PrefillService::Init() {
   usage_gauge_ = m.GetGauge("duet_kv_cache_usage_ratio", "Fraction of KV blocks in use", labels);
   queue_time_ = m.GetHistogram("duet_request_queue_time_seconds", "Time from arrival to scheduling",
                                {{"role", kRole}}, LatencyBucketsSeconds());
+  for (int t = 0; t < 2; ++t) {
+    const Labels tier = {{"tier", t == 0 ? "device" : "host"}};
+    prefix_query_tokens_[t] = m.GetCounter("duet_prefix_cache_query_tokens_total",
+                                           "Prompt tokens looked up in the prefix cache", tier);
+    prefix_hit_tokens_[t] = m.GetCounter("duet_prefix_cache_hit_tokens_total",
+                                         "Prompt tokens found in the prefix cache", tier);
+  }
   PublishStats();
   engine_ = std::thread([this] { EngineLoop(); });
   LOG(INFO) << "prefill " << worker_id_ << ": " << options_.served_model_name << ", " << blocks
@@ -231,7 +238,11 @@ void PrefillService::Handle(Event& e) {
   switch (e.kind) {
     case Event::Kind::kRequest: {
       const uint64_t id = e.request_id;
+      const double tokens = e.request.spec().prompt_ids_size() + e.request.resume_ids_size();
       absl::Status s = scheduler_->Enqueue(std::move(e.request));
+      if (s.ok()) {
+        for (Counter* q : prefix_query_tokens_) q->Increment(tokens);  // every one a miss
+      }
       if (!s.ok()) {
         LOG(WARNING) << "request " << id << " rejected: " << s;
         SendFinish(id, proto::FINISH_ERROR, s);

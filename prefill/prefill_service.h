@@ -120,6 +120,11 @@ class PrefillService : public worker::WorkerService {
   Gauge* running_gauge_ = nullptr;
   Gauge* usage_gauge_ = nullptr;
   Histogram* queue_time_ = nullptr;
+  // Prefix-cache lookups per tier (device, host). There is no prefix cache
+  // yet: every prompt token is looked up and missed in both tiers, so the
+  // hit counters stay 0 and dashboards show a 0% hit rate, not no data.
+  Counter* prefix_query_tokens_[2] = {nullptr, nullptr};
+  Counter* prefix_hit_tokens_[2] = {nullptr, nullptr};
 
   absl::Mutex stats_mu_;
   proto::WorkerStats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -273,6 +273,7 @@ class Router::Impl : public RegistryListener {
   Histogram* ttft_ = nullptr;
   Histogram* tpot_ = nullptr;
   Histogram* e2e_ = nullptr;
+  Histogram* itl_ = nullptr;
   Counter* total_ok_ = nullptr;
   Counter* total_error_ = nullptr;
   Counter* total_cancelled_ = nullptr;
@@ -327,6 +328,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   ttft_ = m.GetHistogram("duet_time_to_first_token_seconds", "Time to first token", model, LatencyBucketsSeconds());
   tpot_ = m.GetHistogram("duet_time_per_output_token_seconds", "Time per output token after the first", model,
                          TokenBucketsSeconds());
+  itl_ = m.GetHistogram("duet_inter_token_latency_seconds", "Time between consecutive tokens of a choice", model,
+                        TokenBucketsSeconds());
   e2e_ = m.GetHistogram("duet_e2e_request_latency_seconds", "Request latency, arrival to last token", model,
                         LatencyBucketsSeconds());
   const char* kTotalHelp = "Completion requests by outcome";
@@ -625,6 +628,8 @@ void Router::Impl::Deliver(const RequestPtr& r, const proto::Token& token, Pendi
   if (!r->any_token) {
     r->any_token = true;
     r->first_token_at = now;
+  } else {
+    itl_->Observe(absl::ToDoubleSeconds(now - r->last_token_at));
   }
   r->last_token_at = now;
   std::string chunk = r->builder->AddToken(token, g.env, g.params.stream);

@@ -1,0 +1,235 @@
+// Debian's Prometheus server against a real cluster (router + prefill +
+// decode processes), with deploy/prometheus.yml and a file-based
+// service-discovery list as `duet up` writes it: the TTFT, TPOT and KV-usage
+// series exist with the values the requests imply, `promtool check metrics`
+// accepts every process's /metrics, and every PromQL expression of
+// deploy/grafana/duet.json returns data. Needs `prometheus` and `promtool`
+// (tools/setup.sh installs them); fails without them.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "base/subprocess.h"
+#include "http/client.h"
+#include "tests/cluster.h"
+#include "tests/test_models.h"
+
+namespace duet::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs a PromQL instant query; the result vector (empty on error).
+json Query(int port, const std::string& expr) {
+  std::string q;
+  for (unsigned char c : expr) {
+    if (std::isalnum(c) || c == '_' || c == '.' || c == '-') {
+      q += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof(buf), "%%%02X", c);
+      q += buf;
+    }
+  }
+  auto r = http::HttpCall("127.0.0.1", port, "GET", "/api/v1/query?query=" + q, "", absl::Seconds(10));
+  if (!r.ok() || r->status != 200) return json::array();
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || j["status"] != "success") return json::array();
+  return j["data"]["result"];
+}
+
+// `name` on $PATH (or /usr/bin): the Debian package's binaries.
+std::string Which(const std::string& name) {
+  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  path += ":/usr/bin:/usr/local/bin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    fs::path candidate = fs::path(path.substr(start, end - start)) / name;
+    if (!candidate.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    start = end + 1;
+  }
+  FAIL("cannot find " << name << " on $PATH: install it with `bash tools/setup.sh` (Debian's prometheus package)");
+  return "";
+}
+
+double Value(const json& sample) { return std::stod(sample["value"][1].get<std::string>()); }
+
+// `promtool check metrics` on a process's /metrics text: its exit status
+// and what it printed.
+std::pair<int, std::string> PromtoolCheck(const std::string& text, const std::string& dir) {
+  const std::string in = dir + "/metrics.txt";
+  {
+    std::ofstream f(in);
+    f << text;
+  }
+  const std::string cmd = absl::StrCat(Which("promtool"), " check metrics < ", in, " 2>&1");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return data") {
+  Cluster c;
+  REQUIRE(c.StartRouter(TinyModelDir("llama")).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+
+  // Traffic: kRequests completions of 6 tokens each, streamed and not.
+  constexpr int kRequests = 12;
+  for (int i = 0; i < kRequests; ++i) {
+    auto r = c.Post("/v1/completions",
+                    absl::StrCat(R"({"model": "tiny-llama", "prompt": "Request number )", i,
+                                 R"(", "max_tokens": 6, "ignore_eos": true, "temperature": 0, "stream": )",
+                                 i % 2 ? "true" : "false", "}"));
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+  }
+
+  // deploy/prometheus.yml, scraping every second, and the targets file.
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "prometheus";
+  fs::create_directories(dir / "targets");
+  std::string config = ReadFile("deploy/prometheus.yml");
+  REQUIRE(config.find("scrape_interval: 5s") != std::string::npos);
+  config = absl::StrReplaceAll(config, {{"scrape_interval: 5s", "scrape_interval: 1s"}});
+  { std::ofstream(dir / "prometheus.yml") << config; }
+  json targets = json::array();
+  targets.push_back({{"targets", {absl::StrCat("127.0.0.1:", c.http_port())}},
+                     {"labels", {{"role", "router"}, {"worker", "router"}}}});
+  std::vector<std::string> endpoints = {absl::StrCat("127.0.0.1:", c.http_port())};
+  for (const char* id : {"prefill-0", "decode-0"}) {
+    const std::string ep = absl::StrCat("127.0.0.1:", c.ready(id)["metrics_port"].get<int>());
+    endpoints.push_back(ep);
+    targets.push_back({{"targets", {ep}}, {"labels", {{"role", c.ready(id)["role"]}, {"worker", id}}}});
+  }
+  { std::ofstream(dir / "targets" / "duet.json") << targets.dump(2); }
+
+  // Every process's exposition passes promtool.
+  for (const std::string& ep : endpoints) {
+    INFO(ep);
+    const int port = std::stoi(ep.substr(ep.find(':') + 1));
+    auto m = http::HttpCall("127.0.0.1", port, "GET", "/metrics", "", absl::Seconds(5));
+    REQUIRE(m.ok());
+    REQUIRE(m->status == 200);
+    auto [rc, out] = PromtoolCheck(m->body, dir.string());
+    INFO(out);
+    CHECK(rc == 0);
+  }
+
+  const int port = FreePort();
+  auto prom = Subprocess::Start({Which("prometheus"), "--config.file=" + (dir / "prometheus.yml").string(),
+                                 "--storage.tsdb.path=" + (dir / "data").string(),
+                                 absl::StrCat("--web.listen-address=127.0.0.1:", port), "--log.level=warn"},
+                                {}, (dir / "prometheus.log").string());
+  REQUIRE(prom.ok());
+
+  // Ready, every target up, and two scrapes done (rates need two samples).
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  bool up = false;
+  while (!up && absl::Now() < deadline) {
+    json r = Query(port, "count(up == 1) == 3 and count(count_over_time(up[1m]) >= 3) == 3");
+    up = !r.empty();
+  }
+  INFO(ReadFile((dir / "prometheus.log").string()));
+  REQUIRE(up);
+
+  // TTFT: one observation per request, each plausible.
+  json ttft = Query(port, "sum(duet_time_to_first_token_seconds_count)");
+  REQUIRE(ttft.size() == 1);
+  CHECK(Value(ttft[0]) == kRequests);
+  json mean = Query(port, "sum(duet_time_to_first_token_seconds_sum) / sum(duet_time_to_first_token_seconds_count)");
+  REQUIRE(mean.size() == 1);
+  CHECK(Value(mean[0]) > 0);
+  CHECK(Value(mean[0]) < 60);
+  // TPOT: one per request (6 tokens each), per-token times below a second.
+  json tpot = Query(port, "sum(duet_time_per_output_token_seconds_count)");
+  REQUIRE(tpot.size() == 1);
+  CHECK(Value(tpot[0]) == kRequests);
+  json itl = Query(port, "sum(duet_inter_token_latency_seconds_count)");
+  REQUIRE(itl.size() == 1);
+  CHECK(Value(itl[0]) == kRequests * 5);
+  json tpot_mean =
+      Query(port, "sum(duet_time_per_output_token_seconds_sum) / sum(duet_time_per_output_token_seconds_count)");
+  REQUIRE(tpot_mean.size() == 1);
+  CHECK(Value(tpot_mean[0]) > 0);
+  CHECK(Value(tpot_mean[0]) < 5);
+  // KV usage: one series per worker, by role, a ratio; idle now, so 0.
+  json usage = Query(port, "duet_kv_cache_usage_ratio");
+  REQUIRE(usage.size() == 2);
+  for (const json& s : usage) {
+    CHECK((s["metric"]["role"] == "prefill" || s["metric"]["role"] == "decode"));
+    CHECK(Value(s) >= 0);
+    CHECK(Value(s) <= 1);
+  }
+  // KV transfer: the decode pulled every request's blocks.
+  json moved = Query(port, "sum(duet_kv_transfer_bytes_total)");
+  REQUIRE(moved.size() == 1);
+  CHECK(Value(moved[0]) > 0);
+  json ok = Query(port, R"(sum(duet_requests_total{status="ok"}))");
+  REQUIRE(ok.size() == 1);
+  CHECK(Value(ok[0]) == kRequests);
+
+  // Every expression of the Grafana dashboard, with its variables' defaults.
+  json dash = json::parse(ReadFile("deploy/grafana/duet.json"));
+  std::map<std::string, std::string> vars = {{"$__rate_interval", "1m"}};
+  for (const json& v : dash["templating"]["list"]) {
+    if (v["type"] == "custom") vars["$" + v["name"].get<std::string>()] = v["current"]["value"];
+  }
+  int exprs = 0;
+  for (const json& panel : dash["panels"]) {
+    for (const json& t : panel["targets"]) {
+      std::string expr = t["expr"];
+      for (const auto& [k, v] : vars) expr = absl::StrReplaceAll(expr, {{k, v}});
+      INFO(panel["title"].get<std::string>() << ": " << expr);
+      CHECK(expr.find('$') == std::string::npos);
+      CHECK_FALSE(Query(port, expr).empty());
+      ++exprs;
+    }
+  }
+  CHECK(exprs >= 12);
+  prom.value()->Terminate(absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace duet::testing
