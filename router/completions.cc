@@ -605,9 +605,74 @@ Json Usage(int64_t prompt, int64_t completion) {
 
 }  // namespace
 
+namespace {
+
+// A JSON string literal of valid UTF-8 `s`, byte for byte as nlohmann's dump
+// writes it (escapes for '"', '\\' and control characters only).
+void AppendJsonString(std::string& out, absl::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 15];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
 std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::string& text,
                                      const std::vector<int32_t>& ids, size_t lp_begin, size_t lp_end,
                                      std::optional<absl::string_view> finish_reason) {
+  // The common chunk (a token's text, no logprobs, not the first of a chat
+  // choice) written directly: streaming renders one per token per client.
+  // The same bytes as the general path below.
+  if (lp_end == lp_begin && !finish_reason && !(kind_ == ApiKind::kChat && first_chunk_) &&
+      engine::IsValidUtf8(text) && engine::IsValidUtf8(env.id) && engine::IsValidUtf8(env.model) &&
+      engine::IsValidUtf8(env.system_fingerprint)) {
+    std::string out;
+    out.reserve(200 + text.size() + env.model.size());
+    out += "{\"id\":";
+    AppendJsonString(out, env.id);
+    out += kind_ == ApiKind::kChat ? ",\"object\":\"chat.completion.chunk\",\"created\":"
+                                   : ",\"object\":\"text_completion\",\"created\":";
+    absl::StrAppend(&out, env.created, ",\"model\":");
+    AppendJsonString(out, env.model);
+    out += ",\"system_fingerprint\":";
+    AppendJsonString(out, env.system_fingerprint);
+    absl::StrAppend(&out, ",\"choices\":[{\"index\":", index_);
+    if (kind_ == ApiKind::kChat) {
+      out += ",\"delta\":{";
+      if (!text.empty()) {
+        out += "\"content\":";
+        AppendJsonString(out, text);
+      }
+      out += "},\"logprobs\":null,\"finish_reason\":null}]}";
+    } else {
+      out += ",\"text\":";
+      AppendJsonString(out, text);
+      out += ",\"logprobs\":null,\"finish_reason\":null,\"token_ids\":[";
+      for (size_t i = 0; i < ids.size(); ++i) absl::StrAppend(&out, i ? "," : "", ids[i]);
+      out += "]}]}";
+    }
+    first_chunk_ = false;
+    return out;
+  }
   Json choice;
   choice["index"] = index_;
   if (kind_ == ApiKind::kChat) {

@@ -397,5 +397,62 @@ TEST_CASE("echo puts the prompt's text before the completion") {
   CHECK(body["choices"][0]["text"] == "Once upon" + piece);
 }
 
+TEST_CASE("stream chunks are the bytes a JSON library writes, quotes and control characters included") {
+  const std::string text = std::string("a \"q\" \\ back\tslash\n\x01\x1f é ✓ \x7f");
+  for (ApiKind kind : {ApiKind::kCompletion, ApiKind::kChat}) {
+    CompletionRequest params;
+    params.kind = kind;
+    const ResponseEnvelope env{.kind = kind, .id = "id-\"1\"", .created = 17, .model = "m\\x",
+                               .system_fingerprint = "fp"};
+    ChoiceBuilder b(M().tok.get(), params, 3);
+    // The first chat chunk (role) takes the general path; the second the direct one.
+    if (kind == ApiKind::kChat) b.AddToken(Tok(40, -0.1f), env, true);
+    // A token whose text is `text`: feed ids of it one by one, then compare
+    // one chunk rendered both ways.
+    const std::vector<int32_t> ids = M().tok->Encode(text).value();
+    std::string got;
+    for (int32_t id : ids) got = b.AddToken(Tok(id, -0.1f), env, true);
+    json parsed = json::parse(got);
+    json want;
+    want["id"] = env.id;
+    want["object"] = kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion";
+    want["created"] = 17;
+    want["model"] = env.model;
+    want["system_fingerprint"] = "fp";
+    json choice;
+    choice["index"] = 3;
+    const std::string piece = kind == ApiKind::kChat ? parsed["choices"][0]["delta"].value("content", std::string())
+                                                     : parsed["choices"][0]["text"].get<std::string>();
+    if (kind == ApiKind::kChat) {
+      choice["delta"] = piece.empty() ? json::object() : json{{"content", piece}};
+    } else {
+      choice["text"] = piece;
+    }
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = nullptr;
+    if (kind == ApiKind::kCompletion) choice["token_ids"] = json::array({ids.back()});
+    want["choices"] = json::array({choice});
+    nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(want.dump());
+    // Key order of the real renderer, then byte equality.
+    nlohmann::ordered_json o;
+    for (const char* k : {"id", "object", "created", "model", "system_fingerprint", "choices"}) o[k] = ordered[k];
+    nlohmann::ordered_json oc;
+    for (const char* k : {"index", "delta", "text", "logprobs", "finish_reason", "token_ids"}) {
+      if (ordered["choices"][0].contains(k)) oc[k] = ordered["choices"][0][k];
+    }
+    o["choices"] = nlohmann::ordered_json::array({oc});
+    CHECK(got == o.dump());
+  }
+  // And the text across all chunks is the text.
+  CompletionRequest params;
+  const ResponseEnvelope env{.id = "c", .model = "tiny"};
+  ChoiceBuilder b(M().tok.get(), params, 0);
+  std::string all;
+  const std::vector<int32_t> ids = M().tok->Encode(text).value();
+  for (int32_t id : ids) all += json::parse(b.AddToken(Tok(id, -0.1f), env, true))["choices"][0]["text"].get<std::string>();
+  all += json::parse(b.FinalChunk(env, "stop"))["choices"][0]["text"].get<std::string>();
+  CHECK(all == text);
+}
+
 }  // namespace
 }  // namespace duet::router

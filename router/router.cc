@@ -179,6 +179,7 @@ class Router::Impl : public RegistryListener {
   void OnWorkerLive(const std::string& worker_id, proto::Role role) override;
   void OnWorkerLost(const std::string& worker_id, proto::Role role, const std::string& reason) override;
   void OnWorkerFrame(const std::string& worker_id, proto::Frame frame) override;
+  void HandleFrame(const std::string& worker_id, proto::Frame& frame, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
  private:
   struct Group;
@@ -219,6 +220,8 @@ class Router::Impl : public RegistryListener {
     bool ended = false;
     absl::Time arrival;
     bool any_token = false;
+    // The router's own time on this request before the workers had it.
+    absl::Duration inbound;
   };
 
   struct StatsQuery {
@@ -274,6 +277,10 @@ class Router::Impl : public RegistryListener {
   Histogram* tpot_ = nullptr;
   Histogram* e2e_ = nullptr;
   Histogram* itl_ = nullptr;
+  Histogram* overhead_request_ = nullptr;
+  Histogram* overhead_token_ = nullptr;
+  Counter* frame_seconds_ = nullptr;
+  Counter* frame_tokens_total_ = nullptr;
   Counter* total_ok_ = nullptr;
   Counter* total_error_ = nullptr;
   Counter* total_cancelled_ = nullptr;
@@ -290,6 +297,10 @@ class Router::Impl : public RegistryListener {
   int64_t n_ok_ ABSL_GUARDED_BY(mu_) = 0, n_error_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_cancelled_ ABSL_GUARDED_BY(mu_) = 0, n_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_redispatched_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the frame being handled delivered: first tokens (with their
+  // requests' inbound time) and later tokens.
+  std::vector<absl::Duration> frame_firsts_ ABSL_GUARDED_BY(mu_);
+  int64_t frame_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> rejected_auth_{0};
   std::string system_fingerprint_;
 };
@@ -330,6 +341,20 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                          TokenBucketsSeconds());
   itl_ = m.GetHistogram("duet_inter_token_latency_seconds", "Time between consecutive tokens of a choice", model,
                         TokenBucketsSeconds());
+  const std::vector<double> overhead_buckets = {2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                                1e-3,   2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1};
+  overhead_request_ = m.GetHistogram("duet_router_overhead_seconds",
+                                     "The router's own time: per request (parse, tokenize, dispatch, first "
+                                     "event) and per later streamed token (frame to client event)",
+                                     {{"stage", "request"}}, overhead_buckets);
+  overhead_token_ = m.GetHistogram("duet_router_overhead_seconds",
+                                   "The router's own time: per request (parse, tokenize, dispatch, first event) "
+                                   "and per later streamed token (frame to client event)",
+                                   {{"stage", "token"}}, overhead_buckets);
+  frame_seconds_ = m.GetCounter("duet_router_token_frame_seconds_total",
+                                "Time the router spent handling workers' token frames");
+  frame_tokens_total_ = m.GetCounter("duet_router_token_frame_tokens_total",
+                                     "Tokens in the workers' frames the router handled");
   e2e_ = m.GetHistogram("duet_e2e_request_latency_seconds", "Request latency, arrival to last token", model,
                         LatencyBucketsSeconds());
   const char* kTotalHelp = "Completion requests by outcome";
@@ -339,7 +364,10 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   total_rejected_ = m.GetCounter("duet_requests_total", kTotalHelp, {{"status", "rejected"}});
 
   control_io_ = std::make_unique<rpc::IoThread>();
-  http_io_ = std::make_unique<rpc::IoThread>();
+  // One thread for both: no hand-off (and no wake-up) between a worker's
+  // token frame and the client writes it causes. Two: HTTP parsing and
+  // control traffic on their own cores.
+  if (options_.io_threads > 1) http_io_ = std::make_unique<rpc::IoThread>();
   registry_ = std::make_unique<WorkerRegistry>(
       control_io_->context(),
       RegistryOptions{.listen = options_.control_listen,
@@ -352,7 +380,7 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   started_ = true;
   RETURN_IF_ERROR(registry_->Start());
   auto http = http::HttpServer::Start(
-      http_io_->context(), options_.http_listen,
+      http_io_ ? http_io_->context() : control_io_->context(), options_.http_listen,
       [this](http::HttpRequest req, http::HttpExchangePtr ex) { Handle(std::move(req), std::move(ex)); },
       options_.http_limits);
   if (!http.ok()) return http.status();
@@ -369,7 +397,7 @@ void Router::Impl::Stop() {
   if (http_) http_->Stop();
   registry_->Stop();
   control_io_->Stop();
-  http_io_->Stop();
+  if (http_io_) http_io_->Stop();
   // Exchanges must go before the contexts they post to.
   std::map<uint64_t, GroupPtr> requests;
   std::list<StatsQueryPtr> queries;
@@ -465,6 +493,7 @@ void Router::Impl::HandleHealth(http::HttpExchangePtr ex) {
 
 void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr ex, ApiKind kind) {
   const absl::Time arrival = options_.clock->Now();
+  const absl::Time handler_start = absl::Now();
   auto parsed = kind == ApiKind::kChat ? ParseChatRequest(req.body, served_, RandomU64())
                                        : ParseCompletionRequest(req.body, served_, RandomU64());
   if (!parsed.ok()) {
@@ -528,6 +557,7 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
       seq = g->seq;
       requests_[seq] = g;
       if (g->params.stream) g->out->StartStream();
+      g->inbound = absl::Now() - handler_start;  // Parsed, tokenized, dispatched.
     }
   }
   p.Flush();
@@ -624,6 +654,9 @@ void Router::Impl::Deliver(const RequestPtr& r, const proto::Token& token, Pendi
   if (!g.any_token) {
     g.any_token = true;
     ttft_->Observe(absl::ToDoubleSeconds(now - g.arrival));
+    frame_firsts_.push_back(g.inbound);
+  } else {
+    ++frame_tokens_;
   }
   if (!r->any_token) {
     r->any_token = true;
@@ -782,8 +815,31 @@ void Router::Impl::OnFinish(const std::string& from, const proto::Finish& fin, P
 }
 
 void Router::Impl::OnWorkerFrame(const std::string& worker_id, proto::Frame frame) {
+  // The router's own time per token: from this frame's handler to its events
+  // handed to the clients' connections (the socket writes follow on the same
+  // io thread).
+  const absl::Time frame_start = absl::Now();
   Pending p;
-  absl::MutexLock lock(&mu_);
+  std::vector<absl::Duration> firsts;
+  int64_t tokens = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    frame_firsts_.clear();
+    frame_tokens_ = 0;
+    HandleFrame(worker_id, frame, p);
+    firsts.swap(frame_firsts_);
+    tokens = frame_tokens_;
+  }
+  p.Flush();
+  if (firsts.empty() && tokens == 0) return;
+  const absl::Duration took = absl::Now() - frame_start;
+  for (absl::Duration in : firsts) overhead_request_->Observe(absl::ToDoubleSeconds(in + took));
+  for (int64_t i = 0; i < tokens; ++i) overhead_token_->Observe(absl::ToDoubleSeconds(took));
+  frame_seconds_->Increment(absl::ToDoubleSeconds(took));
+  frame_tokens_total_->Increment(static_cast<double>(tokens + static_cast<int64_t>(firsts.size())));
+}
+
+void Router::Impl::HandleFrame(const std::string& worker_id, proto::Frame& frame, Pending& p) {
   switch (frame.msg_case()) {
     case proto::Frame::kFirstToken:
       OnFirstToken(worker_id, frame.first_token(), p);
@@ -937,6 +993,7 @@ void AddRouterFlags(FlagSet& f) {
   f.Int("missed-heartbeats", 10, "heartbeats a worker may miss before it is dropped");
   f.Int("max-attempts", 3, "attempts per request across worker failures");
   f.Int("max-model-len", 0, "context in tokens (0: config.json's max_position_embeddings)");
+  f.Int("io-threads", 1, "network threads: 1 (HTTP and control plane share one) or 2");
   f.String("api-key", "", "require 'Authorization: Bearer KEY' on /v1/ endpoints (also $DUET_API_KEY)");
   f.String("api-key-file", "", "read the API key from this file (first line), instead of --api-key");
   f.Int("max-requests", 4096, "client requests in flight; more get 429 with Retry-After");
@@ -983,6 +1040,10 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
     if (f.GetInt(name) < 1) return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1"));
   }
   o.max_requests = f.GetInt("max-requests");
+  if (f.GetInt("io-threads") != 1 && f.GetInt("io-threads") != 2) {
+    return absl::InvalidArgumentError("--io-threads must be 1 or 2");
+  }
+  o.io_threads = static_cast<int>(f.GetInt("io-threads"));
   o.http_limits.max_body_bytes = static_cast<size_t>(f.GetInt("max-body-bytes"));
   o.http_limits.max_header_bytes = static_cast<size_t>(f.GetInt("max-header-bytes"));
   o.http_limits.max_connections = static_cast<int>(f.GetInt("max-connections"));

@@ -1,0 +1,684 @@
+// What the router itself adds, measured against a synthetic worker.
+//
+//   bazel run -c opt //tools/bench:router [-- --tokens 32 --interval-ms 20]
+//
+// The router (the duet binary) runs pinned to core 0. The synthetic worker is
+// this binary re-run as a real worker process (--synthetic-worker): it
+// registers over the real control plane as a colocated worker and, with no
+// model, answers each request with a first token at once and then one token
+// per --interval-ms, every request's token of a tick in one TokenBatch frame,
+// as a decode step does; it logs CLOCK_MONOTONIC times of every request's
+// arrival and every token's send. The client (this process, one epoll thread)
+// runs N concurrent streaming /v1/completions and stamps every SSE event on
+// arrival; worker and client share core 1. Each request's prompt names it.
+//
+// Router-added latency, from one clock (same host, CLOCK_MONOTONIC):
+//   per request: (client's first token - client's send) - (worker's first
+//                token send - worker's receipt): the inbound and outbound
+//                router work of a request;
+//   per token:   client's receipt - worker's send, tokens 2.. of a stream.
+// Both include two loopback TCP hops and the client's own parsing: an upper
+// bound on the router's share. Targets at 512 streams: p99 < 1 ms per
+// request, < 100 us per streamed token. Then the most concurrent streams the
+// one-core router holds: every stream completes and p99 per token (end to
+// end) stays under the token interval, doubling from 1024.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/flags.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "base/subprocess.h"
+#include "http/client.h"
+#include "tools/model_maker.h"
+#include "worker/runtime.h"
+
+namespace duet::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// A request's name in its prompt: two token ids below 1000.
+uint32_t KeyOf(int32_t a, int32_t b) { return static_cast<uint32_t>((a - 1) * 1000 + (b - 1)); }
+std::pair<int32_t, int32_t> PromptOf(uint32_t key) {
+  return {static_cast<int32_t>(key / 1000 + 1), static_cast<int32_t>(key % 1000 + 1)};
+}
+
+// ---------------------------------------------------------------------------
+// The synthetic worker.
+
+class SyntheticService : public worker::WorkerService {
+ public:
+  SyntheticService(std::string model, absl::Duration interval, int32_t token)
+      : model_(std::move(model)), interval_(interval), token_(token) {}
+  ~SyntheticService() override { Stop(); }
+
+  void Start(worker::FrameSink* sink) {
+    sink_ = sink;
+    pacer_ = std::thread([this] { Pace(); });
+  }
+  void Stop() {
+    stop_.store(true);
+    if (pacer_.joinable()) pacer_.join();
+  }
+
+  worker::RegistrationInfo Registration() override {
+    worker::RegistrationInfo r;
+    r.role = proto::ROLE_COLOCATED;
+    r.model = model_;
+    r.kv_blocks_total = 1 << 20;
+    r.max_model_len = 1 << 16;
+    r.layout.set_num_layers(1);
+    r.layout.set_num_kv_heads(1);
+    r.layout.set_block_size(16);
+    r.layout.set_head_dim(1);
+    r.layout.set_dtype("f32");
+    r.layout.set_layer_end(1);
+    r.layout.set_head_end(1);
+    return r;
+  }
+
+  void OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) override {
+    const int64_t now = NowNs();
+    if (frame.has_prefill()) {
+      const proto::PrefillRequest& p = frame.prefill();
+      const uint32_t key = p.spec().prompt_ids_size() >= 2 ? KeyOf(p.spec().prompt_ids(0), p.spec().prompt_ids(1)) : 0;
+      proto::Frame f = worker::WorkerRuntime::NewFrame();
+      f.mutable_first_token()->set_request_id(p.request_id());
+      f.mutable_first_token()->mutable_token()->set_id(token_);
+      f.mutable_first_token()->set_worker_id(sink_->worker_id());
+      {
+        absl::MutexLock lock(&mu_);
+        log_ << "R " << key << " " << now << "\n";
+        if (p.spec().max_tokens() > 1) {
+          active_[p.request_id()] = {key, 1, p.spec().max_tokens()};
+        }
+      }
+      const int64_t sent = NowNs();
+      sink_->SendToRouter(f);
+      absl::MutexLock lock(&mu_);
+      log_ << "T " << key << " 0 " << sent << "\n";
+      if (p.spec().max_tokens() <= 1) Finish(p.request_id());
+    } else if (frame.has_cancel()) {
+      absl::MutexLock lock(&mu_);
+      active_.erase(frame.cancel().request_id());
+    }
+  }
+
+  proto::WorkerStats Stats() override {
+    proto::WorkerStats s;
+    s.set_kv_blocks_total(1 << 20);
+    s.set_kv_blocks_free(1 << 20);
+    absl::MutexLock lock(&mu_);
+    s.set_running_requests(static_cast<int64_t>(active_.size()));
+    return s;
+  }
+
+  std::string TakeLog() {
+    absl::MutexLock lock(&mu_);
+    std::string s = log_.str();
+    log_.str("");
+    return s;
+  }
+
+ private:
+  struct Active {
+    uint32_t key;
+    int next;  // index of the next token
+    int max_tokens;
+  };
+
+  void Finish(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    proto::Frame f = worker::WorkerRuntime::NewFrame();
+    f.mutable_finish()->set_request_id(id);
+    f.mutable_finish()->set_reason(proto::FINISH_LENGTH);
+    sink_->SendToRouter(f);
+  }
+
+  // One tick: the next token of every active request, in one frame.
+  void Pace() {
+    absl::Time next = absl::Now() + interval_;
+    while (!stop_.load()) {
+      absl::SleepFor(next - absl::Now());
+      next += interval_;
+      absl::MutexLock lock(&mu_);
+      if (active_.empty()) continue;
+      proto::Frame f = worker::WorkerRuntime::NewFrame();
+      std::vector<uint64_t> done;
+      std::vector<std::pair<uint32_t, int>> sent;
+      for (auto& [id, a] : active_) {
+        proto::TokenEvent* ev = f.mutable_tokens()->add_events();
+        ev->set_request_id(id);
+        ev->mutable_token()->set_id(token_);
+        sent.push_back({a.key, a.next});
+        if (++a.next >= a.max_tokens) done.push_back(id);
+      }
+      const int64_t t = NowNs();
+      sink_->SendToRouter(f);
+      for (const auto& [key, idx] : sent) log_ << "T " << key << " " << idx << " " << t << "\n";
+      for (uint64_t id : done) {
+        Finish(id);
+        active_.erase(id);
+      }
+    }
+  }
+
+  const std::string model_;
+  const absl::Duration interval_;
+  const int32_t token_;
+  worker::FrameSink* sink_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread pacer_;
+  absl::Mutex mu_;
+  std::map<uint64_t, Active> active_ ABSL_GUARDED_BY(mu_);
+  std::ostringstream log_ ABSL_GUARDED_BY(mu_);
+};
+
+// Runs as the synthetic worker: registers, prints "ready", then on each
+// "log PATH" line on stdin writes (and clears) its log there and prints
+// "logged"; exits on "quit" or EOF.
+int RunSyntheticWorker(const FlagSet& f) {
+  SyntheticService service(f.GetString("model-name"), absl::Milliseconds(f.GetInt("interval-ms")),
+                           static_cast<int32_t>(f.GetInt("token")));
+  worker::WorkerRuntime rt({.worker_id = "synthetic-0", .router_address = f.GetString("router")});
+  absl::Status fatal;
+  absl::Status s = rt.Start(&service, [](absl::Status st) {
+    std::cerr << "synthetic worker: " << st << "\n";
+    std::exit(1);
+  });
+  if (!s.ok()) {
+    std::cerr << "synthetic worker: " << s << "\n";
+    return 1;
+  }
+  service.Start(&rt);
+  std::cout << "ready" << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+    if (absl::StartsWith(line, "log ")) {
+      std::ofstream(line.substr(4)) << service.TakeLog();
+      std::cout << "logged" << std::endl;
+    }
+  }
+  service.Stop();
+  rt.Stop();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The client: N streaming completions at once, on one epoll thread.
+
+struct Stream {
+  uint32_t key = 0;
+  int fd = -1;
+  std::string out;   // request bytes not yet sent
+  std::string in;    // bytes received, not yet parsed
+  bool head_done = false;
+  bool done = false;
+  bool failed = false;
+  std::string error;
+  int64_t sent_ns = 0;
+  std::vector<int64_t> events_ns;  // arrival of each token event
+};
+
+// Parses what has arrived: the head, then chunked SSE data events.
+void Parse(Stream& s, int64_t now) {
+  if (!s.head_done) {
+    size_t end = s.in.find("\r\n\r\n");
+    if (end == std::string::npos) return;
+    if (s.in.compare(0, 12, "HTTP/1.1 200") != 0) {
+      s.failed = true;
+      s.error = s.in.substr(0, std::min<size_t>(s.in.size(), 200));
+      s.done = true;
+      return;
+    }
+    s.head_done = true;
+    s.in.erase(0, end + 4);
+  }
+  for (;;) {
+    size_t crlf = s.in.find("\r\n");
+    if (crlf == std::string::npos) return;
+    size_t len = std::strtoul(s.in.substr(0, crlf).c_str(), nullptr, 16);
+    if (len == 0) {
+      s.done = true;
+      return;
+    }
+    if (s.in.size() < crlf + 2 + len + 2) return;
+    const std::string chunk = s.in.substr(crlf + 2, len);
+    s.in.erase(0, crlf + 2 + len + 2);
+    for (absl::string_view ev : absl::StrSplit(chunk, "\n\n", absl::SkipEmpty())) {
+      if (!absl::ConsumePrefix(&ev, "data: ")) continue;
+      if (ev == "[DONE]") continue;
+      if (ev.find("\"error\"") != absl::string_view::npos) {
+        s.failed = true;
+        s.error = std::string(ev.substr(0, 200));
+        continue;
+      }
+      if (ev.find("\"finish_reason\":null") != absl::string_view::npos) s.events_ns.push_back(now);
+    }
+  }
+}
+
+absl::Status RunStreams(int port, const std::string& model, std::vector<Stream>& streams, int tokens) {
+  int ep = epoll_create1(0);
+  if (ep < 0) return absl::InternalError("epoll_create1");
+  for (Stream& s : streams) {
+    s.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (s.fd < 0) return absl::ResourceExhaustedError(absl::StrCat("socket: ", std::strerror(errno)));
+    int one = 1;
+    ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::connect(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    auto [p0, p1] = PromptOf(s.key);
+    const std::string body = absl::StrCat(R"({"model": ")", model, R"(", "prompt": [)", p0, ", ", p1,
+                                          R"(], "max_tokens": )", tokens, R"(, "stream": true})");
+    s.out = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                         "Content-Length: ", body.size(), "\r\n\r\n", body);
+    epoll_event e{.events = EPOLLIN | EPOLLOUT, .data = {.ptr = &s}};
+    epoll_ctl(ep, EPOLL_CTL_ADD, s.fd, &e);
+  }
+  size_t open = streams.size();
+  std::vector<epoll_event> evs(256);
+  char buf[65536];
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (open > 0 && absl::Now() < deadline) {
+    int n = epoll_wait(ep, evs.data(), static_cast<int>(evs.size()), 1000);
+    const int64_t now = NowNs();
+    for (int i = 0; i < n; ++i) {
+      Stream& s = *static_cast<Stream*>(evs[i].data.ptr);
+      if (s.done) continue;
+      if ((evs[i].events & EPOLLOUT) && !s.out.empty()) {
+        ssize_t w = ::send(s.fd, s.out.data(), s.out.size(), MSG_NOSIGNAL);
+        if (w > 0) {
+          if (s.sent_ns == 0) s.sent_ns = now;
+          s.out.erase(0, static_cast<size_t>(w));
+        }
+        if (s.out.empty()) {
+          s.sent_ns = NowNs();
+          epoll_event e{.events = EPOLLIN, .data = {.ptr = &s}};
+          epoll_ctl(ep, EPOLL_CTL_MOD, s.fd, &e);
+        }
+      }
+      if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        for (;;) {
+          ssize_t r = ::recv(s.fd, buf, sizeof(buf), 0);
+          if (r > 0) {
+            s.in.append(buf, static_cast<size_t>(r));
+            continue;
+          }
+          if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+            if (!s.done) {
+              Parse(s, now);
+              if (!s.done) {
+                s.failed = true;
+                s.error = "connection closed mid-stream";
+                s.done = true;
+              }
+            }
+          }
+          break;
+        }
+        Parse(s, now);
+      }
+      if (s.done) {
+        ::close(s.fd);
+        --open;
+      }
+    }
+  }
+  ::close(ep);
+  if (open > 0) return absl::DeadlineExceededError(absl::StrCat(open, " streams did not finish"));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+
+// duet_router_overhead_seconds{stage} bucket counts, from the router's /metrics.
+using Buckets = std::map<double, double>;  // le -> cumulative count
+std::map<std::string, Buckets> ReadOverhead(int port) {
+  std::map<std::string, Buckets> out;
+  auto r = http::HttpCall("127.0.0.1", port, "GET", "/metrics", "", absl::Seconds(10));
+  if (!r.ok()) return out;
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    for (const char* total : {"duet_router_token_frame_seconds_total ", "duet_router_token_frame_tokens_total "}) {
+      absl::string_view l = line;
+      double v = 0;
+      if (absl::ConsumePrefix(&l, total) && absl::SimpleAtod(l, &v)) out["totals"][total[24] == 's' ? 0 : 1] = v;
+    }
+    if (!absl::ConsumePrefix(&line, "duet_router_overhead_seconds_bucket{stage=\"")) continue;
+    const size_t q = line.find('"');
+    const std::string stage(line.substr(0, q));
+    const size_t le = line.find("le=\"");
+    const size_t le_end = line.find('"', le + 4);
+    const std::string bound(line.substr(le + 4, le_end - le - 4));
+    double count = 0;
+    if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &count)) continue;
+    out[stage][bound == "+Inf" ? 1e300 : std::stod(bound)] = count;
+  }
+  return out;
+}
+
+// The bucket bound under which fraction p of the observations between two
+// snapshots fall, in microseconds (the histogram's resolution).
+double BucketPct(const Buckets& before, const Buckets& after, double p) {
+  const double total = after.rbegin()->second - (before.empty() ? 0 : before.rbegin()->second);
+  if (total <= 0) return 0;
+  for (const auto& [le, cum] : after) {
+    auto b = before.find(le);
+    if (cum - (b == before.end() ? 0 : b->second) >= p * total) return le * 1e6;
+  }
+  return 1e300;
+}
+
+struct Figures {
+  int streams = 0;
+  double own_req_p50 = 0, own_req_p99 = 0, own_tok_p50 = 0, own_tok_p99 = 0;  // the router's timestamps
+  double cost_per_token_us = 0;  // the router's time on token frames / their tokens
+  int failed = 0;
+  std::string first_error;
+  std::vector<double> request_us, token_us;
+};
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+class Bench {
+ public:
+  absl::Status Start(const FlagSet& f) {
+    run_dir_ = (fs::temp_directory_path() / absl::StrCat("duet-router-bench-", getpid())).string();
+    fs::create_directories(run_dir_);
+    ASSIGN_OR_RETURN(std::string model_dir, tools::EnsureCachedModel("tiny"));
+    model_ = tools::ModelBaseName(model_dir);
+    const std::string ready = run_dir_ + "/router.json";
+    ASSIGN_OR_RETURN(router_, Subprocess::Start({fs::absolute("tools/duet").string(), "router", "--model", model_dir,
+                                                 "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0",
+                                                 "--max-connections", "65536", "--max-requests", "65536",
+                                                 "--ready-file", ready},
+                                                {}, run_dir_ + "/router.log", {0}));
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    Json r;
+    while (absl::Now() < deadline) {
+      std::ifstream in(ready);
+      if (in) {
+        r = Json::parse(in, nullptr, false);
+        if (!r.is_discarded()) break;
+      }
+      if (router_->TryWait()) return absl::UnavailableError("the router exited; log: " + router_->log_path());
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (r.is_discarded() || !r.contains("http_port")) return absl::DeadlineExceededError("router not ready");
+    port_ = r["http_port"];
+    // The synthetic worker: this binary, on core 1, talking over pipes.
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) return absl::InternalError("pipe");
+    worker_pid_ = fork();
+    if (worker_pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(std::min(1, static_cast<int>(std::thread::hardware_concurrency()) - 1), &set);
+      sched_setaffinity(0, sizeof(set), &set);
+      const std::string self = fs::read_symlink("/proc/self/exe").string();
+      execl(self.c_str(), self.c_str(), "--synthetic-worker", ("--router=" + r["control"].get<std::string>()).c_str(),
+            ("--model-name=" + model_).c_str(), absl::StrCat("--interval-ms=", f.GetInt("interval-ms")).c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    to_worker_ = fdopen(to_child[1], "w");
+    from_worker_ = fdopen(from_child[0], "r");
+    if (ReadLine() != "ready") return absl::InternalError("synthetic worker did not start");
+    // Registered when the router lists it.
+    while (absl::Now() < deadline) {
+      auto s = http::HttpCall("127.0.0.1", port_, "GET", "/stats", "", absl::Seconds(5));
+      if (s.ok() && s->status == 200 && Json::parse(s->body)["workers"].size() == 1) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    // This process: the client, beside the worker.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(std::min(1, static_cast<int>(std::thread::hardware_concurrency()) - 1), &set);
+    sched_setaffinity(0, sizeof(set), &set);
+    rlimit lim;
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+    return absl::OkStatus();
+  }
+
+  ~Bench() {
+    if (to_worker_ != nullptr) {
+      std::fputs("quit\n", to_worker_);
+      std::fflush(to_worker_);
+      fclose(to_worker_);
+    }
+    if (worker_pid_ > 0) {
+      int st;
+      waitpid(worker_pid_, &st, 0);
+    }
+    if (router_) router_->Terminate(absl::Seconds(5));
+  }
+
+  // `streams` concurrent streams of `tokens` tokens, `rounds` times.
+  absl::StatusOr<Figures> Measure(int streams, int tokens, int rounds) {
+    Figures fig;
+    fig.streams = streams;
+    const auto before = ReadOverhead(port_);
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<Stream> ss(static_cast<size_t>(streams));
+      for (int i = 0; i < streams; ++i) ss[i].key = static_cast<uint32_t>(next_key_++ % 990000);
+      RETURN_IF_ERROR(RunStreams(port_, model_, ss, tokens));
+      // The worker's side.
+      const std::string log_path = absl::StrCat(run_dir_, "/worker-", streams, "-", round, ".log");
+      std::fprintf(to_worker_, "log %s\n", log_path.c_str());
+      std::fflush(to_worker_);
+      if (ReadLine() != "logged") return absl::InternalError("synthetic worker did not write its log");
+      std::map<uint32_t, int64_t> recv;
+      std::map<std::pair<uint32_t, int>, int64_t> sent;
+      std::ifstream in(log_path);
+      std::string kind;
+      while (in >> kind) {
+        uint32_t key;
+        if (kind == "R") {
+          int64_t t;
+          in >> key >> t;
+          recv[key] = t;
+        } else {
+          int idx;
+          int64_t t;
+          in >> key >> idx >> t;
+          sent[{key, idx}] = t;
+        }
+      }
+      for (const Stream& s : ss) {
+        if (s.failed || static_cast<int>(s.events_ns.size()) != tokens) {
+          if (fig.failed++ == 0) {
+            fig.first_error = s.failed ? s.error : absl::StrCat(s.events_ns.size(), " of ", tokens, " tokens");
+          }
+          continue;
+        }
+        auto r = recv.find(s.key);
+        auto t0 = sent.find({s.key, 0});
+        if (r == recv.end() || t0 == sent.end()) continue;
+        fig.request_us.push_back(((s.events_ns[0] - s.sent_ns) - (t0->second - r->second)) / 1e3);
+        for (int j = 1; j < tokens; ++j) {
+          auto t = sent.find({s.key, j});
+          if (t != sent.end()) fig.token_us.push_back((s.events_ns[j] - t->second) / 1e3);
+        }
+      }
+    }
+    const auto after = ReadOverhead(port_);
+    auto get = [](const std::map<std::string, Buckets>& m, const char* k) {
+      auto it = m.find(k);
+      return it == m.end() ? Buckets{} : it->second;
+    };
+    {
+      Buckets b = get(before, "totals"), a = get(after, "totals");
+      const double secs = a[0] - b[0], toks = a[1] - b[1];
+      if (toks > 0) fig.cost_per_token_us = secs / toks * 1e6;
+    }
+    if (after.count("request") && after.count("token")) {
+      fig.own_req_p50 = BucketPct(get(before, "request"), get(after, "request"), 0.5);
+      fig.own_req_p99 = BucketPct(get(before, "request"), get(after, "request"), 0.99);
+      fig.own_tok_p50 = BucketPct(get(before, "token"), get(after, "token"), 0.5);
+      fig.own_tok_p99 = BucketPct(get(before, "token"), get(after, "token"), 0.99);
+    }
+    return fig;
+  }
+
+ private:
+  std::string ReadLine() {
+    char line[256];
+    if (fgets(line, sizeof(line), from_worker_) == nullptr) return "";
+    std::string s(line);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+
+  std::string run_dir_, model_;
+  int port_ = 0;
+  std::unique_ptr<Subprocess> router_;
+  pid_t worker_pid_ = -1;
+  FILE* to_worker_ = nullptr;
+  FILE* from_worker_ = nullptr;
+  uint64_t next_key_ = 0;
+};
+
+absl::Status Run(const FlagSet& f) {
+  Bench b;
+  std::fprintf(stderr, "[router bench] starting the router (core 0) and the synthetic worker (core 1)\n");
+  RETURN_IF_ERROR(b.Start(f));
+  const int tokens = static_cast<int>(f.GetInt("tokens"));
+  std::printf("duet router bench: router pinned to core 0; synthetic worker (real control plane, a token per %lld ms "
+              "per stream, one frame per tick) and the epoll client on core 1; %d tokens per stream.\n"
+              "router's own: its timestamps (duet_router_overhead_seconds: request = parse, tokenize, dispatch + "
+              "first token frame to its client event; token = token frame to client event), p50/p99 as histogram "
+              "bucket bounds. end to end: client's CLOCK_MONOTONIC minus the worker's (adds the loopback hops and "
+              "thread wake-ups of three processes on two cores): an upper bound. work/tok: the router's time on "
+              "token frames divided by their tokens (a decode step's tokens arrive in one frame and are written "
+              "out one after another, so a token's latency includes those ahead of it in its frame)\n\n",
+              static_cast<long long>(f.GetInt("interval-ms")), tokens);
+  std::printf("%8s %9s | %-34s | %-34s | %-9s | %-17s | %-17s | %6s\n", "", "", "router's own, per request (us)",
+              "router's own, per token (us)", "work/tok", "end to end, req", "end to end, tok", "");
+  std::printf("%8s %9s | %8s %8s %16s | %8s %8s %16s | %9s | %8s %8s | %8s %8s | %6s\n", "streams", "requests", "p50",
+              "p99", "target", "p50", "p99", "target", "us", "p50", "p99", "p50", "p99", "errors");
+  int held = 0;
+  for (int streams : {1, 64, 512}) {
+    std::fprintf(stderr, "[router bench] %d concurrent streams\n", streams);
+    const int rounds = streams == 1 ? 30 : streams == 64 ? 4 : 2;
+    ASSIGN_OR_RETURN(Figures fig, b.Measure(streams, tokens, rounds));
+    auto verdict = [&](double v, double limit) {
+      if (streams != 512) return std::string("-");
+      return absl::StrCat("<", limit, v < limit ? " ok" : " MISS", " x", absl::StrFormat("%.2f", v / limit));
+    };
+    std::printf("%8d %9zu | %8.1f %8.1f %16s | %8.1f %8.1f %16s | %9.2f | %8.0f %8.0f | %8.0f %8.0f | %6d\n", streams,
+                fig.request_us.size(), fig.own_req_p50, fig.own_req_p99, verdict(fig.own_req_p99, 1000).c_str(),
+                fig.own_tok_p50, fig.own_tok_p99, verdict(fig.own_tok_p99, 100).c_str(), fig.cost_per_token_us,
+                Pct(fig.request_us, 0.5), Pct(fig.request_us, 0.99), Pct(fig.token_us, 0.5), Pct(fig.token_us, 0.99),
+                fig.failed);
+    if (fig.failed > 0) std::printf("  first error: %s\n", fig.first_error.c_str());
+    if (fig.failed == 0 && Pct(fig.token_us, 0.99) < f.GetInt("interval-ms") * 1000.0) held = streams;
+    std::fflush(stdout);
+  }
+  for (int streams = 1024; streams <= f.GetInt("max-streams"); streams *= 2) {
+    std::fprintf(stderr, "[router bench] capacity: %d concurrent streams\n", streams);
+    auto fig = b.Measure(streams, tokens, 1);
+    // Held: every stream completes and tokens keep the worker's pace (p99
+    // end to end below one token interval).
+    const bool ok = fig.ok() && fig->failed == 0 && Pct(fig->token_us, 0.99) < f.GetInt("interval-ms") * 1000.0;
+    if (fig.ok()) {
+      std::printf("%8d %9zu | %8.1f %8.1f %16s | %8.1f %8.1f %16s | %9.2f | %8.0f %8.0f | %8.0f %8.0f | %6d\n", streams,
+                  fig->request_us.size(), fig->own_req_p50, fig->own_req_p99, "-", fig->own_tok_p50, fig->own_tok_p99,
+                  "-", fig->cost_per_token_us, Pct(fig->request_us, 0.5), Pct(fig->request_us, 0.99),
+                  Pct(fig->token_us, 0.5), Pct(fig->token_us, 0.99), fig->failed);
+    } else {
+      std::printf("%8d  (%s)\n", streams, std::string(fig.status().message()).c_str());
+    }
+    std::fflush(stdout);
+    if (!ok) break;
+    held = streams;
+  }
+  std::printf("\nmost concurrent streams held on one router core (all complete, p99 end-to-end per token under "
+              "the %lld ms token interval): %d "
+              "(tried up to %lld)\n",
+              static_cast<long long>(f.GetInt("interval-ms")), held, static_cast<long long>(f.GetInt("max-streams")));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace duet::bench
+
+int main(int argc, char** argv) {
+  duet::FlagSet f("router", "What the router adds to each request and each streamed token, against a synthetic worker.");
+  f.Int("tokens", 32, "tokens per stream");
+  f.Int("interval-ms", 20, "the synthetic worker's time per token");
+  f.Int("max-streams", 8192, "the largest stream count the capacity search tries (doubling from 1024)");
+  f.Bool("synthetic-worker", "internal: run as the synthetic worker");
+  f.String("router", "", "internal: router control address");
+  f.String("model-name", "", "internal: served model name");
+  f.Int("token", 300, "internal: the token id the synthetic worker emits");
+  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (f.GetBool("synthetic-worker")) return duet::bench::RunSyntheticWorker(f);
+  if (absl::Status s = duet::bench::Run(f); !s.ok()) {
+    std::fprintf(stderr, "router bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
