@@ -76,6 +76,8 @@ int RunUp(int argc, char** argv) {
   f.String("config", "", "cluster file (JSON; see the README) instead of the counts above");
   f.Int("threads", 0, "engine threads per worker (0: cores / workers, at least 1)");
   f.Double("kv-memory", 0.25, "KV cache per worker in GiB");
+  f.String("api-key", "", "require 'Authorization: Bearer KEY' on the API (also $DUET_API_KEY)");
+  f.String("api-key-file", "", "read the API key from this file instead");
   f.String("run-dir", "", "folder for logs and ready files (default: a new one under /tmp)");
   absl::Status s = f.Parse(argc, argv);
   if (f.help_requested()) {
@@ -167,7 +169,14 @@ int RunUp(int argc, char** argv) {
     rargs.push_back("--served-model-name");
     rargs.push_back(cfg.served_model_name);
   }
-  auto router = Subprocess::Start(rargs, {}, run_dir + "/router.log");
+  // The key travels in the environment, not on a command line others can read.
+  std::vector<std::string> renv;
+  if (!f.GetString("api-key").empty()) renv.push_back("DUET_API_KEY=" + f.GetString("api-key"));
+  if (!f.GetString("api-key-file").empty()) {
+    rargs.push_back("--api-key-file");
+    rargs.push_back(f.GetString("api-key-file"));
+  }
+  auto router = Subprocess::Start(rargs, renv, run_dir + "/router.log");
   if (!router.ok()) {
     std::fprintf(stderr, "duet up: %s\n", router.status().ToString().c_str());
     return 1;
