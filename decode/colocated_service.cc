@@ -62,6 +62,18 @@ void ColocatedService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
 }
 
 void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
+  if (req.sibling_request_ids_size() > 0) {
+    // Other choices of the prompt: requests of their own here (the engine
+    // computes each prompt; only the disaggregated prefill shares it).
+    for (int k = 0; k < req.sibling_request_ids_size(); ++k) {
+      proto::PrefillRequest r = req;
+      r.clear_sibling_request_ids();
+      r.set_request_id(req.sibling_request_ids(k));
+      r.mutable_spec()->set_choice_index(req.spec().choice_index() + static_cast<uint32_t>(k) + 1);
+      HandlePrefill(std::move(r));
+    }
+    req.clear_sibling_request_ids();
+  }
   const uint64_t id = req.request_id();
   const engine::ModelConfig& c = engine_.model->config();
   absl::Status valid;

@@ -76,13 +76,13 @@ void LeaseTable::EndLocked(std::map<uint64_t, Entry>::iterator it, EndReason rea
       transport_->BumpEpoch(region_, b);
     }
   }
-  ended->push_back({std::move(it->second.blocks), reason});
+  ended->push_back({it->first, std::move(it->second.blocks), reason});
   leases_.erase(it);
 }
 
 void LeaseTable::Notify(Ended& ended) {
   if (!on_end_) return;
-  for (auto& [blocks, reason] : ended) on_end_(blocks, reason);
+  for (auto& e : ended) on_end_(e.id, e.blocks, e.reason);
 }
 
 absl::Status LeaseTable::End(uint64_t lease_id, EndReason reason) {

@@ -10,7 +10,7 @@
 // (ExpireDue, called periodically, ends every lease past its deadline on the
 // injected clock). On every end, the table first bumps the epoch of each
 // block no other live lease holds (so a pull racing with reuse reads as
-// kLeaseExpired, transport.h), then calls on_end(blocks, reason) so the owner
+// kLeaseExpired, transport.h), then calls on_end(lease id, blocks, reason) so the owner
 // frees them. A block under several leases (a shared prefix sent to two
 // decodes) keeps its epoch until the last of them ends; on_end still reports
 // every lease's own blocks, so the owner frees a block when its own count of
@@ -41,7 +41,7 @@ namespace duet::kvtransfer {
 class LeaseTable {
  public:
   enum class EndReason { kReleased, kExpired, kCancelled };
-  using OnEnd = std::function<void(const std::vector<int32_t>& blocks, EndReason reason)>;
+  using OnEnd = std::function<void(uint64_t lease_id, const std::vector<int32_t>& blocks, EndReason reason)>;
 
   struct Lease {
     uint64_t id = 0;
@@ -78,7 +78,12 @@ class LeaseTable {
     std::vector<int32_t> blocks;
     absl::Time deadline;
   };
-  using Ended = std::vector<std::pair<std::vector<int32_t>, EndReason>>;
+  struct EndedLease {
+    uint64_t id;
+    std::vector<int32_t> blocks;
+    EndReason reason;
+  };
+  using Ended = std::vector<EndedLease>;
   // Removes the lease and bumps the epochs it alone held; on_end comes later.
   void EndLocked(std::map<uint64_t, Entry>::iterator it, EndReason reason, Ended* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

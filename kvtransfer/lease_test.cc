@@ -24,7 +24,7 @@ struct Fixture {
         pool(kBlocks * kBlockBytes),
         region(transport->RegisterRegion(pool.data(), pool.size(), kBlocks).value()),
         table(transport.get(), region, kBlocks, &clock,
-              [this](const std::vector<int32_t>& blocks, Reason reason) {
+              [this](uint64_t, const std::vector<int32_t>& blocks, Reason reason) {
                 absl::MutexLock lock(&mu);
                 ends.push_back({blocks, reason});
               }) {}
@@ -161,7 +161,7 @@ TEST_CASE("on_end may call back into the table", "[lease]") {
   LeaseTable* self = nullptr;
   size_t live_seen = 99;
   LeaseTable table(t.get(), region, kBlocks, &clock,
-                   [&](const std::vector<int32_t>&, Reason) { live_seen = self->num_live(); });
+                   [&](uint64_t, const std::vector<int32_t>&, Reason) { live_seen = self->num_live(); });
   self = &table;
   auto a = table.Grant({1}, absl::Seconds(1)).value();
   table.Grant({2}, absl::Seconds(1)).value();

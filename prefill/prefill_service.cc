@@ -250,7 +250,10 @@ void PrefillService::Handle(Event& e) {
       return;
     }
     case Event::Kind::kCancel:
-      scheduler_->Cancel(e.request_id);
+      if (!scheduler_->Cancel(e.request_id) && IsPendingSibling(e.request_id)) {
+        // A choice not forked yet: it is skipped when its prompt completes.
+        cancelled_siblings_.insert(e.request_id);
+      }
       return;
     case Event::Kind::kReleased: {
       const int64_t blocks = scheduler_->Release(e.request_id);
@@ -299,8 +302,35 @@ void PrefillService::RunStep(const Step& step) {
   }
   // Logit rows come in batch order, one per last chunk: the order Complete returns.
   const std::vector<uint64_t> done = scheduler_->Complete(step);
-  for (size_t i = 0; i < done.size(); ++i) HandleFirstToken(done[i], *logits, static_cast<int64_t>(i));
+  for (size_t i = 0; i < done.size(); ++i) {
+    // The other choices of an n > 1 request share this prompt's blocks and
+    // logits: forked before the first choice's token can end it.
+    std::vector<uint64_t> choices = {done[i]};
+    const PrefillSequence* s = scheduler_->Find(done[i]);
+    if (s != nullptr && s->request.sibling_request_ids_size() > 0) {
+      const proto::PrefillRequest parent = s->request;
+      for (int k = 0; k < parent.sibling_request_ids_size(); ++k) {
+        const uint64_t sib = parent.sibling_request_ids(k);
+        if (cancelled_siblings_.erase(sib) > 0) continue;
+        proto::PrefillRequest r = parent;
+        r.clear_sibling_request_ids();
+        r.set_request_id(sib);
+        r.mutable_spec()->set_choice_index(parent.spec().choice_index() + static_cast<uint32_t>(k) + 1);
+        absl::Status forked = scheduler_->Fork(done[i], std::move(r));
+        if (!forked.ok()) {
+          LOG(WARNING) << "request " << sib << " (a choice of " << done[i] << "): " << forked;
+          SendFinish(sib, proto::FINISH_ERROR,
+                     absl::UnavailableError(absl::StrCat("cannot share the prompt's KV: ", forked.message())));
+          continue;
+        }
+        choices.push_back(sib);
+      }
+    }
+    for (uint64_t id : choices) HandleFirstToken(id, *logits, static_cast<int64_t>(i));
+  }
 }
+
+bool PrefillService::IsPendingSibling(uint64_t id) const { return scheduler_->IsPendingSibling(id); }
 
 void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits, int64_t row) {
   const PrefillSequence* s = scheduler_->Find(id);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -120,6 +121,9 @@ class PrefillService : public worker::WorkerService {
   Gauge* running_gauge_ = nullptr;
   Gauge* usage_gauge_ = nullptr;
   Histogram* queue_time_ = nullptr;
+  // Choices (sibling ids) cancelled before their prompt completed.
+  std::set<uint64_t> cancelled_siblings_;
+  bool IsPendingSibling(uint64_t id) const;
   // Prefix-cache lookups per tier (device, host). There is no prefix cache
   // yet: every prompt token is looked up and missed in both tiers, so the
   // hit counters stay 0 and dashboards show a 0% hit rate, not no data.

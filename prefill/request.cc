@@ -52,6 +52,21 @@ absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
       return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2], got ", penalty));
     }
   }
+  if (request.sibling_request_ids_size() > 0) {
+    if (request.resume_ids_size() > 0) {
+      return absl::InvalidArgumentError("a request with resumed tokens cannot have sibling choices");
+    }
+    if (request.sibling_request_ids_size() > 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("at most 64 sibling choices, got ", request.sibling_request_ids_size()));
+    }
+    std::vector<uint64_t> ids(request.sibling_request_ids().begin(), request.sibling_request_ids().end());
+    ids.push_back(request.request_id());
+    std::sort(ids.begin(), ids.end());
+    if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
+      return absl::InvalidArgumentError("sibling request ids must be distinct and differ from the request's");
+    }
+  }
   if (spec.max_tokens() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", spec.max_tokens()));
   }

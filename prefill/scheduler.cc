@@ -1,10 +1,12 @@
 #include "prefill/scheduler.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 
 namespace duet::prefill {
 
@@ -28,8 +30,8 @@ PrefillScheduler::PrefillScheduler(SchedulerOptions options, engine::BlockPool* 
   CHECK(options_.max_batch_tokens > 0) << "max_batch_tokens must be positive";
   leases_ = std::make_unique<kvtransfer::LeaseTable>(
       transport, region, pool->num_blocks(), clock,
-      [this](const std::vector<int32_t>& blocks, kvtransfer::LeaseTable::EndReason reason) {
-        OnLeaseEnd(blocks, reason);
+      [this](uint64_t lease_id, const std::vector<int32_t>& blocks, kvtransfer::LeaseTable::EndReason reason) {
+        OnLeaseEnd(lease_id, blocks, reason);
       });
 }
 
@@ -140,6 +142,39 @@ std::vector<uint64_t> PrefillScheduler::Fail(const Step& step) {
   return failed;
 }
 
+absl::Status PrefillScheduler::Fork(uint64_t parent, proto::PrefillRequest sibling) {
+  auto it = complete_.find(parent);
+  if (it == complete_.end()) return absl::NotFoundError(absl::StrCat("request ", parent, " is not complete"));
+  if (Holds(sibling.request_id())) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", sibling.request_id(), " is already held"));
+  }
+  const PrefillSequence& p = *it->second;
+  auto seq = std::make_unique<PrefillSequence>(std::move(sibling), pool_, clock_->Now());
+  if (seq->tokens != p.tokens) return absl::InvalidArgumentError("a sibling must have its parent's prompt");
+  const int64_t bs = pool_->layout().block_size;
+  const int64_t full = p.num_tokens() / bs * bs;
+  RETURN_IF_ERROR(seq->kv.SharePrefix(p.kv, full));
+  RETURN_IF_ERROR(seq->kv.Reserve(p.num_tokens()));
+  if (full < p.num_tokens()) {
+    // The partial last block is the choice's own: decode appends after it.
+    const size_t last = static_cast<size_t>(full / bs);
+    const size_t floats = static_cast<size_t>(pool_->layout().BlockStride());
+    std::memcpy(pool_->data() + static_cast<size_t>(seq->kv.block_table()[last]) * floats,
+                pool_->data() + static_cast<size_t>(p.kv.block_table()[last]) * floats, floats * sizeof(float));
+  }
+  seq->computed = seq->num_tokens();
+  complete_[seq->id()] = std::move(seq);
+  return absl::OkStatus();
+}
+
+bool PrefillScheduler::IsPendingSibling(uint64_t id) const {
+  auto has = [id](const SeqPtr& s) {
+    const auto& sibs = s->request.sibling_request_ids();
+    return std::find(sibs.begin(), sibs.end(), id) != sibs.end();
+  };
+  return std::any_of(queue_.begin(), queue_.end(), has) || std::any_of(running_.begin(), running_.end(), has);
+}
+
 void PrefillScheduler::Finish(uint64_t id) { complete_.erase(id); }
 
 absl::StatusOr<kvtransfer::LeaseTable::Lease> PrefillScheduler::Lease(uint64_t id) {
@@ -151,16 +186,16 @@ absl::StatusOr<kvtransfer::LeaseTable::Lease> PrefillScheduler::Lease(uint64_t i
   auto lease = leases_->Grant(blocks, options_.lease_duration);
   if (!lease.ok()) return lease.status();
   it->second->lease_id = lease->id;
-  lease_owner_[blocks.front()] = id;
+  lease_owner_[lease->id] = id;
   leased_blocks_ += static_cast<int64_t>(blocks.size());
   leased_[id] = std::move(it->second);
   complete_.erase(it);
   return lease;
 }
 
-void PrefillScheduler::OnLeaseEnd(const std::vector<int32_t>& blocks,
+void PrefillScheduler::OnLeaseEnd(uint64_t lease_id, const std::vector<int32_t>& blocks,
                                   kvtransfer::LeaseTable::EndReason reason) {
-  auto owner = blocks.empty() ? lease_owner_.end() : lease_owner_.find(blocks.front());
+  auto owner = lease_owner_.find(lease_id);
   if (owner == lease_owner_.end()) {
     LOG(ERROR) << "a lease ended on blocks no request holds";
     return;

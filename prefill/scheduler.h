@@ -114,6 +114,14 @@ class PrefillScheduler {
   // A complete request (or any held request) by id; nullptr if unknown.
   const PrefillSequence* Find(uint64_t id) const;
 
+  // Another choice of a complete request's prompt (n > 1): a complete
+  // request `sibling` (same prompt) that shares the parent's full KV blocks
+  // and gets its own copy of a partial last block, so the prompt is computed
+  // once for every choice. ResourceExhausted when no block is free for the
+  // copy; AlreadyExists for an id already held.
+  absl::Status Fork(uint64_t parent, proto::PrefillRequest sibling);
+  // Whether `id` is a choice (sibling id) of a request queued or prefilling.
+  bool IsPendingSibling(uint64_t id) const;
   // Ends a complete request without handing it on (token 1 was its last, or
   // the offer could not be made): its blocks return to the pool.
   void Finish(uint64_t id);
@@ -145,7 +153,7 @@ class PrefillScheduler {
 
  private:
   using SeqPtr = std::unique_ptr<PrefillSequence>;
-  void OnLeaseEnd(const std::vector<int32_t>& blocks, kvtransfer::LeaseTable::EndReason reason);
+  void OnLeaseEnd(uint64_t lease_id, const std::vector<int32_t>& blocks, kvtransfer::LeaseTable::EndReason reason);
   bool Holds(uint64_t id) const;
   SeqPtr TakeRunning(uint64_t id);
 
@@ -156,7 +164,7 @@ class PrefillScheduler {
   std::vector<SeqPtr> running_;            // Admitted and being prefilled, in admission order.
   std::map<uint64_t, SeqPtr> complete_;    // Prompt done; token 1 being handled.
   std::map<uint64_t, SeqPtr> leased_;
-  std::map<int32_t, uint64_t> lease_owner_;  // First block of a lease -> request.
+  std::map<uint64_t, uint64_t> lease_owner_;  // Lease id -> request.
   int64_t leased_blocks_ = 0;
   int64_t prompt_tokens_computed_ = 0;
   uint64_t lease_expirations_ = 0;

@@ -247,5 +247,68 @@ TEST_CASE("destroying the scheduler ends live leases and frees everything", "[pr
   }
 }
 
+TEST_CASE("choices of one prompt share its full blocks; the partial block is copied; leases end apart",
+          "[prefill][scheduler]") {
+  Fixture f(16);
+  // 10 tokens in blocks of 4: two full blocks and a partial one.
+  f.Enqueue(1, 10);
+  Step step = f.sched->Schedule();
+  REQUIRE(f.sched->Complete(step) == std::vector<uint64_t>{1});
+  const PrefillSequence* parent = f.sched->Find(1);
+  const std::vector<int32_t> pb = parent->kv.block_table();
+  REQUIRE(pb.size() == 3);
+  // Something recognisable in the parent's partial block.
+  const int64_t floats = f.pool.layout().BlockStride();
+  for (int64_t i = 0; i < floats; ++i) f.pool.data()[pb[2] * floats + i] = static_cast<float>(i) + 0.5f;
+
+  proto::PrefillRequest sib = Fixture::Request(2, 0);
+  *sib.mutable_spec() = parent->request.spec();
+  REQUIRE(f.sched->Fork(1, sib).ok());
+  const PrefillSequence* child = f.sched->Find(2);
+  REQUIRE(child != nullptr);
+  const std::vector<int32_t> cb = child->kv.block_table();
+  REQUIRE(cb.size() == 3);
+  CHECK(cb[0] == pb[0]);
+  CHECK(cb[1] == pb[1]);
+  CHECK(cb[2] != pb[2]);
+  CHECK(f.pool.RefCount(pb[0]) == 2);
+  CHECK(f.pool.RefCount(pb[2]) == 1);
+  for (int64_t i = 0; i < floats; ++i) REQUIRE(f.pool.data()[cb[2] * floats + i] == static_cast<float>(i) + 0.5f);
+  CHECK(f.pool.num_free() == 16 - 4);  // 3 of the parent's + 1 copy
+
+  // A different prompt or a held id is refused.
+  proto::PrefillRequest other = Fixture::Request(3, 10);
+  CHECK(f.sched->Fork(1, other).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(f.sched->Fork(1, sib).code() == absl::StatusCode::kAlreadyExists);
+
+  // Both leased: the shared blocks keep their epochs until the last lease ends.
+  auto l1 = f.sched->Lease(1);
+  auto l2 = f.sched->Lease(2);
+  REQUIRE(l1.ok());
+  REQUIRE(l2.ok());
+  const uint64_t shared_epoch = f.transport->BlockEpoch(f.region, pb[0]);
+  CHECK(f.sched->Release(1) == 3);
+  CHECK(f.transport->BlockEpoch(f.region, pb[0]) == shared_epoch);  // still promised to 2
+  CHECK(f.transport->BlockEpoch(f.region, pb[2]) != l1->block_epochs[2].second);  // 1's own block moved on
+  CHECK(f.pool.RefCount(pb[0]) == 1);
+  CHECK(f.sched->Release(2) == 3);
+  CHECK(f.transport->BlockEpoch(f.region, pb[0]) != shared_epoch);
+  CHECK(f.pool.num_free() == 16);
+
+  // A prompt of whole blocks: the choices share every block.
+  f.Enqueue(4, 8);
+  step = f.sched->Schedule();
+  REQUIRE(f.sched->Complete(step) == std::vector<uint64_t>{4});
+  proto::PrefillRequest sib5 = Fixture::Request(5, 0);
+  *sib5.mutable_spec() = f.sched->Find(4)->request.spec();
+  REQUIRE(f.sched->Fork(4, sib5).ok());
+  CHECK(f.sched->Find(5)->kv.block_table() == f.sched->Find(4)->kv.block_table());
+  CHECK(f.pool.num_free() == 14);
+  REQUIRE(f.sched->Lease(4).ok());
+  REQUIRE(f.sched->Lease(5).ok());
+  CHECK(f.sched->Release(5) == 2);
+  CHECK(f.sched->Release(4) == 2);
+}
+
 }  // namespace
 }  // namespace duet::prefill

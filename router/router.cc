@@ -243,6 +243,9 @@ class Router::Impl : public RegistryListener {
 
   // State machine; all under mu_.
   absl::Status StartAttempt(const RequestPtr& r, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first attempt of every choice of a new request: one PrefillRequest
+  // whose sibling ids name choices 2..n, so the prompt is computed once.
+  absl::Status StartGroup(const GroupPtr& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Redispatch(const RequestPtr& r, const std::string& reason, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(const RequestPtr& r, const proto::Token& token, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyFinish(const RequestPtr& r, const proto::Finish& fin, const std::string& from, Pending& p)
@@ -539,10 +542,7 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
                        "retry later")),
                    "queue_full");
     }
-    for (const RequestPtr& r : g->choices) {
-      if (!s.ok()) break;
-      s = StartAttempt(r, p);
-    }
+    if (s.ok()) s = StartGroup(g);
     if (!s.ok()) {
       for (const RequestPtr& r : g->choices) {
         if (r->attempts > 0) SendCancel(r, "");
@@ -620,6 +620,37 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
     r->decode_heard = false;
     r->held.clear();
     attempts_[id] = r;
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError("no live worker accepted the request");
+}
+
+absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
+  for (int tries = 0; tries < 3; ++tries) {
+    auto a = dispatcher_.Pick(registry_->LiveLoads());
+    if (!a.ok()) return a.status();
+    proto::Frame f = NewFrame();
+    proto::PrefillRequest* pr = f.mutable_prefill();
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < g->choices.size(); ++i) ids.push_back(next_attempt_id_++);
+    pr->set_request_id(ids[0]);
+    *pr->mutable_spec() = g->choices[0]->spec;
+    for (size_t i = 1; i < ids.size(); ++i) pr->add_sibling_request_ids(ids[i]);
+    pr->set_decode_worker_id(a->decode_id);
+    pr->set_decode_address(a->decode_address);
+    if (!registry_->Send(a->prefill_id, f)) continue;
+    registry_->Charge(*a, g->choices[0]->spec.prompt_ids_size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const RequestPtr& r = g->choices[i];
+      r->attempts = 1;
+      r->attempt_id = ids[i];
+      r->prefill_id = a->prefill_id;
+      r->decode_id = a->decode_id;
+      r->first_token = false;
+      r->decode_heard = false;
+      r->held.clear();
+      attempts_[ids[i]] = r;
+    }
     return absl::OkStatus();
   }
   return absl::UnavailableError("no live worker accepted the request");

@@ -207,12 +207,16 @@ struct Scripted {
 void Script(FakeWorker& w, Scripted s, const std::string& id) {
   w.on_frame = [s, id](FakeWorker& w, const proto::Frame& f) {
     if (f.has_prefill()) {
-      const uint64_t rid = f.prefill().request_id();
-      const int n = s.hold_after >= 0 ? s.hold_after : static_cast<int>(s.tokens.size());
-      for (int i = 0; i < n; ++i) {
-        w.Send(i == 0 ? FirstTokenFrame(rid, s.tokens[i], id) : TokenFrame(rid, s.tokens[i]));
+      // The request and its sibling choices, each answered in full.
+      std::vector<uint64_t> rids = {f.prefill().request_id()};
+      rids.insert(rids.end(), f.prefill().sibling_request_ids().begin(), f.prefill().sibling_request_ids().end());
+      for (uint64_t rid : rids) {
+        const int n = s.hold_after >= 0 ? s.hold_after : static_cast<int>(s.tokens.size());
+        for (int i = 0; i < n; ++i) {
+          w.Send(i == 0 ? FirstTokenFrame(rid, s.tokens[i], id) : TokenFrame(rid, s.tokens[i]));
+        }
+        if (s.hold_after < 0) w.Send(FinishFrame(rid, s.reason));
       }
-      if (s.hold_after < 0) w.Send(FinishFrame(rid, s.reason));
       return false;  // Also queued, so tests can inspect it.
     }
     if (f.has_stats_request()) {
@@ -704,25 +708,20 @@ TEST_CASE("/stats asks each worker fresh, and falls back to its heartbeat when i
   CHECK(s["router"]["live_workers"] == 2);
 }
 
-TEST_CASE("n choices: one attempt per choice index, one body with every choice") {
+TEST_CASE("n choices: one PrefillRequest naming the other choices' ids, one body with every choice") {
   Fixture fx;
   std::vector<int32_t> out = fx.Encode(" two ways");
   auto w = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out, .reason = proto::FINISH_STOP});
   Response r = Call(fx.router.http_port(), "POST", "/v1/completions",
                     R"({"model": "tiny", "prompt": "x", "n": 2, "seed": 9, "max_tokens": 10})");
   REQUIRE(r.status == 200);
-  std::set<uint32_t> indexes;
-  std::set<uint64_t> ids;
-  for (int i = 0; i < 2; ++i) {
-    auto pf = w->NextFrame();
-    REQUIRE(pf.ok());
-    REQUIRE(pf->has_prefill());
-    indexes.insert(pf->prefill().spec().choice_index());
-    ids.insert(pf->prefill().request_id());
-    CHECK(pf->prefill().spec().sampling().seed() == 9);
-  }
-  CHECK(indexes == std::set<uint32_t>{0, 1});
-  CHECK(ids.size() == 2);
+  auto pf = w->NextFrame();
+  REQUIRE(pf.ok());
+  REQUIRE(pf->has_prefill());
+  CHECK(pf->prefill().spec().choice_index() == 0);
+  CHECK(pf->prefill().spec().sampling().seed() == 9);
+  REQUIRE(pf->prefill().sibling_request_ids_size() == 1);
+  CHECK(pf->prefill().sibling_request_ids(0) != pf->prefill().request_id());
   Json body = Json::parse(r.body);
   REQUIRE(body["choices"].size() == 2);
   for (int i = 0; i < 2; ++i) {

@@ -4,6 +4,7 @@
 // generate` runs) token for token, with logprobs within 1e-4. Afterwards the
 // pools are whole: every block free, nothing queued or running.
 #include <catch2/catch.hpp>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -127,6 +128,55 @@ TEST_CASE("colocated workers pass the same correctness test", "[serving]") {
   const std::string model = std::filesystem::path(model_dir).filename().string();
   RunAndCheck(c, MixedRequests(200, 1000, 120, 24, 43), model);
   WaitIdle(c);
+}
+
+TEST_CASE("n choices: the prompt is prefilled once and shared; each choice equals duet generate with its index",
+          "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "512"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "512"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  constexpr int kN = 4;
+  // Prompts of whole blocks and of a partial last block; streamed and not.
+  const std::vector<int> lengths = {16, 21, 37, 5};
+  std::vector<TestRequest> refs;
+  int64_t prompt_tokens = 0;
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    TestRequest base;
+    for (int i = 0; i < lengths[k]; ++i) base.prompt.push_back(3 + (i * 7 + static_cast<int>(k) * 13) % 900);
+    base.max_tokens = 10;
+    base.temperature = 1.0f;
+    base.seed = 1000 + k;
+    base.stream = k % 2 == 1;
+    prompt_tokens += lengths[k];
+    nlohmann::json body = nlohmann::json::parse(CompletionBody(base, model));
+    body["n"] = kN;
+    auto r = c.Post("/v1/completions", body.dump());
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+    std::set<std::vector<int32_t>> distinct;
+    for (int i = 0; i < kN; ++i) {
+      TestRequest want = base;
+      want.choice = static_cast<uint64_t>(i);
+      ParsedCompletion got = ParseCompletion(r->body, base.stream, i);
+      INFO("prompt " << k << " choice " << i);
+      REQUIRE(got.error.empty());
+      REQUIRE(got.ids.size() == 10);
+      Verdicts v;
+      const auto ref = ReferenceOutputs(model_dir, {want});
+      CHECK(Verify(model_dir, got, ref[0], want, &v) == "");
+      distinct.insert(got.ids);
+    }
+    CHECK(distinct.size() > 1);  // the choices sample differently
+  }
+  nlohmann::json stats = WaitIdle(c);
+  INFO(stats.dump());
+  // Each prompt ran through the model once, not once per choice.
+  CHECK(stats["workers"]["prefill-0"]["prompt_tokens_computed"] == prompt_tokens);
+  CHECK(stats["workers"]["decode-0"]["prompt_tokens_computed"] == 0);
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ void Absorb(const nlohmann::json& choice, ParsedCompletion& out) {
 }
 }  // namespace
 
-ParsedCompletion ParseCompletion(const std::string& body, bool stream) {
+ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index) {
   ParsedCompletion out;
   if (!stream) {
     auto j = nlohmann::json::parse(body, nullptr, false);
@@ -75,7 +75,14 @@ ParsedCompletion ParseCompletion(const std::string& body, bool stream) {
     } else if (j.contains("error")) {
       out.error = j["error"].dump();
     } else {
-      Absorb(j["choices"][0], out);
+      bool found = false;
+      for (const auto& c : j["choices"]) {
+        if (c.value("index", -1) == index) {
+          Absorb(c, out);
+          found = true;
+        }
+      }
+      if (!found) out.error = absl::StrCat("no choice ", index);
     }
     return out;
   }
@@ -98,7 +105,9 @@ ParsedCompletion ParseCompletion(const std::string& body, bool stream) {
       out.error = j["error"].dump();
       continue;
     }
-    if (j.contains("choices") && !j["choices"].empty()) Absorb(j["choices"][0], out);
+    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0].value("index", -1) == index) {
+      Absorb(j["choices"][0], out);
+    }
   }
   if (!done && out.error.empty()) out.error = "stream ended without [DONE]";
   return out;
@@ -118,6 +127,7 @@ std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_di
     o.sampling.temperature = r.temperature;
     o.sampling.seed = r.seed;
     o.sampling.logprobs = r.logprobs;
+    o.choice_index = r.choice;
     auto g = engine::Generate(**model, pool, r.prompt, o);
     if (!g.ok()) std::abort();
     out.push_back(*g);
@@ -189,7 +199,7 @@ bool IsNearTie(const float* L, int64_t vocab, int32_t a, int32_t b, const TestRe
   double cum_lo = 0, cum_hi = 0;
   for (int32_t j = 0; j <= lo; ++j) cum_lo += p[j] / z;
   for (int32_t j = 0; j < hi; ++j) cum_hi += p[j] / z;
-  const double u = engine::UniformDraw(r.seed, 0, pos);
+  const double u = engine::UniformDraw(r.seed, r.choice, pos);
   return std::fabs(u - cum_lo) <= 1e-5 && std::fabs(cum_hi - cum_lo) <= 1e-5;
 }
 
@@ -226,7 +236,7 @@ std::string CheckTeacherForced(const std::string& model_dir, const ParsedComplet
   for (size_t i = 0; i < got.ids.size(); ++i) {
     const float* L = logits->row(i);
     const int64_t pos = static_cast<int64_t>(r.prompt.size() + i);
-    const engine::SampleResult want = engine::Sample(L, vocab, sp, 0, pos);
+    const engine::SampleResult want = engine::Sample(L, vocab, sp, r.choice, pos);
     const int32_t g = got.ids[i];
     if (g < 0 || g >= vocab) return absl::StrCat("token ", i, " id ", g, " outside the vocabulary");
     if (r.logprobs > 0 && i < got.token_logprobs.size()) {

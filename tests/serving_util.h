@@ -18,6 +18,7 @@ struct TestRequest {
   int max_tokens = 8;
   float temperature = 0;
   uint64_t seed = 0;
+  uint64_t choice = 0;  // choice index (n > 1 requests)
   int logprobs = 0;  // 0: none
   bool stream = false;
   bool ignore_eos = true;
@@ -37,8 +38,8 @@ struct ParsedCompletion {
   std::string finish_reason;
   std::string error;  // Non-empty when the response (or a stream event) was an error.
 };
-// Parses a non-stream JSON body or an SSE stream body.
-ParsedCompletion ParseCompletion(const std::string& body, bool stream);
+// Parses a non-stream JSON body or an SSE stream body: the choice `index`.
+ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index = 0);
 
 // The reference: engine::Generate on `model_dir` for each request.
 std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_dir,
