@@ -27,14 +27,22 @@ absl::Status CheckKeys(const json& j, const std::set<std::string>& allowed, cons
 
 }  // namespace
 
-absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const std::string& source) {
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const std::string& source,
+                                                 bool for_simulation) {
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
-  if (auto s = CheckKeys(j, {"model", "served_model_name", "router", "prefill", "decode", "colocated"}, source, "the file");
+  if (auto s = CheckKeys(j, {"model", "served_model_name", "router", "prefill", "decode", "colocated", "kv_link_gbps"},
+                         source, "the file");
       !s.ok()) {
     return s;
   }
   ClusterConfig c;
+  if (j.contains("kv_link_gbps")) {
+    if (!j["kv_link_gbps"].is_number() || !(j["kv_link_gbps"].get<double>() > 0)) {
+      return Bad(source, "\"kv_link_gbps\"", "must be a positive number");
+    }
+    c.kv_link_gbps = j["kv_link_gbps"];
+  }
   if (j.contains("model")) {
     if (!j["model"].is_string()) return Bad(source, "\"model\"", "must be a string");
     c.model = j["model"];
@@ -105,6 +113,14 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const 
           ic.cpus.push_back(cpu);
         }
       }
+      if (inst.contains("gpu")) {
+        if (!inst["gpu"].is_string()) return Bad(source, where + ".gpu", "must be a string");
+        ic.gpu = inst["gpu"];
+      }
+      if (for_simulation) {
+        c.instances.push_back(ic);
+        continue;
+      }
       if (ic.device != "cpu") {
         return Bad(source, where + ".device",
                    absl::StrCat("is \"", ic.device, "\": this build serves on the CPU backend only"));
@@ -119,12 +135,12 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const 
   return c;
 }
 
-absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, bool for_simulation) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseClusterConfig(ss.str(), path);
+  return ParseClusterConfig(ss.str(), path, for_simulation);
 }
 
 }  // namespace duet::tools

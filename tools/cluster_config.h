@@ -8,8 +8,11 @@
 // Pools: "prefill", "decode", "colocated" (lists of instances; a pool may be
 // absent). Instance fields, all optional: tp, pp (1 on the CPU backend),
 // device ("cpu", or "cuda:N" for the CUDA backend), kv_memory_gib, kv_blocks,
-// threads, cpus (cores to pin to), max_batch_tokens. Unknown fields are
-// errors, so typos do not pass silently.
+// threads, cpus (cores to pin to), max_batch_tokens, gpu (a GPU id of
+// placement/hardware or a JSON file: for simulation). Top level, for
+// simulation: "kv_link_gbps" (prefill -> decode bandwidth, GB/s). Unknown
+// fields are errors, so typos do not pass silently. `duet up` runs only what
+// this build can (CPU devices, TP = PP = 1); `duet sim` reads any.
 #ifndef DUET_TOOLS_CLUSTER_CONFIG_H_
 #define DUET_TOOLS_CLUSTER_CONFIG_H_
 
@@ -30,6 +33,7 @@ struct InstanceConfig {
   int threads = 0;
   std::vector<int> cpus;
   int64_t max_batch_tokens = 2048;
+  std::string gpu;  // for simulation
 };
 
 struct ClusterConfig {
@@ -38,10 +42,13 @@ struct ClusterConfig {
   int router_port = 8000;
   std::string policy = "least_loaded";
   std::vector<InstanceConfig> instances;
+  double kv_link_gbps = 0;  // for simulation; 0: unset
 };
 
-absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text, const std::string& source);
-absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
+// for_simulation: any device, TP and PP (nothing will run them here).
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text, const std::string& source,
+                                                 bool for_simulation = false);
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, bool for_simulation = false);
 
 }  // namespace duet::tools
 

@@ -13,6 +13,7 @@ int RunPrefill(int argc, char** argv);
 int RunDecode(int argc, char** argv);
 int RunWorker(int argc, char** argv);
 int RunUp(int argc, char** argv);
+int RunSim(int argc, char** argv);
 
 }  // namespace duet::tools
 

@@ -1,0 +1,249 @@
+#include "placement/latency.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
+
+namespace duet::placement {
+namespace {
+
+class ConstantLatency : public LatencyModel {
+ public:
+  ConstantLatency(double p, double d) : p_(p), d_(d) {}
+  double Prefill(const Parallel&, absl::Span<const int64_t>) override { return p_; }
+  double Decode(const Parallel&, absl::Span<const int64_t>) override { return d_; }
+  std::string Describe() const override { return absl::StrCat("constant (prefill ", p_, " s, decode ", d_, " s)"); }
+
+ private:
+  const double p_, d_;
+};
+
+class ExponentialLatency : public LatencyModel {
+ public:
+  ExponentialLatency(double p, double d, uint64_t seed) : p_(p), d_(d), rng_(seed) {}
+  double Prefill(const Parallel&, absl::Span<const int64_t>) override { return Draw(p_); }
+  double Decode(const Parallel&, absl::Span<const int64_t>) override { return Draw(d_); }
+  std::string Describe() const override {
+    return absl::StrCat("exponential (mean prefill ", p_, " s, mean decode ", d_, " s)");
+  }
+
+ private:
+  double Draw(double mean) {
+    if (mean <= 0) return 0;
+    return std::exponential_distribution<double>(1.0 / mean)(rng_);
+  }
+  const double p_, d_;
+  std::mt19937_64 rng_;
+};
+
+class RooflineLatency : public LatencyModel {
+ public:
+  RooflineLatency(ModelSpec m, GpuSpec g, RooflineCoefficients c) : m_(std::move(m)), g_(std::move(g)), c_(c) {}
+
+  double Prefill(const Parallel& p, absl::Span<const int64_t> lens) override {
+    double flops = 0, kv_bytes = 0;
+    int64_t tokens = 0;
+    for (int64_t l : lens) {
+      // Sum over positions of TokenFlops(context): the attention term grows with the position.
+      flops += static_cast<double>(l) * m_.TokenFlops(0) +
+               4.0 * m_.num_layers * m_.num_heads * m_.head_dim * 0.5 * static_cast<double>(l) * static_cast<double>(l);
+      kv_bytes += static_cast<double>(l) * m_.KvBytesPerToken();
+      tokens += l;
+    }
+    return Batch(p, flops, m_.WeightBytes() + kv_bytes, tokens);
+  }
+
+  double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
+    double flops = 0, kv_bytes = 0;
+    for (int64_t c : ctx) {
+      flops += m_.TokenFlops(c);
+      kv_bytes += static_cast<double>(c + 1) * m_.KvBytesPerToken();
+    }
+    return Batch(p, flops, m_.WeightBytes() + kv_bytes, static_cast<int64_t>(ctx.size()));
+  }
+
+  std::string Describe() const override {
+    return absl::StrCat("roofline on ", g_.name, " (compute eff ", c_.compute_efficiency, ", memory eff ",
+                        c_.memory_efficiency, ", overhead ", c_.overhead_s, " s)");
+  }
+
+ private:
+  double Batch(const Parallel& p, double flops, double bytes, int64_t tokens) const {
+    const double tp = p.tp;
+    const double compute = flops / (tp * g_.flops * c_.compute_efficiency);
+    const double memory = bytes / (tp * g_.memory_bw * c_.memory_efficiency);
+    double t = std::max(compute, memory);
+    if (p.tp > 1) {
+      // Two all-reduces per layer of the tokens' activations (ring).
+      const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
+      t += 2.0 * m_.num_layers * (2.0 * (tp - 1) / tp * act / g_.intra_node_bw + c_.allreduce_latency_s);
+    }
+    if (p.pp > 1) {
+      // Stages run one after another for one batch; each hands its activations on.
+      const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
+      t = t + (p.pp - 1) * (act / g_.intra_node_bw + c_.pp_stage_overhead_s);
+    }
+    return t + c_.overhead_s;
+  }
+
+  const ModelSpec m_;
+  const GpuSpec g_;
+  const RooflineCoefficients c_;
+};
+
+class DistServeLatency : public LatencyModel {
+ public:
+  DistServeLatency(DistServeFit fit, std::string name) : fit_(std::move(fit)), name_(std::move(name)) {}
+
+  bool Supports(const Parallel& p) const override { return fit_.by_tp.count(p.tp) > 0; }
+
+  double Prefill(const Parallel& p, absl::Span<const int64_t> lens) override {
+    const auto& c = At(p).prefill;
+    double s1 = 0, s2 = 0;
+    for (int64_t l : lens) {
+      s1 += static_cast<double>(l);
+      s2 += static_cast<double>(l) * static_cast<double>(l);
+    }
+    const double ms = c[0] + c[1] * s1 + c[2] * s2;
+    return ms / 1e3 / p.pp + (p.pp > 1 ? p.pp * fit_.pp_stage_overhead_s : 0.0);
+  }
+
+  double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
+    const DistServeFit::Coefficients& co = At(p);
+    const double bs = static_cast<double>(ctx.size());
+    const auto& c = static_cast<int64_t>(ctx.size()) < co.threshold ? co.decode_small : co.decode_large;
+    double sum = 0;
+    for (int64_t x : ctx) sum += static_cast<double>(x);
+    return (c[0] + c[1] * sum + c[2] * bs) / 1e3 / p.pp;
+  }
+
+  std::string Describe() const override {
+    std::string tps;
+    for (const auto& [tp, c] : fit_.by_tp) absl::StrAppend(&tps, tps.empty() ? "" : ",", tp);
+    return absl::StrCat("DistServe fit ", name_, " (TP ", tps, ")");
+  }
+
+ private:
+  const DistServeFit::Coefficients& At(const Parallel& p) const {
+    auto it = fit_.by_tp.find(p.tp);
+    if (it != fit_.by_tp.end()) return it->second;
+    return fit_.by_tp.begin()->second;  // callers check Supports
+  }
+  const DistServeFit fit_;
+  const std::string name_;
+};
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+  return j;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+absl::StatusOr<std::pair<double, double>> TwoNumbers(absl::string_view s, absl::string_view what) {
+  std::vector<std::string> parts = absl::StrSplit(s, ',');
+  double a = 0, b = 0;
+  if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &a) || !absl::SimpleAtod(parts[1], &b) || a < 0 || b < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " needs two non-negative numbers, 'PREFILL_S,DECODE_S'"));
+  }
+  return std::make_pair(a, b);
+}
+
+}  // namespace
+
+std::unique_ptr<LatencyModel> NewConstantLatency(double p, double d) { return std::make_unique<ConstantLatency>(p, d); }
+std::unique_ptr<LatencyModel> NewExponentialLatency(double p, double d, uint64_t seed) {
+  return std::make_unique<ExponentialLatency>(p, d, seed);
+}
+std::unique_ptr<LatencyModel> NewRooflineLatency(ModelSpec m, GpuSpec g, RooflineCoefficients c) {
+  return std::make_unique<RooflineLatency>(std::move(m), std::move(g), c);
+}
+std::unique_ptr<LatencyModel> NewDistServeLatency(DistServeFit fit, std::string name) {
+  return std::make_unique<DistServeLatency>(std::move(fit), std::move(name));
+}
+
+absl::StatusOr<DistServeFit> LoadDistServeFit(const std::string& path, const ModelSpec& model) {
+  ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
+  const nlohmann::json* entry = nullptr;
+  std::string keys;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    absl::StrAppend(&keys, keys.empty() ? "" : ", ", it.key());
+    const std::string k = Lower(it.key());
+    const std::string tail = k.substr(k.find('/') == std::string::npos ? 0 : k.find('/') + 1);
+    if (tail == Lower(model.name) || k == Lower(model.name)) entry = &it.value();
+  }
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path, " has no entry for ", model.name, " (it has ", keys, ")"));
+  }
+  DistServeFit fit;
+  for (auto it = entry->begin(); it != entry->end(); ++it) {
+    int tp = 0;
+    if (!absl::SimpleAtoi(it.key(), &tp) || tp < 1) continue;
+    const nlohmann::json& e = it.value();
+    DistServeFit::Coefficients c;
+    for (auto [key, out] : {std::pair<const char*, double*>{"prefill", c.prefill},
+                            {"decoding_smallbs", c.decode_small},
+                            {"decoding_largebs", c.decode_large}}) {
+      if (!e.contains(key) || !e[key].is_array() || e[key].size() != 3) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": ", model.name, " TP ", tp, " lacks \"", key, "\" [a, b, c]"));
+      }
+      for (int i = 0; i < 3; ++i) out[i] = e[key][i].get<double>();
+    }
+    c.threshold = e.value("decoding_large_small_bs_threshold", 95);
+    fit.by_tp[tp] = c;
+  }
+  if (fit.by_tp.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", model.name, " has no TP entries"));
+  return fit;
+}
+
+absl::StatusOr<std::unique_ptr<LatencyModel>> LoadLatencyModel(const std::string& spec, const ModelSpec& model,
+                                                               uint64_t seed) {
+  absl::string_view s = spec;
+  if (absl::ConsumePrefix(&s, "constant:")) {
+    ASSIGN_OR_RETURN(auto pd, TwoNumbers(s, "constant:"));
+    return NewConstantLatency(pd.first, pd.second);
+  }
+  if (absl::ConsumePrefix(&s, "exponential:")) {
+    ASSIGN_OR_RETURN(auto pd, TwoNumbers(s, "exponential:"));
+    return NewExponentialLatency(pd.first, pd.second, seed);
+  }
+  if (absl::ConsumePrefix(&s, "roofline:")) {
+    ASSIGN_OR_RETURN(GpuSpec g, LoadGpu(std::string(s)));
+    return NewRooflineLatency(model, g);
+  }
+  if (!std::filesystem::exists(spec)) {
+    return absl::NotFoundError(absl::StrCat("latency model '", spec,
+                                            "': not a file, nor constant:P,D, exponential:P,D or roofline:GPU"));
+  }
+  ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(spec));
+  if (j.value("kind", "") == "roofline") {
+    ASSIGN_OR_RETURN(GpuSpec g, LoadGpu(j.value("gpu", "")));
+    RooflineCoefficients c;
+    c.compute_efficiency = j.value("compute_efficiency", c.compute_efficiency);
+    c.memory_efficiency = j.value("memory_efficiency", c.memory_efficiency);
+    c.overhead_s = j.value("overhead_s", c.overhead_s);
+    c.allreduce_latency_s = j.value("allreduce_latency_s", c.allreduce_latency_s);
+    c.pp_stage_overhead_s = j.value("pp_stage_overhead_s", c.pp_stage_overhead_s);
+    return NewRooflineLatency(model, g, c);
+  }
+  ASSIGN_OR_RETURN(DistServeFit fit, LoadDistServeFit(spec, model));
+  return NewDistServeLatency(std::move(fit), std::filesystem::path(spec).filename().string());
+}
+
+}  // namespace duet::placement

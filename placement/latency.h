@@ -1,0 +1,93 @@
+// Latency models: how long one prefill batch or one decode step takes on an
+// instance of a given tensor- and pipeline-parallel degree.
+//
+//   ASSIGN_OR_RETURN(auto lm, LoadLatencyModel("distserve-a100-80g.json", model));
+//   double s = lm->Prefill({.tp = 2}, {512, 1024});   // seconds
+//
+// Kinds:
+//   - roofline: max(FLOPs / (tp x peak x compute_eff), bytes read / (tp x
+//     bandwidth x memory_eff)) per batch (weights once, every sequence's KV),
+//     plus two all-reduces per layer when tp > 1 (ring: 2(tp-1)/tp of the
+//     activations over the node link, plus a latency each), plus a fixed
+//     overhead; pipeline stages add a send of the activations each.
+//   - distserve: DistServe's fitted format (per model and TP):
+//     prefill ms = a + b * sum(l) + c * sum(l^2); decode ms = a + b *
+//     sum(context) + c * batch size, small and large batch sets split at a
+//     threshold. No PP entries: DistServe's rule, prefill / pp + a per-stage
+//     overhead, decode / pp.
+//   - constant (seconds per prefill batch and per decode step) and
+//     exponential (each batch's time drawn with that mean, seeded): for
+//     checking the simulator against queueing theory.
+// A JSON file picks the kind: {"kind": "roofline", "gpu": ..., coefficients}
+// or a DistServe profile (model ids at the top level). Shorthands:
+// "constant:P,D", "exponential:P,D", "roofline:GPU".
+#ifndef DUET_PLACEMENT_LATENCY_H_
+#define DUET_PLACEMENT_LATENCY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "placement/hardware.h"
+#include "placement/model.h"
+
+namespace duet::placement {
+
+struct Parallel {
+  int tp = 1;
+  int pp = 1;
+  int gpus() const { return tp * pp; }
+};
+
+class LatencyModel {
+ public:
+  virtual ~LatencyModel() = default;
+  // Seconds for one prefill batch of these prompt lengths.
+  virtual double Prefill(const Parallel& p, absl::Span<const int64_t> prompt_lens) = 0;
+  // Seconds for one decode step over these context lengths (one token each).
+  virtual double Decode(const Parallel& p, absl::Span<const int64_t> context_lens) = 0;
+  // Whether this model knows (tp, pp) (DistServe fits cover some TP only).
+  virtual bool Supports(const Parallel& p) const { return true; }
+  virtual std::string Describe() const = 0;
+};
+
+struct RooflineCoefficients {
+  double compute_efficiency = 0.6;
+  double memory_efficiency = 0.8;
+  double overhead_s = 0.002;           // per batch or step (launches, scheduling)
+  double allreduce_latency_s = 10e-6;  // per all-reduce
+  double pp_stage_overhead_s = 0.5e-3;
+};
+
+std::unique_ptr<LatencyModel> NewConstantLatency(double prefill_s, double decode_s);
+std::unique_ptr<LatencyModel> NewExponentialLatency(double mean_prefill_s, double mean_decode_s, uint64_t seed);
+std::unique_ptr<LatencyModel> NewRooflineLatency(ModelSpec model, GpuSpec gpu, RooflineCoefficients c = {});
+
+// DistServe's fitted coefficients for one model, by TP.
+struct DistServeFit {
+  struct Coefficients {
+    double prefill[3];
+    double decode_small[3];
+    double decode_large[3];
+    int64_t threshold = 95;
+  };
+  std::map<int, Coefficients> by_tp;
+  double pp_stage_overhead_s = 0.5e-3;
+};
+std::unique_ptr<LatencyModel> NewDistServeLatency(DistServeFit fit, std::string name);
+// Reads a DistServe profile file and picks the entry for `model` (matched by
+// the preset's Hugging Face id or name, e.g. "facebook/opt-13b").
+absl::StatusOr<DistServeFit> LoadDistServeFit(const std::string& path, const ModelSpec& model);
+
+// A spec string ("constant:P,D", "exponential:P,D", "roofline:GPU") or a
+// JSON file; `seed` feeds the exponential model.
+absl::StatusOr<std::unique_ptr<LatencyModel>> LoadLatencyModel(const std::string& spec, const ModelSpec& model,
+                                                               uint64_t seed = 1);
+
+}  // namespace duet::placement
+
+#endif  // DUET_PLACEMENT_LATENCY_H_

@@ -1,0 +1,136 @@
+#include "placement/model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace duet::placement {
+namespace {
+
+struct Preset {
+  const char* name;
+  const char* hf_id;
+  ModelSpec spec;
+};
+
+ModelSpec Make(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
+               int64_t intermediate, int64_t vocab, int64_t context, bool gated) {
+  ModelSpec m;
+  m.name = name;
+  m.num_layers = layers;
+  m.hidden = hidden;
+  m.num_heads = heads;
+  m.num_kv_heads = kv_heads;
+  m.head_dim = hidden / heads;
+  m.intermediate = intermediate;
+  m.vocab = vocab;
+  m.max_context = context;
+  m.gated_mlp = gated;
+  return m;
+}
+
+// The configs' published numbers.
+const std::vector<Preset>& Presets() {
+  static const std::vector<Preset> p = {
+      {"opt-13b", "facebook/opt-13b", Make("opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, false)},
+      {"opt-66b", "facebook/opt-66b", Make("opt-66b", 64, 9216, 72, 72, 36864, 50272, 2048, false)},
+      {"opt-175b", "facebook/opt-175b", Make("opt-175b", 96, 12288, 96, 96, 49152, 50272, 2048, false)},
+      {"llama-2-7b", "meta-llama/Llama-2-7b-hf", Make("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, true)},
+      {"llama-2-13b", "meta-llama/Llama-2-13b-hf", Make("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, true)},
+      {"llama-2-70b", "meta-llama/Llama-2-70b-hf", Make("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, true)},
+      {"llama-3-8b", "meta-llama/Meta-Llama-3-8B", Make("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, true)},
+      {"llama-3-70b", "meta-llama/Meta-Llama-3-70B", Make("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, true)},
+      {"qwen2.5-7b", "Qwen/Qwen2.5-7B", Make("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, true)},
+      {"qwen2.5-72b", "Qwen/Qwen2.5-72B", Make("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768, true)},
+      {"mistral-7b", "mistralai/Mistral-7B-v0.1", Make("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, true)},
+  };
+  return p;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+int64_t ModelSpec::ParamCount() const {
+  const int64_t attn = hidden * num_heads * head_dim + 2 * hidden * num_kv_heads * head_dim +
+                       num_heads * head_dim * hidden;
+  const int64_t mlp = (gated_mlp ? 3 : 2) * hidden * intermediate;
+  return num_layers * (attn + mlp + 2 * hidden) + vocab * hidden;
+}
+
+double ModelSpec::TokenFlops(int64_t context) const {
+  const double attn_proj = 2.0 * (hidden * num_heads * head_dim + 2.0 * hidden * num_kv_heads * head_dim +
+                                  num_heads * head_dim * hidden);
+  const double mlp = 2.0 * (gated_mlp ? 3 : 2) * hidden * intermediate;
+  // QK^T and PV over the tokens before (and including) this one.
+  const double attn = 4.0 * num_heads * head_dim * static_cast<double>(context + 1);
+  return num_layers * (attn_proj + mlp + attn) + 2.0 * hidden * vocab;
+}
+
+std::vector<std::string> ModelPresetNames() {
+  std::vector<std::string> n;
+  for (const Preset& p : Presets()) n.push_back(p.name);
+  return n;
+}
+
+absl::StatusOr<ModelSpec> ModelPreset(const std::string& name) {
+  const std::string want = Lower(name);
+  for (const Preset& p : Presets()) {
+    if (want == p.name || want == Lower(p.hf_id)) return p.spec;
+  }
+  return absl::NotFoundError(absl::StrCat("unknown model preset '", name, "'; presets: ",
+                                          absl::StrJoin(ModelPresetNames(), ", "),
+                                          " (or give a model directory or config.json)"));
+}
+
+absl::StatusOr<ModelSpec> ModelFromConfig(const std::string& path) {
+  std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p)) p /= "config.json";
+  std::ifstream in(p);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", p.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json c = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (c.is_discarded() || !c.is_object()) return absl::InvalidArgumentError(absl::StrCat(p.string(), " is not JSON"));
+  auto get = [&](std::initializer_list<const char*> keys, int64_t def) -> int64_t {
+    for (const char* k : keys) {
+      auto it = c.find(k);
+      if (it != c.end() && it->is_number_integer()) return it->get<int64_t>();
+    }
+    return def;
+  };
+  ModelSpec m;
+  m.name = p.parent_path().filename().string();
+  const std::string type = c.value("model_type", "");
+  m.num_layers = get({"num_hidden_layers", "n_layer"}, 0);
+  m.hidden = get({"hidden_size", "n_embd"}, 0);
+  m.num_heads = get({"num_attention_heads", "n_head"}, 0);
+  m.num_kv_heads = get({"num_key_value_heads"}, m.num_heads);
+  m.intermediate = get({"intermediate_size", "ffn_dim"}, 4 * m.hidden);
+  m.vocab = get({"vocab_size"}, 0);
+  m.max_context = get({"max_position_embeddings", "n_positions"}, 2048);
+  m.gated_mlp = type != "opt" && type != "gpt2";
+  if (m.num_layers <= 0 || m.hidden <= 0 || m.num_heads <= 0 || m.vocab <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p.string(), ": needs num_hidden_layers, hidden_size, num_attention_heads and vocab_size"));
+  }
+  m.head_dim = get({"head_dim"}, m.hidden / m.num_heads);
+  return m;
+}
+
+absl::StatusOr<ModelSpec> LoadModelSpec(const std::string& name_or_path) {
+  if (std::filesystem::exists(name_or_path)) return ModelFromConfig(name_or_path);
+  return ModelPreset(name_or_path);
+}
+
+}  // namespace duet::placement

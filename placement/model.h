@@ -1,0 +1,57 @@
+// Model shapes for the latency model and the simulator: enough of a
+// transformer's geometry to count FLOPs, weight bytes and KV bytes, with no
+// weights. From a Hugging Face config.json or a built-in preset.
+//
+//   ASSIGN_OR_RETURN(ModelSpec m, ModelPreset("llama-2-7b"));
+//   ASSIGN_OR_RETURN(ModelSpec m, ModelFromConfig("path/to/model"));  // dir or config.json
+#ifndef DUET_PLACEMENT_MODEL_H_
+#define DUET_PLACEMENT_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace duet::placement {
+
+struct ModelSpec {
+  std::string name;
+  int64_t num_layers = 0;
+  int64_t hidden = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;
+  int64_t vocab = 0;
+  int64_t max_context = 0;
+  bool gated_mlp = true;  // SwiGLU: three MLP matrices; OPT: two.
+  int64_t dtype_bytes = 2;
+
+  // Parameters of the transformer blocks and the embeddings (and the LM head
+  // when untied; counted once either way).
+  int64_t ParamCount() const;
+  int64_t WeightBytes() const { return ParamCount() * dtype_bytes; }
+  // K and V of one token in every layer.
+  int64_t KvBytesPerToken() const { return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes; }
+  // Forward FLOPs of one token with `context` tokens before it (GEMMs and
+  // attention score/value products), summed over layers, plus the LM head.
+  double TokenFlops(int64_t context) const;
+};
+
+// Built-in shapes, by lower-case name: opt-13b, opt-66b, opt-175b,
+// llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b,
+// qwen2.5-7b, qwen2.5-72b, mistral-7b. Hugging Face ids ("facebook/opt-13b",
+// "meta-llama/Llama-2-7b-hf") are accepted too.
+absl::StatusOr<ModelSpec> ModelPreset(const std::string& name);
+std::vector<std::string> ModelPresetNames();
+
+// From a model directory or its config.json (llama, mistral, qwen2, opt).
+absl::StatusOr<ModelSpec> ModelFromConfig(const std::string& path);
+
+// A preset name, a Hugging Face id, or a path to a config.
+absl::StatusOr<ModelSpec> LoadModelSpec(const std::string& name_or_path);
+
+}  // namespace duet::placement
+
+#endif  // DUET_PLACEMENT_MODEL_H_

@@ -1,0 +1,514 @@
+#include "placement/sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <queue>
+
+#include "base/logging.h"
+
+namespace duet::placement {
+namespace {
+
+enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone };
+
+struct Event {
+  double t;
+  uint64_t seq;
+  Kind kind;
+  int32_t inst;
+  int64_t a;  // request index, or batch slot
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+struct Req {
+  int64_t prompt = 0;
+  int64_t output = 1;
+  int64_t generated = 0;   // tokens so far (the first included)
+  int64_t prefilled = 0;   // chunked prefill progress
+  int32_t decode = -1;
+};
+
+struct Inst {
+  InstanceSpec spec;
+  std::deque<int64_t> waiting;
+  int64_t queued_tokens = 0;
+  // Prefill.
+  int in_flight = 0;
+  double next_start = 0;
+  bool slot_pending = false;
+  std::vector<std::vector<int64_t>> batches;  // by slot
+  std::vector<int> free_slots;
+  // Decode and colocated.
+  std::vector<int64_t> running;
+  double kv_used = 0;
+  double kv_cap = std::numeric_limits<double>::infinity();
+  bool busy = false;
+  std::vector<int64_t> step_decode, step_prefill;  // what the current step runs
+};
+
+class Sim {
+ public:
+  Sim(const ClusterSpec& c, const ModelSpec& m, LatencyModel& lat, const std::vector<SimRequest>& reqs)
+      : c_(c), m_(m), lat_(lat), in_(reqs) {
+    for (const InstanceSpec& s : c.instances) {
+      Inst i;
+      i.spec = s;
+      if (s.kv_capacity_tokens > 0) i.kv_cap = s.kv_capacity_tokens;
+      insts_.push_back(std::move(i));
+      if (s.role == InstanceRole::kDecode) decodes_.push_back(static_cast<int32_t>(insts_.size() - 1));
+      else entries_.push_back(static_cast<int32_t>(insts_.size() - 1));
+    }
+    reqs_.resize(reqs.size());
+    out_.requests.resize(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs_[i].prompt = reqs[i].prompt;
+      reqs_[i].output = std::max<int64_t>(1, reqs[i].output);
+      out_.requests[i].arrival = reqs[i].arrival;
+      out_.requests[i].output = reqs_[i].output;
+    }
+    kv_bytes_ = static_cast<double>(m.KvBytesPerToken());
+  }
+
+  SimResult Run() {
+    if (entries_.empty()) return out_;
+    // Arrivals are pushed lazily, one ahead, to keep the heap small.
+    if (!in_.empty()) Push(in_[0].arrival, kArrival, -1, 0);
+    while (!q_.empty()) {
+      Event e = q_.top();
+      q_.pop();
+      ++out_.events;
+      now_ = e.t;
+      switch (e.kind) {
+        case kArrival:
+          OnArrival(e.a);
+          if (e.a + 1 < static_cast<int64_t>(in_.size())) Push(in_[e.a + 1].arrival, kArrival, -1, e.a + 1);
+          break;
+        case kPrefillDone:
+          OnPrefillDone(e.inst, static_cast<int>(e.a));
+          break;
+        case kPrefillSlot:
+          insts_[e.inst].slot_pending = false;
+          TryPrefill(e.inst);
+          break;
+        case kTransferDone:
+          insts_[e.inst].waiting.push_back(e.a);
+          TryDecode(e.inst);
+          break;
+        case kDecodeDone:
+          OnDecodeDone(e.inst);
+          break;
+        case kColocDone:
+          OnColocDone(e.inst);
+          break;
+      }
+    }
+    out_.makespan = now_;
+    return std::move(out_);
+  }
+
+ private:
+  void Push(double t, Kind k, int32_t inst, int64_t a) { q_.push(Event{t, seq_++, k, inst, a}); }
+
+  double Need(int64_t r) const { return static_cast<double>(reqs_[r].prompt + reqs_[r].output); }
+
+  int32_t PickEntry() {
+    if (c_.policy == "round_robin") return entries_[rr_entry_++ % entries_.size()];
+    int32_t best = entries_[0];
+    double best_load = std::numeric_limits<double>::infinity();
+    for (int32_t i : entries_) {
+      const Inst& s = insts_[i];
+      const double load = static_cast<double>(s.queued_tokens) + s.kv_used / 4.0 + (s.busy ? 1.0 : 0.0);
+      if (load < best_load) {
+        best_load = load;
+        best = i;
+      }
+    }
+    return best;
+  }
+
+  int32_t PickDecode(int64_t r) {
+    if (c_.policy == "round_robin") return decodes_[rr_decode_++ % decodes_.size()];
+    int32_t best = decodes_[0];
+    double best_load = std::numeric_limits<double>::infinity();
+    for (int32_t i : decodes_) {
+      const Inst& s = insts_[i];
+      double load = s.kv_used / s.kv_cap * 1e6 + static_cast<double>(s.running.size() + s.waiting.size());
+      if (!std::isfinite(s.kv_cap)) load = static_cast<double>(s.running.size() + s.waiting.size());
+      if (load < best_load) {
+        best_load = load;
+        best = i;
+      }
+    }
+    (void)r;
+    return best;
+  }
+
+  void OnArrival(int64_t r) {
+    const int32_t i = PickEntry();
+    Inst& s = insts_[i];
+    s.waiting.push_back(r);
+    s.queued_tokens += reqs_[r].prompt;
+    if (s.spec.role == InstanceRole::kPrefill) {
+      TryPrefill(i);
+    } else {
+      TryColoc(i);
+    }
+  }
+
+  // --- Prefill instances.
+  void TryPrefill(int32_t i) {
+    Inst& s = insts_[i];
+    const int pp = std::max(1, s.spec.par.pp);
+    while (!s.waiting.empty() && s.in_flight < pp) {
+      if (now_ < s.next_start) {
+        if (!s.slot_pending) {
+          s.slot_pending = true;
+          Push(s.next_start, kPrefillSlot, i, 0);
+        }
+        return;
+      }
+      int slot;
+      if (s.free_slots.empty()) {
+        slot = static_cast<int>(s.batches.size());
+        s.batches.emplace_back();
+      } else {
+        slot = s.free_slots.back();
+        s.free_slots.pop_back();
+      }
+      std::vector<int64_t>& batch = s.batches[slot];
+      batch.clear();
+      lens_.clear();
+      int64_t tokens = 0;
+      while (!s.waiting.empty()) {
+        const int64_t r = s.waiting.front();
+        if (!batch.empty() && (tokens + reqs_[r].prompt > s.spec.max_batch_tokens ||
+                               (s.spec.max_prefill_batch > 0 &&
+                                static_cast<int64_t>(batch.size()) >= s.spec.max_prefill_batch))) {
+          break;
+        }
+        s.waiting.pop_front();
+        s.queued_tokens -= reqs_[r].prompt;
+        batch.push_back(r);
+        lens_.push_back(reqs_[r].prompt);
+        tokens += reqs_[r].prompt;
+        out_.requests[r].prefill_start = now_;
+      }
+      const double t = lat_.Prefill(s.spec.par, lens_);
+      s.in_flight++;
+      s.next_start = now_ + t / pp;
+      Push(now_ + t, kPrefillDone, i, slot);
+    }
+  }
+
+  void OnPrefillDone(int32_t i, int slot) {
+    Inst& s = insts_[i];
+    s.in_flight--;
+    for (int64_t r : s.batches[slot]) {
+      out_.requests[r].first_token = now_;
+      reqs_[r].generated = 1;
+      if (reqs_[r].output <= 1 || decodes_.empty()) {
+        out_.requests[r].finish = now_;
+        continue;
+      }
+      const int32_t d = PickDecode(r);
+      const double transfer =
+          c_.kv_link_bytes_per_s > 0 ? static_cast<double>(reqs_[r].prompt) * kv_bytes_ / c_.kv_link_bytes_per_s : 0;
+      Push(now_ + transfer, kTransferDone, d, r);
+    }
+    s.free_slots.push_back(slot);
+    TryPrefill(i);
+  }
+
+  // --- Decode instances.
+  void Admit(Inst& s) {
+    while (!s.waiting.empty() && static_cast<int64_t>(s.running.size()) < s.spec.max_batch_size) {
+      const int64_t r = s.waiting.front();
+      if (s.kv_used + Need(r) > s.kv_cap && !s.running.empty()) break;
+      s.waiting.pop_front();
+      s.kv_used += Need(r);
+      s.running.push_back(r);
+    }
+  }
+
+  void StartDecodeStep(int32_t i, Kind done) {
+    Inst& s = insts_[i];
+    ctx_.clear();
+    for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
+    s.step_decode = s.running;
+    s.busy = true;
+    Push(now_ + lat_.Decode(s.spec.par, ctx_), done, i, 0);
+  }
+
+  void TryDecode(int32_t i) {
+    Inst& s = insts_[i];
+    if (s.busy) return;
+    Admit(s);
+    if (s.running.empty()) return;
+    StartDecodeStep(i, kDecodeDone);
+  }
+
+  // One generated token for every request of the step; the finished leave.
+  void FinishDecodeStep(Inst& s) {
+    for (int64_t r : s.step_decode) {
+      if (++reqs_[r].generated >= reqs_[r].output) {
+        out_.requests[r].finish = now_;
+        s.kv_used -= Need(r);
+      }
+    }
+    s.running.erase(std::remove_if(s.running.begin(), s.running.end(),
+                                   [&](int64_t r) { return reqs_[r].generated >= reqs_[r].output; }),
+                    s.running.end());
+    s.step_decode.clear();
+  }
+
+  void OnDecodeDone(int32_t i) {
+    Inst& s = insts_[i];
+    s.busy = false;
+    FinishDecodeStep(s);
+    TryDecode(i);
+  }
+
+  // --- Colocated instances.
+  void TryColoc(int32_t i) {
+    Inst& s = insts_[i];
+    if (s.busy) return;
+    s.step_prefill.clear();
+    lens_.clear();
+    if (!c_.chunked_prefill) {
+      // Prefill first: a batch of waiting prompts that fit.
+      int64_t tokens = 0;
+      while (!s.waiting.empty() && static_cast<int64_t>(s.running.size() + s.step_prefill.size()) < s.spec.max_batch_size) {
+        const int64_t r = s.waiting.front();
+        if (!s.step_prefill.empty() && tokens + reqs_[r].prompt > s.spec.max_batch_tokens) break;
+        if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && s.step_prefill.empty())) break;
+        s.waiting.pop_front();
+        s.queued_tokens -= reqs_[r].prompt;
+        s.kv_used += Need(r);
+        s.step_prefill.push_back(r);
+        lens_.push_back(reqs_[r].prompt);
+        tokens += reqs_[r].prompt;
+        out_.requests[r].prefill_start = now_;
+      }
+      if (!s.step_prefill.empty()) {
+        s.busy = true;
+        s.step_decode.clear();
+        Push(now_ + lat_.Prefill(s.spec.par, lens_), kColocDone, i, 0);
+        return;
+      }
+      if (!s.running.empty()) StartDecodeStep(i, kColocDone);
+      return;
+    }
+    // Chunked: the running requests' decode plus up to chunk_tokens of prompts.
+    int64_t budget = std::max<int64_t>(0, c_.chunk_tokens - static_cast<int64_t>(s.running.size()));
+    for (size_t k = 0; k < s.waiting.size() && budget > 0; ++k) {
+      const int64_t r = s.waiting[k];
+      Req& q = reqs_[r];
+      if (q.prefilled == 0) {
+        if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && k == 0)) break;
+        if (static_cast<int64_t>(s.running.size()) + static_cast<int64_t>(k) >= s.spec.max_batch_size) break;
+        s.kv_used += Need(r);
+        out_.requests[r].prefill_start = now_;
+      }
+      const int64_t take = std::min(budget, q.prompt - q.prefilled);
+      q.prefilled += take;
+      budget -= take;
+      lens_.push_back(take);
+      s.step_prefill.push_back(r);
+    }
+    if (s.step_prefill.empty() && s.running.empty()) return;
+    ctx_.clear();
+    for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
+    s.step_decode = s.running;
+    double t = 0;
+    if (!ctx_.empty()) t += lat_.Decode(s.spec.par, ctx_);
+    if (!lens_.empty()) t += lat_.Prefill(s.spec.par, lens_);
+    s.busy = true;
+    Push(now_ + t, kColocDone, i, 0);
+  }
+
+  void OnColocDone(int32_t i) {
+    Inst& s = insts_[i];
+    s.busy = false;
+    FinishDecodeStep(s);
+    for (int64_t r : s.step_prefill) {
+      Req& q = reqs_[r];
+      if (c_.chunked_prefill && q.prefilled < q.prompt) continue;
+      if (c_.chunked_prefill) {
+        // Leaves the waiting queue now that its prompt is done.
+        auto it = std::find(s.waiting.begin(), s.waiting.end(), r);
+        if (it != s.waiting.end()) s.waiting.erase(it);
+        s.queued_tokens -= q.prompt;
+      }
+      out_.requests[r].first_token = now_;
+      q.generated = 1;
+      if (q.output <= 1) {
+        out_.requests[r].finish = now_;
+        s.kv_used -= Need(r);
+      } else {
+        s.running.push_back(r);
+      }
+    }
+    s.step_prefill.clear();
+    TryColoc(i);
+  }
+
+  const ClusterSpec& c_;
+  const ModelSpec& m_;
+  LatencyModel& lat_;
+  const std::vector<SimRequest>& in_;
+  std::vector<Inst> insts_;
+  std::vector<int32_t> entries_, decodes_;
+  std::vector<Req> reqs_;
+  SimResult out_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> q_;
+  uint64_t seq_ = 0;
+  double now_ = 0;
+  double kv_bytes_ = 0;
+  size_t rr_entry_ = 0, rr_decode_ = 0;
+  std::vector<int64_t> lens_, ctx_;
+};
+
+// Two-sided 99% Student t quantile for `dof` degrees of freedom
+// (Cornish-Fisher expansion around the normal's 2.5758; within 1e-3 for dof >= 10).
+double T99(int dof) {
+  const double z = 2.5758293035489;
+  const double v = dof;
+  const double z3 = z * z * z, z5 = z3 * z * z;
+  return z + (z3 + z) / (4 * v) + (5 * z5 + 16 * z3 + 3 * z) / (96 * v * v);
+}
+
+}  // namespace
+
+const char* InstanceRoleName(InstanceRole r) {
+  switch (r) {
+    case InstanceRole::kPrefill: return "prefill";
+    case InstanceRole::kDecode: return "decode";
+    case InstanceRole::kColocated: return "colocated";
+  }
+  return "?";
+}
+
+int ClusterSpec::gpus() const {
+  int n = 0;
+  for (const InstanceSpec& i : instances) n += i.par.gpus();
+  return n;
+}
+
+SimResult Simulate(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
+                   const std::vector<SimRequest>& requests) {
+  return Sim(cluster, model, latency, requests).Run();
+}
+
+double SimResult::Attainment(const Slo& slo) const {
+  if (requests.empty()) return 0;
+  int64_t ok = 0;
+  for (const RequestOutcome& r : requests) ok += r.finish >= 0 && r.ttft() <= slo.ttft && r.tpot() <= slo.tpot;
+  return static_cast<double>(ok) / static_cast<double>(requests.size());
+}
+
+double SimResult::TtftAttainment(double ttft) const {
+  if (requests.empty()) return 0;
+  int64_t ok = 0;
+  for (const RequestOutcome& r : requests) ok += r.first_token >= 0 && r.ttft() <= ttft;
+  return static_cast<double>(ok) / static_cast<double>(requests.size());
+}
+
+double SimResult::TpotAttainment(double tpot) const {
+  if (requests.empty()) return 0;
+  int64_t ok = 0;
+  for (const RequestOutcome& r : requests) ok += r.finish >= 0 && r.tpot() <= tpot;
+  return static_cast<double>(ok) / static_cast<double>(requests.size());
+}
+
+double SimResult::Percentile(double p, bool tpot) const {
+  std::vector<double> v;
+  v.reserve(requests.size());
+  for (const RequestOutcome& r : requests) {
+    if (r.finish < 0) continue;
+    if (tpot && r.output <= 1) continue;
+    v.push_back(tpot ? r.tpot() : r.ttft());
+  }
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+  return v[k];
+}
+
+SimResult::Interval SimResult::QueueWaitBatchMeans(int batches, double warmup) const {
+  Interval out;
+  const size_t start = static_cast<size_t>(warmup * static_cast<double>(requests.size()));
+  const size_t n = requests.size() - start;
+  if (batches < 2 || n < static_cast<size_t>(batches)) return out;
+  const size_t per = n / static_cast<size_t>(batches);
+  std::vector<double> means;
+  for (int b = 0; b < batches; ++b) {
+    double sum = 0;
+    for (size_t k = 0; k < per; ++k) sum += requests[start + static_cast<size_t>(b) * per + k].queue_wait();
+    means.push_back(sum / static_cast<double>(per));
+  }
+  double mean = 0;
+  for (double m : means) mean += m;
+  mean /= batches;
+  double var = 0;
+  for (double m : means) var += (m - mean) * (m - mean);
+  var /= batches - 1;
+  const double half = T99(batches - 1) * std::sqrt(var / batches);
+  out.mean = mean;
+  out.lo = mean - half;
+  out.hi = mean + half;
+  out.batches = batches;
+  return out;
+}
+
+double MeanRate(const std::vector<SimRequest>& requests) {
+  if (requests.size() < 2) return 1.0;
+  const double span = requests.back().arrival - requests.front().arrival;
+  return span > 0 ? static_cast<double>(requests.size() - 1) / span : 1.0;
+}
+
+std::vector<SimRequest> AtRate(const std::vector<SimRequest>& base, double rate) {
+  const double k = MeanRate(base) / rate;
+  std::vector<SimRequest> out = base;
+  for (SimRequest& r : out) r.arrival *= k;
+  return out;
+}
+
+Goodput FindGoodput(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
+                    const std::vector<SimRequest>& base, const Slo& slo, double target, double rel_tol) {
+  Goodput g;
+  auto attain = [&](double rate) {
+    ++g.simulations;
+    return Simulate(cluster, model, latency, AtRate(base, rate)).Attainment(slo);
+  };
+  double lo = 0, hi = MeanRate(base);
+  double a = attain(hi);
+  if (a >= target) {
+    lo = hi;
+    for (int i = 0; i < 40; ++i) {
+      hi = lo * 2;
+      if (attain(hi) < target) break;
+      lo = hi;
+    }
+  } else {
+    for (int i = 0; i < 20 && a < target; ++i) {
+      hi /= 2;
+      a = attain(hi);
+    }
+    if (a < target) return g;
+    lo = hi;
+    hi *= 2;
+  }
+  while ((hi - lo) > rel_tol * hi) {
+    const double mid = 0.5 * (lo + hi);
+    if (attain(mid) >= target) lo = mid;
+    else hi = mid;
+  }
+  g.rate = lo;
+  g.per_gpu = lo / std::max(1, cluster.gpus());
+  g.attainment = attain(lo);
+  return g;
+}
+
+}  // namespace duet::placement

@@ -1,0 +1,111 @@
+// A discrete-event simulator of a serving cluster, deterministic for a given
+// workload (and latency model seed), fast enough to search placements.
+//
+//   ClusterSpec c = ...;   // instances, link bandwidth, policy
+//   SimResult r = Simulate(c, model, *latency, workload.requests);
+//   double a = r.Attainment({.ttft = 0.25, .tpot = 0.1});
+//
+// Disaggregated instances: prefill runs FCFS batches under a token budget
+// (and optionally at most max_prefill_batch requests); with pp > 1 a new
+// batch may start every (batch time / pp), as pipeline stages free up. When
+// a batch ends its requests have their first token (TTFT); each moves to a
+// decode instance (least loaded or round robin) after its KV transfer
+// (prompt x KV bytes per token / the link bandwidth), and waits there until
+// its whole context (prompt + output) fits in the KV capacity; decode steps
+// batch every running request (continuous batching, at most max_batch_size).
+// Colocated instances run vLLM's loop: a prefill batch whenever requests wait
+// and fit (prefill first), else a decode step; with chunked_prefill each step
+// is the running requests' decode plus up to chunk_tokens of prompts.
+// Output tokens count the first; TPOT is (last token - first) / (output - 1).
+#ifndef DUET_PLACEMENT_SIM_H_
+#define DUET_PLACEMENT_SIM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/workload.h"
+
+namespace duet::placement {
+
+enum class InstanceRole { kPrefill, kDecode, kColocated };
+const char* InstanceRoleName(InstanceRole r);
+
+struct InstanceSpec {
+  InstanceRole role = InstanceRole::kColocated;
+  Parallel par;
+  // KV tokens the instance holds; 0: what its GPUs' memory leaves after the
+  // weights (needs gpu_memory_bytes), else unlimited.
+  double kv_capacity_tokens = 0;
+  int64_t max_batch_tokens = 4096;   // prefill budget per batch (per step when chunked)
+  int64_t max_prefill_batch = 0;     // requests per prefill batch; 0: any
+  int64_t max_batch_size = 256;      // decode batch
+};
+
+struct ClusterSpec {
+  std::vector<InstanceSpec> instances;
+  double kv_link_bytes_per_s = 0;  // prefill -> decode; 0: instantaneous
+  std::string policy = "least_loaded";  // least_loaded | round_robin
+  bool chunked_prefill = false;         // colocated
+  int64_t chunk_tokens = 512;
+  int gpus() const;
+};
+
+struct RequestOutcome {
+  double arrival = 0;
+  double prefill_start = -1;  // when its prefill batch started
+  double first_token = -1;
+  double finish = -1;
+  int64_t output = 1;
+  double ttft() const { return first_token - arrival; }
+  double tpot() const { return output > 1 ? (finish - first_token) / static_cast<double>(output - 1) : 0.0; }
+  double queue_wait() const { return prefill_start - arrival; }
+};
+
+struct Slo {
+  double ttft = 1.0;
+  double tpot = 0.1;
+};
+
+struct SimResult {
+  std::vector<RequestOutcome> requests;  // in arrival order
+  double makespan = 0;
+  int64_t events = 0;
+  // Fraction of requests meeting both targets (and each one alone).
+  double Attainment(const Slo& slo) const;
+  double TtftAttainment(double ttft) const;
+  double TpotAttainment(double tpot) const;
+  // Mean and a 99% confidence interval of the mean queue wait by the method
+  // of batch means (after dropping the first `warmup` fraction).
+  struct Interval {
+    double mean = 0, lo = 0, hi = 0;
+    int batches = 0;
+  };
+  Interval QueueWaitBatchMeans(int batches = 50, double warmup = 0.05) const;
+  double Percentile(double p, bool tpot) const;
+};
+
+SimResult Simulate(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
+                   const std::vector<SimRequest>& requests);
+
+// The highest arrival rate (requests/s, the workload's arrivals compressed or
+// stretched in time) at which attainment of `slo` is at least `target`, by
+// bisection to `rel_tol`; 0 when even a tenth of the base rate misses.
+struct Goodput {
+  double rate = 0;          // requests/s
+  double per_gpu = 0;       // rate / GPUs
+  double attainment = 0;    // at `rate`
+  int simulations = 0;
+};
+Goodput FindGoodput(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
+                    const std::vector<SimRequest>& base, const Slo& slo, double target, double rel_tol = 0.01);
+
+// The workload's arrivals scaled to `rate` requests/s (times x base_rate / rate).
+std::vector<SimRequest> AtRate(const std::vector<SimRequest>& base, double rate);
+double MeanRate(const std::vector<SimRequest>& requests);
+
+}  // namespace duet::placement
+
+#endif  // DUET_PLACEMENT_SIM_H_

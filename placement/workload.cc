@@ -1,0 +1,146 @@
+#include "placement/workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "base/status_macros.h"
+
+namespace duet::placement {
+
+absl::StatusOr<std::vector<TraceRow>> ReadTrace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read trace ", path));
+  std::string line;
+  if (!std::getline(in, line)) return absl::InvalidArgumentError(absl::StrCat(path, " is empty"));
+  std::vector<std::string> header = absl::StrSplit(absl::StripAsciiWhitespace(line), ',');
+  int at = -1, pre = -1, dec = -1;
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (header[i] == "arrived_at") at = static_cast<int>(i);
+    if (header[i] == "num_prefill_tokens") pre = static_cast<int>(i);
+    if (header[i] == "num_decode_tokens") dec = static_cast<int>(i);
+  }
+  if (pre < 0 || dec < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": needs columns num_prefill_tokens and num_decode_tokens (and arrived_at for arrivals)"));
+  }
+  std::vector<TraceRow> rows;
+  int64_t n = 1;
+  while (std::getline(in, line)) {
+    ++n;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    std::vector<absl::string_view> f = absl::StrSplit(absl::StripAsciiWhitespace(line), ',');
+    TraceRow r;
+    double p = 0, d = 0;
+    if (static_cast<int>(f.size()) <= std::max({at, pre, dec}) || !absl::SimpleAtod(f[pre], &p) ||
+        !absl::SimpleAtod(f[dec], &d) || (at >= 0 && !absl::SimpleAtod(f[at], &r.arrival)) || p < 0 || d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": malformed row"));
+    }
+    r.prompt = static_cast<int64_t>(p);
+    r.output = static_cast<int64_t>(d);
+    rows.push_back(r);
+  }
+  if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " has no rows"));
+  return rows;
+}
+
+absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
+  std::mt19937_64 rng(o.seed);
+  std::vector<TraceRow> trace;
+  const bool trace_lengths = o.lengths == "trace";
+  if (o.arrivals == "trace" || trace_lengths) {
+    if (o.trace.empty()) return absl::InvalidArgumentError("a trace file is needed (--trace)");
+    ASSIGN_OR_RETURN(trace, ReadTrace(o.trace));
+  }
+  int64_t n = o.num_requests;
+  if (o.arrivals == "trace") {
+    if (trace.front().arrival < 0) return absl::InvalidArgumentError(absl::StrCat(o.trace, " has no arrival times"));
+    if (o.rate_scale <= 0) return absl::InvalidArgumentError("rate scale must be positive");
+    if (n <= 0) n = static_cast<int64_t>(trace.size());
+  } else if (o.arrivals == "poisson" || o.arrivals == "gamma") {
+    if (!(o.rate > 0)) return absl::InvalidArgumentError("the arrival rate must be positive");
+    if (o.arrivals == "gamma" && !(o.cv > 0)) return absl::InvalidArgumentError("the gamma CV must be positive");
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown arrivals '", o.arrivals, "' (poisson, gamma, trace)"));
+  }
+  if (n <= 0) return absl::InvalidArgumentError("the number of requests must be positive");
+  // Lengths.
+  int64_t fp = 0, fo = 0, pmin = 0, pmax = 0, omin = 0, omax = 0;
+  bool uniform = false;
+  if (!trace_lengths) {
+    absl::string_view l = o.lengths;
+    std::vector<std::string> v;
+    if (absl::ConsumePrefix(&l, "fixed:")) {
+      v = absl::StrSplit(l, ',');
+      if (v.size() != 2 || !absl::SimpleAtoi(v[0], &fp) || !absl::SimpleAtoi(v[1], &fo) || fp < 1 || fo < 1) {
+        return absl::InvalidArgumentError("lengths fixed:P,O need two positive integers");
+      }
+    } else if (absl::ConsumePrefix(&l, "uniform:")) {
+      v = absl::StrSplit(l, ',');
+      uniform = true;
+      if (v.size() != 4 || !absl::SimpleAtoi(v[0], &pmin) || !absl::SimpleAtoi(v[1], &pmax) ||
+          !absl::SimpleAtoi(v[2], &omin) || !absl::SimpleAtoi(v[3], &omax) || pmin < 1 || pmax < pmin || omin < 1 ||
+          omax < omin) {
+        return absl::InvalidArgumentError("lengths uniform:PMIN,PMAX,OMIN,OMAX need 1 <= min <= max");
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown lengths '", o.lengths, "' (fixed:P,O, uniform:..., trace)"));
+    }
+  }
+  if (!(o.length_scale > 0)) return absl::InvalidArgumentError("the length scale must be positive");
+  if (o.overlong != "drop" && o.overlong != "truncate") {
+    return absl::InvalidArgumentError("overlong must be drop or truncate");
+  }
+
+  Workload w;
+  w.requests.reserve(static_cast<size_t>(n));
+  double t = 0;
+  std::exponential_distribution<double> expo(o.rate);
+  // Gamma gaps with mean 1/rate and CV cv: shape 1/cv^2, scale cv^2/rate.
+  std::gamma_distribution<double> gamma(1.0 / (o.cv * o.cv), o.cv * o.cv / o.rate);
+  for (int64_t i = 0; i < n; ++i) {
+    SimRequest r;
+    if (o.arrivals == "trace") {
+      const TraceRow& row = trace[static_cast<size_t>(i) % trace.size()];
+      // Past the end of the trace: it repeats, shifted by its length.
+      const double span = trace.back().arrival - trace.front().arrival;
+      const double round = static_cast<double>(static_cast<size_t>(i) / trace.size());
+      r.arrival = (row.arrival - trace.front().arrival + round * span) / o.rate_scale;
+    } else {
+      t += o.arrivals == "poisson" ? expo(rng) : gamma(rng);
+      r.arrival = t;
+    }
+    if (trace_lengths) {
+      const TraceRow& row = trace[static_cast<size_t>(i) % trace.size()];
+      r.prompt = row.prompt;
+      r.output = row.output;
+    } else if (uniform) {
+      r.prompt = std::uniform_int_distribution<int64_t>(pmin, pmax)(rng);
+      r.output = std::uniform_int_distribution<int64_t>(omin, omax)(rng);
+    } else {
+      r.prompt = fp;
+      r.output = fo;
+    }
+    r.prompt = std::max<int64_t>(1, std::llround(static_cast<double>(r.prompt) * o.length_scale));
+    r.output = std::max<int64_t>(1, std::llround(static_cast<double>(r.output) * o.length_scale));
+    if (o.max_context > 0 && r.prompt + r.output > o.max_context) {
+      if (o.overlong == "drop" || r.output >= o.max_context) {
+        ++w.dropped;
+        continue;
+      }
+      r.prompt = o.max_context - r.output;
+      ++w.truncated;
+    }
+    w.requests.push_back(r);
+  }
+  std::stable_sort(w.requests.begin(), w.requests.end(),
+                   [](const SimRequest& a, const SimRequest& b) { return a.arrival < b.arrival; });
+  return w;
+}
+
+}  // namespace duet::placement

@@ -1,0 +1,346 @@
+// duet sim: the cluster simulator (placement/sim.h) from the command line.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/flags.h"
+#include "base/status_macros.h"
+#include "placement/hardware.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/sim.h"
+#include "placement/workload.h"
+#include "tools/cluster_config.h"
+#include "tools/commands.h"
+
+namespace duet::tools {
+namespace {
+
+using placement::ClusterSpec;
+using placement::InstanceRole;
+using placement::InstanceSpec;
+using placement::ModelSpec;
+
+void AddSimFlags(FlagSet& f) {
+  f.String("model", "opt-13b", "model: a preset (opt-13b, llama-2-7b, ...), a HF id, or a model dir / config.json");
+  f.String("latency", "",
+           "latency model: a JSON file (DistServe profile, or {\"kind\": \"roofline\", ...}), or constant:P,D | "
+           "exponential:P,D (seconds per prefill batch, per decode step) | roofline:GPU (default roofline:GPU of --gpu)");
+  f.String("cluster", "", "cluster file(s) (duet up --config format, with gpu and kv_link_gbps), comma-separated");
+  f.Int("prefill", 1, "prefill instances (without --cluster)");
+  f.Int("decode", 1, "decode instances (without --cluster)");
+  f.Int("colocated", 0, "colocated instances instead of prefill + decode (without --cluster)");
+  f.Int("tp", 1, "tensor parallel degree of every instance (without --cluster)");
+  f.Int("pp", 1, "pipeline stages of every instance (without --cluster)");
+  f.String("gpu", "a100-80g", "GPU of the instances: KV capacity from its memory, link bandwidths, roofline");
+  f.Double("kv-capacity-tokens", 0, "KV tokens per instance (0: from the GPUs' memory after the weights)");
+  f.Double("link-gbps", 0, "prefill -> decode KV bandwidth, GB/s (0: the GPU's node link)");
+  f.String("policy", "least_loaded", "dispatch: least_loaded | round_robin");
+  f.Bool("chunked-prefill", "colocated: chunked prefill (decode and prompt chunks in one step)");
+  f.Int("chunk-tokens", 512, "colocated chunked prefill: tokens per step");
+  f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
+  f.Int("max-prefill-batch", 0, "requests per prefill batch (0: as the budget allows)");
+  f.Int("max-batch-size", 256, "requests per decode step");
+  f.String("arrivals", "poisson", "poisson | gamma | trace");
+  f.Double("rate", 1.0, "requests/s (poisson, gamma)");
+  f.Double("cv", 1.0, "gamma arrivals: coefficient of variation of the gaps");
+  f.Int("requests", 10000, "requests to simulate (0 with trace arrivals: the whole trace)");
+  f.String("lengths", "trace", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (needs --trace)");
+  f.String("trace", "", "trace CSV (arrived_at, num_prefill_tokens, num_decode_tokens)");
+  f.Double("rate-scale", 1.0, "trace arrivals: speed up by this factor");
+  f.Double("length-scale", 1.0, "multiply prompt and output lengths");
+  f.String("overlong", "drop", "requests longer than the model's context: drop | truncate");
+  f.Int("seed", 1, "workload (and exponential latency) seed");
+  f.Double("slo-ttft", 1.0, "TTFT target, seconds");
+  f.Double("slo-tpot", 0.1, "TPOT target, seconds");
+  f.Double("target", 0.9, "attainment the goodput must keep (both targets met by this fraction)");
+  f.String("rates", "", "simulate at these rates (comma-separated requests/s) instead of the workload's");
+  f.Bool("goodput", "search the highest rate that keeps --target attainment (bisection)");
+  f.String("csv", "", "write one row per request here (arrival, prefill start, first token, finish, output)");
+  f.String("svg", "", "plot attainment against rate here (every cluster a series; needs --rates)");
+  f.Bool("json", "print one JSON object per cluster and rate instead of the table");
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const FlagSet& f, const ModelSpec& model) {
+  std::vector<std::pair<std::string, ClusterSpec>> out;
+  auto capacity = [&](const std::string& gpu_id, const placement::Parallel& par) -> absl::StatusOr<double> {
+    if (f.GetDouble("kv-capacity-tokens") > 0) return f.GetDouble("kv-capacity-tokens");
+    ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(gpu_id));
+    const double free = 0.9 * g.memory_bytes * par.gpus() - static_cast<double>(model.WeightBytes());
+    if (free <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(model.name, " does not fit on ", par.gpus(), " x ", g.name,
+                                                     " (weights ", model.WeightBytes() / 1e9, " GB)"));
+    }
+    return free / static_cast<double>(model.KvBytesPerToken());
+  };
+  auto link = [&](const std::string& gpu_id, double cluster_gbps) -> absl::StatusOr<double> {
+    if (f.GetDouble("link-gbps") > 0) return f.GetDouble("link-gbps") * 1e9;
+    if (cluster_gbps > 0) return cluster_gbps * 1e9;
+    ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(gpu_id));
+    return g.intra_node_bw;
+  };
+  auto common = [&](ClusterSpec& c) {
+    c.policy = f.GetString("policy");
+    c.chunked_prefill = f.GetBool("chunked-prefill");
+    c.chunk_tokens = f.GetInt("chunk-tokens");
+  };
+  auto instance = [&](InstanceRole role, int tp, int pp, const std::string& gpu,
+                      int64_t max_batch_tokens) -> absl::StatusOr<InstanceSpec> {
+    InstanceSpec s;
+    s.role = role;
+    s.par = {.tp = tp, .pp = pp};
+    ASSIGN_OR_RETURN(s.kv_capacity_tokens, capacity(gpu, s.par));
+    s.max_batch_tokens = max_batch_tokens;
+    s.max_prefill_batch = f.GetInt("max-prefill-batch");
+    s.max_batch_size = f.GetInt("max-batch-size");
+    return s;
+  };
+  if (!f.GetString("cluster").empty()) {
+    for (absl::string_view path : absl::StrSplit(f.GetString("cluster"), ',', absl::SkipEmpty())) {
+      ASSIGN_OR_RETURN(ClusterConfig cfg, LoadClusterConfig(std::string(path), /*for_simulation=*/true));
+      ClusterSpec c;
+      common(c);
+      std::string gpu = f.GetString("gpu");
+      for (const InstanceConfig& ic : cfg.instances) {
+        const std::string g = ic.gpu.empty() ? f.GetString("gpu") : ic.gpu;
+        gpu = g;
+        const InstanceRole role = ic.role == "prefill"  ? InstanceRole::kPrefill
+                                  : ic.role == "decode" ? InstanceRole::kDecode
+                                                        : InstanceRole::kColocated;
+        ASSIGN_OR_RETURN(InstanceSpec s, instance(role, ic.tp, ic.pp, g, ic.max_batch_tokens));
+        c.instances.push_back(s);
+      }
+      ASSIGN_OR_RETURN(c.kv_link_bytes_per_s, link(gpu, cfg.kv_link_gbps));
+      out.push_back({std::string(path), std::move(c)});
+    }
+    return out;
+  }
+  ClusterSpec c;
+  common(c);
+  const int tp = static_cast<int>(f.GetInt("tp")), pp = static_cast<int>(f.GetInt("pp"));
+  if (tp < 1 || pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
+  const std::string gpu = f.GetString("gpu");
+  std::string name;
+  if (f.GetInt("colocated") > 0) {
+    for (int64_t i = 0; i < f.GetInt("colocated"); ++i) {
+      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kColocated, tp, pp, gpu, f.GetInt("max-batch-tokens")));
+      c.instances.push_back(s);
+    }
+    name = absl::StrCat(f.GetInt("colocated"), " colocated (tp ", tp, ", pp ", pp, ")");
+  } else {
+    if (f.GetInt("prefill") < 1 || f.GetInt("decode") < 0) {
+      return absl::InvalidArgumentError("need --prefill >= 1 and --decode >= 0 (or --colocated)");
+    }
+    for (int64_t i = 0; i < f.GetInt("prefill"); ++i) {
+      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kPrefill, tp, pp, gpu, f.GetInt("max-batch-tokens")));
+      c.instances.push_back(s);
+    }
+    for (int64_t i = 0; i < f.GetInt("decode"); ++i) {
+      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kDecode, tp, pp, gpu, f.GetInt("max-batch-tokens")));
+      c.instances.push_back(s);
+    }
+    name = absl::StrCat(f.GetInt("prefill"), " prefill + ", f.GetInt("decode"), " decode (tp ", tp, ", pp ", pp, ")");
+  }
+  if (f.GetDouble("kv-capacity-tokens") <= 0 && f.GetString("latency").rfind("constant:", 0) == 0) {
+    for (InstanceSpec& s : c.instances) s.kv_capacity_tokens = 0;  // a queueing check: no memory limit
+  }
+  ASSIGN_OR_RETURN(c.kv_link_bytes_per_s, link(gpu, 0));
+  out.push_back({name, std::move(c)});
+  return out;
+}
+
+std::string Svg(const std::vector<std::string>& names, const std::vector<double>& rates,
+                const std::vector<std::vector<double>>& attain, double target) {
+  const double w = 640, h = 400, l = 60, r = 20, t = 20, b = 50;
+  const double xmax = rates.empty() ? 1 : *std::max_element(rates.begin(), rates.end());
+  auto X = [&](double x) { return l + (w - l - r) * x / (xmax > 0 ? xmax : 1); };
+  auto Y = [&](double y) { return t + (h - t - b) * (1 - y); };
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  std::string s = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+      w, h);
+  absl::StrAppendFormat(&s, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", l, Y(0), w - r, Y(0));
+  absl::StrAppendFormat(&s, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", l, Y(0), l, Y(1));
+  for (double y : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+    absl::StrAppendFormat(&s, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%g%%</text>\n", l - 6, Y(y) + 4, y * 100);
+  }
+  absl::StrAppendFormat(&s, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"gray\" stroke-dasharray=\"4\"/>\n", l,
+                        Y(target), w - r, Y(target));
+  for (double x : rates) {
+    absl::StrAppendFormat(&s, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%g</text>\n", X(x), Y(0) + 16, x);
+  }
+  absl::StrAppendFormat(&s, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">rate (requests/s)</text>\n",
+                        (l + w - r) / 2, h - 8);
+  for (size_t k = 0; k < names.size(); ++k) {
+    std::string pts;
+    for (size_t i = 0; i < rates.size(); ++i) absl::StrAppendFormat(&pts, "%g,%g ", X(rates[i]), Y(attain[k][i]));
+    absl::StrAppendFormat(&s, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>\n",
+                          kColors[k % 6], pts);
+    absl::StrAppendFormat(&s, "<text x=\"%g\" y=\"%g\" fill=\"%s\">%s</text>\n", l + 10, t + 14 + 14 * k,
+                          kColors[k % 6], names[k]);
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+absl::Status Run(const FlagSet& f) {
+  ASSIGN_OR_RETURN(ModelSpec model, placement::LoadModelSpec(f.GetString("model")));
+  const std::string latency_spec =
+      f.GetString("latency").empty() ? absl::StrCat("roofline:", f.GetString("gpu")) : f.GetString("latency");
+  ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> latency,
+                   // A stream of its own: service times must not echo the arrival gaps.
+                   placement::LoadLatencyModel(latency_spec, model,
+                                               static_cast<uint64_t>(f.GetInt("seed")) ^ 0x9e3779b97f4a7c15ull));
+  placement::WorkloadOptions wo;
+  wo.arrivals = f.GetString("arrivals");
+  wo.rate = f.GetDouble("rate");
+  wo.cv = f.GetDouble("cv");
+  wo.num_requests = f.GetInt("requests");
+  wo.lengths = f.GetString("lengths");
+  wo.trace = f.GetString("trace");
+  wo.rate_scale = f.GetDouble("rate-scale");
+  wo.length_scale = f.GetDouble("length-scale");
+  wo.overlong = f.GetString("overlong");
+  wo.max_context = model.max_context;
+  wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
+  if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests (all dropped as overlong?)");
+  ASSIGN_OR_RETURN(auto clusters, Clusters(f, model));
+  for (const auto& [name, c] : clusters) {
+    for (const InstanceSpec& s : c.instances) {
+      if (!latency->Supports(s.par)) {
+        return absl::InvalidArgumentError(absl::StrCat(latency->Describe(), " has no entry for TP ", s.par.tp,
+                                                       " (cluster ", name, ")"));
+      }
+    }
+  }
+  std::vector<double> rates;
+  for (absl::string_view r : absl::StrSplit(f.GetString("rates"), ',', absl::SkipEmpty())) {
+    double x = 0;
+    if (!absl::SimpleAtod(r, &x) || !(x > 0)) return absl::InvalidArgumentError(absl::StrCat("bad rate '", r, "'"));
+    rates.push_back(x);
+  }
+  if (!f.GetString("svg").empty() && rates.empty()) return absl::InvalidArgumentError("--svg needs --rates");
+  const placement::Slo slo{.ttft = f.GetDouble("slo-ttft"), .tpot = f.GetDouble("slo-tpot")};
+  const bool json = f.GetBool("json");
+  if (!json) {
+    std::printf("duet sim: %s, %s; %zu requests (%lld dropped, %lld truncated as longer than %lld tokens), base rate "
+                "%.3f/s; SLO TTFT %.3g s, TPOT %.3g s\n",
+                model.name.c_str(), latency->Describe().c_str(), w.requests.size(), static_cast<long long>(w.dropped),
+                static_cast<long long>(w.truncated), static_cast<long long>(model.max_context),
+                placement::MeanRate(w.requests), slo.ttft, slo.tpot);
+    std::printf("%-36s %9s %9s %9s %9s %9s %9s %7s %7s %7s %12s %26s %8s\n", "cluster", "rate/s", "TTFT p50", "p90",
+                "p99", "TPOT p50", "p99", "attain", "ttft", "tpot", "wait mean s", "wait 99% CI (batch means)",
+                "wall s");
+  }
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> curves;
+  for (const auto& [name, c] : clusters) {
+    names.push_back(name);
+    curves.emplace_back();
+    std::vector<double> run_rates = rates.empty() ? std::vector<double>{placement::MeanRate(w.requests)} : rates;
+    for (double rate : run_rates) {
+      const auto reqs = rates.empty() ? w.requests : placement::AtRate(w.requests, rate);
+      const auto start = std::chrono::steady_clock::now();
+      placement::SimResult r = placement::Simulate(c, model, *latency, reqs);
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const auto ci = r.QueueWaitBatchMeans();
+      const double attain = r.Attainment(slo);
+      curves.back().push_back(attain);
+      if (json) {
+        nlohmann::json j = {{"cluster", name},
+                            {"gpus", c.gpus()},
+                            {"rate", rate},
+                            {"requests", r.requests.size()},
+                            {"dropped", w.dropped},
+                            {"truncated", w.truncated},
+                            {"ttft_p50", r.Percentile(0.5, false)},
+                            {"ttft_p90", r.Percentile(0.9, false)},
+                            {"ttft_p99", r.Percentile(0.99, false)},
+                            {"tpot_p50", r.Percentile(0.5, true)},
+                            {"tpot_p90", r.Percentile(0.9, true)},
+                            {"tpot_p99", r.Percentile(0.99, true)},
+                            {"attainment", attain},
+                            {"ttft_attainment", r.TtftAttainment(slo.ttft)},
+                            {"tpot_attainment", r.TpotAttainment(slo.tpot)},
+                            {"queue_wait_mean", ci.mean},
+                            {"queue_wait_ci99", {ci.lo, ci.hi}},
+                            {"events", r.events},
+                            {"wall_seconds", wall}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%-36s %9.3f %9.4f %9.4f %9.4f %9.4f %9.4f %7.3f %7.3f %7.3f %12.5g %12.5g..%-12.5g %8.3f\n",
+                    name.substr(0, 36).c_str(), rate, r.Percentile(0.5, false), r.Percentile(0.9, false),
+                    r.Percentile(0.99, false), r.Percentile(0.5, true), r.Percentile(0.99, true), attain,
+                    r.TtftAttainment(slo.ttft), r.TpotAttainment(slo.tpot), ci.mean, ci.lo, ci.hi, wall);
+      }
+      if (!f.GetString("csv").empty()) {
+        std::ofstream out(f.GetString("csv"), clusters.size() > 1 || run_rates.size() > 1 ? std::ios::app : std::ios::trunc);
+        out << "cluster,rate,arrival,prefill_start,first_token,finish,output\n";
+        for (const placement::RequestOutcome& o : r.requests) {
+          out << '"' << name << "\"," << rate << ',' << o.arrival << ',' << o.prefill_start << ',' << o.first_token
+              << ',' << o.finish << ',' << o.output << '\n';
+        }
+      }
+    }
+    if (f.GetBool("goodput")) {
+      const auto start = std::chrono::steady_clock::now();
+      placement::Goodput g = placement::FindGoodput(c, model, *latency, w.requests, slo, f.GetDouble("target"));
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (json) {
+        std::printf("%s\n", nlohmann::json({{"cluster", name},
+                                             {"goodput_rate", g.rate},
+                                             {"goodput_per_gpu", g.per_gpu},
+                                             {"attainment", g.attainment},
+                                             {"simulations", g.simulations},
+                                             {"wall_seconds", wall}})
+                                .dump()
+                                .c_str());
+      } else {
+        std::printf("goodput of %s: %.4f requests/s (%.4f per GPU, %d GPUs) at %.1f%% attainment; %d simulations, "
+                    "%.2f s\n",
+                    name.c_str(), g.rate, g.per_gpu, c.gpus(), g.attainment * 100, g.simulations, wall);
+      }
+    }
+  }
+  if (!f.GetString("svg").empty()) {
+    std::ofstream(f.GetString("svg")) << Svg(names, rates, curves, f.GetDouble("target"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunSim(int argc, char** argv) {
+  FlagSet f("duet sim",
+            "Simulates a cluster serving a workload (no GPU, no weights): per-request TTFT and TPOT, SLO "
+            "attainment, the mean queue wait with a 99% batch-means confidence interval, and optionally the "
+            "goodput (--goodput), per-request CSV (--csv) and an attainment-vs-rate plot (--svg).");
+  AddSimFlags(f);
+  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(f); !s.ok()) {
+    std::fprintf(stderr, "duet sim: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace duet::tools
