@@ -86,12 +86,14 @@ class RooflineLatency : public LatencyModel {
       const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
       t += 2.0 * m_.num_layers * (2.0 * (tp - 1) / tp * act / g_.intra_node_bw + c_.allreduce_latency_s);
     }
+    t += c_.overhead_s;
     if (p.pp > 1) {
-      // Stages run one after another for one batch; each hands its activations on.
+      // DistServe's rule: stages in flight divide the time per batch; each
+      // stage hands its activations on.
       const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
-      t = t + (p.pp - 1) * (act / g_.intra_node_bw + c_.pp_stage_overhead_s);
+      t = t / p.pp + p.pp * (act / g_.intra_node_bw + c_.pp_stage_overhead_s);
     }
-    return t + c_.overhead_s;
+    return t;
   }
 
   const ModelSpec m_;

@@ -9,7 +9,8 @@
 //     bandwidth x memory_eff)) per batch (weights once, every sequence's KV),
 //     plus two all-reduces per layer when tp > 1 (ring: 2(tp-1)/tp of the
 //     activations over the node link, plus a latency each), plus a fixed
-//     overhead; pipeline stages add a send of the activations each.
+//     overhead; with pp stages, DistServe's rule: the time / pp plus each
+//     stage's send of the activations and overhead.
 //   - distserve: DistServe's fitted format (per model and TP):
 //     prefill ms = a + b * sum(l) + c * sum(l^2); decode ms = a + b *
 //     sum(context) + c * batch size, small and large batch sets split at a

@@ -160,7 +160,9 @@ class Sim {
   // --- Prefill instances.
   void TryPrefill(int32_t i) {
     Inst& s = insts_[i];
-    const int pp = std::max(1, s.spec.par.pp);
+    // One batch at a time: the latency model already carries what pipeline
+    // stages buy (DistServe's rule divides by pp).
+    const int pp = 1;
     while (!s.waiting.empty() && s.in_flight < pp) {
       if (now_ < s.next_start) {
         if (!s.slot_pending) {
@@ -476,29 +478,35 @@ std::vector<SimRequest> AtRate(const std::vector<SimRequest>& base, double rate)
 }
 
 Goodput FindGoodput(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
-                    const std::vector<SimRequest>& base, const Slo& slo, double target, double rel_tol) {
+                    const std::vector<SimRequest>& base, const Slo& slo, double target, double rel_tol, double hint) {
   Goodput g;
   auto attain = [&](double rate) {
     ++g.simulations;
     return Simulate(cluster, model, latency, AtRate(base, rate)).Attainment(slo);
   };
-  double lo = 0, hi = MeanRate(base);
+  // Bracket [lo, hi]: lo meets the target, hi misses it. Steps of 2x from
+  // the base rate, or of 1.25x from a hint.
+  const double step = hint > 0 ? 1.25 : 2.0;
+  double lo = 0, hi = hint > 0 ? hint : MeanRate(base);
   double a = attain(hi);
   if (a >= target) {
     lo = hi;
-    for (int i = 0; i < 40; ++i) {
-      hi = lo * 2;
+    for (int i = 0; i < 60; ++i) {
+      hi = lo * step;
       if (attain(hi) < target) break;
       lo = hi;
     }
   } else {
-    for (int i = 0; i < 20 && a < target; ++i) {
-      hi /= 2;
+    // Down to 1/1000 of the base rate: a configuration that misses even
+    // there (say a prompt alone outlasts the TTFT target) has no goodput.
+    const double floor = MeanRate(base) / 1000;
+    while (a < target && hi > floor) {
+      hi /= step;
       a = attain(hi);
     }
     if (a < target) return g;
     lo = hi;
-    hi *= 2;
+    hi *= step;
   }
   while ((hi - lo) > rel_tol * hi) {
     const double mid = 0.5 * (lo + hi);

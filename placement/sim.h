@@ -6,8 +6,8 @@
 //   double a = r.Attainment({.ttft = 0.25, .tpot = 0.1});
 //
 // Disaggregated instances: prefill runs FCFS batches under a token budget
-// (and optionally at most max_prefill_batch requests); with pp > 1 a new
-// batch may start every (batch time / pp), as pipeline stages free up. When
+// (and optionally at most max_prefill_batch requests), one batch at a time
+// (what pipeline stages buy is the latency model's: DistServe's rule). When
 // a batch ends its requests have their first token (TTFT); each moves to a
 // decode instance (least loaded or round robin) after its KV transfer
 // (prompt x KV bytes per token / the link bandwidth), and waits there until
@@ -99,8 +99,11 @@ struct Goodput {
   double attainment = 0;    // at `rate`
   int simulations = 0;
 };
+// `hint`: a rate near the answer (0: none); the search brackets around it
+// first, which saves simulations.
 Goodput FindGoodput(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
-                    const std::vector<SimRequest>& base, const Slo& slo, double target, double rel_tol = 0.01);
+                    const std::vector<SimRequest>& base, const Slo& slo, double target, double rel_tol = 0.01,
+                    double hint = 0);
 
 // The workload's arrivals scaled to `rate` requests/s (times x base_rate / rate).
 std::vector<SimRequest> AtRate(const std::vector<SimRequest>& base, double rate);

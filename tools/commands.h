@@ -14,6 +14,7 @@ int RunDecode(int argc, char** argv);
 int RunWorker(int argc, char** argv);
 int RunUp(int argc, char** argv);
 int RunSim(int argc, char** argv);
+int RunPlace(int argc, char** argv);
 
 }  // namespace duet::tools
 

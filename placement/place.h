@@ -1,0 +1,86 @@
+// Placement search: which parallelism and how many prefill and decode
+// instances give the highest goodput per GPU for an SLO, on a cluster of
+// nodes x GPUs, for a model and a workload (DistServe's question).
+//
+//   PlaceOptions o{.nodes = 1, .gpus_per_node = 4, .slo = {0.25, 0.1}, .target = 0.9};
+//   ASSIGN_OR_RETURN(PlaceResult r, Place(model, gpu, latency, workload, o));
+//   r.disaggregated[0] is the plan; r.colocated[0] the best colocated one.
+//
+// Candidates: per role, every (tp, pp) with tp a power of two up to the GPUs
+// of a node (high node-affinity: an instance's TP group inside a node, its
+// stages across nodes; low node-affinity: a prefill and a decode instance
+// paired inside one node, so KV moves over the node link only), that the
+// latency model knows and whose weights leave room for KV; then instance
+// counts within the GPU budget. Each role's single-instance goodput is found
+// by simulation (prefill against the TTFT target alone, decode against TPOT
+// alone); a pair's estimate is min(n_p x G_p, n_d x G_d), DistServe's
+// decomposition. The best `verify` estimates are simulated as whole clusters
+// (goodput by bisection on the full SLO), and the plans are ranked by that.
+// exhaustive: every candidate simulated as a whole cluster (automatic up to
+// 64 candidates).
+#ifndef DUET_PLACEMENT_PLACE_H_
+#define DUET_PLACEMENT_PLACE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "placement/hardware.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/sim.h"
+
+namespace duet::placement {
+
+struct PlaceOptions {
+  int nodes = 1;
+  int gpus_per_node = 8;
+  std::string affinity = "high";  // high | low
+  Slo slo;
+  double target = 0.9;
+  int max_pp = 4;
+  int verify = 6;          // whole-cluster simulations of the best estimates
+  bool exhaustive = false;
+  double memory_fraction = 0.9;  // of GPU memory for weights + KV
+  int64_t max_batch_tokens = 4096;
+  std::string policy = "least_loaded";
+};
+
+struct RoleConfig {
+  Parallel par;
+  int count = 0;
+};
+
+struct Plan {
+  bool colocated = false;
+  RoleConfig prefill, decode;  // colocated: prefill holds the instances
+  int gpus = 0;
+  double estimate = 0;  // decomposed estimate, requests/s
+  Goodput goodput;      // whole-cluster simulation (0 when not simulated)
+  ClusterSpec cluster;
+  std::string Describe() const;
+};
+
+struct PlaceResult {
+  std::vector<Plan> disaggregated;  // best first (simulated ones first)
+  std::vector<Plan> colocated;      // best first
+  int simulations = 0;
+  int candidates = 0;
+};
+
+// `colocated_latency` times the colocated configurations (e.g. vLLM's fit
+// beside DistServe's for the disaggregated ones); nullptr: `latency`.
+absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, LatencyModel& latency,
+                                  const std::vector<SimRequest>& workload, const PlaceOptions& options,
+                                  LatencyModel* colocated_latency = nullptr);
+
+// The cluster a plan describes (KV capacity from GPU memory, node link for KV).
+ClusterSpec MakeCluster(const Plan& plan, const ModelSpec& model, const GpuSpec& gpu, const PlaceOptions& options);
+
+// The `duet up --config` / `duet sim --cluster` JSON of a plan.
+std::string PlanToClusterJson(const Plan& plan, const ModelSpec& model, const GpuSpec& gpu,
+                              const PlaceOptions& options);
+
+}  // namespace duet::placement
+
+#endif  // DUET_PLACEMENT_PLACE_H_

@@ -1,0 +1,128 @@
+// `duet place` for OPT-13B on one node of 4 A100-80GB with DistServe's
+// fitted latencies (vLLM's for the colocated configurations), the
+// conversation trace's lengths, SLOs TTFT 0.25 s and TPOT 0.1 s at 90%:
+// it prints both per-GPU goodputs and their ratio; `duet sim` of the emitted
+// plan meets the target at the reported goodput and misses it at 1.1x; and
+// an exhaustive search here, `duet sim --goodput` of every configuration of
+// the cluster, finds nothing better (beyond the bisection's 2% tolerance).
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace {
+
+using nlohmann::json;
+
+constexpr char kData[] = "placement/testdata/";
+
+std::string Run(const std::string& args) {
+  const std::string cmd = "tools/duet " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  INFO(cmd << "\n" << out);
+  REQUIRE(status == 0);
+  return out;
+}
+
+std::vector<json> JsonLines(const std::string& out) {
+  std::vector<json> v;
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    json j = json::parse(out.substr(start, end - start), nullptr, false);
+    if (j.is_object()) v.push_back(j);
+    start = end + 1;
+  }
+  return v;
+}
+
+const std::string kWorkload = absl::StrCat("--model opt-13b --requests 2000 --lengths trace --trace ", kData,
+                                           "splitwise_conv.csv --seed 1 --slo-ttft 0.25 --slo-tpot 0.1");
+const std::string kDistServe = absl::StrCat(kData, "distserve-a100-80g.json");
+const std::string kVllm = absl::StrCat(kData, "vllm-a100-80g.json");
+
+std::string ClusterFile(const std::string& dir, int n, const std::vector<std::pair<std::string, std::vector<int>>>& pools) {
+  json j;
+  j["model"] = "opt-13b";
+  j["kv_link_gbps"] = 600.0;
+  for (const auto& [pool, spec] : pools) {  // spec: tp, pp, count
+    json list = json::array();
+    for (int i = 0; i < spec[2]; ++i) {
+      list.push_back({{"tp", spec[0]}, {"pp", spec[1]}, {"gpu", "a100-80g"}, {"max_batch_tokens", 4096}});
+    }
+    j[pool] = list;
+  }
+  const std::string path = absl::StrCat(dir, "/cluster-", n, ".json");
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+TEST_CASE("duet place on 4 GPUs: the plan holds at its goodput, not at 1.1x, and nothing beats it") {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string plan_path = dir + "/plan.json";
+  json r = JsonLines(Run(absl::StrCat("place ", kWorkload, " --latency ", kDistServe, " --colocated-latency ", kVllm,
+                                      " --nodes 1 --gpus-per-node 4 --json --emit ", plan_path)))
+               .at(0);
+  INFO(r.dump());
+  const double g = r["disaggregated"]["goodput"], g_gpu = r["disaggregated"]["goodput_per_gpu"];
+  const double c_gpu = r["colocated"]["goodput_per_gpu"];
+  REQUIRE(g > 0);
+  REQUIRE(c_gpu > 0);
+  CHECK(r["ratio"].get<double>() == Approx(g_gpu / c_gpu).epsilon(1e-9));
+  CHECK(r["disaggregated"]["gpus"].get<int>() <= 4);
+
+  // The emitted plan, simulated at the goodput and at 1.1x.
+  std::vector<json> at = JsonLines(Run(absl::StrCat("sim ", kWorkload, " --latency ", kDistServe, " --cluster ",
+                                                    plan_path, " --json --rates ", g, ",", 1.1 * g)));
+  REQUIRE(at.size() == 2);
+  CHECK(at[0]["attainment"].get<double>() >= 0.9);
+  CHECK(at[1]["attainment"].get<double>() < 0.9);
+
+  // Every disaggregated configuration of 4 GPUs, and every colocated one.
+  std::vector<std::vector<int>> shapes;  // tp, pp
+  for (int tp : {1, 2, 4}) {
+    for (int pp = 1; tp * pp <= 4; ++pp) shapes.push_back({tp, pp});
+  }
+  int n = 0;
+  double best_disagg = 0, best_coloc = 0;
+  for (const auto& p : shapes) {
+    for (const auto& d : shapes) {
+      for (int np = 1; np * p[0] * p[1] + d[0] * d[1] <= 4; ++np) {
+        for (int nd = 1; np * p[0] * p[1] + nd * d[0] * d[1] <= 4; ++nd) {
+          const std::string file =
+              ClusterFile(dir, n++, {{"prefill", {p[0], p[1], np}}, {"decode", {d[0], d[1], nd}}});
+          json s = JsonLines(Run(absl::StrCat("sim ", kWorkload, " --latency ", kDistServe, " --cluster ", file,
+                                              " --goodput --json")))
+                       .back();
+          const int gpus = np * p[0] * p[1] + nd * d[0] * d[1];
+          best_disagg = std::max(best_disagg, s["goodput_rate"].get<double>() / gpus);
+        }
+      }
+    }
+    for (int count = 1; count * p[0] * p[1] <= 4; ++count) {
+      const std::string file = ClusterFile(dir, n++, {{"colocated", {p[0], p[1], count}}});
+      json s = JsonLines(Run(absl::StrCat("sim ", kWorkload, " --latency ", kVllm, " --cluster ", file,
+                                          " --goodput --json")))
+                   .back();
+      best_coloc = std::max(best_coloc, s["goodput_rate"].get<double>() / (count * p[0] * p[1]));
+    }
+  }
+  INFO("exhaustive: disaggregated " << best_disagg << " per GPU, colocated " << best_coloc << " per GPU over " << n
+                                    << " configurations");
+  CHECK(n > 20);
+  CHECK(best_disagg <= g_gpu * 1.03);
+  CHECK(best_coloc <= c_gpu * 1.03);
+}
+
+}  // namespace

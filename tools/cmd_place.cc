@@ -1,0 +1,166 @@
+// duet place: the placement search (placement/place.h) from the command line.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/flags.h"
+#include "base/status_macros.h"
+#include "placement/hardware.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/place.h"
+#include "placement/workload.h"
+#include "tools/commands.h"
+
+namespace duet::tools {
+namespace {
+
+absl::Status Run(const FlagSet& f) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(placement::ModelSpec model, placement::LoadModelSpec(f.GetString("model")));
+  ASSIGN_OR_RETURN(placement::GpuSpec gpu, placement::LoadGpu(f.GetString("gpu")));
+  const std::string spec = f.GetString("latency").empty() ? absl::StrCat("roofline:", gpu.id) : f.GetString("latency");
+  ASSIGN_OR_RETURN(auto latency, placement::LoadLatencyModel(spec, model, static_cast<uint64_t>(f.GetInt("seed")) ^
+                                                                              0x9e3779b97f4a7c15ull));
+  std::unique_ptr<placement::LatencyModel> coloc_latency;
+  if (!f.GetString("colocated-latency").empty()) {
+    ASSIGN_OR_RETURN(coloc_latency, placement::LoadLatencyModel(f.GetString("colocated-latency"), model,
+                                                                static_cast<uint64_t>(f.GetInt("seed")) ^ 0x51ed));
+  }
+  placement::WorkloadOptions wo;
+  wo.arrivals = f.GetString("arrivals");
+  wo.rate = f.GetDouble("rate");
+  wo.num_requests = f.GetInt("requests");
+  wo.lengths = f.GetString("lengths");
+  wo.trace = f.GetString("trace");
+  wo.length_scale = f.GetDouble("length-scale");
+  wo.overlong = f.GetString("overlong");
+  wo.max_context = model.max_context;
+  wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
+  if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests");
+  placement::PlaceOptions o;
+  o.nodes = static_cast<int>(f.GetInt("nodes"));
+  o.gpus_per_node = static_cast<int>(f.GetInt("gpus-per-node"));
+  o.affinity = f.GetString("affinity");
+  o.slo = {.ttft = f.GetDouble("slo-ttft"), .tpot = f.GetDouble("slo-tpot")};
+  o.target = f.GetDouble("target");
+  o.max_pp = static_cast<int>(f.GetInt("max-pp"));
+  o.verify = static_cast<int>(f.GetInt("verify"));
+  o.exhaustive = f.GetBool("exhaustive");
+  o.max_batch_tokens = f.GetInt("max-batch-tokens");
+  std::fprintf(stderr, "[duet place] %s on %d x %d %s, %zu requests, searching...\n", model.name.c_str(), o.nodes,
+               o.gpus_per_node, gpu.name.c_str(), w.requests.size());
+  ASSIGN_OR_RETURN(placement::PlaceResult r,
+                   placement::Place(model, gpu, *latency, w.requests, o, coloc_latency.get()));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (r.disaggregated.empty() || r.colocated.empty()) return absl::NotFoundError("no placement fits");
+  const placement::Plan& best = r.disaggregated.front();
+  const placement::Plan& coloc = r.colocated.front();
+  const double ratio = coloc.goodput.per_gpu > 0 ? best.goodput.per_gpu / coloc.goodput.per_gpu : 0;
+  if (f.GetBool("json")) {
+    auto plan = [](const placement::Plan& p) {
+      return nlohmann::json{{"plan", p.Describe()},
+                            {"prefill_tp", p.prefill.par.tp},
+                            {"prefill_pp", p.prefill.par.pp},
+                            {"prefill_count", p.prefill.count},
+                            {"decode_tp", p.decode.par.tp},
+                            {"decode_pp", p.decode.par.pp},
+                            {"decode_count", p.decode.count},
+                            {"gpus", p.gpus},
+                            {"goodput", p.goodput.rate},
+                            {"goodput_per_gpu", p.goodput.per_gpu}};
+    };
+    nlohmann::json j = {{"disaggregated", plan(best)},      {"colocated", plan(coloc)},
+                        {"ratio", ratio},                   {"candidates", r.candidates},
+                        {"simulations", r.simulations},     {"wall_seconds", wall},
+                        {"requests", w.requests.size()},    {"base_rate", placement::MeanRate(w.requests)}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("duet place: %s on %d node(s) x %d %s (%s node-affinity), %s%s; SLO TTFT %.3g s and TPOT %.3g s "
+                "at %.0f%%; %zu requests\n\n",
+                model.name.c_str(), o.nodes, o.gpus_per_node, gpu.name.c_str(), o.affinity.c_str(),
+                latency->Describe().c_str(),
+                coloc_latency ? absl::StrCat(" (colocated: ", coloc_latency->Describe(), ")").c_str() : "", o.slo.ttft,
+                o.slo.tpot, o.target * 100, w.requests.size());
+    std::printf("plan:       %s on %d GPUs: %.4f requests/s, %.4f per GPU\n", best.Describe().c_str(), best.gpus,
+                best.goodput.rate, best.goodput.per_gpu);
+    std::printf("colocated:  %s on %d GPUs: %.4f requests/s, %.4f per GPU\n", coloc.Describe().c_str(), coloc.gpus,
+                coloc.goodput.rate, coloc.goodput.per_gpu);
+    std::printf("ratio:      %.2fx per GPU, disaggregated over colocated\n\n", ratio);
+    std::printf("runners-up (whole-cluster simulations):\n");
+    int shown = 0;
+    for (const placement::Plan& p : r.disaggregated) {
+      if (p.goodput.simulations == 0 || shown++ >= f.GetInt("top")) continue;
+      std::printf("  %-56s %3d GPUs %10.4f req/s %10.4f per GPU\n", p.Describe().c_str(), p.gpus, p.goodput.rate,
+                  p.goodput.per_gpu);
+    }
+    for (size_t i = 1; i < r.colocated.size() && i < 4; ++i) {
+      const placement::Plan& p = r.colocated[i];
+      std::printf("  %-56s %3d GPUs %10.4f req/s %10.4f per GPU\n", p.Describe().c_str(), p.gpus, p.goodput.rate,
+                  p.goodput.per_gpu);
+    }
+    std::printf("\n%d candidates, %d simulations, %.2f s\n", r.candidates, r.simulations, wall);
+  }
+  if (!f.GetString("emit").empty()) {
+    std::ofstream out(f.GetString("emit"));
+    out << placement::PlanToClusterJson(best, model, gpu, o);
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", f.GetString("emit")));
+    std::fprintf(stderr, "[duet place] wrote the plan to %s (duet sim --cluster reads it)\n", f.GetString("emit").c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunPlace(int argc, char** argv) {
+  FlagSet f("duet place",
+            "Searches prefill/decode placements (parallelism and instance counts) for the highest goodput per GPU "
+            "that meets TTFT and TPOT targets, by simulation; prints the plan, the best colocated configuration "
+            "for comparison, and the runners-up.");
+  f.String("model", "opt-13b", "model: a preset, a HF id, or a model dir / config.json");
+  f.String("latency", "", "latency model (as duet sim; default roofline:--gpu)");
+  f.String("colocated-latency", "", "latency model of the colocated configurations (default: --latency)");
+  f.String("gpu", "a100-80g", "GPU type (placement/hardware) or a JSON file");
+  f.Int("nodes", 1, "nodes");
+  f.Int("gpus-per-node", 4, "GPUs per node");
+  f.String("affinity", "high", "high (instances may span nodes) | low (prefill and decode paired in a node)");
+  f.Double("slo-ttft", 0.25, "TTFT target, seconds");
+  f.Double("slo-tpot", 0.1, "TPOT target, seconds");
+  f.Double("target", 0.9, "fraction of requests that must meet both targets");
+  f.Int("max-pp", 4, "largest pipeline degree tried");
+  f.Int("verify", 6, "whole-cluster simulations of the best decomposed estimates");
+  f.Bool("exhaustive", "simulate every candidate as a whole cluster (small clusters)");
+  f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
+  f.String("arrivals", "poisson", "poisson | gamma");
+  f.Double("rate", 1.0, "base arrival rate (the search scales it)");
+  f.Int("requests", 2000, "requests in the workload");
+  f.String("lengths", "trace", "fixed:P,O | uniform:... | trace (needs --trace)");
+  f.String("trace", "", "trace CSV for lengths");
+  f.Double("length-scale", 1.0, "multiply lengths");
+  f.String("overlong", "drop", "drop | truncate requests longer than the model's context");
+  f.Int("seed", 1, "workload seed");
+  f.Int("top", 5, "runners-up to print");
+  f.String("emit", "", "write the plan as a cluster file here");
+  f.Bool("json", "print one JSON object");
+  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(f); !s.ok()) {
+    std::fprintf(stderr, "duet place: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace duet::tools
