@@ -34,6 +34,7 @@ absl::StatusOr<GpuSpec> Parse(const std::string& id, const std::string& text, co
     }
     *out = it->get<double>() * scale;
   }
+  g.sms = j.value("sms", 0);
   return g;
 }
 

@@ -22,6 +22,7 @@ struct GpuSpec {
   double memory_bytes = 0;
   double intra_node_bw = 0;    // bytes/s between two GPUs of a node
   double inter_node_bw = 0;    // bytes/s per GPU across nodes
+  int sms = 0;                 // streaming multiprocessors (wave quantization)
   std::string source;
 };
 
