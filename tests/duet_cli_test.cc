@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -166,6 +167,35 @@ TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
   r = Duet("make-model --size huge --out " + out);
   REQUIRE(r.exit_code == 1);
   REQUIRE_THAT(r.out, Contains("--size"));
+}
+
+TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "[cli]") {
+  std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string out = tmp + "/profile.json";
+  Run r = Duet("profile --max-context 64 --max-batch 2 --reps 1 --out " + out);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in);
+  REQUIRE(j.size() == 1);
+  const nlohmann::json& e = j.begin().value()["1"];
+  REQUIRE(e["prefill"].size() == 3);
+  REQUIRE(e["decoding_smallbs"].size() == 3);
+  // A longer prompt takes longer: the fitted prefill grows with its length.
+  const double a = e["prefill"][0], b = e["prefill"][1], c = e["prefill"][2];
+  CHECK(a + b * 64 + c * 64 * 64 > a + b * 16 + c * 16 * 16);
+  std::string dir;
+  for (const auto& m : std::filesystem::directory_iterator(tmp + "/cache/duet/models")) {
+    if (m.path().filename().string().find("tiny") != std::string::npos) dir = m.path();
+  }
+  REQUIRE(!dir.empty());
+  Run sim = Duet("sim --json --model " + dir + " --latency " + out +
+                 " --prefill 1 --decode 1 --lengths fixed:32,8 --requests 200 --rate 2");
+  INFO(sim.out);
+  REQUIRE(sim.exit_code == 0);
+  nlohmann::json s = nlohmann::json::parse(sim.out.substr(sim.out.find('{')));
+  CHECK(s["requests"] == 200);
+  CHECK(s["ttft_p50"].get<double>() > 0);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "  tokenize     text to token ids (one JSON array per stdin line), or back\n"
     "  sim          simulate a cluster serving a workload: TTFT, TPOT, SLO attainment, goodput\n"
     "  place        search prefill/decode placements for the best goodput per GPU under SLOs\n"
+    "  profile      time the engine on this machine and fit the latency model duet sim reads\n"
     "\n"
     "`duet COMMAND --help` describes each command's flags.\n"
     "Without --model, commands use the embedded tiny model, made on first use\n"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   if (cmd == "worker") return duet::tools::RunWorker(argc - 1, argv + 1);
   if (cmd == "sim") return duet::tools::RunSim(argc - 1, argv + 1);
   if (cmd == "place") return duet::tools::RunPlace(argc - 1, argv + 1);
+  if (cmd == "profile") return duet::tools::RunProfile(argc - 1, argv + 1);
   std::fprintf(stderr, "duet: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,225 @@
+// duet profile: times the duet engine on this machine over a grid of batch
+// shapes and writes the latency coefficients duet sim and duet place read
+// (DistServe's fitted format, TP 1).
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/flags.h"
+#include "base/status_macros.h"
+#include "engine/block_pool.h"
+#include "engine/model.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tools/commands.h"
+#include "tools/model_maker.h"
+
+namespace duet::tools {
+namespace {
+
+using engine::BatchSeq;
+using engine::SequenceKv;
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Least squares for y = X b with three columns (normal equations).
+std::vector<double> Fit3(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y) {
+  double a[3][4] = {};
+  for (size_t i = 0; i < x.size(); ++i) {
+    for (int r = 0; r < 3; ++r) {
+      for (int c = 0; c < 3; ++c) a[r][c] += x[i][r] * x[i][c];
+      a[r][3] += x[i][r] * y[i];
+    }
+  }
+  for (int p = 0; p < 3; ++p) {  // Gauss-Jordan with partial pivoting
+    int best = p;
+    for (int r = p + 1; r < 3; ++r) {
+      if (std::fabs(a[r][p]) > std::fabs(a[best][p])) best = r;
+    }
+    for (int c = 0; c < 4; ++c) std::swap(a[p][c], a[best][c]);
+    if (std::fabs(a[p][p]) < 1e-300) return {0, 0, 0};
+    for (int r = 0; r < 3; ++r) {
+      if (r == p) continue;
+      const double f = a[r][p] / a[p][p];
+      for (int c = 0; c < 4; ++c) a[r][c] -= f * a[p][c];
+    }
+  }
+  return {a[0][3] / a[0][0], a[1][3] / a[1][1], a[2][3] / a[2][2]};
+}
+
+struct Point {
+  std::array<double, 3> x;
+  double ms;
+  std::string what;
+};
+
+absl::Status Run(const FlagSet& f) {
+  std::string dir = f.GetString("model");
+  if (dir.empty()) {
+    ASSIGN_OR_RETURN(dir, EnsureCachedModel("tiny"));
+  }
+  auto backend = kernels::NewCpuBackend(static_cast<int>(f.GetInt("threads")));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, engine::Model::Load(dir, backend.get()));
+  const int64_t bs = f.GetInt("block-size");
+  const int64_t max_ctx = std::min<int64_t>(model->config().max_position_embeddings, f.GetInt("max-context"));
+  const int64_t max_batch = f.GetInt("max-batch");
+  engine::BlockPool pool(model->KvLayoutFor(bs), (max_ctx / bs + 2) * std::max<int64_t>(max_batch, 8));
+  const int reps = static_cast<int>(f.GetInt("reps"));
+  auto time_it = [&](auto&& fn) -> absl::StatusOr<double> {
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(fn());
+      t.push_back(Seconds(start) * 1e3);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  std::vector<int32_t> tokens(static_cast<size_t>(max_ctx * max_batch));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + (i * 7919) % 900);
+
+  // Prefill: single prompts and batches, ms against sum(l) and sum(l^2).
+  std::vector<Point> prefill;
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t l = 16; l <= max_ctx; l *= 2) shapes.push_back({l});
+  for (int64_t n : {2, 4, 8}) {
+    for (int64_t l : {32, 128, 256}) {
+      if (l <= max_ctx && n <= max_batch) shapes.push_back(std::vector<int64_t>(static_cast<size_t>(n), l));
+    }
+  }
+  for (const auto& lens : shapes) {
+    std::fprintf(stderr, "[duet profile] prefill %zu x %lld tokens\n", lens.size(), static_cast<long long>(lens[0]));
+    ASSIGN_OR_RETURN(double ms, time_it([&]() -> absl::Status {
+                       std::vector<SequenceKv> kv;
+                       std::vector<BatchSeq> batch;
+                       kv.reserve(lens.size());
+                       for (size_t i = 0; i < lens.size(); ++i) {
+                         kv.emplace_back(&pool);
+                         RETURN_IF_ERROR(kv.back().Reserve(lens[i]));
+                       }
+                       for (size_t i = 0; i < lens.size(); ++i) {
+                         batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(i * max_ctx, lens[i]),
+                                          .start_pos = 0,
+                                          .block_table = kv[i].block_table(),
+                                          .logit_rows = {static_cast<int32_t>(lens[i] - 1)}});
+                       }
+                       return model->Forward(batch, pool).status();
+                     }));
+    double s1 = 0, s2 = 0;
+    for (int64_t l : lens) {
+      s1 += static_cast<double>(l);
+      s2 += static_cast<double>(l) * static_cast<double>(l);
+    }
+    prefill.push_back({{1, s1, s2}, ms, absl::StrCat(lens.size(), "x", lens[0])});
+  }
+  // Decode: batch sizes x contexts, one step, ms against sum(context) and batch size.
+  std::vector<Point> decode;
+  for (int64_t n = 1; n <= max_batch; n *= 2) {
+    for (int64_t ctx : {16, 64, 256, 512}) {
+      if (ctx + 1 > max_ctx) continue;
+      std::fprintf(stderr, "[duet profile] decode %lld x context %lld\n", static_cast<long long>(n),
+                   static_cast<long long>(ctx));
+      std::vector<SequenceKv> kv;
+      kv.reserve(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        kv.emplace_back(&pool);
+        RETURN_IF_ERROR(kv.back().Reserve(ctx + 1));
+        BatchSeq b{.tokens = absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(i * max_ctx), ctx),
+                   .start_pos = 0,
+                   .block_table = kv.back().block_table()};
+        RETURN_IF_ERROR(model->Forward({&b, 1}, pool).status());  // the context, untimed
+      }
+      ASSIGN_OR_RETURN(double ms, time_it([&]() -> absl::Status {
+                         std::vector<BatchSeq> batch;
+                         for (int64_t i = 0; i < n; ++i) {
+                           batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(i * max_ctx + ctx), 1),
+                                            .start_pos = ctx,
+                                            .block_table = kv[static_cast<size_t>(i)].block_table(),
+                                            .logit_rows = {0}});
+                         }
+                         return model->Forward(batch, pool).status();
+                       }));
+      decode.push_back({{1, static_cast<double>(n * ctx), static_cast<double>(n)}, ms,
+                        absl::StrCat(n, "x", ctx)});
+    }
+  }
+  auto fit = [](const std::vector<Point>& pts) {
+    std::vector<std::array<double, 3>> x;
+    std::vector<double> y;
+    for (const Point& p : pts) {
+      x.push_back(p.x);
+      y.push_back(p.ms);
+    }
+    return Fit3(x, y);
+  };
+  const std::vector<double> pc = fit(prefill), dc = fit(decode);
+  auto report = [](const char* what, const std::vector<Point>& pts, const std::vector<double>& c) {
+    double worst = 0;
+    std::vector<double> errs;
+    for (const Point& p : pts) {
+      const double pred = c[0] + c[1] * p.x[1] + c[2] * p.x[2];
+      const double e = std::fabs(pred - p.ms) / p.ms;
+      errs.push_back(e);
+      worst = std::max(worst, e);
+    }
+    std::sort(errs.begin(), errs.end());
+    std::printf("%s: [%.6g, %.6g, %.6g]; over %zu shapes: median error %.1f%%, worst %.1f%%\n", what, c[0], c[1], c[2],
+                pts.size(), errs[errs.size() / 2] * 100, worst * 100);
+  };
+  const std::string name = std::filesystem::path(dir).filename().string();
+  std::printf("duet profile: %s on this machine's CPU backend, %lld thread(s), ms per batch\n", name.c_str(),
+              static_cast<long long>(f.GetInt("threads")));
+  report("prefill ms = a + b sum(l) + c sum(l^2)", prefill, pc);
+  report("decode  ms = a + b sum(context) + c batch", decode, dc);
+  nlohmann::ordered_json entry;
+  entry["decoding_large_small_bs_threshold"] = 1 << 30;  // one set for every batch size
+  entry["prefill"] = pc;
+  entry["decoding_smallbs"] = dc;
+  entry["decoding_largebs"] = dc;
+  nlohmann::ordered_json out;
+  out[name]["1"] = entry;
+  const std::string path = f.GetString("out").empty() ? absl::StrCat(name, "-profile.json") : f.GetString("out");
+  std::ofstream(path) << out.dump(2) << "\n";
+  std::printf("wrote %s (duet sim --model %s --latency %s)\n", path.c_str(), dir.c_str(), path.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunProfile(int argc, char** argv) {
+  FlagSet f("duet profile",
+            "Times the duet engine over a grid of prefill batches and decode steps on this machine and fits the "
+            "latency coefficients (DistServe's format, TP 1) that duet sim --latency reads.");
+  f.String("model", "", "model directory (default: the embedded tiny model)");
+  f.Int("threads", 1, "engine threads, as the workers will run");
+  f.Int("block-size", 16, "KV block size in tokens");
+  f.Int("max-context", 1024, "longest prompt and context profiled");
+  f.Int("max-batch", 16, "largest decode batch profiled");
+  f.Int("reps", 3, "timings per shape (median kept)");
+  f.String("out", "", "where to write the JSON (default <model>-profile.json)");
+  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = Run(f); !s.ok()) {
+    std::fprintf(stderr, "duet profile: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace duet::tools
