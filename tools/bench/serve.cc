@@ -6,6 +6,9 @@
 // run).
 //
 //   bazel run -c opt //tools/bench:serve -- --rate 1.0 [--requests 120 --length-scale 0.25]
+//   bazel run -c opt //tools/bench:serve -- --requests 60 --sim-rates 0.5,1.5,3
+//     (both clusters at three rates beside duet sim of them, with the engine's
+//     latencies from duet profile on this machine: SLO attainment side by side)
 //
 // Token counts are scaled to fit the bench model (context 2048); prompts are
 // random token ids (fixed seed); every request streams with ignore_eos and
@@ -48,6 +51,9 @@
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "http/client.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/sim.h"
 #include "tools/model_maker.h"
 
 namespace duet::bench {
@@ -451,6 +457,118 @@ struct Setup {
   std::vector<WorkerSpec> workers;
 };
 
+// --- Simulation against the real clusters (--sim-rates) ------------------------
+
+// Runs `duet profile` for the workers' thread count; the path of its file.
+absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out) {
+  const std::string cmd = absl::StrCat(fs::absolute("tools/duet").string(), " profile --model ", model_dir,
+                                       " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1 --out ",
+                                       out, " > ", out, ".log 2>&1");
+  if (std::system(cmd.c_str()) != 0) return absl::InternalError(absl::StrCat("duet profile failed; see ", out, ".log"));
+  return out;
+}
+
+double Fraction(const std::vector<double>& v, double limit) {
+  if (v.empty()) return 0;
+  int64_t ok = 0;
+  for (double x : v) ok += x <= limit;
+  return static_cast<double>(ok) / static_cast<double>(v.size());
+}
+
+// The real clusters at three rates beside duet sim of the same clusters and
+// requests, with the engine's latencies from duet profile on this machine.
+// SLOs: the real medians at the middle rate (50% attainment there), per
+// cluster. Attainment of TTFT and of TPOT, real and simulated.
+absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std::vector<TraceRow>& rows,
+                      double scale, int64_t context, int64_t vocab, const std::vector<double>& rates) {
+  const Clock::time_point start = Clock::now();
+  const std::string model_name = tools::ModelBaseName(model_dir);
+  const std::string run_root = absl::StrCat(fs::temp_directory_path().string(), "/duet-serve-sim-", getpid());
+  fs::create_directories(run_root);
+  Progress("duet profile of the engine, 1 thread (disaggregated workers) and 2 threads (colocated)");
+  ASSIGN_OR_RETURN(std::string p1, Profile(model_dir, 1, run_root + "/profile-1.json"));
+  ASSIGN_OR_RETURN(std::string p2, Profile(model_dir, 2, run_root + "/profile-2.json"));
+  ASSIGN_OR_RETURN(placement::ModelSpec spec, placement::ModelFromConfig(model_dir));
+  spec.dtype_bytes = 4;  // the CPU backend's KV is F32
+  const double kv_gib = f.GetDouble("kv-memory");
+  const double kv_tokens = kv_gib * 1073741824.0 / static_cast<double>(spec.KvBytesPerToken());
+  struct SetupSim {
+    Setup setup;
+    std::string profile;
+    placement::ClusterSpec cluster;
+  };
+  std::vector<SetupSim> setups(2);
+  setups[0].setup = {"disaggregated", {{"prefill", 1, {0}}, {"decode", 1, {1}}}};
+  setups[0].profile = p1;
+  setups[0].cluster.instances = {
+      {.role = placement::InstanceRole::kPrefill, .kv_capacity_tokens = kv_tokens, .max_batch_tokens = 2048},
+      {.role = placement::InstanceRole::kDecode, .kv_capacity_tokens = kv_tokens, .max_batch_tokens = 2048}};
+  setups[0].cluster.kv_link_bytes_per_s = 5e9;  // the same-host lane, measured by //tools/bench:kvtransfer
+  setups[1].setup = {"colocated", {{"colocated", 2, {0, 1}}}};
+  setups[1].profile = p2;
+  setups[1].cluster.instances = {
+      {.role = placement::InstanceRole::kColocated, .kv_capacity_tokens = kv_tokens, .max_batch_tokens = 2048}};
+  setups[1].cluster.chunked_prefill = true;  // the engine: decodes first, prompt chunks fill the budget
+  setups[1].cluster.chunk_tokens = 2048;
+
+  std::printf("duet serve bench, simulation check: %s, %zu requests per rate, length scale %g; the same clusters "
+              "and requests in duet sim with latencies from duet profile on this machine\n"
+              "SLOs per cluster: the real median TTFT and TPOT at the middle rate (so the real attainment there is "
+              "near 50%%)\n\n",
+              model_dir.c_str(), rows.size(), scale);
+  std::printf("%-14s %7s %10s %10s | %8s %8s %7s | %8s %8s %7s\n", "cluster", "rate", "TTFT SLO", "TPOT SLO",
+              "TTFT real", "sim", "diff pp", "TPOT real", "sim", "diff pp");
+  double worst = 0;
+  for (SetupSim& ss : setups) {
+    Progress(absl::StrCat(ss.setup.name, ": starting the cluster"));
+    LocalCluster cluster(run_root + "/" + ss.setup.name);
+    RETURN_IF_ERROR(cluster.Start(model_dir, ss.setup.workers, kv_gib, f.GetInt("heartbeat-ms")));
+    {
+      BenchRequest w{0, std::vector<int32_t>(64, 7), 8};
+      Outcome o = StreamCompletion(cluster.http_port(), CompletionBody(model_name, w), Clock::now(), 300);
+      if (!o.ok()) return absl::InternalError(absl::StrCat(ss.setup.name, ": warm-up failed: ", o.error));
+    }
+    std::vector<std::vector<double>> real_ttft(rates.size()), real_tpot(rates.size());
+    std::vector<std::vector<BenchRequest>> workloads;
+    for (size_t k = 0; k < rates.size(); ++k) {
+      workloads.push_back(MakeWorkload(rows, rates[k], scale, context, vocab, static_cast<uint32_t>(f.GetInt("seed"))));
+      Progress(absl::StrCat(ss.setup.name, ": ", rows.size(), " requests at ", rates[k], " req/s"));
+      RunResult r = Replay(cluster.http_port(), model_name, workloads.back(), f.GetDouble("timeout-s"));
+      RETURN_IF_ERROR(cluster.CheckAlive());
+      for (const Outcome& o : r.outcomes) {
+        if (!o.ok()) return absl::InternalError(absl::StrCat(ss.setup.name, ": a request failed: ", o.error));
+        real_ttft[k].push_back(o.ttft());
+        if (o.tokens > 1) real_tpot[k].push_back(o.tpot());
+      }
+    }
+    const size_t mid = rates.size() / 2;
+    const double ttft_slo = Percentile(real_ttft[mid], 0.5), tpot_slo = Percentile(real_tpot[mid], 0.5);
+    ASSIGN_OR_RETURN(auto latency, placement::LoadLatencyModel(ss.profile, spec));
+    for (size_t k = 0; k < rates.size(); ++k) {
+      std::vector<placement::SimRequest> sim_reqs;
+      for (const BenchRequest& b : workloads[k]) {
+        sim_reqs.push_back({b.arrival_s, static_cast<int64_t>(b.prompt.size()), b.max_tokens});
+      }
+      placement::SimResult sr = placement::Simulate(ss.cluster, spec, *latency, sim_reqs);
+      const double rt = Fraction(real_ttft[k], ttft_slo), st = sr.TtftAttainment(ttft_slo);
+      std::vector<double> sim_tpot;
+      for (const placement::RequestOutcome& o : sr.requests) {
+        if (o.output > 1) sim_tpot.push_back(o.tpot());
+      }
+      const double rp = Fraction(real_tpot[k], tpot_slo), sp = Fraction(sim_tpot, tpot_slo);
+      worst = std::max({worst, std::fabs(rt - st), std::fabs(rp - sp)});
+      std::printf("%-14s %7.2f %8.0fms %8.1fms | %8.2f %8.2f %+7.1f | %8.2f %8.2f %+7.1f\n", ss.setup.name.c_str(),
+                  rates[k], ttft_slo * 1e3, tpot_slo * 1e3, rt, st, (st - rt) * 100, rp, sp, (sp - rp) * 100);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nlargest gap: %.1f percentage points (target <= 5); total wall time %.0f s (target < 900)\n",
+              worst * 100, Seconds(Clock::now() - start));
+  std::error_code ec;
+  fs::remove_all(run_root, ec);
+  return absl::OkStatus();
+}
+
 absl::Status Run(const FlagSet& f) {
   const Clock::time_point bench_start = Clock::now();
   const double rate = f.GetDouble("rate");
@@ -478,6 +596,16 @@ absl::Status Run(const FlagSet& f) {
   const std::string model_name = tools::ModelBaseName(model_dir);
 
   ASSIGN_OR_RETURN(std::vector<TraceRow> rows, LoadTrace(trace, f.GetInt("offset"), n));
+  if (!f.GetString("sim-rates").empty()) {
+    std::vector<double> rates;
+    for (absl::string_view r : absl::StrSplit(f.GetString("sim-rates"), ',', absl::SkipEmpty())) {
+      double x = 0;
+      if (!absl::SimpleAtod(r, &x) || !(x > 0)) return absl::InvalidArgumentError("--sim-rates: positive rates");
+      rates.push_back(x);
+    }
+    if (rates.size() != 3) return absl::InvalidArgumentError("--sim-rates takes three rates: low, knee, past it");
+    return SimCheck(f, model_dir, rows, scale, context, vocab, rates);
+  }
   const std::vector<BenchRequest> reqs =
       MakeWorkload(rows, rate, scale, context, vocab, static_cast<uint32_t>(f.GetInt("seed")));
   std::vector<double> plen, olen;
@@ -613,6 +741,8 @@ int main(int argc, char** argv) {
   f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers (3 missed: the worker is dropped)");
   f.Double("timeout-s", 300, "a request not done after this long counts as an error");
   f.Int("seed", 1, "seed of the prompts' token ids");
+  f.String("sim-rates", "", "three rates (low, near the knee, past it): run both clusters at each beside duet sim "
+                            "of them with duet profile's latencies, and compare SLO attainment");
   if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
