@@ -37,6 +37,7 @@ absl::Status Run(const FlagSet& f) {
   wo.rate = f.GetDouble("rate");
   wo.num_requests = f.GetInt("requests");
   wo.lengths = f.GetString("lengths");
+  if (wo.lengths.empty()) wo.lengths = f.GetString("trace").empty() ? "fixed:512,128" : "trace";
   wo.trace = f.GetString("trace");
   wo.length_scale = f.GetDouble("length-scale");
   wo.overlong = f.GetString("overlong");
@@ -140,7 +141,8 @@ int RunPlace(int argc, char** argv) {
   f.String("arrivals", "poisson", "poisson | gamma");
   f.Double("rate", 1.0, "base arrival rate (the search scales it)");
   f.Int("requests", 2000, "requests in the workload");
-  f.String("lengths", "trace", "fixed:P,O | uniform:... | trace (needs --trace)");
+  f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (default: trace with --trace, else "
+                          "fixed:512,128)");
   f.String("trace", "", "trace CSV for lengths");
   f.Double("length-scale", 1.0, "multiply lengths");
   f.String("overlong", "drop", "drop | truncate requests longer than the model's context");

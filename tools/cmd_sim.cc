@@ -55,7 +55,8 @@ void AddSimFlags(FlagSet& f) {
   f.Double("rate", 1.0, "requests/s (poisson, gamma)");
   f.Double("cv", 1.0, "gamma arrivals: coefficient of variation of the gaps");
   f.Int("requests", 10000, "requests to simulate (0 with trace arrivals: the whole trace)");
-  f.String("lengths", "trace", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (needs --trace)");
+  f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (default: trace with --trace, else "
+                          "fixed:512,128)");
   f.String("trace", "", "trace CSV (arrived_at, num_prefill_tokens, num_decode_tokens)");
   f.Double("rate-scale", 1.0, "trace arrivals: speed up by this factor");
   f.Double("length-scale", 1.0, "multiply prompt and output lengths");
@@ -208,6 +209,7 @@ absl::Status Run(const FlagSet& f) {
   wo.cv = f.GetDouble("cv");
   wo.num_requests = f.GetInt("requests");
   wo.lengths = f.GetString("lengths");
+  if (wo.lengths.empty()) wo.lengths = f.GetString("trace").empty() ? "fixed:512,128" : "trace";
   wo.trace = f.GetString("trace");
   wo.rate_scale = f.GetDouble("rate-scale");
   wo.length_scale = f.GetDouble("length-scale");
