@@ -39,52 +39,85 @@ InstanceSpec Instance(InstanceRole role, const Parallel& p, const ModelSpec& m, 
 
 }  // namespace
 
+namespace {
+
+struct Pool {
+  const GpuSpec* gpu;
+  LatencyModel* latency;
+  int nodes, gpus_per_node;
+  int total() const { return nodes * gpus_per_node; }
+};
+
+std::vector<Pool> Pools(const GpuSpec& gpu, LatencyModel& latency, const PlaceOptions& o) {
+  std::vector<Pool> pools = {{&gpu, &latency, o.nodes, o.gpus_per_node}};
+  if (o.second_gpu != nullptr) {
+    pools.push_back({o.second_gpu, o.second_latency != nullptr ? o.second_latency : &latency, o.second_nodes,
+                     o.second_gpus_per_node});
+  }
+  return pools;
+}
+
+}  // namespace
+
 std::string Plan::Describe() const {
-  auto role = [](const char* name, const RoleConfig& r) {
-    return absl::StrCat(r.count, " x ", name, " (tp ", r.par.tp, ", pp ", r.par.pp, ")");
+  auto role = [this](const char* name, const RoleConfig& r, int pool) {
+    return absl::StrCat(r.count, " x ", name, " (tp ", r.par.tp, ", pp ", r.par.pp, ")",
+                        prefill_pool != decode_pool || pool > 0 ? absl::StrCat(" on pool ", pool + 1) : "");
   };
-  if (colocated) return role("colocated", prefill);
-  return absl::StrCat(role("prefill", prefill), " + ", role("decode", decode));
+  if (colocated) return role("colocated", prefill, prefill_pool);
+  return absl::StrCat(role("prefill", prefill, prefill_pool), " + ", role("decode", decode, decode_pool));
 }
 
 ClusterSpec MakeCluster(const Plan& plan, const ModelSpec& model, const GpuSpec& gpu, const PlaceOptions& o) {
+  auto gpu_of = [&](int pool) -> const GpuSpec& { return pool == 1 && o.second_gpu != nullptr ? *o.second_gpu : gpu; };
+  auto lat_of = [&](int pool) -> LatencyModel* { return pool == 1 ? o.second_latency : nullptr; };
   ClusterSpec c;
   c.policy = o.policy;
+  const GpuSpec& pg = gpu_of(plan.prefill_pool);
+  const GpuSpec& dg = gpu_of(plan.decode_pool);
   // High affinity: KV crosses nodes when instances are on different nodes;
-  // low affinity pairs them in a node. A node's link is the optimistic case.
-  c.kv_link_bytes_per_s = o.affinity == "low" || o.nodes == 1 ? gpu.intra_node_bw : gpu.inter_node_bw;
-  if (plan.colocated) {
-    for (int i = 0; i < plan.prefill.count; ++i) {
-      c.instances.push_back(Instance(InstanceRole::kColocated, plan.prefill.par, model, gpu, o));
+  // low affinity pairs them in a node. A node's link is the optimistic case;
+  // across pools, the slower network of the two.
+  if (plan.prefill_pool != plan.decode_pool) {
+    c.kv_link_bytes_per_s = std::min(pg.inter_node_bw, dg.inter_node_bw);
+  } else {
+    const int nodes = plan.prefill_pool == 1 ? o.second_nodes : o.nodes;
+    c.kv_link_bytes_per_s = o.affinity == "low" || nodes == 1 ? pg.intra_node_bw : pg.inter_node_bw;
+  }
+  auto add = [&](InstanceRole role, const RoleConfig& r, int pool) {
+    for (int i = 0; i < r.count; ++i) {
+      InstanceSpec s = Instance(role, r.par, model, gpu_of(pool), o);
+      s.latency = lat_of(pool);
+      c.instances.push_back(s);
     }
+  };
+  if (plan.colocated) {
+    add(InstanceRole::kColocated, plan.prefill, plan.prefill_pool);
     return c;
   }
-  for (int i = 0; i < plan.prefill.count; ++i) {
-    c.instances.push_back(Instance(InstanceRole::kPrefill, plan.prefill.par, model, gpu, o));
-  }
-  for (int i = 0; i < plan.decode.count; ++i) {
-    c.instances.push_back(Instance(InstanceRole::kDecode, plan.decode.par, model, gpu, o));
-  }
+  add(InstanceRole::kPrefill, plan.prefill, plan.prefill_pool);
+  add(InstanceRole::kDecode, plan.decode, plan.decode_pool);
   return c;
 }
 
 std::string PlanToClusterJson(const Plan& plan, const ModelSpec& model, const GpuSpec& gpu, const PlaceOptions& o) {
+  auto gpu_of = [&](int pool) -> const GpuSpec& { return pool == 1 && o.second_gpu != nullptr ? *o.second_gpu : gpu; };
   nlohmann::ordered_json j;
   j["model"] = model.name;
   j["kv_link_gbps"] = MakeCluster(plan, model, gpu, o).kv_link_bytes_per_s / 1e9;
-  auto pool = [&](const RoleConfig& r) {
+  auto pool = [&](const RoleConfig& r, int p) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (int i = 0; i < r.count; ++i) {
-      list.push_back({{"tp", r.par.tp}, {"pp", r.par.pp}, {"device", "cuda"}, {"gpu", gpu.id},
+      list.push_back({{"tp", r.par.tp}, {"pp", r.par.pp}, {"device", "cuda"}, {"gpu", gpu_of(p).id},
                       {"max_batch_tokens", o.max_batch_tokens}});
     }
     return list;
   };
   if (plan.colocated) {
-    j["colocated"] = pool(plan.prefill);
+    j["colocated"] = pool(plan.prefill, plan.prefill_pool);
   } else {
-    j["prefill"] = pool(plan.prefill);
-    j["decode"] = pool(plan.decode);
+    j["prefill"] = pool(plan.prefill, plan.prefill_pool);
+    j["decode"] = pool(plan.decode, plan.decode_pool);
   }
   return j.dump(2) + "\n";
 }
@@ -92,23 +125,28 @@ std::string PlanToClusterJson(const Plan& plan, const ModelSpec& model, const Gp
 absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, LatencyModel& latency,
                                   const std::vector<SimRequest>& workload, const PlaceOptions& o,
                                   LatencyModel* colocated_latency) {
-  LatencyModel& coloc_lat = colocated_latency != nullptr ? *colocated_latency : latency;
   if (o.nodes < 1 || o.gpus_per_node < 1) return absl::InvalidArgumentError("nodes and GPUs per node must be >= 1");
   if (o.affinity != "high" && o.affinity != "low") return absl::InvalidArgumentError("affinity must be high or low");
-  const int total = o.nodes * o.gpus_per_node;
+  if (o.second_gpu != nullptr && (o.second_nodes < 1 || o.second_gpus_per_node < 1)) {
+    return absl::InvalidArgumentError("the second pool needs nodes and GPUs per node >= 1");
+  }
+  const std::vector<Pool> pools = Pools(gpu, latency, o);
   PlaceResult result;
-  // Instance shapes the model fits on (with room for at least one context).
-  std::vector<Parallel> shapes;
-  for (int tp = 1; tp <= o.gpus_per_node; tp *= 2) {
-    for (int pp = 1; pp <= o.max_pp && tp * pp <= total; ++pp) {
-      const Parallel p{.tp = tp, .pp = pp};
-      if (o.affinity == "low" && 2 * tp * pp > o.gpus_per_node && pp > 1) continue;
-      if (!latency.Supports(p)) continue;
-      if (KvCapacity(model, gpu, p, o.memory_fraction) < static_cast<double>(model.max_context)) continue;
-      shapes.push_back(p);
+  // Per pool, the instance shapes the model fits on (room for one context).
+  std::vector<std::vector<Parallel>> shapes(pools.size());
+  for (size_t k = 0; k < pools.size(); ++k) {
+    const Pool& pl = pools[k];
+    for (int tp = 1; tp <= pl.gpus_per_node; tp *= 2) {
+      for (int pp = 1; pp <= o.max_pp && tp * pp <= pl.total(); ++pp) {
+        const Parallel p{.tp = tp, .pp = pp};
+        if (o.affinity == "low" && 2 * tp * pp > pl.gpus_per_node && pp > 1) continue;
+        if (!pl.latency->Supports(p)) continue;
+        if (KvCapacity(model, *pl.gpu, p, o.memory_fraction) < static_cast<double>(model.max_context)) continue;
+        shapes[k].push_back(p);
+      }
     }
   }
-  if (shapes.empty()) {
+  if (shapes[0].empty() && (shapes.size() < 2 || shapes[1].empty())) {
     return absl::InvalidArgumentError(absl::StrCat(model.name, " fits no instance shape of up to ", o.gpus_per_node,
                                                    " x ", gpu.name, " (and the latency model's TP degrees)"));
   }
@@ -123,32 +161,51 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
     return g;
   };
   const double inf = 1e18;
-  // Per shape: one prefill instance against TTFT alone, one decode against TPOT alone.
+  // Per pool and shape: one prefill instance against TTFT alone, one decode
+  // against TPOT alone (the second pool's instances carry their own model).
   NoPrefill decode_only(latency);
-  std::vector<double> gp(shapes.size()), gd(shapes.size());
-  if (!o.exhaustive) {
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      Plan pre{.prefill = {shapes[i], 1}, .decode = {shapes[i], 0}};
-      gp[i] = goodput(pre, latency, {.ttft = o.slo.ttft, .tpot = inf}, 0.05, 0, true).rate;
-      Plan dec{.prefill = {shapes[i], 1}, .decode = {shapes[i], 1}};
-      gd[i] = goodput(dec, decode_only, {.ttft = inf, .tpot = o.slo.tpot}, 0.05, 0, true).rate;
+  std::vector<std::vector<double>> gp(pools.size()), gd(pools.size());
+  for (size_t k = 0; k < pools.size(); ++k) {
+    gp[k].assign(shapes[k].size(), 0);
+    gd[k].assign(shapes[k].size(), 0);
+    if (o.exhaustive) continue;
+    NoPrefill own_decode(*pools[k].latency);
+    for (size_t i = 0; i < shapes[k].size(); ++i) {
+      const int pk = static_cast<int>(k);
+      Plan pre{.prefill = {shapes[k][i], 1}, .decode = {shapes[k][i], 0}, .prefill_pool = pk, .decode_pool = pk};
+      gp[k][i] = goodput(pre, *pools[k].latency, {.ttft = o.slo.ttft, .tpot = inf}, 0.05, 0, true).rate;
+      // The decode-only model through the pool's latency: a cluster of one
+      // instant prefill and this decode, timed by NoPrefill.
+      Plan dec{.prefill = {shapes[k][i], 1}, .decode = {shapes[k][i], 1}};
+      ClusterSpec c = MakeCluster(dec, model, *pools[k].gpu, o);
+      for (InstanceSpec& s : c.instances) s.latency = nullptr;
+      Goodput g = FindGoodput(c, model, k == 0 ? decode_only : own_decode, sample,
+                              {.ttft = inf, .tpot = o.slo.tpot}, o.target, 0.05);
+      result.simulations += g.simulations;
+      gd[k][i] = g.rate;
     }
   }
-  // Disaggregated candidates.
+  // Disaggregated candidates: prefill from pool a, decode from pool b.
   std::vector<Plan> plans;
-  for (size_t a = 0; a < shapes.size(); ++a) {
-    for (size_t b = 0; b < shapes.size(); ++b) {
-      const int ga = shapes[a].gpus(), gb = shapes[b].gpus();
-      for (int np = 1; np * ga + gb <= total; ++np) {
-        for (int nd = 1; np * ga + nd * gb <= total; ++nd) {
-          if (o.affinity == "low") {
-            // Pairs inside a node: prefill and decode stages share nodes.
-            if (ga + gb > o.gpus_per_node && np != nd) continue;
+  for (size_t pa = 0; pa < pools.size(); ++pa) {
+    for (size_t pb = 0; pb < pools.size(); ++pb) {
+      for (size_t a = 0; a < shapes[pa].size(); ++a) {
+        for (size_t b = 0; b < shapes[pb].size(); ++b) {
+          const int ga = shapes[pa][a].gpus(), gb = shapes[pb][b].gpus();
+          const bool same = pa == pb;
+          const int budget_a = pools[pa].total(), budget_b = pools[pb].total();
+          for (int np = 1; np * ga + (same ? gb : 0) <= budget_a; ++np) {
+            for (int nd = 1; same ? np * ga + nd * gb <= budget_a : nd * gb <= budget_b; ++nd) {
+              if (o.affinity == "low" && same && ga + gb > pools[pa].gpus_per_node && np != nd) continue;
+              Plan p{.prefill = {shapes[pa][a], np},
+                     .decode = {shapes[pb][b], nd},
+                     .prefill_pool = static_cast<int>(pa),
+                     .decode_pool = static_cast<int>(pb)};
+              p.gpus = np * ga + nd * gb;
+              p.estimate = o.exhaustive ? 0 : std::min(np * gp[pa][a], nd * gd[pb][b]);
+              plans.push_back(p);
+            }
           }
-          Plan p{.prefill = {shapes[a], np}, .decode = {shapes[b], nd}};
-          p.gpus = np * ga + nd * gb;
-          p.estimate = o.exhaustive ? 0 : std::min(np * gp[a], nd * gd[b]);
-          plans.push_back(p);
         }
       }
     }
@@ -168,21 +225,32 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
   std::stable_sort(plans.begin(), plans.begin() + static_cast<long>(verify),
                    [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });
   result.disaggregated = std::move(plans);
-  // Colocated: per shape, one instance (instances scale out by count).
-  for (const Parallel& s : shapes) {
-    if (!coloc_lat.Supports(s)) continue;
-    Plan p{.colocated = true, .prefill = {s, 1}};
-    p.gpus = s.gpus();
-    p.cluster = MakeCluster(p, model, gpu, o);
-    // Coarse on the sample, then refined on the whole workload from there.
-    const double coarse = goodput(p, coloc_lat, o.slo, 0.05, 0, true).rate;
-    if (coarse > 0) p.goodput = goodput(p, coloc_lat, o.slo, 0.02, coarse);
-    // As many as the cluster holds.
-    p.prefill.count = total / s.gpus();
-    p.goodput.rate *= p.prefill.count;
-    p.gpus = p.prefill.count * s.gpus();
-    p.cluster = MakeCluster(p, model, gpu, o);
-    result.colocated.push_back(p);
+  // Colocated: per pool and shape, one instance (instances scale out by count).
+  for (size_t k = 0; k < pools.size(); ++k) {
+    LatencyModel& lat = k == 0 && colocated_latency != nullptr ? *colocated_latency : *pools[k].latency;
+    for (const Parallel& s : shapes[k]) {
+      if (!lat.Supports(s)) continue;
+      const int pk = static_cast<int>(k);
+      Plan p{.colocated = true, .prefill = {s, 1}, .prefill_pool = pk, .decode_pool = pk};
+      p.gpus = s.gpus();
+      // Timed by the colocated model: the instance carries no model of its own.
+      auto timed = [&](const Plan& plan, double tol, double hint, bool estimate) {
+        ClusterSpec c = MakeCluster(plan, model, gpu, o);
+        for (InstanceSpec& is : c.instances) is.latency = nullptr;
+        Goodput g = FindGoodput(c, model, lat, estimate ? sample : workload, o.slo, o.target, tol, hint);
+        result.simulations += g.simulations;
+        return g;
+      };
+      // Coarse on the sample, then refined on the whole workload from there.
+      const double coarse = timed(p, 0.05, 0, true).rate;
+      if (coarse > 0) p.goodput = timed(p, 0.02, coarse, false);
+      // As many as the pool holds.
+      p.prefill.count = pools[k].total() / s.gpus();
+      p.goodput.rate *= p.prefill.count;
+      p.gpus = p.prefill.count * s.gpus();
+      p.cluster = MakeCluster(p, model, gpu, o);
+      result.colocated.push_back(p);
+    }
   }
   std::sort(result.colocated.begin(), result.colocated.end(),
             [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });

@@ -44,6 +44,13 @@ struct PlaceOptions {
   double memory_fraction = 0.9;  // of GPU memory for weights + KV
   int64_t max_batch_tokens = 4096;
   std::string policy = "least_loaded";
+  // Heterogeneous pools (LLM-PQ's setting): a second set of nodes with
+  // another GPU type and its latency model. Prefill and decode may then each
+  // use either pool (KV crossing pools over the slower inter-node network).
+  const GpuSpec* second_gpu = nullptr;  // not owned; nullptr: one pool
+  LatencyModel* second_latency = nullptr;
+  int second_nodes = 0;
+  int second_gpus_per_node = 0;
 };
 
 struct RoleConfig {
@@ -54,6 +61,7 @@ struct RoleConfig {
 struct Plan {
   bool colocated = false;
   RoleConfig prefill, decode;  // colocated: prefill holds the instances
+  int prefill_pool = 0, decode_pool = 0;  // 0: the first GPU type, 1: the second
   int gpus = 0;
   double estimate = 0;  // decomposed estimate, requests/s
   Goodput goodput;      // whole-cluster simulation (0 when not simulated)
@@ -74,7 +82,8 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
                                   const std::vector<SimRequest>& workload, const PlaceOptions& options,
                                   LatencyModel* colocated_latency = nullptr);
 
-// The cluster a plan describes (KV capacity from GPU memory, node link for KV).
+// The cluster a plan describes (KV capacity from GPU memory, node link for KV;
+// the second pool's instances carry its latency model).
 ClusterSpec MakeCluster(const Plan& plan, const ModelSpec& model, const GpuSpec& gpu, const PlaceOptions& options);
 
 // The `duet up --config` / `duet sim --cluster` JSON of a plan.

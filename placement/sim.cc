@@ -111,6 +111,9 @@ class Sim {
  private:
   void Push(double t, Kind k, int32_t inst, int64_t a) { q_.push(Event{t, seq_++, k, inst, a}); }
 
+  // The instance's own latency model (heterogeneous clusters), else the cluster's.
+  LatencyModel& Lat(const Inst& s) { return s.spec.latency != nullptr ? *s.spec.latency : lat_; }
+
   double Need(int64_t r) const { return static_cast<double>(reqs_[r].prompt + reqs_[r].output); }
 
   int32_t PickEntry() {
@@ -197,7 +200,7 @@ class Sim {
         tokens += reqs_[r].prompt;
         out_.requests[r].prefill_start = now_;
       }
-      const double t = lat_.Prefill(s.spec.par, lens_);
+      const double t = Lat(s).Prefill(s.spec.par, lens_);
       s.in_flight++;
       s.next_start = now_ + t / pp;
       Push(now_ + t, kPrefillDone, i, slot);
@@ -240,7 +243,7 @@ class Sim {
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
     s.busy = true;
-    Push(now_ + lat_.Decode(s.spec.par, ctx_), done, i, 0);
+    Push(now_ + Lat(s).Decode(s.spec.par, ctx_), done, i, 0);
   }
 
   void TryDecode(int32_t i) {
@@ -296,7 +299,7 @@ class Sim {
       if (!s.step_prefill.empty()) {
         s.busy = true;
         s.step_decode.clear();
-        Push(now_ + lat_.Prefill(s.spec.par, lens_), kColocDone, i, 0);
+        Push(now_ + Lat(s).Prefill(s.spec.par, lens_), kColocDone, i, 0);
         return;
       }
       if (!s.running.empty()) StartDecodeStep(i, kColocDone);
@@ -324,8 +327,8 @@ class Sim {
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
     double t = 0;
-    if (!ctx_.empty()) t += lat_.Decode(s.spec.par, ctx_);
-    if (!lens_.empty()) t += lat_.Prefill(s.spec.par, lens_);
+    if (!ctx_.empty()) t += Lat(s).Decode(s.spec.par, ctx_);
+    if (!lens_.empty()) t += Lat(s).Prefill(s.spec.par, lens_);
     s.busy = true;
     Push(now_ + t, kColocDone, i, 0);
   }

@@ -42,6 +42,9 @@ struct InstanceSpec {
   int64_t max_batch_tokens = 4096;   // prefill budget per batch (per step when chunked)
   int64_t max_prefill_batch = 0;     // requests per prefill batch; 0: any
   int64_t max_batch_size = 256;      // decode batch
+  // This instance's latency model (a heterogeneous cluster: another GPU
+  // type); nullptr: the one Simulate is given. Not owned.
+  LatencyModel* latency = nullptr;
 };
 
 struct ClusterSpec {

@@ -125,4 +125,17 @@ TEST_CASE("duet place on 4 GPUs: the plan holds at its goodput, not at 1.1x, and
   CHECK(best_coloc <= c_gpu * 1.03);
 }
 
+TEST_CASE("heterogeneous pools: the plan uses the pool that serves more per GPU") {
+  // Pool 1: L4s; pool 2: H100s, both on the roofline model. Per GPU an H100
+  // serves several times what an L4 does, so the best plan runs on pool 2.
+  json r = JsonLines(Run("place --model llama-2-7b --gpu l4 --nodes 1 --gpus-per-node 4 --gpu2 h100-sxm --nodes2 1 "
+                         "--gpus-per-node2 4 --lengths fixed:1024,128 --requests 1000 --slo-ttft 1 --slo-tpot 0.1 "
+                         "--json"))
+               .at(0);
+  INFO(r.dump());
+  const std::string plan = r["disaggregated"]["plan"];
+  CHECK(plan.find("pool 2") != std::string::npos);
+  CHECK(r["disaggregated"]["goodput_per_gpu"].get<double>() > 0);
+}
+
 }  // namespace

@@ -55,6 +55,18 @@ absl::Status Run(const FlagSet& f) {
   o.verify = static_cast<int>(f.GetInt("verify"));
   o.exhaustive = f.GetBool("exhaustive");
   o.max_batch_tokens = f.GetInt("max-batch-tokens");
+  placement::GpuSpec gpu2;
+  std::unique_ptr<placement::LatencyModel> latency2;
+  if (!f.GetString("gpu2").empty()) {
+    ASSIGN_OR_RETURN(gpu2, placement::LoadGpu(f.GetString("gpu2")));
+    const std::string spec2 =
+        f.GetString("latency2").empty() ? absl::StrCat("roofline:", gpu2.id) : f.GetString("latency2");
+    ASSIGN_OR_RETURN(latency2, placement::LoadLatencyModel(spec2, model, static_cast<uint64_t>(f.GetInt("seed")) ^ 0x2));
+    o.second_gpu = &gpu2;
+    o.second_latency = latency2.get();
+    o.second_nodes = static_cast<int>(f.GetInt("nodes2"));
+    o.second_gpus_per_node = static_cast<int>(f.GetInt("gpus-per-node2"));
+  }
   std::fprintf(stderr, "[duet place] %s on %d x %d %s, %zu requests, searching...\n", model.name.c_str(), o.nodes,
                o.gpus_per_node, gpu.name.c_str(), w.requests.size());
   ASSIGN_OR_RETURN(placement::PlaceResult r,
@@ -83,10 +95,15 @@ absl::Status Run(const FlagSet& f) {
                         {"requests", w.requests.size()},    {"base_rate", placement::MeanRate(w.requests)}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("duet place: %s on %d node(s) x %d %s (%s node-affinity), %s%s; SLO TTFT %.3g s and TPOT %.3g s "
+    std::printf("duet place: %s on %d node(s) x %d %s%s (%s node-affinity), %s%s; SLO TTFT %.3g s and TPOT %.3g s "
                 "at %.0f%%; %zu requests\n\n",
-                model.name.c_str(), o.nodes, o.gpus_per_node, gpu.name.c_str(), o.affinity.c_str(),
-                latency->Describe().c_str(),
+                model.name.c_str(), o.nodes, o.gpus_per_node, gpu.name.c_str(),
+                o.second_gpu != nullptr
+                    ? absl::StrCat(" (pool 1) and ", o.second_nodes, " x ", o.second_gpus_per_node, " ",
+                                   o.second_gpu->name, " (pool 2, ", latency2->Describe(), ")")
+                          .c_str()
+                    : "",
+                o.affinity.c_str(), latency->Describe().c_str(),
                 coloc_latency ? absl::StrCat(" (colocated: ", coloc_latency->Describe(), ")").c_str() : "", o.slo.ttft,
                 o.slo.tpot, o.target * 100, w.requests.size());
     std::printf("plan:       %s on %d GPUs: %.4f requests/s, %.4f per GPU\n", best.Describe().c_str(), best.gpus,
@@ -130,6 +147,10 @@ int RunPlace(int argc, char** argv) {
   f.String("gpu", "a100-80g", "GPU type (placement/hardware) or a JSON file");
   f.Int("nodes", 1, "nodes");
   f.Int("gpus-per-node", 4, "GPUs per node");
+  f.String("gpu2", "", "heterogeneous pools: a second GPU type (prefill and decode may each use either pool)");
+  f.Int("nodes2", 1, "nodes of the second GPU type");
+  f.Int("gpus-per-node2", 4, "GPUs per node of the second type");
+  f.String("latency2", "", "latency model of the second GPU type (default roofline:--gpu2)");
   f.String("affinity", "high", "high (instances may span nodes) | low (prefill and decode paired in a node)");
   f.Double("slo-ttft", 0.25, "TTFT target, seconds");
   f.Double("slo-tpot", 0.1, "TPOT target, seconds");
