@@ -111,6 +111,18 @@ class Sim {
  private:
   void Push(double t, Kind k, int32_t inst, int64_t a) { q_.push(Event{t, seq_++, k, inst, a}); }
 
+  // Shared memory bandwidth: another instance computing slows this one.
+  bool OtherBusy(const Inst& self) const {
+    for (const Inst& s : insts_) {
+      if (&s != &self && (s.in_flight > 0 || s.busy)) return true;
+    }
+    return false;
+  }
+  double Contended(const Inst& s, double t, bool prefill) const {
+    const double f = prefill ? c_.interference_prefill : c_.interference_decode;
+    return f > 0 && OtherBusy(s) ? t * (1 + f) : t;
+  }
+
   // The instance's own latency model (heterogeneous clusters), else the cluster's.
   LatencyModel& Lat(const Inst& s) { return s.spec.latency != nullptr ? *s.spec.latency : lat_; }
 
@@ -200,7 +212,7 @@ class Sim {
         tokens += reqs_[r].prompt;
         out_.requests[r].prefill_start = now_;
       }
-      const double t = Lat(s).Prefill(s.spec.par, lens_);
+      const double t = Contended(s, Lat(s).Prefill(s.spec.par, lens_), /*prefill=*/true);
       s.in_flight++;
       s.next_start = now_ + t / pp;
       Push(now_ + t, kPrefillDone, i, slot);
@@ -243,7 +255,7 @@ class Sim {
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
     s.busy = true;
-    Push(now_ + Lat(s).Decode(s.spec.par, ctx_), done, i, 0);
+    Push(now_ + Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false), done, i, 0);
   }
 
   void TryDecode(int32_t i) {

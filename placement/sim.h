@@ -53,6 +53,12 @@ struct ClusterSpec {
   std::string policy = "least_loaded";  // least_loaded | round_robin
   bool chunked_prefill = false;         // colocated
   int64_t chunk_tokens = 512;
+  // Instances sharing one host's memory bandwidth (CPU workers on one
+  // machine): a prefill batch or decode step that starts while another
+  // instance computes takes (1 + this) times as long. 0: independent
+  // instances (GPUs).
+  double interference_prefill = 0;
+  double interference_decode = 0;
   int gpus() const;
 };
 

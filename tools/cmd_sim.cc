@@ -47,6 +47,10 @@ void AddSimFlags(FlagSet& f) {
   f.Double("link-gbps", 0, "prefill -> decode KV bandwidth, GB/s (0: the GPU's node link)");
   f.String("policy", "least_loaded", "dispatch: least_loaded | round_robin");
   f.Bool("chunked-prefill", "colocated: chunked prefill (decode and prompt chunks in one step)");
+  f.Double("interference-prefill", 0,
+           "instances share one host's memory bus: a prefill batch started while another instance computes "
+           "takes (1 + this) times as long (CPU workers on one machine; 0 for GPUs)");
+  f.Double("interference-decode", 0, "the same for decode steps");
   f.Int("chunk-tokens", 512, "colocated chunked prefill: tokens per step");
   f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
   f.Int("max-prefill-batch", 0, "requests per prefill batch (0: as the budget allows)");
@@ -92,6 +96,8 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
   };
   auto common = [&](ClusterSpec& c) {
     c.policy = f.GetString("policy");
+    c.interference_prefill = f.GetDouble("interference-prefill");
+    c.interference_decode = f.GetDouble("interference-decode");
     c.chunked_prefill = f.GetBool("chunked-prefill");
     c.chunk_tokens = f.GetInt("chunk-tokens");
   };

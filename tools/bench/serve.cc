@@ -22,10 +22,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,6 +53,9 @@
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "http/client.h"
+#include "engine/block_pool.h"
+#include "engine/model.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/sim.h"
@@ -459,13 +464,55 @@ struct Setup {
 
 // --- Simulation against the real clusters (--sim-rates) ------------------------
 
-// Runs `duet profile` for the workers' thread count; the path of its file.
-absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out) {
-  const std::string cmd = absl::StrCat(fs::absolute("tools/duet").string(), " profile --model ", model_dir,
+// Runs `duet profile` for the workers' thread count (pinned to `cpu`, or
+// free with -1); the path of its file.
+absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out, int cpu = -1) {
+  const std::string cmd = absl::StrCat(cpu >= 0 ? absl::StrCat("taskset -c ", cpu, " ") : "",
+                                       fs::absolute("tools/duet").string(), " profile --model ", model_dir,
                                        " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1 --out ",
                                        out, " > ", out, ".log 2>&1");
   if (std::system(cmd.c_str()) != 0) return absl::InternalError(absl::StrCat("duet profile failed; see ", out, ".log"));
   return out;
+}
+
+// Keeps core `cpu` busy with the engine's prefill (prompts of 300 tokens)
+// or decode steps (batches of 4 at context 300) until `stop`: the load a
+// neighbouring worker puts on the memory bus.
+void EngineLoad(const std::string& model_dir, int cpu, bool prefill, const std::atomic<bool>& stop) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+  auto backend = kernels::NewCpuBackend(1);
+  auto model = engine::Model::Load(model_dir, backend.get());
+  if (!model.ok()) return;
+  engine::BlockPool pool((*model)->KvLayoutFor(16), 128);
+  std::vector<int32_t> tokens(300, 11);
+  std::vector<engine::SequenceKv> kv;
+  for (int i = 0; i < 4; ++i) {
+    kv.emplace_back(&pool);
+    if (!kv.back().Reserve(302).ok()) return;
+  }
+  while (!stop.load()) {
+    std::vector<engine::BatchSeq> batch;
+    if (prefill) {
+      batch.push_back({.tokens = tokens, .start_pos = 0, .block_table = kv[0].block_table(), .logit_rows = {299}});
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(0, 1), .start_pos = 300,
+                         .block_table = kv[static_cast<size_t>(i)].block_table(), .logit_rows = {0}});
+      }
+    }
+    if (!(*model)->Forward(batch, pool).ok()) return;
+  }
+}
+
+// One coefficient of a DistServe-format profile file.
+absl::StatusOr<std::vector<double>> ProfileCoeffs(const std::string& path, const char* key) {
+  std::ifstream in(path);
+  Json j = Json::parse(in, nullptr, false);
+  if (j.is_discarded() || j.empty()) return absl::InternalError(absl::StrCat(path, " is not a profile"));
+  return j.begin().value()["1"][key].get<std::vector<double>>();
 }
 
 double Fraction(const std::vector<double>& v, double limit) {
@@ -488,6 +535,34 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
   Progress("duet profile of the engine, 1 thread (disaggregated workers) and 2 threads (colocated)");
   ASSIGN_OR_RETURN(std::string p1, Profile(model_dir, 1, run_root + "/profile-1.json"));
   ASSIGN_OR_RETURN(std::string p2, Profile(model_dir, 2, run_root + "/profile-2.json"));
+  // Memory-bandwidth interference of the two disaggregated workers: the
+  // profile again beside the other role's load on the other core.
+  double interference_prefill = 0, interference_decode = 0;
+  {
+    Progress("duet profile beside a neighbour's load (prefill next to decode steps, decode next to prefill)");
+    std::atomic<bool> stop{false};
+    std::thread load([&] { EngineLoad(model_dir, 0, /*prefill=*/true, stop); });
+    auto pd = Profile(model_dir, 1, run_root + "/profile-1-beside-prefill.json", 1);
+    stop.store(true);
+    load.join();
+    RETURN_IF_ERROR(pd.status());
+    stop.store(false);
+    std::thread load2([&] { EngineLoad(model_dir, 1, /*prefill=*/false, stop); });
+    auto pp = Profile(model_dir, 1, run_root + "/profile-1-beside-decode.json", 0);
+    stop.store(true);
+    load2.join();
+    RETURN_IF_ERROR(pp.status());
+    ASSIGN_OR_RETURN(auto d0, ProfileCoeffs(p1, "decoding_smallbs"));
+    ASSIGN_OR_RETURN(auto d1, ProfileCoeffs(*pd, "decoding_smallbs"));
+    ASSIGN_OR_RETURN(auto q0, ProfileCoeffs(p1, "prefill"));
+    ASSIGN_OR_RETURN(auto q1, ProfileCoeffs(*pp, "prefill"));
+    // At the slice's typical shapes: a decode step of 4 at context 300, a
+    // 300-token prompt.
+    auto dec = [](const std::vector<double>& c) { return c[0] + c[1] * 1200 + c[2] * 4; };
+    auto pre = [](const std::vector<double>& c) { return c[0] + c[1] * 300 + c[2] * 90000; };
+    interference_decode = std::max(0.0, dec(d1) / dec(d0) - 1);
+    interference_prefill = std::max(0.0, pre(q1) / pre(q0) - 1);
+  }
   ASSIGN_OR_RETURN(placement::ModelSpec spec, placement::ModelFromConfig(model_dir));
   spec.dtype_bytes = 4;  // the CPU backend's KV is F32
   const double kv_gib = f.GetDouble("kv-memory");
@@ -504,6 +579,8 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
       {.role = placement::InstanceRole::kPrefill, .kv_capacity_tokens = kv_tokens, .max_batch_tokens = 2048},
       {.role = placement::InstanceRole::kDecode, .kv_capacity_tokens = kv_tokens, .max_batch_tokens = 2048}};
   setups[0].cluster.kv_link_bytes_per_s = 5e9;  // the same-host lane, measured by //tools/bench:kvtransfer
+  setups[0].cluster.interference_prefill = interference_prefill;
+  setups[0].cluster.interference_decode = interference_decode;
   setups[1].setup = {"colocated", {{"colocated", 2, {0, 1}}}};
   setups[1].profile = p2;
   setups[1].cluster.instances = {
@@ -514,8 +591,9 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
   std::printf("duet serve bench, simulation check: %s, %zu requests per rate, length scale %g; the same clusters "
               "and requests in duet sim with latencies from duet profile on this machine\n"
               "SLOs per cluster: the real median TTFT and TPOT at the middle rate (so the real attainment there is "
-              "near 50%%)\n\n",
-              model_dir.c_str(), rows.size(), scale);
+              "near 50%%)\ndisaggregated workers share the memory bus: measured slowdown beside the other role's "
+              "load %.0f%% (prefill), %.0f%% (decode), applied while both compute\n\n",
+              model_dir.c_str(), rows.size(), scale, interference_prefill * 100, interference_decode * 100);
   std::printf("%-14s %7s %10s %10s | %8s %8s %7s | %8s %8s %7s\n", "cluster", "rate", "TTFT SLO", "TPOT SLO",
               "TTFT real", "sim", "diff pp", "TPOT real", "sim", "diff pp");
   double worst = 0;
