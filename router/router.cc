@@ -187,7 +187,9 @@ class Router::Impl : public RegistryListener {
   // One choice of a client request: the unit the workers run. Its attempts
   // share it.
   struct Request {
-    GroupPtr group;
+    // Weak: the group owns its choices (a strong pointer back would keep
+    // both, and the client's connection, alive forever).
+    std::weak_ptr<Group> group;
     int index = 0;                   // The choice's index.
     proto::GenerationSpec spec;      // The group's, with choice_index = index.
     std::unique_ptr<ChoiceBuilder> builder;
@@ -680,7 +682,9 @@ void Router::Impl::Deliver(const RequestPtr& r, const proto::Token& token, Pendi
     LOG(WARNING) << "attempt " << r->attempt_id << " sent a token past max_tokens; dropped";
     return;
   }
-  Group& g = *r->group;
+  GroupPtr gp = r->group.lock();
+  if (gp == nullptr) return;
+  Group& g = *gp;
   const absl::Time now = options_.clock->Now();
   if (!g.any_token) {
     g.any_token = true;
@@ -721,7 +725,8 @@ void Router::Impl::Complete(const RequestPtr& r, proto::FinishReason reason, Pen
   Forget(r);
   if (r->done) return;
   r->done = true;
-  GroupPtr g = r->group;
+  GroupPtr g = r->group.lock();
+  if (g == nullptr) return;
   if (g->ended) return;
   const std::string why = FinishReasonName(reason);
   g->finish[r->index] = why;
@@ -755,7 +760,7 @@ void Router::Impl::Complete(const RequestPtr& r, proto::FinishReason reason, Pen
 void Router::Impl::Fail(const RequestPtr& r, const absl::Status& status, Pending& p) {
   Forget(r);
   r->done = true;
-  FailGroup(r->group, status, p);
+  if (GroupPtr g = r->group.lock()) FailGroup(g, status, p);
 }
 
 void Router::Impl::FailGroup(const GroupPtr& g, const absl::Status& status, Pending& p) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs what is
-# missing, builds, runs every test but the GPU ones, then the engine, kernel and
-# cross-component tests again under AddressSanitizer + LeakSanitizer, and ends with
+# missing, builds, runs every test but the GPU ones, then the engine, kernel,
+# router and cross-component tests again under AddressSanitizer +
+# LeakSanitizer, then the request-parser fuzzer, and ends with
 # one line "N passed, N failed" (Catch2 test cases). Extra arguments go to
 # the first `bazel test`.
 set -uo pipefail
@@ -61,7 +62,7 @@ fuzz() {
 }
 
 run //... --test_tag_filters=-gpu --build_tests_only "$@"
-run --config=asan --test_tag_filters=-gpu --build_tests_only //base/... //engine/... //kernels/... //tests/...
+run --config=asan --test_tag_filters=-gpu --build_tests_only //base/... //engine/... //kernels/... //router/... //tests/...
 fuzz
 
 echo "${total_pass} passed, ${total_fail} failed"
