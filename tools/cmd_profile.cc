@@ -124,9 +124,14 @@ absl::Status Run(const FlagSet& f) {
   }
   // Decode: batch sizes x contexts, one step, ms against sum(context) and batch size.
   std::vector<Point> decode;
+  std::vector<int64_t> contexts;
+  for (int64_t ctx : {int64_t{16}, int64_t{64}, int64_t{256}, int64_t{512}, max_ctx / 4, max_ctx / 2}) {
+    if (ctx >= 1 && ctx + 1 <= max_ctx && std::find(contexts.begin(), contexts.end(), ctx) == contexts.end()) {
+      contexts.push_back(ctx);
+    }
+  }
   for (int64_t n = 1; n <= max_batch; n *= 2) {
-    for (int64_t ctx : {16, 64, 256, 512}) {
-      if (ctx + 1 > max_ctx) continue;
+    for (int64_t ctx : contexts) {
       std::fprintf(stderr, "[duet profile] decode %lld x context %lld\n", static_cast<long long>(n),
                    static_cast<long long>(ctx));
       std::vector<SequenceKv> kv;
@@ -162,7 +167,15 @@ absl::Status Run(const FlagSet& f) {
     }
     return Fit3(x, y);
   };
+  if (prefill.size() < 3 || decode.size() < 3) {
+    return absl::InvalidArgumentError(absl::StrCat("too few shapes to fit three coefficients (", prefill.size(),
+                                                   " prefill, ", decode.size(),
+                                                   " decode): raise --max-context or --max-batch"));
+  }
   const std::vector<double> pc = fit(prefill), dc = fit(decode);
+  if (pc == std::vector<double>{0, 0, 0} || dc == std::vector<double>{0, 0, 0}) {
+    return absl::InternalError("the shapes do not determine the coefficients (singular fit)");
+  }
   auto report = [](const char* what, const std::vector<Point>& pts, const std::vector<double>& c) {
     double worst = 0;
     std::vector<double> errs;
