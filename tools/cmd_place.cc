@@ -16,6 +16,7 @@
 #include "placement/place.h"
 #include "placement/workload.h"
 #include "tools/commands.h"
+#include "tools/workload_flags.h"
 
 namespace duet::tools {
 namespace {
@@ -25,24 +26,13 @@ absl::Status Run(const FlagSet& f) {
   ASSIGN_OR_RETURN(placement::ModelSpec model, placement::LoadModelSpec(f.GetString("model")));
   ASSIGN_OR_RETURN(placement::GpuSpec gpu, placement::LoadGpu(f.GetString("gpu")));
   const std::string spec = f.GetString("latency").empty() ? absl::StrCat("roofline:", gpu.id) : f.GetString("latency");
-  ASSIGN_OR_RETURN(auto latency, placement::LoadLatencyModel(spec, model, static_cast<uint64_t>(f.GetInt("seed")) ^
-                                                                              0x9e3779b97f4a7c15ull));
+  ASSIGN_OR_RETURN(auto latency, placement::LoadLatencyModel(spec, model, LatencySeed(f)));
   std::unique_ptr<placement::LatencyModel> coloc_latency;
   if (!f.GetString("colocated-latency").empty()) {
     ASSIGN_OR_RETURN(coloc_latency, placement::LoadLatencyModel(f.GetString("colocated-latency"), model,
                                                                 static_cast<uint64_t>(f.GetInt("seed")) ^ 0x51ed));
   }
-  placement::WorkloadOptions wo;
-  wo.arrivals = f.GetString("arrivals");
-  wo.rate = f.GetDouble("rate");
-  wo.num_requests = f.GetInt("requests");
-  wo.lengths = f.GetString("lengths");
-  if (wo.lengths.empty()) wo.lengths = f.GetString("trace").empty() ? "fixed:512,128" : "trace";
-  wo.trace = f.GetString("trace");
-  wo.length_scale = f.GetDouble("length-scale");
-  wo.overlong = f.GetString("overlong");
-  wo.max_context = model.max_context;
-  wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  const placement::WorkloadOptions wo = WorkloadFromFlags(f, model);
   ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
   if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests");
   placement::PlaceOptions o;
@@ -159,15 +149,7 @@ int RunPlace(int argc, char** argv) {
   f.Int("verify", 6, "whole-cluster simulations of the best decomposed estimates");
   f.Bool("exhaustive", "simulate every candidate as a whole cluster (small clusters)");
   f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
-  f.String("arrivals", "poisson", "poisson | gamma");
-  f.Double("rate", 1.0, "base arrival rate (the search scales it)");
-  f.Int("requests", 2000, "requests in the workload");
-  f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (default: trace with --trace, else "
-                          "fixed:512,128)");
-  f.String("trace", "", "trace CSV for lengths");
-  f.Double("length-scale", 1.0, "multiply lengths");
-  f.String("overlong", "drop", "drop | truncate requests longer than the model's context");
-  f.Int("seed", 1, "workload seed");
+  AddWorkloadFlags(f, /*default_requests=*/2000);
   f.Int("top", 5, "runners-up to print");
   f.String("emit", "", "write the plan as a cluster file here");
   f.Bool("json", "print one JSON object");

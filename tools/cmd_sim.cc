@@ -22,6 +22,7 @@
 #include "placement/workload.h"
 #include "tools/cluster_config.h"
 #include "tools/commands.h"
+#include "tools/workload_flags.h"
 
 namespace duet::tools {
 namespace {
@@ -55,17 +56,7 @@ void AddSimFlags(FlagSet& f) {
   f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
   f.Int("max-prefill-batch", 0, "requests per prefill batch (0: as the budget allows)");
   f.Int("max-batch-size", 256, "requests per decode step");
-  f.String("arrivals", "poisson", "poisson | gamma | trace");
-  f.Double("rate", 1.0, "requests/s (poisson, gamma)");
-  f.Double("cv", 1.0, "gamma arrivals: coefficient of variation of the gaps");
-  f.Int("requests", 10000, "requests to simulate (0 with trace arrivals: the whole trace)");
-  f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (default: trace with --trace, else "
-                          "fixed:512,128)");
-  f.String("trace", "", "trace CSV (arrived_at, num_prefill_tokens, num_decode_tokens)");
-  f.Double("rate-scale", 1.0, "trace arrivals: speed up by this factor");
-  f.Double("length-scale", 1.0, "multiply prompt and output lengths");
-  f.String("overlong", "drop", "requests longer than the model's context: drop | truncate");
-  f.Int("seed", 1, "workload (and exponential latency) seed");
+  AddWorkloadFlags(f, /*default_requests=*/10000);
   f.Double("slo-ttft", 1.0, "TTFT target, seconds");
   f.Double("slo-tpot", 0.1, "TPOT target, seconds");
   f.Double("target", 0.9, "attainment the goodput must keep (both targets met by this fraction)");
@@ -206,22 +197,8 @@ absl::Status Run(const FlagSet& f) {
   const std::string latency_spec =
       f.GetString("latency").empty() ? absl::StrCat("roofline:", f.GetString("gpu")) : f.GetString("latency");
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> latency,
-                   // A stream of its own: service times must not echo the arrival gaps.
-                   placement::LoadLatencyModel(latency_spec, model,
-                                               static_cast<uint64_t>(f.GetInt("seed")) ^ 0x9e3779b97f4a7c15ull));
-  placement::WorkloadOptions wo;
-  wo.arrivals = f.GetString("arrivals");
-  wo.rate = f.GetDouble("rate");
-  wo.cv = f.GetDouble("cv");
-  wo.num_requests = f.GetInt("requests");
-  wo.lengths = f.GetString("lengths");
-  if (wo.lengths.empty()) wo.lengths = f.GetString("trace").empty() ? "fixed:512,128" : "trace";
-  wo.trace = f.GetString("trace");
-  wo.rate_scale = f.GetDouble("rate-scale");
-  wo.length_scale = f.GetDouble("length-scale");
-  wo.overlong = f.GetString("overlong");
-  wo.max_context = model.max_context;
-  wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
+                   placement::LoadLatencyModel(latency_spec, model, LatencySeed(f)));
+  const placement::WorkloadOptions wo = WorkloadFromFlags(f, model);
   ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
   if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests (all dropped as overlong?)");
   ASSIGN_OR_RETURN(auto clusters, Clusters(f, model));

@@ -1,0 +1,32 @@
+// The workload flags `duet sim` and `duet place` share, declared once so
+// both commands parse, document and default them alike.
+//
+//   AddWorkloadFlags(f, /*default_requests=*/10000);
+//   ASSIGN_OR_RETURN(placement::WorkloadOptions wo, WorkloadFromFlags(f, model));
+#ifndef DUET_TOOLS_WORKLOAD_FLAGS_H_
+#define DUET_TOOLS_WORKLOAD_FLAGS_H_
+
+#include <cstdint>
+
+#include "base/flags.h"
+#include "placement/model.h"
+#include "placement/workload.h"
+
+namespace duet::tools {
+
+// --arrivals, --rate, --cv, --requests, --lengths, --trace, --rate-scale,
+// --length-scale, --overlong, --seed.
+void AddWorkloadFlags(FlagSet& f, int64_t default_requests);
+
+// The options those flags say; lengths default to the trace's when --trace
+// is given, else fixed:512,128; requests longer than the model's context
+// follow --overlong.
+placement::WorkloadOptions WorkloadFromFlags(const FlagSet& f, const placement::ModelSpec& model);
+
+// The latency model's random stream: derived from --seed but apart from the
+// workload's, so service times never echo the arrival gaps.
+uint64_t LatencySeed(const FlagSet& f);
+
+}  // namespace duet::tools
+
+#endif  // DUET_TOOLS_WORKLOAD_FLAGS_H_
