@@ -414,6 +414,9 @@ class UcxKvTransport : public KvTransport {
   // Opens a same-host peer: its pidfd after a probe read of its nonce.
   absl::StatusOr<int> OpenSameHost(const HostIdentity& peer);
   bool CheckEpochs(Transfer* t, bool before, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the epochs just read break the handle's promise, if they do. Reads
+  // only the transfer's own fields (callable by the thread copying it).
+  static std::optional<std::string> EpochMismatch(const Transfer* t, bool before);
 
   void OpDone(Transfer* t, void* request, ucs_status_t status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Abort(Transfer* t, TransferState state, std::string detail, absl::Time now)
@@ -1212,21 +1215,22 @@ void UcxKvTransport::CheckSameHostPeers(absl::Time now) {
   for (Peer* p : dead) PeerFailed(p, absl::StrCat("peer lost: process ", p->pid, " exited"), now);
 }
 
-bool UcxKvTransport::CheckEpochs(Transfer* t, bool before, absl::Time now) {
+std::optional<std::string> UcxKvTransport::EpochMismatch(const Transfer* t, bool before) {
   for (const auto& [block, promised] : t->block_epochs) {
     size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
                t->epoch_blocks.begin();
     if (t->epochs_read[i] != promised) {
-      Finalize(t, TransferState::kLeaseExpired,
-               absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i],
-                            ", the handle promised ", promised,
-                            before ? " (lease ended before the pull)"
-                                   : " (lease ended during the pull)"),
-               now);
-      return false;
+      return absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i], ", the handle promised ", promised,
+                          before ? " (lease ended before the pull)" : " (lease ended during the pull)");
     }
   }
-  return true;
+  return std::nullopt;
+}
+
+bool UcxKvTransport::CheckEpochs(Transfer* t, bool before, absl::Time now) {
+  std::optional<std::string> mismatch = EpochMismatch(t, before);
+  if (mismatch) Finalize(t, TransferState::kLeaseExpired, std::move(*mismatch), now);
+  return !mismatch;
 }
 
 void UcxKvTransport::SameHostStep(Transfer* t, absl::Time now, uint64_t budget) {
@@ -1279,18 +1283,8 @@ void UcxKvTransport::SameHostStep(Transfer* t, absl::Time now, uint64_t budget) 
   };
   std::optional<std::string> lease_ended;
   auto epochs_match = [&](bool before) {
-    for (const auto& [block, promised] : t->block_epochs) {
-      size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
-                 t->epoch_blocks.begin();
-      if (t->epochs_read[i] != promised) {
-        lease_ended = absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i],
-                                   ", the handle promised ", promised,
-                                   before ? " (lease ended before the pull)"
-                                          : " (lease ended during the pull)");
-        return false;
-      }
-    }
-    return true;
+    lease_ended = EpochMismatch(t, before);
+    return !lease_ended;
   };
   int64_t error = 0;  // -errno of a failed read
   bool finished = false;
