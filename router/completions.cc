@@ -542,8 +542,8 @@ std::string ChoiceBuilder::FullText() {
   return echo_text_ + shown_;
 }
 
-std::string ChoiceBuilder::LogprobsJson(size_t begin, size_t end) const {
-  if (logprobs_ < 0) return "null";
+nlohmann::ordered_json ChoiceBuilder::LogprobsJson(size_t begin, size_t end) const {
+  if (logprobs_ < 0) return nullptr;
   Json lp;
   if (kind_ == ApiKind::kChat) {
     auto bytes = [](const std::string& s) {
@@ -579,7 +579,7 @@ std::string ChoiceBuilder::LogprobsJson(size_t begin, size_t end) const {
       lp["text_offset"].push_back(lp_offsets_[i]);
     }
   }
-  return lp.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return lp;
 }
 
 namespace {
@@ -684,7 +684,7 @@ std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::str
     choice["text"] = text;
   }
   first_chunk_ = false;
-  choice["logprobs"] = lp_end > lp_begin ? Json::parse(LogprobsJson(lp_begin, lp_end)) : Json(nullptr);
+  choice["logprobs"] = lp_end > lp_begin ? LogprobsJson(lp_begin, lp_end) : Json(nullptr);
   choice["finish_reason"] = finish_reason ? Json(std::string(*finish_reason)) : Json(nullptr);
   if (kind_ == ApiKind::kCompletion) choice["token_ids"] = ids;
   Json out = Envelope(env, /*chunk=*/true);
@@ -724,7 +724,7 @@ std::string RenderResponse(const ResponseEnvelope& env, const std::vector<Choice
     } else {
       choice["text"] = text;
     }
-    choice["logprobs"] = Json::parse(c.LogprobsJson(0, c.lp_tokens_.size()));
+    choice["logprobs"] = c.LogprobsJson(0, c.lp_tokens_.size());
     choice["finish_reason"] = finish_reasons[i];
     if (env.kind == ApiKind::kCompletion) choice["token_ids"] = c.token_ids();
     list.push_back(std::move(choice));

@@ -24,6 +24,7 @@
 #define DUET_ROUTER_COMPLETIONS_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -129,7 +130,7 @@ class ChoiceBuilder {
   std::string Release(const std::string& piece);
   std::string ChunkJson(const ResponseEnvelope& env, const std::string& text, const std::vector<int32_t>& ids,
                         size_t lp_begin, size_t lp_end, std::optional<absl::string_view> finish_reason);
-  std::string LogprobsJson(size_t begin, size_t end) const;  // "null" when off
+  nlohmann::ordered_json LogprobsJson(size_t begin, size_t end) const;  // null when off
   std::string TokenText(int32_t id) const;
 
   const engine::Tokenizer* tokenizer_;
