@@ -34,6 +34,7 @@
 #include "base/logging.h"
 #include "base/metrics.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "kvtransfer/wire.h"
 
 namespace duet::kvtransfer {
@@ -70,6 +71,11 @@ constexpr absl::Duration kBusyTick = absl::Milliseconds(1);
 // between calls. How often the progress thread looks at exporters' pidfds
 // besides when one becomes readable.
 constexpr int kMaxIov = 1024;
+// A same-host copy of at least kParallelCopyBytes is split among the copy
+// threads in pieces of at least kCopyTaskBytes, a few per thread so that a
+// helper that wakes late still takes its share.
+constexpr uint64_t kParallelCopyBytes = 1ull << 20;
+constexpr uint64_t kCopyTaskBytes = 256ull << 10;
 constexpr absl::Duration kPidCheck = absl::Milliseconds(100);
 // How long Wait watches a same-host pull that another thread is copying
 // before it sleeps.
@@ -250,13 +256,14 @@ bool PidExited(int pidfd) {
   return n != 0;
 }
 
-// Reads the pieces local[i] <- remote[i] of process `pid`, at most kMaxIov a
-// call. Returns bytes read, or -errno; a short read is reported as -EFAULT.
+// Reads the pieces local[i] <- remote[i], i in [begin, end), of process
+// `pid`, at most kMaxIov a call. Returns bytes read, or -errno; a short read
+// is reported as -EFAULT.
 int64_t ReadPeer(pid_t pid, const std::vector<struct iovec>& local,
-                 const std::vector<struct iovec>& remote) {
+                 const std::vector<struct iovec>& remote, size_t begin, size_t end) {
   int64_t total = 0;
-  for (size_t i = 0; i < local.size(); i += kMaxIov) {
-    size_t n = std::min<size_t>(kMaxIov, local.size() - i);
+  for (size_t i = begin; i < end; i += kMaxIov) {
+    size_t n = std::min<size_t>(kMaxIov, end - i);
     size_t want = 0;
     for (size_t k = i; k < i + n; ++k) want += local[k].iov_len;
     ssize_t got = process_vm_readv(pid, &local[i], n, &remote[i], n, 0);
@@ -265,6 +272,11 @@ int64_t ReadPeer(pid_t pid, const std::vector<struct iovec>& local,
     total += got;
   }
   return total;
+}
+
+int64_t ReadPeer(pid_t pid, const std::vector<struct iovec>& local,
+                 const std::vector<struct iovec>& remote) {
+  return ReadPeer(pid, local, remote, 0, local.size());
 }
 
 const char* FailureReason(TransferState s) { return TransferStateName(s); }
@@ -473,6 +485,9 @@ class UcxKvTransport : public KvTransport {
   std::map<RegionId, std::unique_ptr<Region>> regions_ ABSL_GUARDED_BY(regions_mu_);
 
   std::thread progress_;
+  // Copies large same-host pulls together with the thread that runs the
+  // step (null: that thread copies alone).
+  std::unique_ptr<ThreadPool> copy_pool_;
 };
 
 absl::Status UcxKvTransport::Init() {
@@ -547,6 +562,9 @@ absl::Status UcxKvTransport::Init() {
                           TransferState::kTimedOut, TransferState::kCancelled}) {
     failures_[s] = m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
                                 {{"transport", "ucx"}, {"reason", FailureReason(s)}});
+  }
+  if (same_host_lane_ && options_.same_host_copy_threads > 1) {
+    copy_pool_ = std::make_unique<ThreadPool>(options_.same_host_copy_threads);
   }
   progress_ = std::thread([this] { ProgressLoop(); });
   return absl::OkStatus();
@@ -1299,29 +1317,77 @@ void UcxKvTransport::SameHostStep(Transfer* t, absl::Time now, uint64_t budget) 
     }
   }
   if (error == 0 && !lease_ended && t->phase == Phase::kData) {
+    std::vector<size_t> task_ends;  // local[] index where each copy task ends
     while (error == 0 && t->cursor < t->segments.size() && budget > 0 &&
            !t->stop.load(std::memory_order_relaxed)) {
       local.clear();
       remote.clear();
+      task_ends.clear();
+      const uint64_t limit = std::min(kChunkBytes, budget);
+      // Large batches are cut into tasks for the copy threads.
+      uint64_t task_bytes = limit;
+      if (copy_pool_ != nullptr) {
+        uint64_t batch_bytes = 0;
+        for (size_t c = t->cursor; c < t->segments.size() && batch_bytes < limit; ++c) {
+          batch_bytes += t->segments[c].length - (c == t->cursor ? t->cursor_offset : 0);
+        }
+        batch_bytes = std::min(batch_bytes, limit);
+        if (batch_bytes >= kParallelCopyBytes) {
+          const uint64_t per = 2 * static_cast<uint64_t>(copy_pool_->num_threads());
+          task_bytes = std::max(kCopyTaskBytes, (batch_bytes + per - 1) / per);
+        }
+      }
       uint64_t batch = 0;
-      while (t->cursor < t->segments.size() && local.size() < kMaxIov && batch < kChunkBytes &&
-             batch < budget) {
+      uint64_t task_fill = 0;
+      while (t->cursor < t->segments.size() && local.size() < kMaxIov && batch < limit) {
         const Segment& s = t->segments[t->cursor];
         uint64_t length =
-            std::min({s.length - t->cursor_offset, kChunkBytes - batch, budget - batch});
+            std::min({s.length - t->cursor_offset, limit - batch, task_bytes - task_fill});
         if (length > 0) {
           local.push_back({t->local_base + s.dst_offset + t->cursor_offset, length});
           remote.push_back(
               {reinterpret_cast<void*>(desc.base + s.src_offset + t->cursor_offset), length});
         }
         batch += length;
+        task_fill += length;
+        if (task_fill >= task_bytes) {
+          task_ends.push_back(local.size());
+          task_fill = 0;
+        }
         t->cursor_offset += length;
         if (t->cursor_offset >= s.length) {
           ++t->cursor;
           t->cursor_offset = 0;
         }
       }
-      int64_t n = ReadPeer(pid, local, remote);
+      if (task_fill > 0) task_ends.push_back(local.size());
+      int64_t n = 0;
+      if (task_ends.size() <= 1) {
+        n = ReadPeer(pid, local, remote);
+      } else {
+        // Each task reads its own pieces; the first failure wins, and tasks
+        // not yet started are skipped once one failed or the pull is stopped.
+        std::atomic<int64_t> read{0};
+        std::atomic<int64_t> failed{0};
+        copy_pool_->ParallelFor(
+            static_cast<int64_t>(task_ends.size()), [&](int64_t first, int64_t last) {
+              for (int64_t k = first; k < last; ++k) {
+                if (failed.load(std::memory_order_relaxed) != 0 ||
+                    t->stop.load(std::memory_order_relaxed)) {
+                  return;
+                }
+                size_t begin = k == 0 ? 0 : task_ends[k - 1];
+                int64_t got = ReadPeer(pid, local, remote, begin, task_ends[k]);
+                if (got < 0) {
+                  int64_t none = 0;
+                  failed.compare_exchange_strong(none, got);
+                  return;
+                }
+                read.fetch_add(got, std::memory_order_relaxed);
+              }
+            });
+        n = failed.load() != 0 ? failed.load() : read.load();
+      }
       if (n < 0) {
         error = n;
       } else {

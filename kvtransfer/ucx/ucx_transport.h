@@ -34,7 +34,8 @@
 // a larger one by the caller that Waits for it, or, once Poll has asked
 // about it (or at the progress thread's next tick), by the progress thread
 // in steps of 32 MiB. Pull wakes no thread for it: on a VM the wake-up
-// alone costs a concurrent copy tens of microseconds.
+// alone costs a concurrent copy tens of microseconds. A step of 1 MiB or
+// more is shared with same_host_copy_threads - 1 helper threads.
 //
 // Failures: endpoints use UCP_ERR_HANDLING_MODE_PEER and a short keepalive
 // (1 s unless UCX_KEEPALIVE_INTERVAL is set), so a dead exporter fails its
@@ -99,6 +100,13 @@ struct UcxTransportOptions {
   absl::Duration spin_window = absl::ZeroDuration();
   // Read exporters on this host with process_vm_readv (see above).
   bool same_host_lane = true;
+  // Threads that copy one same-host pull of 1 MiB or more together, the
+  // thread running the copy included (1: it copies alone). The kernel pins
+  // the exporter's pages per piece, so one thread reads scattered slices
+  // (layer-wise pulls) well below memory bandwidth; a second one recovers
+  // it. The helpers spin up to 100 us after each copy before they sleep:
+  // on a worker whose cores are all busy computing, set 1.
+  int same_host_copy_threads = 2;
 };
 
 // Creates the UCP context, worker and progress thread. Errors carry UCX's own

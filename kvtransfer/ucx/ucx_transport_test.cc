@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -238,14 +239,18 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
   const ShardLayout shard = PeerShard(0, 4);
   const uint64_t block_bytes = shard.BlockBytes();  // 16 KiB
   constexpr int32_t kPeerBlocks = 512;
-  constexpr int32_t kLocalBlocks = 128;
+  constexpr int32_t kLocalBlocks = 256;
   constexpr uint64_t kSeed = 42;
   auto peer = StartKvPeer(kPeerBlocks, block_bytes, kSeed);
   REQUIRE(peer.ok());
 
   UcxTransportOptions options;
-  // Sleeping on the event fd after every event, and polling a while first.
-  options.spin_window = absl::Microseconds(GENERATE(0, 50));
+  // Sleeping on the event fd after every event, and polling a while first;
+  // on the same-host lane, pulls of 1 MiB and more (64 whole blocks) copied
+  // by three threads, and by the waiter alone.
+  auto [spin_us, copy_threads] = GENERATE(std::pair<int, int>{0, 3}, std::pair<int, int>{50, 1});
+  options.spin_window = absl::Microseconds(spin_us);
+  options.same_host_copy_threads = copy_threads;
   auto made = NewUcxTransport(options);
   REQUIRE(made.ok());
   KvTransport& t = **made;
@@ -268,8 +273,9 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
   };
   uint64_t total_bytes = 0;
   int planned = 0;
+  int large = 0;  // pulls of 1 MiB or more
   for (int pull = 0; pull < 1000; ++pull) {
-    int count = static_cast<int>(uniform(1, 64));
+    int count = static_cast<int>(uniform(1, 160));
     std::vector<int32_t> src_blocks = distinct(count, kPeerBlocks);
     std::vector<int32_t> dst_blocks = distinct(count, kLocalBlocks);
     std::vector<Segment> segments;
@@ -327,6 +333,7 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
     for (const Segment& s : segments) want += s.length;
     REQUIRE(r.bytes == want);
     total_bytes += want;
+    if (want >= (1u << 20)) ++large;
     REQUIRE(CheckSegments(dst.data, segments, kSeed, block_bytes, 0) == "");
     for (const Segment& s : segments) std::memset(dst.data + s.dst_offset, kFill, s.length);
     if (pull % 100 == 99) {
@@ -337,6 +344,7 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
     }
   }
   REQUIRE(planned > 100);
+  REQUIRE(large > 100);
   REQUIRE(total_bytes > 0);
   REQUIRE(peer->process->Call("quit").value() == "bye");
   peer->process->Reap();

@@ -20,7 +20,10 @@
 // ucx_transport.h) unless --tls / UCX_TLS leaves out intra-node transports
 // (--tls tcp). Its references are then UCX's transport of the same mechanism,
 // ucx_perftest -t get -D zcopy -x cma -d memory -O 1, as a server/client pair
-// and as one process (-l); the shm column stays for information.
+// and as one process (-l); the shm column stays for information. duet's
+// importer copies pulls of 1 MiB or more with its same_host_copy_threads
+// (default 2; --copy-threads 1 times the waiting thread alone, like the
+// single-threaded references).
 // On UCX's lanes (--tls tcp), all ucx_perftest -t ucp_get -s <bytes of the pull> -O 1:
 //   pair  server and client processes on loopback, -e and duet's UCX_TLS:
 //         duet's endpoints use UCP_ERR_HANDLING_MODE_PEER, so both get the
@@ -429,6 +432,7 @@ kvtransfer::UcxTransportOptions TransportOptions(const FlagSet& f) {
   if (!f.GetString("tls").empty()) o.ucx_config.push_back({"TLS", f.GetString("tls")});
   o.busy_poll = f.GetBool("busy-poll");
   if (f.GetInt("spin-us") >= 0) o.spin_window = absl::Microseconds(f.GetInt("spin-us"));
+  if (f.GetInt("copy-threads") > 0) o.same_host_copy_threads = static_cast<int>(f.GetInt("copy-threads"));
   return o;
 }
 
@@ -812,11 +816,13 @@ absl::Status Run(const FlagSet& f) {
                 "(UCT's cma transport: process_vm_readv, the same mechanism); shm: ucx_perftest -t ucp_get "
                 "without -e %s\n",
                 tls_note.c_str(), duet_lanes.c_str(), shm_lanes.c_str());
-    std::printf("duet: median of >= %lld pulls (Pull then Wait), each with its blocks' epoch checks. References, "
+    std::printf("duet: median of >= %lld pulls (Pull then Wait), each with its blocks' epoch checks, pulls of "
+                ">= 1 MiB copied by %d threads (same_host_copy_threads; --copy-threads 1: the waiter alone). "
+                "References, "
                 "overall bandwidth, one get outstanding (-O 1): 'pair' = server + client processes; '-l' = one "
                 "process reading itself; 'shm' = UCP get on the default transports (a shared segment UCX "
                 "allocated and maps itself, which a registered KV pool is not), for information\n\n",
-                static_cast<long long>(f.GetInt("reps")));
+                static_cast<long long>(f.GetInt("reps")), TransportOptions(f).same_host_copy_threads);
   } else {
     std::printf("UCX_TLS %s. Lanes: duet (UCP_ERR_HANDLING_MODE_PEER) %s; ucx_perftest -e %s; -l -e %s; "
                 "shm (no -e) %s\n",
@@ -858,7 +864,7 @@ absl::Status Run(const FlagSet& f) {
     const bool headline = lat[i].bytes() == block_bytes && !lat[i].block_epochs.empty();
     std::printf("%-38s %8.1f %9s %8s %8s %11s %8s %8s\n", lat[i].name.c_str(), d.median_s * 1e6,
                 alt[i].reps > 0 ? Fixed(alt[i].median_s * 1e6, 1).c_str() : "-", col(r.pair).c_str(),
-                col(r.loopback).c_str(), best > 0 ? absl::StrCat("+", Fixed(d.median_s * 1e6 - best, 1)).c_str() : "-",
+                col(r.loopback).c_str(), best > 0 ? absl::StrCat(d.median_s * 1e6 >= best ? "+" : "", Fixed(d.median_s * 1e6 - best, 1)).c_str() : "-",
                 headline ? "< 20" : "-", r.shm.ok ? Fixed(r.shm.latency_us, 2).c_str() : "n/a");
   }
   for (const auto& [size, r] : ref) {
@@ -882,6 +888,9 @@ int main(int argc, char** argv) {
   f.Double("min-seconds", 0.25, "and keep pulling a row for at least this long");
   f.Int("large-mib", 1024, "the largest single-segment pull, MiB (also one of half that size)");
   f.Bool("busy-poll", "importer's progress thread spins while pulls are in flight");
+  f.Int("copy-threads", 0,
+        "UcxTransportOptions::same_host_copy_threads of the importer (0: the default, "
+        "2)");
   f.Int("spin-us", -1, "UcxTransportOptions::spin_window of both processes, us (-1: the default)");
   f.Int("alt-spin-us", 50, "also time the latency rows with this spin_window, us (0: don't)");
   f.String("only", "", "diagnosis: time only the rows whose name contains this, no ucx_perftest");
