@@ -1,8 +1,10 @@
 // duet: prefill/decode disaggregated LLM serving. One binary, subcommands.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "tools/commands.h"
 
 namespace {
@@ -24,6 +26,7 @@ constexpr char kUsage[] =
     "  profile      time the engine on this machine and fit the latency model duet sim reads\n"
     "\n"
     "`duet COMMAND --help` describes each command's flags.\n"
+    "DUET_DEBUG_LOCKS=1 turns on absl::Mutex lock-order checking (the tests do).\n"
     "Without --model, commands use the embedded tiny model, made on first use\n"
     "in $XDG_CACHE_HOME/duet (else ~/.cache/duet).\n";
 
@@ -34,6 +37,13 @@ int main(int argc, char** argv) {
       !std::strcmp(argv[1], "help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  // Debian's abseil is built with lock-order (deadlock) checking on: every
+  // Mutex acquisition updates a global lock graph, a few percent of the
+  // router's time per streamed token. The tests keep it (DUET_DEBUG_LOCKS=1).
+  const char* debug_locks = std::getenv("DUET_DEBUG_LOCKS");
+  if (debug_locks == nullptr || std::strcmp(debug_locks, "1") != 0) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
   const std::string cmd = argv[1];
   if (cmd == "generate") return duet::tools::RunGenerate(argc - 1, argv + 1);

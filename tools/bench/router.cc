@@ -19,7 +19,10 @@
 //   per token:   client's receipt - worker's send, tokens 2.. of a stream.
 // Both include two loopback TCP hops and the client's own parsing: an upper
 // bound on the router's share. Targets at 512 streams: p99 < 1 ms per
-// request, < 100 us per streamed token. Then the most concurrent streams the
+// request, < 100 us per streamed token. Beside them, the machine's floor
+// (MeasureWriteFloor): a bare thread on the router's core writing a token's
+// chunk to 512 loopback connections in turn, which bounds any one-core
+// router's per-token p99 when a decode step's 512 tokens arrive together. Then the most concurrent streams the
 // one-core router holds: every stream completes and p99 per token (end to
 // end) stays under the token interval, doubling from 1024.
 #include <arpa/inet.h>
@@ -36,7 +39,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -279,6 +285,8 @@ struct Stream {
   std::string error;
   int64_t sent_ns = 0;
   std::vector<int64_t> events_ns;  // arrival of each token event
+  uint64_t token_wire_bytes = 0;   // HTTP chunks that carried one token event
+  int token_chunks = 0;
 };
 
 // Parses what has arrived: the head, then chunked SSE data events.
@@ -314,7 +322,11 @@ void Parse(Stream& s, int64_t now) {
         s.error = std::string(ev.substr(0, 200));
         continue;
       }
-      if (ev.find("\"finish_reason\":null") != absl::string_view::npos) s.events_ns.push_back(now);
+      if (ev.find("\"finish_reason\":null") != absl::string_view::npos) {
+        s.events_ns.push_back(now);
+        s.token_wire_bytes += crlf + 2 + len + 2;
+        ++s.token_chunks;
+      }
     }
   }
 }
@@ -437,6 +449,7 @@ struct Figures {
   int streams = 0;
   double own_req_p50 = 0, own_req_p99 = 0, own_tok_p50 = 0, own_tok_p99 = 0;  // the router's timestamps
   double cost_per_token_us = 0;  // the router's time on token frames / their tokens
+  double wire_bytes_per_token = 0;  // a token event's HTTP chunk, as the client got it
   int failed = 0;
   std::string first_error;
   std::vector<double> request_us, token_us;
@@ -446,6 +459,133 @@ double Pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+
+// ---------------------------------------------------------------------------
+// The machine's floor for a step's tokens: a thread pinned to the router's
+// core writes one SSE chunk of a token's size to each of `streams` loopback
+// TCP connections, one after another (as any one-core router must), while an
+// epoll reader on the client's core stamps their arrival. What no router on
+// this core can beat: per token, write-return minus step start (the floor of
+// "router's own") and arrival minus step start (of "end to end").
+struct Floor {
+  double own_p50 = 0, own_p99 = 0, e2e_p50 = 0, e2e_p99 = 0, us_per_write = 0;
+};
+
+absl::StatusOr<Floor> MeasureWriteFloor(int streams, int steps, size_t chunk_bytes, int64_t interval_ms) {
+  const int last_core = std::max(0, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 4096) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::InternalError(absl::StrCat("floor: listen: ", std::strerror(errno)));
+  }
+  std::vector<int> readers(streams, -1), writers(streams, -1);
+  absl::Status status;
+  for (int i = 0; i < streams && status.ok(); ++i) {
+    readers[i] = socket(AF_INET, SOCK_STREAM, 0);
+    if (readers[i] < 0 || connect(readers[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        (writers[i] = accept(listener, nullptr, nullptr)) < 0) {
+      status = absl::InternalError(absl::StrCat("floor: connection ", i, ": ", std::strerror(errno)));
+      break;
+    }
+    int one = 1;
+    setsockopt(writers[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    fcntl(readers[i], F_SETFL, O_NONBLOCK);
+  }
+  close(listener);
+  auto close_all = [&] {
+    for (int fd : readers) if (fd >= 0) close(fd);
+    for (int fd : writers) if (fd >= 0) close(fd);
+  };
+  if (!status.ok()) {
+    close_all();
+    return status;
+  }
+  // arrival[step * streams + i], written by the reader thread.
+  std::vector<int64_t> arrival(static_cast<size_t>(steps) * streams, 0), written(arrival.size(), 0);
+  std::vector<int64_t> step_start(steps, 0);
+  std::atomic<int> received{0};
+  std::thread reader([&] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(std::min(1, last_core), &set);
+    sched_setaffinity(0, sizeof(set), &set);
+    int ep = epoll_create1(0);
+    for (int i = 0; i < streams; ++i) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u32 = static_cast<uint32_t>(i);
+      epoll_ctl(ep, EPOLL_CTL_ADD, readers[i], &ev);
+    }
+    std::vector<size_t> got(streams, 0);
+    std::vector<epoll_event> events(256);
+    char buf[65536];
+    while (received.load() < steps * streams) {
+      int n = epoll_wait(ep, events.data(), static_cast<int>(events.size()), 1000);
+      const int64_t now = NowNs();
+      for (int k = 0; k < n; ++k) {
+        const int i = static_cast<int>(events[k].data.u32);
+        for (;;) {
+          ssize_t r = read(readers[i], buf, sizeof(buf));
+          if (r <= 0) break;
+          const size_t before = got[i] / chunk_bytes;
+          got[i] += static_cast<size_t>(r);
+          for (size_t c = before; c < got[i] / chunk_bytes && c < static_cast<size_t>(steps); ++c) {
+            arrival[c * streams + i] = now;
+            received.fetch_add(1);
+          }
+        }
+      }
+      if (n == 0) break;  // a second without data: something is wrong; report what arrived
+    }
+    close(ep);
+  });
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    cpu_set_t old;
+    sched_getaffinity(0, sizeof(old), &old);
+    sched_setaffinity(0, sizeof(set), &set);
+    const std::string chunk(chunk_bytes, 'x');
+    for (int step = 0; step < steps; ++step) {
+      absl::SleepFor(absl::Milliseconds(interval_ms));
+      step_start[step] = NowNs();
+      for (int i = 0; i < streams; ++i) {
+        if (write(writers[i], chunk.data(), chunk.size()) != static_cast<ssize_t>(chunk.size())) {
+          status = absl::InternalError(absl::StrCat("floor: write: ", std::strerror(errno)));
+        }
+        written[static_cast<size_t>(step) * streams + i] = NowNs();
+      }
+    }
+    sched_setaffinity(0, sizeof(old), &old);
+  }
+  reader.join();
+  close_all();
+  RETURN_IF_ERROR(status);
+  std::vector<double> own, e2e;
+  double write_ns = 0;
+  for (int step = 0; step < steps; ++step) {
+    write_ns += written[static_cast<size_t>(step) * streams + streams - 1] - step_start[step];
+    for (int i = 0; i < streams; ++i) {
+      const size_t k = static_cast<size_t>(step) * streams + i;
+      own.push_back((written[k] - step_start[step]) / 1e3);
+      if (arrival[k] > 0) e2e.push_back((arrival[k] - step_start[step]) / 1e3);
+    }
+  }
+  if (e2e.size() != own.size()) return absl::InternalError("floor: not every chunk arrived");
+  Floor fl;
+  fl.own_p50 = Pct(own, 0.5);
+  fl.own_p99 = Pct(own, 0.99);
+  fl.e2e_p50 = Pct(e2e, 0.5);
+  fl.e2e_p99 = Pct(e2e, 0.99);
+  fl.us_per_write = write_ns / 1e3 / steps / streams;
+  return fl;
 }
 
 class Bench {
@@ -562,6 +702,12 @@ class Bench {
           sent[{key, idx}] = t;
         }
       }
+      uint64_t wire = 0, chunks = 0;
+      for (const Stream& s : ss) {
+        wire += s.token_wire_bytes;
+        chunks += s.token_chunks;
+      }
+      if (chunks > 0) fig.wire_bytes_per_token = static_cast<double>(wire) / chunks;
       for (const Stream& s : ss) {
         if (s.failed || static_cast<int>(s.events_ns.size()) != tokens) {
           if (fig.failed++ == 0) {
@@ -652,6 +798,27 @@ absl::Status Run(const FlagSet& f) {
     if (fig.failed > 0) std::printf("  first error: %s\n", fig.first_error.c_str());
     if (fig.failed == 0 && Pct(fig.token_us, 0.99) < f.GetInt("interval-ms") * 1000.0) held = streams;
     std::fflush(stdout);
+    if (streams == 512) {
+      std::fprintf(stderr, "[router bench] the machine's floor: 512 loopback writes a step\n");
+      const size_t chunk = static_cast<size_t>(std::lround(fig.wire_bytes_per_token > 0 ? fig.wire_bytes_per_token : 200));
+      auto fl = MeasureWriteFloor(512, 20, chunk, f.GetInt("interval-ms"));
+      if (fl.ok()) {
+        std::printf("%8s %9s | %8s %8s %16s | %8.1f %8.1f %16s | %9.2f | %8s %8s | %8.0f %8.0f |\n", "floor", "-",
+                    "-", "-", "-", fl->own_p50, fl->own_p99, "-", fl->us_per_write, "-", "-", fl->e2e_p50,
+                    fl->e2e_p99);
+        std::printf("  floor: one thread on the router's core writes a %zu B chunk (duet's token event as sent) to "
+                    "each of 512 loopback TCP connections in turn, an epoll reader on the client's core: per token, "
+                    "write returned (own; work/tok: time per write) and arrived (end to end) after the step began. "
+                    "Any one-core router's p99 per token at 512 lock-step streams is at least %.0f us from these "
+                    "writes alone (duet's own column stops where its writes begin). End to end p99: duet %.0f us, "
+                    "x%.2f the bare writes' %.0f us (duet's also crosses the worker-router hop and the client's "
+                    "HTTP parsing)\n",
+                    chunk, fl->own_p99, Pct(fig.token_us, 0.99), Pct(fig.token_us, 0.99) / fl->e2e_p99, fl->e2e_p99);
+      } else {
+        std::printf("  floor: %s\n", std::string(fl.status().message()).c_str());
+      }
+      std::fflush(stdout);
+    }
   }
   for (int streams = 1024; streams <= f.GetInt("max-streams"); streams *= 2) {
     std::fprintf(stderr, "[router bench] capacity: %d concurrent streams\n", streams);
