@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,14 +34,22 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Least squares for y = X b with three columns (normal equations).
-std::vector<double> Fit3(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y) {
+// Least squares for y = X b with three columns (normal equations), on the
+// columns `use` says (the others' coefficients are 0), rows weighted by `w`.
+std::vector<double> Fit3(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y,
+                         const std::vector<double>& w, std::array<bool, 3> use = {true, true, true}) {
   double a[3][4] = {};
   for (size_t i = 0; i < x.size(); ++i) {
     for (int r = 0; r < 3; ++r) {
-      for (int c = 0; c < 3; ++c) a[r][c] += x[i][r] * x[i][c];
-      a[r][3] += x[i][r] * y[i];
+      for (int c = 0; c < 3; ++c) a[r][c] += w[i] * x[i][r] * x[i][c];
+      a[r][3] += w[i] * x[i][r] * y[i];
     }
+  }
+  for (int r = 0; r < 3; ++r) {
+    if (use[r]) continue;
+    for (int c = 0; c < 4; ++c) a[r][c] = 0;
+    for (int c = 0; c < 3; ++c) a[c][r] = 0;
+    a[r][r] = 1;
   }
   for (int p = 0; p < 3; ++p) {  // Gauss-Jordan with partial pivoting
     int best = p;
@@ -158,30 +168,69 @@ absl::Status Run(const FlagSet& f) {
                         absl::StrCat(n, "x", ctx)});
     }
   }
-  auto fit = [](const std::vector<Point>& pts) {
+  // Fits minimise the relative error (rows weighted by 1/ms^2): a step of
+  // 40 ms matters as much to TPOT as one of 400 to a long prompt's TTFT.
+  auto fit = [](const std::vector<Point>& pts, std::array<bool, 3> use) {
     std::vector<std::array<double, 3>> x;
-    std::vector<double> y;
+    std::vector<double> y, w;
     for (const Point& p : pts) {
       x.push_back(p.x);
       y.push_back(p.ms);
+      w.push_back(1 / (p.ms * p.ms));
     }
-    return Fit3(x, y);
+    return Fit3(x, y, w, use);
+  };
+  auto predict = [](const Point& p, const std::vector<double>& c) {
+    return c[0] + c[1] * p.x[1] + c[2] * p.x[2];
+  };
+  auto squared_error = [&](const std::vector<Point>& pts, const std::vector<double>& c) {
+    double e = 0;
+    for (const Point& p : pts) e += std::pow((predict(p, c) - p.ms) / p.ms, 2);
+    return e;
   };
   if (prefill.size() < 3 || decode.size() < 3) {
     return absl::InvalidArgumentError(absl::StrCat("too few shapes to fit three coefficients (", prefill.size(),
                                                    " prefill, ", decode.size(),
                                                    " decode): raise --max-context or --max-batch"));
   }
-  const std::vector<double> pc = fit(prefill), dc = fit(decode);
-  if (pc == std::vector<double>{0, 0, 0} || dc == std::vector<double>{0, 0, 0}) {
+  const std::vector<double> zero = {0, 0, 0};
+  const std::vector<double> pc = fit(prefill, {true, true, true});
+  // Decode in two regimes, as DistServe's format allows: batches below the
+  // threshold use decoding_smallbs, the rest decoding_largebs. On the CPU
+  // backend one sequence is a matrix-vector product and several a packed
+  // GEMM, so the cost per sequence changes with the batch. The threshold with
+  // the smallest error wins (none: one set for all). A side with one batch
+  // size fits no per-sequence term (it would be the intercept's twin).
+  int64_t threshold = int64_t{1} << 30;
+  std::vector<double> dc_small = fit(decode, {true, true, true}), dc_large = dc_small;
+  double best = dc_small == zero ? std::numeric_limits<double>::infinity() : squared_error(decode, dc_small);
+  for (int64_t t = 2; t <= max_batch; t *= 2) {
+    std::vector<Point> small, large;
+    std::set<double> small_batches, large_batches;
+    for (const Point& p : decode) {
+      (p.x[2] < static_cast<double>(t) ? small : large).push_back(p);
+      (p.x[2] < static_cast<double>(t) ? small_batches : large_batches).insert(p.x[2]);
+    }
+    if (small.size() < 3 || large.size() < 3) continue;
+    const std::vector<double> s = fit(small, {true, true, small_batches.size() > 1});
+    const std::vector<double> l = fit(large, {true, true, large_batches.size() > 1});
+    if (s == zero || l == zero) continue;
+    const double e = squared_error(small, s) + squared_error(large, l);
+    if (e < best) {
+      best = e;
+      threshold = t;
+      dc_small = s;
+      dc_large = l;
+    }
+  }
+  if (pc == zero || !std::isfinite(best)) {
     return absl::InternalError("the shapes do not determine the coefficients (singular fit)");
   }
-  auto report = [](const char* what, const std::vector<Point>& pts, const std::vector<double>& c) {
+  auto report = [&](const char* what, const std::vector<Point>& pts, const std::vector<double>& c) {
     double worst = 0;
     std::vector<double> errs;
     for (const Point& p : pts) {
-      const double pred = c[0] + c[1] * p.x[1] + c[2] * p.x[2];
-      const double e = std::fabs(pred - p.ms) / p.ms;
+      const double e = std::fabs(predict(p, c) - p.ms) / p.ms;
       errs.push_back(e);
       worst = std::max(worst, e);
     }
@@ -193,12 +242,21 @@ absl::Status Run(const FlagSet& f) {
   std::printf("duet profile: %s on this machine's CPU backend, %lld thread(s), ms per batch\n", name.c_str(),
               static_cast<long long>(f.GetInt("threads")));
   report("prefill ms = a + b sum(l) + c sum(l^2)", prefill, pc);
-  report("decode  ms = a + b sum(context) + c batch", decode, dc);
+  if (threshold >= (int64_t{1} << 30)) {
+    report("decode  ms = a + b sum(context) + c batch", decode, dc_small);
+  } else {
+    std::vector<Point> small, large;
+    for (const Point& p : decode) (p.x[2] < static_cast<double>(threshold) ? small : large).push_back(p);
+    const std::string s = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch < ", threshold);
+    const std::string l = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch >= ", threshold);
+    report(s.c_str(), small, dc_small);
+    report(l.c_str(), large, dc_large);
+  }
   nlohmann::ordered_json entry;
-  entry["decoding_large_small_bs_threshold"] = 1 << 30;  // one set for every batch size
+  entry["decoding_large_small_bs_threshold"] = threshold;  // batches below it: decoding_smallbs
   entry["prefill"] = pc;
-  entry["decoding_smallbs"] = dc;
-  entry["decoding_largebs"] = dc;
+  entry["decoding_smallbs"] = dc_small;
+  entry["decoding_largebs"] = dc_large;
   nlohmann::ordered_json out;
   out[name]["1"] = entry;
   const std::string path = f.GetString("out").empty() ? absl::StrCat(name, "-profile.json") : f.GetString("out");

@@ -563,9 +563,9 @@ absl::Status UcxKvTransport::Init() {
     failures_[s] = m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
                                 {{"transport", "ucx"}, {"reason", FailureReason(s)}});
   }
-  if (same_host_lane_ && options_.same_host_copy_threads > 1) {
-    copy_pool_ = std::make_unique<ThreadPool>(options_.same_host_copy_threads);
-  }
+  // Helpers only on cores of their own: a worker pinned to one core copies alone.
+  const int copy_threads = std::min(options_.same_host_copy_threads, AvailableCores());
+  if (same_host_lane_ && copy_threads > 1) copy_pool_ = std::make_unique<ThreadPool>(copy_threads);
   progress_ = std::thread([this] { ProgressLoop(); });
   return absl::OkStatus();
 }

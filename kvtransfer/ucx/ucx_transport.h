@@ -104,8 +104,9 @@ struct UcxTransportOptions {
   // thread running the copy included (1: it copies alone). The kernel pins
   // the exporter's pages per piece, so one thread reads scattered slices
   // (layer-wise pulls) well below memory bandwidth; a second one recovers
-  // it. The helpers spin up to 100 us after each copy before they sleep:
-  // on a worker whose cores are all busy computing, set 1.
+  // it. At most as many threads as the process may run on cores
+  // (sched_getaffinity). The helpers spin up to 100 us after each copy
+  // before they sleep: on a worker whose cores are all busy computing, set 1.
   int same_host_copy_threads = 2;
 };
 

@@ -507,12 +507,19 @@ void EngineLoad(const std::string& model_dir, int cpu, bool prefill, const std::
   }
 }
 
-// One coefficient of a DistServe-format profile file.
-absl::StatusOr<std::vector<double>> ProfileCoeffs(const std::string& path, const char* key) {
+// One coefficient set of a DistServe-format profile file: "prefill", or
+// "decode" for a batch of `batch` (decoding_smallbs below the file's
+// threshold, else decoding_largebs).
+absl::StatusOr<std::vector<double>> ProfileCoeffs(const std::string& path, const char* key, int64_t batch = 1) {
   std::ifstream in(path);
   Json j = Json::parse(in, nullptr, false);
   if (j.is_discarded() || j.empty()) return absl::InternalError(absl::StrCat(path, " is not a profile"));
-  return j.begin().value()["1"][key].get<std::vector<double>>();
+  const Json& e = j.begin().value()["1"];
+  if (std::string(key) == "decode") {
+    key = batch < e.value("decoding_large_small_bs_threshold", int64_t{1} << 30) ? "decoding_smallbs"
+                                                                                 : "decoding_largebs";
+  }
+  return e[key].get<std::vector<double>>();
 }
 
 double Fraction(const std::vector<double>& v, double limit) {
@@ -552,8 +559,8 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
     stop.store(true);
     load2.join();
     RETURN_IF_ERROR(pp.status());
-    ASSIGN_OR_RETURN(auto d0, ProfileCoeffs(p1, "decoding_smallbs"));
-    ASSIGN_OR_RETURN(auto d1, ProfileCoeffs(*pd, "decoding_smallbs"));
+    ASSIGN_OR_RETURN(auto d0, ProfileCoeffs(p1, "decode", 4));
+    ASSIGN_OR_RETURN(auto d1, ProfileCoeffs(*pd, "decode", 4));
     ASSIGN_OR_RETURN(auto q0, ProfileCoeffs(p1, "prefill"));
     ASSIGN_OR_RETURN(auto q1, ProfileCoeffs(*pp, "prefill"));
     // At the slice's typical shapes: a decode step of 4 at context 300, a
@@ -607,6 +614,7 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
       if (!o.ok()) return absl::InternalError(absl::StrCat(ss.setup.name, ": warm-up failed: ", o.error));
     }
     std::vector<std::vector<double>> real_ttft(rates.size()), real_tpot(rates.size());
+    std::vector<RunResult> runs;
     std::vector<std::vector<BenchRequest>> workloads;
     for (size_t k = 0; k < rates.size(); ++k) {
       workloads.push_back(MakeWorkload(rows, rates[k], scale, context, vocab, static_cast<uint32_t>(f.GetInt("seed"))));
@@ -618,6 +626,7 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
         real_ttft[k].push_back(o.ttft());
         if (o.tokens > 1) real_tpot[k].push_back(o.tpot());
       }
+      runs.push_back(std::move(r));
     }
     const size_t mid = rates.size() / 2;
     const double ttft_slo = Percentile(real_ttft[mid], 0.5), tpot_slo = Percentile(real_tpot[mid], 0.5);
@@ -634,6 +643,21 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
         if (o.output > 1) sim_tpot.push_back(o.tpot());
       }
       const double rp = Fraction(real_tpot[k], tpot_slo), sp = Fraction(sim_tpot, tpot_slo);
+      if (!f.GetString("sim-dump").empty()) {
+        // One row per request, real beside simulated, for diagnosis.
+        fs::create_directories(f.GetString("sim-dump"));
+        std::ofstream out(absl::StrCat(f.GetString("sim-dump"), "/", ss.setup.name, "-", rates[k], ".csv"));
+        out << "request,arrival_s,prompt,max_tokens,real_tokens,real_send_s,real_ttft_s,real_tpot_s,sim_ttft_s,"
+               "sim_tpot_s,sim_queue_s\n";
+        for (size_t i = 0; i < workloads[k].size() && i < runs[k].outcomes.size() && i < sr.requests.size(); ++i) {
+          const BenchRequest& b = workloads[k][i];
+          const Outcome& o = runs[k].outcomes[i];
+          const placement::RequestOutcome& so = sr.requests[i];
+          out << i << "," << b.arrival_s << "," << b.prompt.size() << "," << b.max_tokens << "," << o.tokens << ","
+              << o.send_s << "," << o.ttft() << "," << o.tpot() << "," << so.ttft() << "," << so.tpot() << ","
+              << so.queue_wait() << "\n";
+        }
+      }
       worst = std::max({worst, std::fabs(rt - st), std::fabs(rp - sp)});
       std::printf("%-14s %7.2f %8.0fms %8.1fms | %8.2f %8.2f %+7.1f | %8.2f %8.2f %+7.1f\n", ss.setup.name.c_str(),
                   rates[k], ttft_slo * 1e3, tpot_slo * 1e3, rt, st, (st - rt) * 100, rp, sp, (sp - rp) * 100);
@@ -819,6 +843,8 @@ int main(int argc, char** argv) {
   f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers (3 missed: the worker is dropped)");
   f.Double("timeout-s", 300, "a request not done after this long counts as an error");
   f.Int("seed", 1, "seed of the prompts' token ids");
+  f.String("sim-dump", "", "diagnosis: with --sim-rates, write each request's real and simulated TTFT and TPOT "
+                           "to DIR/<cluster>-<rate>.csv");
   f.String("sim-rates", "", "three rates (low, near the knee, past it): run both clusters at each beside duet sim "
                             "of them with duet profile's latencies, and compare SLO attainment");
   if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
