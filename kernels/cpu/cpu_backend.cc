@@ -23,9 +23,10 @@ class CpuBackend final : public KernelBackend {
   std::string Name() const override { return "cpu"; }
 
   // Up to this many rows Gemm dots weight rows itself instead of calling
-  // OpenBLAS's GEMM (measured on the bench model by duet profile: a decode
-  // step of 2 sequences cost 2.4x one before).
-  static constexpr int64_t kFewRows = 16;
+  // OpenBLAS's GEMM. Measured on the bench model by duet profile, one
+  // thread: a decode step of 2 sequences took 2.4x one with GEMM and 1.4x
+  // with the dots; the two cost the same near 10 rows.
+  static constexpr int64_t kFewRows = 8;
 
   void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
             int64_t k, bool accumulate) override {
