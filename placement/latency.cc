@@ -107,6 +107,18 @@ class DistServeLatency : public LatencyModel {
 
   bool Supports(const Parallel& p) const override { return fit_.by_tp.count(p.tp) > 0; }
 
+  double IdlePenalty(double idle_s) const override {
+    const auto& pts = fit_.idle_penalty_ms;
+    if (pts.empty() || idle_s <= 0) return 0;
+    double prev_s = 0, prev_ms = 0;
+    for (const auto& [s, ms] : pts) {
+      if (idle_s <= s) return (prev_ms + (ms - prev_ms) * (idle_s - prev_s) / (s - prev_s)) / 1e3;
+      prev_s = s;
+      prev_ms = ms;
+    }
+    return prev_ms / 1e3;
+  }
+
   double Prefill(const Parallel& p, absl::Span<const int64_t> lens) override {
     const auto& c = At(p).prefill;
     double s1 = 0, s2 = 0;
@@ -211,6 +223,22 @@ absl::StatusOr<DistServeFit> LoadDistServeFit(const std::string& path, const Mod
     fit.by_tp[tp] = c;
   }
   if (fit.by_tp.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", model.name, " has no TP entries"));
+  if (entry->contains("idle_penalty_ms")) {
+    const nlohmann::json& ip = (*entry)["idle_penalty_ms"];
+    double last = 0;
+    for (const nlohmann::json& pt : ip.is_array() ? ip : nlohmann::json::array()) {
+      if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number() ||
+          pt[0].get<double>() <= last || pt[1].get<double>() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": ", model.name, " \"idle_penalty_ms\" must be [[idle seconds, extra ms], ...] with rising seconds"));
+      }
+      last = pt[0].get<double>();
+      fit.idle_penalty_ms.push_back({pt[0].get<double>(), pt[1].get<double>()});
+    }
+    if (!ip.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", model.name, " \"idle_penalty_ms\" is not an array"));
+    }
+  }
   return fit;
 }
 

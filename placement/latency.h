@@ -30,6 +30,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -53,6 +55,10 @@ class LatencyModel {
   virtual double Decode(const Parallel& p, absl::Span<const int64_t> context_lens) = 0;
   // Whether this model knows (tp, pp) (DistServe fits cover some TP only).
   virtual bool Supports(const Parallel& p) const { return true; }
+  // Extra seconds the first batch or step pays after the instance has been
+  // idle this long (a machine whose memory goes cold when untouched; 0 on
+  // GPUs and in every model but a measured profile that says otherwise).
+  virtual double IdlePenalty(double idle_s) const { return 0; }
   virtual std::string Describe() const = 0;
 };
 
@@ -78,6 +84,9 @@ struct DistServeFit {
   };
   std::map<int, Coefficients> by_tp;
   double pp_stage_overhead_s = 0.5e-3;
+  // duet profile's extension (DistServe's files have none): (idle seconds,
+  // extra ms) points, increasing; linear between them, flat past the last.
+  std::vector<std::pair<double, double>> idle_penalty_ms;
 };
 std::unique_ptr<LatencyModel> NewDistServeLatency(DistServeFit fit, std::string name);
 // Reads a DistServe profile file and picks the entry for `model` (matched by

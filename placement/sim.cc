@@ -46,6 +46,7 @@ struct Inst {
   double kv_cap = std::numeric_limits<double>::infinity();
   bool busy = false;
   std::vector<int64_t> step_decode, step_prefill;  // what the current step runs
+  double last_end = 0;  // when its last batch or step ended (idle penalty)
 };
 
 class Sim {
@@ -127,6 +128,9 @@ class Sim {
   LatencyModel& Lat(const Inst& s) { return s.spec.latency != nullptr ? *s.spec.latency : lat_; }
 
   double Need(int64_t r) const { return static_cast<double>(reqs_[r].prompt + reqs_[r].output); }
+
+  // What the first batch or step after an idle spell pays on top.
+  double Idle(Inst& s) { return Lat(s).IdlePenalty(now_ - s.last_end); }
 
   int32_t PickEntry() {
     if (c_.policy == "round_robin") return entries_[rr_entry_++ % entries_.size()];
@@ -212,7 +216,8 @@ class Sim {
         tokens += reqs_[r].prompt;
         out_.requests[r].prefill_start = now_;
       }
-      const double t = Contended(s, Lat(s).Prefill(s.spec.par, lens_), /*prefill=*/true);
+      const double t = Contended(s, Lat(s).Prefill(s.spec.par, lens_), /*prefill=*/true) +
+                       (s.in_flight == 0 ? Idle(s) : 0.0);
       s.in_flight++;
       s.next_start = now_ + t / pp;
       Push(now_ + t, kPrefillDone, i, slot);
@@ -222,6 +227,7 @@ class Sim {
   void OnPrefillDone(int32_t i, int slot) {
     Inst& s = insts_[i];
     s.in_flight--;
+    s.last_end = now_;
     for (int64_t r : s.batches[slot]) {
       out_.requests[r].first_token = now_;
       reqs_[r].generated = 1;
@@ -254,8 +260,9 @@ class Sim {
     ctx_.clear();
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
+    const double idle = Idle(s);
     s.busy = true;
-    Push(now_ + Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false), done, i, 0);
+    Push(now_ + Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false) + idle, done, i, 0);
   }
 
   void TryDecode(int32_t i) {
@@ -283,6 +290,7 @@ class Sim {
   void OnDecodeDone(int32_t i) {
     Inst& s = insts_[i];
     s.busy = false;
+    s.last_end = now_;
     FinishDecodeStep(s);
     TryDecode(i);
   }
@@ -309,9 +317,10 @@ class Sim {
         out_.requests[r].prefill_start = now_;
       }
       if (!s.step_prefill.empty()) {
+        const double idle = Idle(s);
         s.busy = true;
         s.step_decode.clear();
-        Push(now_ + Lat(s).Prefill(s.spec.par, lens_), kColocDone, i, 0);
+        Push(now_ + Lat(s).Prefill(s.spec.par, lens_) + idle, kColocDone, i, 0);
         return;
       }
       if (!s.running.empty()) StartDecodeStep(i, kColocDone);
@@ -338,9 +347,20 @@ class Sim {
     ctx_.clear();
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
-    double t = 0;
-    if (!ctx_.empty()) t += Lat(s).Decode(s.spec.par, ctx_);
-    if (!lens_.empty()) t += Lat(s).Prefill(s.spec.par, lens_);
+    double t = Idle(s);
+    if (lens_.empty()) {
+      t += Lat(s).Decode(s.spec.par, ctx_);
+    } else if (ctx_.empty()) {
+      t += Lat(s).Prefill(s.spec.par, lens_);
+    } else {
+      // One forward pass: the running requests' tokens ride in the prompt
+      // chunk's matrix products (one token each), and add only their
+      // attention over their contexts (the step's cost beyond contexts of 1).
+      ones_.assign(ctx_.size(), 1);
+      const double attention = Lat(s).Decode(s.spec.par, ctx_) - Lat(s).Decode(s.spec.par, ones_);
+      lens_.insert(lens_.end(), ctx_.size(), 1);
+      t += Lat(s).Prefill(s.spec.par, lens_) + std::max(0.0, attention);
+    }
     s.busy = true;
     Push(now_ + t, kColocDone, i, 0);
   }
@@ -348,6 +368,7 @@ class Sim {
   void OnColocDone(int32_t i) {
     Inst& s = insts_[i];
     s.busy = false;
+    s.last_end = now_;
     FinishDecodeStep(s);
     for (int64_t r : s.step_prefill) {
       Req& q = reqs_[r];
@@ -384,7 +405,7 @@ class Sim {
   double now_ = 0;
   double kv_bytes_ = 0;
   size_t rr_entry_ = 0, rr_decode_ = 0;
-  std::vector<int64_t> lens_, ctx_;
+  std::vector<int64_t> lens_, ctx_, ones_;
 };
 
 // Two-sided 99% Student t quantile for `dof` degrees of freedom

@@ -172,7 +172,7 @@ TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
 TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "[cli]") {
   std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   const std::string out = tmp + "/profile.json";
-  Run r = Duet("profile --max-context 128 --max-batch 2 --reps 3 --out " + out);
+  Run r = Duet("profile --max-context 128 --max-batch 2 --reps 3 --idle-gaps 0.1,0.3 --out " + out);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   std::ifstream in(out);
@@ -187,6 +187,13 @@ TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "
   CHECK(a + b * 64 + c * 64 * 64 > 0);
   const double da = e["decoding_smallbs"][0], db = e["decoding_smallbs"][1], dc = e["decoding_smallbs"][2];
   CHECK(da + db * 16 + dc * 1 > 0);
+  // The idle penalty: one [seconds, extra ms] point per gap asked for.
+  const nlohmann::json& idle = j.begin().value()["idle_penalty_ms"];
+  REQUIRE(idle.size() == 2);
+  CHECK(idle[0][0] == 0.1);
+  CHECK(idle[1][0] == 0.3);
+  CHECK(idle[1][1].get<double>() >= 0);
+  CHECK(Duet("profile --max-context 128 --max-batch 2 --idle-gaps 2,1 --out " + out + ".bad").exit_code != 0);
   // Too small a grid is refused, naming the flags.
   Run tiny = Duet("profile --max-context 20 --max-batch 1 --reps 1 --out " + out + ".small");
   CHECK(tiny.exit_code != 0);

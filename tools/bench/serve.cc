@@ -466,10 +466,12 @@ struct Setup {
 
 // Runs `duet profile` for the workers' thread count (pinned to `cpu`, or
 // free with -1); the path of its file.
-absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out, int cpu = -1) {
+absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out, int cpu = -1,
+                                    bool idle = true) {
   const std::string cmd = absl::StrCat(cpu >= 0 ? absl::StrCat("taskset -c ", cpu, " ") : "",
                                        fs::absolute("tools/duet").string(), " profile --model ", model_dir,
-                                       " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1 --out ",
+                                       " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1",
+                                       idle ? "" : " --idle-gaps=", " --out ",
                                        out, " > ", out, ".log 2>&1");
   if (std::system(cmd.c_str()) != 0) return absl::InternalError(absl::StrCat("duet profile failed; see ", out, ".log"));
   return out;
@@ -549,13 +551,13 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
     Progress("duet profile beside a neighbour's load (prefill next to decode steps, decode next to prefill)");
     std::atomic<bool> stop{false};
     std::thread load([&] { EngineLoad(model_dir, 0, /*prefill=*/true, stop); });
-    auto pd = Profile(model_dir, 1, run_root + "/profile-1-beside-prefill.json", 1);
+    auto pd = Profile(model_dir, 1, run_root + "/profile-1-beside-prefill.json", 1, /*idle=*/false);
     stop.store(true);
     load.join();
     RETURN_IF_ERROR(pd.status());
     stop.store(false);
     std::thread load2([&] { EngineLoad(model_dir, 1, /*prefill=*/false, stop); });
-    auto pp = Profile(model_dir, 1, run_root + "/profile-1-beside-decode.json", 0);
+    auto pp = Profile(model_dir, 1, run_root + "/profile-1-beside-decode.json", 0, /*idle=*/false);
     stop.store(true);
     load2.join();
     RETURN_IF_ERROR(pp.status());
