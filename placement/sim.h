@@ -15,7 +15,11 @@
 // batch every running request (continuous batching, at most max_batch_size).
 // Colocated instances run vLLM's loop: a prefill batch whenever requests wait
 // and fit (prefill first), else a decode step; with chunked_prefill each step
-// is the running requests' decode plus up to chunk_tokens of prompts.
+// is the running requests' decode plus up to chunk_tokens of prompts, one
+// forward pass: it costs a prefill of the chunk plus one token per running
+// request, plus their attention (the decode step beyond contexts of 1).
+// Every instance's first batch or step after an idle spell also pays the
+// latency model's IdlePenalty (duet profile measures it; 0 elsewhere).
 // Output tokens count the first; TPOT is (last token - first) / (output - 1).
 #ifndef DUET_PLACEMENT_SIM_H_
 #define DUET_PLACEMENT_SIM_H_
