@@ -129,8 +129,17 @@ class Sim {
 
   double Need(int64_t r) const { return static_cast<double>(reqs_[r].prompt + reqs_[r].output); }
 
-  // What the first batch or step after an idle spell pays on top.
-  double Idle(Inst& s) { return Lat(s).IdlePenalty(now_ - s.last_end); }
+  // What the first batch or step after an idle spell pays on top. The spell
+  // is the whole cluster's: what goes cold is the machine's memory system,
+  // not one process's pages (on the VM that measured it, any core reading
+  // memory keeps every process warm), so nothing pays while another
+  // instance computes, or right after one did.
+  double Idle(Inst& s) {
+    if (OtherBusy(s)) return 0;
+    double last = 0;
+    for (const Inst& o : insts_) last = std::max(last, o.last_end);
+    return Lat(s).IdlePenalty(now_ - last);
+  }
 
   int32_t PickEntry() {
     if (c_.policy == "round_robin") return entries_[rr_entry_++ % entries_.size()];

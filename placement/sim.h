@@ -18,8 +18,8 @@
 // is the running requests' decode plus up to chunk_tokens of prompts, one
 // forward pass: it costs a prefill of the chunk plus one token per running
 // request, plus their attention (the decode step beyond contexts of 1).
-// Every instance's first batch or step after an idle spell also pays the
-// latency model's IdlePenalty (duet profile measures it; 0 elsewhere).
+// A batch or step that starts after the whole cluster sat idle also pays
+// the latency model's IdlePenalty (duet profile measures it; 0 elsewhere).
 // Output tokens count the first; TPOT is (last token - first) / (output - 1).
 #ifndef DUET_PLACEMENT_SIM_H_
 #define DUET_PLACEMENT_SIM_H_

@@ -1,4 +1,5 @@
-// duet profile's idle penalty in the DistServe loader and the simulator, and
+// duet profile's idle penalty in the DistServe loader and the simulator
+// (charged after the whole cluster sat idle), and
 // the cost of a colocated step that mixes decode rows into a prompt chunk.
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -65,6 +66,13 @@ TEST_CASE("a prefill after an idle spell pays the penalty; one right after anoth
   CHECK(r.requests[0].ttft() == Approx(0.150 + 0.300));
   CHECK(r.requests[1].ttft() == Approx(0.450 - 0.150 + 0.150));
   CHECK(r.requests[2].ttft() == Approx(0.150 + 0.170));
+
+  // The decode steps right after a prefill pay nothing: the cluster was not
+  // idle. Steps at contexts 51 and 52: 20.51 and 20.52 ms.
+  std::vector<SimRequest> one = {{10.0, 50, 3}};
+  SimResult d = Simulate(c, m, **lat, one);
+  CHECK(d.requests[0].ttft() == Approx(0.150 + 0.300));
+  CHECK(d.requests[0].tpot() == Approx((20.51 + 20.52) / 2 / 1e3));
 }
 
 TEST_CASE("a chunked colocated step with decode rows costs one prefill of all its tokens plus attention",

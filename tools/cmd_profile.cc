@@ -176,10 +176,11 @@ absl::Status Run(const FlagSet& f) {
   // Fits minimise the relative error (rows weighted by 1/ms^2): a step of
   // 40 ms matters as much to TPOT as one of 400 to a long prompt's TTFT.
   // The idle penalty: one decode step after the engine sat idle for each
-  // gap, against the same step hot. On some machines (VMs whose host
-  // reclaims untouched memory) the first pass over the weights after a
-  // second or more of idleness costs several times a hot one; duet sim
-  // charges it to an instance's first batch after an idle spell.
+  // gap, against the same step hot. On some machines (this VM) the first
+  // pass over the weights after a second or more in which nothing read
+  // memory costs several times a hot one (any core reading other memory
+  // meanwhile avoids it); duet sim charges it to a batch that starts after
+  // the whole cluster sat idle.
   std::vector<std::pair<double, double>> idle_penalty;
   {
     std::vector<double> gaps;
@@ -341,7 +342,8 @@ int RunProfile(int argc, char** argv) {
   f.Int("reps", 3, "timings per shape (median kept)");
   f.String("idle-gaps", "0.5,1,2,4,8",
            "idle spells (seconds, rising) after which a decode step is timed against a hot one; the extra "
-           "time is written as idle_penalty_ms, which duet sim charges to the first batch after such a spell "
+           "time is written as idle_penalty_ms, which duet sim charges to a batch that starts after the whole "
+           "cluster sat idle that long "
            "(empty: skip)");
   f.String("out", "", "where to write the JSON (default <model>-profile.json)");
   if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
