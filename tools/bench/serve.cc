@@ -466,62 +466,112 @@ struct Setup {
 
 // Runs `duet profile` for the workers' thread count (pinned to `cpu`, or
 // free with -1); the path of its file.
-absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out, int cpu = -1,
-                                    bool idle = true) {
+absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out, int cpu = -1) {
   const std::string cmd = absl::StrCat(cpu >= 0 ? absl::StrCat("taskset -c ", cpu, " ") : "",
                                        fs::absolute("tools/duet").string(), " profile --model ", model_dir,
-                                       " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1",
-                                       idle ? "" : " --idle-gaps=", " --out ",
+                                       " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1 --out ",
                                        out, " > ", out, ".log 2>&1");
   if (std::system(cmd.c_str()) != 0) return absl::InternalError(absl::StrCat("duet profile failed; see ", out, ".log"));
   return out;
 }
 
-// Keeps core `cpu` busy with the engine's prefill (prompts of 300 tokens)
-// or decode steps (batches of 4 at context 300) until `stop`: the load a
-// neighbouring worker puts on the memory bus.
-void EngineLoad(const std::string& model_dir, int cpu, bool prefill, const std::atomic<bool>& stop) {
+// The engine's two typical shapes here: a 300-token prompt, or a decode
+// step of 4 sequences at context 300. Loads the model on this thread.
+class EngineShape {
+ public:
+  absl::Status Init(const std::string& model_dir, bool prefill) {
+    prefill_ = prefill;
+    backend_ = kernels::NewCpuBackend(1);
+    ASSIGN_OR_RETURN(model_, engine::Model::Load(model_dir, backend_.get()));
+    pool_ = std::make_unique<engine::BlockPool>(model_->KvLayoutFor(16), 128);
+    for (int i = 0; i < 4; ++i) {
+      kv_.emplace_back(pool_.get());
+      RETURN_IF_ERROR(kv_.back().Reserve(302));
+    }
+    return absl::OkStatus();
+  }
+  // One forward pass; its seconds.
+  absl::StatusOr<double> Run() {
+    std::vector<engine::BatchSeq> batch;
+    if (prefill_) {
+      batch.push_back({.tokens = tokens_, .start_pos = 0, .block_table = kv_[0].block_table(), .logit_rows = {299}});
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        batch.push_back({.tokens = absl::MakeConstSpan(tokens_).subspan(0, 1), .start_pos = 300,
+                         .block_table = kv_[static_cast<size_t>(i)].block_table(), .logit_rows = {0}});
+      }
+    }
+    const Clock::time_point t0 = Clock::now();
+    RETURN_IF_ERROR(model_->Forward(batch, *pool_).status());
+    return Seconds(Clock::now() - t0);
+  }
+
+ private:
+  bool prefill_ = false;
+  kernels::KernelBackendPtr backend_;
+  std::unique_ptr<engine::Model> model_;
+  std::unique_ptr<engine::BlockPool> pool_;
+  std::vector<engine::SequenceKv> kv_;
+  std::vector<int32_t> tokens_ = std::vector<int32_t>(300, 11);
+};
+
+void PinThisThread(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   sched_setaffinity(0, sizeof(set), &set);
-  auto backend = kernels::NewCpuBackend(1);
-  auto model = engine::Model::Load(model_dir, backend.get());
-  if (!model.ok()) return;
-  engine::BlockPool pool((*model)->KvLayoutFor(16), 128);
-  std::vector<int32_t> tokens(300, 11);
-  std::vector<engine::SequenceKv> kv;
-  for (int i = 0; i < 4; ++i) {
-    kv.emplace_back(&pool);
-    if (!kv.back().Reserve(302).ok()) return;
-  }
-  while (!stop.load()) {
-    std::vector<engine::BatchSeq> batch;
-    if (prefill) {
-      batch.push_back({.tokens = tokens, .start_pos = 0, .block_table = kv[0].block_table(), .logit_rows = {299}});
-    } else {
-      for (int i = 0; i < 4; ++i) {
-        batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(0, 1), .start_pos = 300,
-                         .block_table = kv[static_cast<size_t>(i)].block_table(), .logit_rows = {0}});
-      }
-    }
-    if (!(*model)->Forward(batch, pool).ok()) return;
-  }
 }
 
-// One coefficient set of a DistServe-format profile file: "prefill", or
-// "decode" for a batch of `batch` (decoding_smallbs below the file's
-// threshold, else decoding_largebs).
-absl::StatusOr<std::vector<double>> ProfileCoeffs(const std::string& path, const char* key, int64_t batch = 1) {
-  std::ifstream in(path);
-  Json j = Json::parse(in, nullptr, false);
-  if (j.is_discarded() || j.empty()) return absl::InternalError(absl::StrCat(path, " is not a profile"));
-  const Json& e = j.begin().value()["1"];
-  if (std::string(key) == "decode") {
-    key = batch < e.value("decoding_large_small_bs_threshold", int64_t{1} << 30) ? "decoding_smallbs"
-                                                                                 : "decoding_largebs";
-  }
-  return e[key].get<std::vector<double>>();
+// How much slower the disaggregated prefill worker's shape (on core 0) or
+// decode worker's shape (core 1) runs while the other core runs the other
+// role's, as a fraction: medians of timings alone and beside that load,
+// alternated so that drifts of the machine fall on both alike.
+absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool prefill) {
+  std::atomic<int> mode{0};  // the load: 0 pauses, 1 runs, 2 ends
+  absl::Status load_status;
+  std::thread load([&] {
+    PinThisThread(prefill ? 1 : 0);
+    EngineShape shape;
+    load_status = shape.Init(model_dir, !prefill);
+    while (load_status.ok() && mode.load() != 2) {
+      if (mode.load() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      load_status = shape.Run().status();
+    }
+  });
+  absl::StatusOr<double> result = absl::InternalError("interference not measured");
+  std::thread victim([&] {
+    PinThisThread(prefill ? 0 : 1);
+    EngineShape shape;
+    if (absl::Status st = shape.Init(model_dir, prefill); !st.ok()) {
+      result = st;
+      return;
+    }
+    std::vector<double> alone, beside;
+    for (int round = 0; round < 7; ++round) {
+      mode.store(0);
+      for (std::vector<double>* v : {&alone, &beside}) {
+        for (int i = 0; i < 2; ++i) {
+          absl::StatusOr<double> t = shape.Run();
+          if (!t.ok()) {
+            result = t.status();
+            return;
+          }
+          if (round > 0) v->push_back(*t);  // round 0 warms both up
+        }
+        mode.store(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the load is running
+      }
+    }
+    result = Percentile(beside, 0.5) / Percentile(alone, 0.5) - 1;
+  });
+  victim.join();
+  mode.store(2);
+  load.join();
+  RETURN_IF_ERROR(load_status);
+  return result;
 }
 
 double Fraction(const std::vector<double>& v, double limit) {
@@ -544,34 +594,13 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
   Progress("duet profile of the engine, 1 thread (disaggregated workers) and 2 threads (colocated)");
   ASSIGN_OR_RETURN(std::string p1, Profile(model_dir, 1, run_root + "/profile-1.json"));
   ASSIGN_OR_RETURN(std::string p2, Profile(model_dir, 2, run_root + "/profile-2.json"));
-  // Memory-bandwidth interference of the two disaggregated workers: the
-  // profile again beside the other role's load on the other core.
-  double interference_prefill = 0, interference_decode = 0;
-  {
-    Progress("duet profile beside a neighbour's load (prefill next to decode steps, decode next to prefill)");
-    std::atomic<bool> stop{false};
-    std::thread load([&] { EngineLoad(model_dir, 0, /*prefill=*/true, stop); });
-    auto pd = Profile(model_dir, 1, run_root + "/profile-1-beside-prefill.json", 1, /*idle=*/false);
-    stop.store(true);
-    load.join();
-    RETURN_IF_ERROR(pd.status());
-    stop.store(false);
-    std::thread load2([&] { EngineLoad(model_dir, 1, /*prefill=*/false, stop); });
-    auto pp = Profile(model_dir, 1, run_root + "/profile-1-beside-decode.json", 0, /*idle=*/false);
-    stop.store(true);
-    load2.join();
-    RETURN_IF_ERROR(pp.status());
-    ASSIGN_OR_RETURN(auto d0, ProfileCoeffs(p1, "decode", 4));
-    ASSIGN_OR_RETURN(auto d1, ProfileCoeffs(*pd, "decode", 4));
-    ASSIGN_OR_RETURN(auto q0, ProfileCoeffs(p1, "prefill"));
-    ASSIGN_OR_RETURN(auto q1, ProfileCoeffs(*pp, "prefill"));
-    // At the slice's typical shapes: a decode step of 4 at context 300, a
-    // 300-token prompt.
-    auto dec = [](const std::vector<double>& c) { return c[0] + c[1] * 1200 + c[2] * 4; };
-    auto pre = [](const std::vector<double>& c) { return c[0] + c[1] * 300 + c[2] * 90000; };
-    interference_decode = std::max(0.0, dec(d1) / dec(d0) - 1);
-    interference_prefill = std::max(0.0, pre(q1) / pre(q0) - 1);
-  }
+  // Memory-bandwidth interference of the two disaggregated workers: each
+  // role's typical shape alone and beside the other's load on the other core.
+  Progress("the engine beside a neighbour's load (prefill next to decode steps, decode next to prefill)");
+  ASSIGN_OR_RETURN(double interference_prefill, MeasureInterference(model_dir, /*prefill=*/true));
+  ASSIGN_OR_RETURN(double interference_decode, MeasureInterference(model_dir, /*prefill=*/false));
+  interference_prefill = std::max(0.0, interference_prefill);
+  interference_decode = std::max(0.0, interference_decode);
   ASSIGN_OR_RETURN(placement::ModelSpec spec, placement::ModelFromConfig(model_dir));
   spec.dtype_bytes = 4;  // the CPU backend's KV is F32
   const double kv_gib = f.GetDouble("kv-memory");
