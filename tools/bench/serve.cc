@@ -528,6 +528,7 @@ void PinThisThread(int cpu) {
 // alternated so that drifts of the machine fall on both alike.
 absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool prefill) {
   std::atomic<int> mode{0};  // the load: 0 pauses, 1 runs, 2 ends
+  std::atomic<bool> load_busy{false};  // inside a forward pass
   absl::Status load_status;
   std::thread load([&] {
     PinThisThread(prefill ? 1 : 0);
@@ -538,8 +539,11 @@ absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool pr
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
+      load_busy.store(true);
       load_status = shape.Run().status();
+      load_busy.store(false);
     }
+    load_busy.store(false);  // also when it failed: nobody waits for it
   });
   absl::StatusOr<double> result = absl::InternalError("interference not measured");
   std::thread victim([&] {
@@ -551,7 +555,9 @@ absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool pr
     }
     std::vector<double> alone, beside;
     for (int round = 0; round < 7; ++round) {
+      // Alone means after the load's pass in flight has ended.
       mode.store(0);
+      while (load_busy.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       for (std::vector<double>* v : {&alone, &beside}) {
         for (int i = 0; i < 2; ++i) {
           absl::StatusOr<double> t = shape.Run();
@@ -561,8 +567,10 @@ absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool pr
           }
           if (round > 0) v->push_back(*t);  // round 0 warms both up
         }
-        mode.store(1);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the load is running
+        if (v == &alone) {
+          mode.store(1);
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the load is running
+        }
       }
     }
     result = Percentile(beside, 0.5) / Percentile(alone, 0.5) - 1;
