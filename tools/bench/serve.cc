@@ -528,12 +528,14 @@ void PinThisThread(int cpu) {
 // alternated so that drifts of the machine fall on both alike.
 absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool prefill) {
   std::atomic<int> mode{0};  // the load: 0 pauses, 1 runs, 2 ends
-  std::atomic<bool> load_busy{false};  // inside a forward pass
+  std::atomic<bool> load_busy{false};   // inside a forward pass
+  std::atomic<bool> load_ready{false};  // its model loaded (or failed to)
   absl::Status load_status;
   std::thread load([&] {
     PinThisThread(prefill ? 1 : 0);
     EngineShape shape;
     load_status = shape.Init(model_dir, !prefill);
+    load_ready.store(true);
     while (load_status.ok() && mode.load() != 2) {
       if (mode.load() == 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -553,6 +555,7 @@ absl::StatusOr<double> MeasureInterference(const std::string& model_dir, bool pr
       result = st;
       return;
     }
+    while (!load_ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::vector<double> alone, beside;
     for (int round = 0; round < 7; ++round) {
       // Alone means after the load's pass in flight has ended.
