@@ -32,6 +32,7 @@ class FlagSet {
   absl::Status Parse(int argc, char** argv, int first = 1);
 
   bool help_requested() const { return help_; }
+  const std::string& command() const { return command_; }
   std::string Usage() const;
 
   std::string GetString(const std::string& name) const;

@@ -46,7 +46,6 @@ struct Inst {
   double kv_cap = std::numeric_limits<double>::infinity();
   bool busy = false;
   std::vector<int64_t> step_decode, step_prefill;  // what the current step runs
-  double last_end = 0;  // when its last batch or step ended (idle penalty)
 };
 
 class Sim {
@@ -135,10 +134,8 @@ class Sim {
   // memory keeps every process warm), so nothing pays while another
   // instance computes, or right after one did.
   double Idle(Inst& s) {
-    if (OtherBusy(s)) return 0;
-    double last = 0;
-    for (const Inst& o : insts_) last = std::max(last, o.last_end);
-    return Lat(s).IdlePenalty(now_ - last);
+    const double penalty = Lat(s).IdlePenalty(now_ - last_end_);
+    return penalty > 0 && !OtherBusy(s) ? penalty : 0.0;
   }
 
   int32_t PickEntry() {
@@ -236,7 +233,7 @@ class Sim {
   void OnPrefillDone(int32_t i, int slot) {
     Inst& s = insts_[i];
     s.in_flight--;
-    s.last_end = now_;
+    last_end_ = now_;
     for (int64_t r : s.batches[slot]) {
       out_.requests[r].first_token = now_;
       reqs_[r].generated = 1;
@@ -299,7 +296,7 @@ class Sim {
   void OnDecodeDone(int32_t i) {
     Inst& s = insts_[i];
     s.busy = false;
-    s.last_end = now_;
+    last_end_ = now_;
     FinishDecodeStep(s);
     TryDecode(i);
   }
@@ -377,7 +374,7 @@ class Sim {
   void OnColocDone(int32_t i) {
     Inst& s = insts_[i];
     s.busy = false;
-    s.last_end = now_;
+    last_end_ = now_;
     FinishDecodeStep(s);
     for (int64_t r : s.step_prefill) {
       Req& q = reqs_[r];
@@ -415,6 +412,7 @@ class Sim {
   double kv_bytes_ = 0;
   size_t rr_entry_ = 0, rr_decode_ = 0;
   std::vector<int64_t> lens_, ctx_, ones_;
+  double last_end_ = 0;  // when any instance last ended a batch or step (idle penalty)
 };
 
 // Two-sided 99% Student t quantile for `dof` degrees of freedom

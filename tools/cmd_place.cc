@@ -153,19 +153,7 @@ int RunPlace(int argc, char** argv) {
   f.Int("top", 5, "runners-up to print");
   f.String("emit", "", "write the plan as a cluster file here");
   f.Bool("json", "print one JSON object");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(f); !s.ok()) {
-    std::fprintf(stderr, "duet place: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return RunWithFlags(f, argc, argv, Run);
 }
 
 }  // namespace duet::tools

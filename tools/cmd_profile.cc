@@ -257,19 +257,25 @@ absl::Status Run(const FlagSet& f) {
   // GEMM, so the cost per sequence changes with the batch. The threshold with
   // the smallest error wins (none: one set for all). A side with one batch
   // size fits no per-sequence term (it would be the intercept's twin).
+  // Decode points with batch < t, the rest.
+  auto split = [&](int64_t t) {
+    std::pair<std::vector<Point>, std::vector<Point>> parts;
+    for (const Point& p : decode) (p.x[2] < static_cast<double>(t) ? parts.first : parts.second).push_back(p);
+    return parts;
+  };
+  auto batch_sizes = [](const std::vector<Point>& pts) {
+    std::set<double> b;
+    for (const Point& p : pts) b.insert(p.x[2]);
+    return b.size();
+  };
   int64_t threshold = int64_t{1} << 30;
   std::vector<double> dc_small = fit(decode, {true, true, true}), dc_large = dc_small;
   double best = dc_small == zero ? std::numeric_limits<double>::infinity() : squared_error(decode, dc_small);
   for (int64_t t = 2; t <= max_batch; t *= 2) {
-    std::vector<Point> small, large;
-    std::set<double> small_batches, large_batches;
-    for (const Point& p : decode) {
-      (p.x[2] < static_cast<double>(t) ? small : large).push_back(p);
-      (p.x[2] < static_cast<double>(t) ? small_batches : large_batches).insert(p.x[2]);
-    }
+    const auto [small, large] = split(t);
     if (small.size() < 3 || large.size() < 3) continue;
-    const std::vector<double> s = fit(small, {true, true, small_batches.size() > 1});
-    const std::vector<double> l = fit(large, {true, true, large_batches.size() > 1});
+    const std::vector<double> s = fit(small, {true, true, batch_sizes(small) > 1});
+    const std::vector<double> l = fit(large, {true, true, batch_sizes(large) > 1});
     if (s == zero || l == zero) continue;
     const double e = squared_error(small, s) + squared_error(large, l);
     if (e < best) {
@@ -301,8 +307,7 @@ absl::Status Run(const FlagSet& f) {
   if (threshold >= (int64_t{1} << 30)) {
     report("decode  ms = a + b sum(context) + c batch", decode, dc_small);
   } else {
-    std::vector<Point> small, large;
-    for (const Point& p : decode) (p.x[2] < static_cast<double>(threshold) ? small : large).push_back(p);
+    const auto [small, large] = split(threshold);
     const std::string s = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch < ", threshold);
     const std::string l = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch >= ", threshold);
     report(s.c_str(), small, dc_small);
@@ -346,19 +351,7 @@ int RunProfile(int argc, char** argv) {
            "cluster sat idle that long "
            "(empty: skip)");
   f.String("out", "", "where to write the JSON (default <model>-profile.json)");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(f); !s.ok()) {
-    std::fprintf(stderr, "duet profile: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return RunWithFlags(f, argc, argv, Run);
 }
 
 }  // namespace duet::tools

@@ -313,19 +313,7 @@ int RunSim(int argc, char** argv) {
             "attainment, the mean queue wait with a 99% batch-means confidence interval, and optionally the "
             "goodput (--goodput), per-request CSV (--csv) and an attainment-vs-rate plot (--svg).");
   AddSimFlags(f);
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = Run(f); !s.ok()) {
-    std::fprintf(stderr, "duet sim: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return RunWithFlags(f, argc, argv, Run);
 }
 
 }  // namespace duet::tools

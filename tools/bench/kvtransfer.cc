@@ -77,6 +77,7 @@
 #include "base/flags.h"
 #include "base/huge_buffer.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "kvtransfer/layout.h"
 #include "kvtransfer/transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
@@ -817,12 +818,14 @@ absl::Status Run(const FlagSet& f) {
                 "without -e %s\n",
                 tls_note.c_str(), duet_lanes.c_str(), shm_lanes.c_str());
     std::printf("duet: median of >= %lld pulls (Pull then Wait), each with its blocks' epoch checks, pulls of "
-                ">= 1 MiB copied by %d threads (same_host_copy_threads; --copy-threads 1: the waiter alone). "
+                ">= 1 MiB copied by %d threads (same_host_copy_threads, at most the cores this process may use; "
+                "--copy-threads 1: the waiter alone). "
                 "References, "
                 "overall bandwidth, one get outstanding (-O 1): 'pair' = server + client processes; '-l' = one "
                 "process reading itself; 'shm' = UCP get on the default transports (a shared segment UCX "
                 "allocated and maps itself, which a registered KV pool is not), for information\n\n",
-                static_cast<long long>(f.GetInt("reps")), TransportOptions(f).same_host_copy_threads);
+                static_cast<long long>(f.GetInt("reps")),
+                std::min(TransportOptions(f).same_host_copy_threads, AvailableCores()));
   } else {
     std::printf("UCX_TLS %s. Lanes: duet (UCP_ERR_HANDLING_MODE_PEER) %s; ucx_perftest -e %s; -l -e %s; "
                 "shm (no -e) %s\n",

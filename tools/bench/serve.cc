@@ -464,11 +464,9 @@ struct Setup {
 
 // --- Simulation against the real clusters (--sim-rates) ------------------------
 
-// Runs `duet profile` for the workers' thread count (pinned to `cpu`, or
-// free with -1); the path of its file.
-absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out, int cpu = -1) {
-  const std::string cmd = absl::StrCat(cpu >= 0 ? absl::StrCat("taskset -c ", cpu, " ") : "",
-                                       fs::absolute("tools/duet").string(), " profile --model ", model_dir,
+// Runs `duet profile` for the workers' thread count; the path of its file.
+absl::StatusOr<std::string> Profile(const std::string& model_dir, int threads, const std::string& out) {
+  const std::string cmd = absl::StrCat(fs::absolute("tools/duet").string(), " profile --model ", model_dir,
                                        " --threads ", threads, " --max-context 1024 --max-batch 16 --reps 1 --out ",
                                        out, " > ", out, ".log 2>&1");
   if (std::system(cmd.c_str()) != 0) return absl::InternalError(absl::StrCat("duet profile failed; see ", out, ".log"));
