@@ -1,6 +1,9 @@
 #include "engine/model.h"
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -24,6 +27,37 @@ absl::Status LoadTensor(const SafetensorsModel& st, const std::string& name,
                                                    ShapeStr(want_shape)));
   }
   return ToFloat32(*t, dst);
+}
+
+// DUET_STEP_LOG=FILE appends one CSV row per forward pass of this process:
+// start (steady clock, s), decode rows and the sum of their contexts,
+// prompt rows, their tokens and the sum of their squared lengths, and the
+// pass's milliseconds. The serve bench sets it to compare the real steps with
+// duet sim's latency model. Open once; a file that cannot be opened logs
+// nothing.
+void LogStep(absl::Span<const BatchSeq> batch, std::chrono::steady_clock::time_point start) {
+  static std::FILE* const out = [] {
+    const char* path = std::getenv("DUET_STEP_LOG");
+    return path != nullptr && *path != '\0' ? std::fopen(path, "a") : nullptr;
+  }();
+  if (out == nullptr) return;
+  const auto end = std::chrono::steady_clock::now();
+  long long decode = 0, context = 0, prompts = 0, tokens = 0, squares = 0;
+  for (const BatchSeq& b : batch) {
+    const long long len = static_cast<long long>(b.tokens.size());
+    if (len == 1 && b.start_pos > 0) {
+      ++decode;
+      context += b.start_pos;
+    } else {
+      ++prompts;
+      tokens += len;
+      squares += len * len;
+    }
+  }
+  std::fprintf(out, "%.6f,%lld,%lld,%lld,%lld,%lld,%.3f\n",
+               std::chrono::duration<double>(start.time_since_epoch()).count(), decode, context, prompts, tokens,
+               squares, std::chrono::duration<double, std::milli>(end - start).count());
+  std::fflush(out);
 }
 
 }  // namespace
@@ -98,6 +132,7 @@ kernels::KvLayout Model::KvLayoutFor(int64_t block_size) const {
 }
 
 absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPool& pool) {
+  const auto start = std::chrono::steady_clock::now();
   const ModelConfig& c = config_;
   const kernels::KvLayout& kl = pool.layout();
   if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
@@ -229,6 +264,7 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
     const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
     be.Gemm(sel.data(), head, nullptr, logits.data.data(), R, V, H, false);
   }
+  LogStep(batch, start);
   return logits;
 }
 

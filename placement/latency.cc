@@ -133,6 +133,24 @@ class DistServeLatency : public LatencyModel {
   double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
     const DistServeFit::Coefficients& co = At(p);
     const double bs = static_cast<double>(ctx.size());
+    if (!co.decode_by_batch.empty()) {
+      double sum = 0;
+      for (int64_t x : ctx) sum += static_cast<double>(x);
+      const auto& t = co.decode_by_batch;
+      auto at = [&](size_t i) { return t[i][1] + t[i][2] * sum; };
+      double ms = at(0);
+      if (bs > t.back()[0] && t.size() > 1) {
+        const size_t n = t.size();
+        const double slope = std::max(0.0, (at(n - 1) - at(n - 2)) / (t[n - 1][0] - t[n - 2][0]));
+        ms = at(n - 1) + slope * (bs - t[n - 1][0]);
+      } else if (bs > t[0][0] && t.size() > 1) {
+        size_t i = 1;
+        while (i + 1 < t.size() && t[i][0] < bs) ++i;
+        const double f = std::min(1.0, (bs - t[i - 1][0]) / (t[i][0] - t[i - 1][0]));
+        ms = at(i - 1) + (at(i) - at(i - 1)) * f;
+      }
+      return ms / 1e3 / p.pp;
+    }
     const auto& c = static_cast<int64_t>(ctx.size()) < co.threshold ? co.decode_small : co.decode_large;
     double sum = 0;
     for (int64_t x : ctx) sum += static_cast<double>(x);
@@ -220,6 +238,20 @@ absl::StatusOr<DistServeFit> LoadDistServeFit(const std::string& path, const Mod
       for (int i = 0; i < 3; ++i) out[i] = e[key][i].get<double>();
     }
     c.threshold = e.value("decoding_large_small_bs_threshold", 95);
+    if (e.contains("decoding_by_batch")) {
+      const nlohmann::json& t = e["decoding_by_batch"];
+      double last = 0;
+      for (const nlohmann::json& row : t.is_array() && !t.empty() ? t : nlohmann::json::array({nullptr})) {
+        if (!row.is_array() || row.size() != 3 || !row[0].is_number() || !row[1].is_number() ||
+            !row[2].is_number() || row[0].get<double>() < 1 || row[0].get<double>() <= last) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ": ", model.name, " TP ", tp,
+                                                         " \"decoding_by_batch\" must be [[batch, a, b], ...] "
+                                                         "with rising batches of at least 1"));
+        }
+        last = row[0].get<double>();
+        c.decode_by_batch.push_back({row[0].get<double>(), row[1].get<double>(), row[2].get<double>()});
+      }
+    }
     fit.by_tp[tp] = c;
   }
   if (fit.by_tp.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", model.name, " has no TP entries"));

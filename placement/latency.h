@@ -25,6 +25,7 @@
 #ifndef DUET_PLACEMENT_LATENCY_H_
 #define DUET_PLACEMENT_LATENCY_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -81,6 +82,12 @@ struct DistServeFit {
     double decode_small[3];
     double decode_large[3];
     int64_t threshold = 95;
+    // duet profile's extension, "decoding_by_batch": [[batch, a, b], ...]
+    // with rising batches, a decode step of that batch costing a + b
+    // sum(context) ms. When present it replaces the two regimes: linear
+    // between the listed batches, the first below them, and past the last
+    // the last two's slope (never falling).
+    std::vector<std::array<double, 3>> decode_by_batch;
   };
   std::map<int, Coefficients> by_tp;
   double pp_stage_overhead_s = 0.5e-3;

@@ -42,6 +42,7 @@ struct Inst {
   std::vector<int> free_slots;
   // Decode and colocated.
   std::vector<int64_t> running;
+  int64_t pulling = 0;  // decode: admitted, KV in transfer
   double kv_used = 0;
   double kv_cap = std::numeric_limits<double>::infinity();
   bool busy = false;
@@ -93,7 +94,8 @@ class Sim {
           TryPrefill(e.inst);
           break;
         case kTransferDone:
-          insts_[e.inst].waiting.push_back(e.a);
+          insts_[e.inst].pulling--;
+          insts_[e.inst].running.push_back(e.a);
           TryDecode(e.inst);
           break;
         case kDecodeDone:
@@ -159,8 +161,9 @@ class Sim {
     double best_load = std::numeric_limits<double>::infinity();
     for (int32_t i : decodes_) {
       const Inst& s = insts_[i];
-      double load = s.kv_used / s.kv_cap * 1e6 + static_cast<double>(s.running.size() + s.waiting.size());
-      if (!std::isfinite(s.kv_cap)) load = static_cast<double>(s.running.size() + s.waiting.size());
+      const double queued = static_cast<double>(s.running.size() + s.waiting.size()) + static_cast<double>(s.pulling);
+      double load = s.kv_used / s.kv_cap * 1e6 + queued;
+      if (!std::isfinite(s.kv_cap)) load = queued;
       if (load < best_load) {
         best_load = load;
         best = i;
@@ -242,22 +245,30 @@ class Sim {
         continue;
       }
       const int32_t d = PickDecode(r);
-      const double transfer =
-          c_.kv_link_bytes_per_s > 0 ? static_cast<double>(reqs_[r].prompt) * kv_bytes_ / c_.kv_link_bytes_per_s : 0;
-      Push(now_ + transfer, kTransferDone, d, r);
+      insts_[d].waiting.push_back(r);
+      TryDecode(d);
     }
     s.free_slots.push_back(slot);
     TryPrefill(i);
   }
 
-  // --- Decode instances.
-  void Admit(Inst& s) {
-    while (!s.waiting.empty() && static_cast<int64_t>(s.running.size()) < s.spec.max_batch_size) {
+  // --- Decode instances, as duet's decode engine runs them: at the start of
+  // a step it admits waiting requests that fit (KV reserved) and starts
+  // pulling their KV; a request whose pull has ended joins the next step
+  // that starts. One arriving mid-step thus waits for that step's end, its
+  // pull, and the step in flight when the pull ends, if any.
+  void Admit(int32_t i) {
+    Inst& s = insts_[i];
+    while (!s.waiting.empty() &&
+           static_cast<int64_t>(s.running.size()) + s.pulling < s.spec.max_batch_size) {
       const int64_t r = s.waiting.front();
-      if (s.kv_used + Need(r) > s.kv_cap && !s.running.empty()) break;
+      if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && s.pulling == 0)) break;
       s.waiting.pop_front();
       s.kv_used += Need(r);
-      s.running.push_back(r);
+      s.pulling++;
+      const double transfer =
+          c_.kv_link_bytes_per_s > 0 ? static_cast<double>(reqs_[r].prompt) * kv_bytes_ / c_.kv_link_bytes_per_s : 0;
+      Push(now_ + transfer, kTransferDone, i, r);
     }
   }
 
@@ -274,8 +285,8 @@ class Sim {
   void TryDecode(int32_t i) {
     Inst& s = insts_[i];
     if (s.busy) return;
-    Admit(s);
-    if (s.running.empty()) return;
+    Admit(i);
+    if (s.running.empty()) return;  // a pull's end calls again
     StartDecodeStep(i, kDecodeDone);
   }
 
@@ -359,13 +370,12 @@ class Sim {
     } else if (ctx_.empty()) {
       t += Lat(s).Prefill(s.spec.par, lens_);
     } else {
-      // One forward pass: the running requests' tokens ride in the prompt
-      // chunk's matrix products (one token each), and add only their
-      // attention over their contexts (the step's cost beyond contexts of 1).
-      ones_.assign(ctx_.size(), 1);
-      const double attention = Lat(s).Decode(s.spec.par, ctx_) - Lat(s).Decode(s.spec.par, ones_);
-      lens_.insert(lens_.end(), ctx_.size(), 1);
-      t += Lat(s).Prefill(s.spec.par, lens_) + std::max(0.0, attention);
+      // One forward pass reads the weights once: the prompt chunks' prefill,
+      // plus the running requests' decode step less what a step of one
+      // sequence at no context costs (that pass over the weights).
+      static constexpr int64_t kNoContext[1] = {0};
+      const double rows = Lat(s).Decode(s.spec.par, ctx_) - Lat(s).Decode(s.spec.par, kNoContext);
+      t += Lat(s).Prefill(s.spec.par, lens_) + std::max(0.0, rows);
     }
     s.busy = true;
     Push(now_ + t, kColocDone, i, 0);
@@ -411,7 +421,7 @@ class Sim {
   double now_ = 0;
   double kv_bytes_ = 0;
   size_t rr_entry_ = 0, rr_decode_ = 0;
-  std::vector<int64_t> lens_, ctx_, ones_;
+  std::vector<int64_t> lens_, ctx_;
   double last_end_ = 0;  // when any instance last ended a batch or step (idle penalty)
 };
 

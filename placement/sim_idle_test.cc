@@ -1,6 +1,7 @@
-// duet profile's idle penalty in the DistServe loader and the simulator
-// (charged after the whole cluster sat idle), and
-// the cost of a colocated step that mixes decode rows into a prompt chunk.
+// duet profile's extensions of DistServe's format in the loader and the
+// simulator: the idle penalty (charged after the whole cluster sat idle)
+// and the per-batch decode table; and the cost of a colocated step that
+// mixes decode rows into a prompt chunk.
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -51,6 +52,41 @@ TEST_CASE("idle_penalty_ms is read and interpolated; malformed points are refuse
   }
 }
 
+TEST_CASE("decoding_by_batch replaces the two regimes: linear between batches, rising past the last",
+          "[placement]") {
+  ModelSpec m = ModelPreset("opt-13b").value();
+  // Batch 1: 30 + 0.01 ms a context token; batch 2: 50 + 0.02; batch 4:
+  // 60 + 0.02. The two regimes (20 + 0.01 sum) must not be used.
+  auto lat = LoadLatencyModel(
+      WriteProfile({{"1",
+                     {{"decoding_large_small_bs_threshold", 1 << 30},
+                      {"prefill", {100.0, 1.0, 0.0}},
+                      {"decoding_smallbs", {20.0, 0.01, 0.0}},
+                      {"decoding_largebs", {20.0, 0.01, 0.0}},
+                      {"decoding_by_batch", nlohmann::json::parse("[[1, 30, 0.01], [2, 50, 0.02], [4, 60, 0.02]]")}}}}),
+      m);
+  REQUIRE(lat.ok());
+  const Parallel p{.tp = 1, .pp = 1};
+  const std::vector<int64_t> one = {100}, two = {100, 100}, three = {100, 100, 100}, six(6, 100);
+  CHECK((*lat)->Decode(p, one) == Approx((30 + 1.0) / 1e3));
+  CHECK((*lat)->Decode(p, two) == Approx((50 + 4.0) / 1e3));
+  // Halfway from batch 2 (50 + 6 at sum 300) to batch 4 (60 + 6).
+  CHECK((*lat)->Decode(p, three) == Approx((56 + 66) / 2.0 / 1e3));
+  // Past batch 4: the 2 -> 4 slope at sum 600 ((72 - 62) / 2 a sequence).
+  CHECK((*lat)->Decode(p, six) == Approx((72 + 2 * 5.0) / 1e3));
+  for (const char* text : {"[[2, 1, 0], [1, 1, 0]]", "[[0, 1, 0]]", "[[1, 1]]", "[]", "\"fast\""}) {
+    const nlohmann::json bad = nlohmann::json::parse(text);
+    auto r = LoadLatencyModel(WriteProfile({{"1",
+                                             {{"prefill", {100.0, 1.0, 0.0}},
+                                              {"decoding_smallbs", {20.0, 0.01, 0.0}},
+                                              {"decoding_largebs", {20.0, 0.01, 0.0}},
+                                              {"decoding_by_batch", bad}}}}),
+                              m);
+    INFO(bad.dump());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("a prefill after an idle spell pays the penalty; one right after another does not", "[placement]") {
   ModelSpec m = ModelPreset("opt-13b").value();
   auto lat = LoadLatencyModel(WriteProfile({{"idle_penalty_ms", {{1.0, 100.0}, {5.0, 300.0}}}}), m);
@@ -75,7 +111,29 @@ TEST_CASE("a prefill after an idle spell pays the penalty; one right after anoth
   CHECK(d.requests[0].tpot() == Approx((20.51 + 20.52) / 2 / 1e3));
 }
 
-TEST_CASE("a chunked colocated step with decode rows costs one prefill of all its tokens plus attention",
+TEST_CASE("a decode instance admits and starts pulls at a step's start; a pulled request joins the next step",
+          "[placement]") {
+  ModelSpec m = ModelPreset("opt-13b").value();
+  auto lat = LoadLatencyModel("constant:0.1,0.02", m);  // prefill 100 ms, decode step 20 ms
+  REQUIRE(lat.ok());
+  ClusterSpec c;
+  c.instances = {{.role = InstanceRole::kPrefill}, {.role = InstanceRole::kDecode}};
+  // A 10-token prompt's KV (10 tokens of opt-13b) crosses the link in 5 ms.
+  c.kv_link_bytes_per_s = 10.0 * static_cast<double>(m.KvBytesPerToken()) / 0.005;
+  // A: first token at 0.100, pulled by 0.105 (the decode instance was idle),
+  // then steps end at 0.125, 0.145, ... B: first token at 0.310, during the
+  // step [0.305, 0.325]; admitted at 0.325, its pull ends at 0.330 during
+  // the step [0.325, 0.345], so its one decode step is [0.345, 0.365].
+  std::vector<SimRequest> reqs = {{0.0, 10, 100}, {0.21, 10, 2}};
+  SimResult r = Simulate(c, m, **lat, reqs);
+  REQUIRE(r.requests.size() == 2);
+  CHECK(r.requests[0].first_token == Approx(0.100));
+  CHECK(r.requests[0].finish == Approx(0.105 + 99 * 0.020));
+  CHECK(r.requests[1].first_token == Approx(0.310));
+  CHECK(r.requests[1].finish == Approx(0.365));
+}
+
+TEST_CASE("a chunked colocated step with decode rows costs the prefill plus the rows beyond one pass over the weights",
           "[placement]") {
   ModelSpec m = ModelPreset("opt-13b").value();
   auto lat = LoadLatencyModel(WriteProfile({}), m);
@@ -87,15 +145,16 @@ TEST_CASE("a chunked colocated step with decode rows costs one prefill of all it
   // A 10-token prompt generating 3 tokens (prefill 110 ms, then decode
   // steps of 20 ms + 0.01 ms a context token), and a 200-token prompt that
   // arrives during its first decode step (0.110 to 0.13011). The next step
-  // mixes the decode row (context 12) with the whole prompt: one prefill of
-  // 201 tokens (100 + 201 ms) plus that row's attention beyond a context of
-  // 1 (0.01 x 11 ms), not a decode step and a prefill one after the other.
+  // mixes the decode row (context 12) with the whole prompt in one pass:
+  // the prompt's prefill (100 + 200 ms) plus the decode step (20 + 0.12 ms)
+  // less a step of one sequence at no context (20 ms), not the two steps
+  // one after the other.
   std::vector<SimRequest> reqs = {{0.0, 10, 3}, {0.115, 200, 1}};
   SimResult r = Simulate(c, m, **lat, reqs);
   REQUIRE(r.requests.size() == 2);
   CHECK(r.requests[0].ttft() == Approx(0.110));
   const double first_decode_end = 0.110 + (20 + 0.01 * 11) / 1e3;
-  CHECK(r.requests[1].first_token == Approx(first_decode_end + (100 + 201 + 0.01 * 11) / 1e3));
+  CHECK(r.requests[1].first_token == Approx(first_decode_end + (100 + 200 + 0.01 * 12) / 1e3));
 }
 
 }  // namespace

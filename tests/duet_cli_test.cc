@@ -187,6 +187,13 @@ TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "
   CHECK(a + b * 64 + c * 64 * 64 > 0);
   const double da = e["decoding_smallbs"][0], db = e["decoding_smallbs"][1], dc = e["decoding_smallbs"][2];
   CHECK(da + db * 16 + dc * 1 > 0);
+  // duet's per-batch decode table: one [batch, a, b] row per batch size
+  // profiled (1 and 2 here), each positive at a context it was timed at.
+  const nlohmann::json& table = e["decoding_by_batch"];
+  REQUIRE(table.size() == 2);
+  CHECK(table[0][0] == 1);
+  CHECK(table[1][0] == 2);
+  for (const nlohmann::json& row : table) CHECK(row[1].get<double>() + row[2].get<double>() * 2 * 16 > 0);
   // The idle penalty: one [seconds, extra ms] point per gap asked for.
   const nlohmann::json& idle = j.begin().value()["idle_penalty_ms"];
   REQUIRE(idle.size() == 2);
@@ -194,6 +201,9 @@ TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "
   CHECK(idle[1][0] == 0.3);
   CHECK(idle[1][1].get<double>() >= 0);
   CHECK(Duet("profile --max-context 128 --max-batch 2 --idle-gaps 2,1 --out " + out + ".bad").exit_code != 0);
+  Run no_reps = Duet("profile --reps 0 --out " + out + ".bad");
+  CHECK(no_reps.exit_code != 0);
+  CHECK_THAT(no_reps.out, Contains("--reps must be at least 1"));
   // Too small a grid is refused, naming the flags.
   Run tiny = Duet("profile --max-context 20 --max-batch 1 --reps 1 --out " + out + ".small");
   CHECK(tiny.exit_code != 0);

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -79,6 +81,9 @@ struct Point {
 };
 
 absl::Status Run(const FlagSet& f) {
+  for (const char* flag : {"threads", "block-size", "max-context", "max-batch", "reps"}) {
+    if (f.GetInt(flag) < 1) return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be at least 1"));
+  }
   std::string dir = f.GetString("model");
   if (dir.empty()) {
     ASSIGN_OR_RETURN(dir, EnsureCachedModel("tiny"));
@@ -90,15 +95,32 @@ absl::Status Run(const FlagSet& f) {
   const int64_t max_batch = f.GetInt("max-batch");
   engine::BlockPool pool(model->KvLayoutFor(bs), (max_ctx / bs + 2) * std::max<int64_t>(max_batch, 8));
   const int reps = static_cast<int>(f.GetInt("reps"));
-  auto time_it = [&](auto&& fn) -> absl::StatusOr<double> {
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(fn());
-      t.push_back(Seconds(start) * 1e3);
+  // A grid of shapes is timed in `reps` passes, each shape once per pass,
+  // and each keeps its median: a slow spell of the machine (this VM's speed
+  // drifts by 10-20% for tens of seconds at a time) then spoils one of a
+  // shape's timings, not all of them.
+  struct Shape {
+    std::function<absl::Status()> run;
+    bool warm = false;  // run once untimed before each timing
+    Point point;        // x and label; ms is the median
+    std::vector<double> ms;
+  };
+  auto time_grid = [&](std::vector<Shape>& grid, const char* what) -> absl::Status {
+    for (int pass = 0; pass < reps; ++pass) {
+      std::fprintf(stderr, "[duet profile] %s: pass %d of %d over %zu shapes\n", what, pass + 1, reps, grid.size());
+      for (Shape& shape : grid) {
+        if (shape.warm) RETURN_IF_ERROR(shape.run());
+        const auto start = std::chrono::steady_clock::now();
+        RETURN_IF_ERROR(shape.run());
+        shape.ms.push_back(Seconds(start) * 1e3);
+      }
     }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    for (Shape& shape : grid) {
+      std::sort(shape.ms.begin(), shape.ms.end());
+      shape.point.ms = shape.ms[shape.ms.size() / 2];
+      std::fprintf(stderr, "[duet profile] %s %s: %.1f ms\n", what, shape.point.what.c_str(), shape.point.ms);
+    }
+    return absl::OkStatus();
   };
   std::vector<int32_t> tokens(static_cast<size_t>(max_ctx * max_batch));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + (i * 7919) % 900);
@@ -112,32 +134,47 @@ absl::Status Run(const FlagSet& f) {
       if (l <= max_ctx && n <= max_batch) shapes.push_back(std::vector<int64_t>(static_cast<size_t>(n), l));
     }
   }
+  std::vector<Shape> prefill_grid;
   for (const auto& lens : shapes) {
-    std::fprintf(stderr, "[duet profile] prefill %zu x %lld tokens\n", lens.size(), static_cast<long long>(lens[0]));
-    ASSIGN_OR_RETURN(double ms, time_it([&]() -> absl::Status {
-                       std::vector<SequenceKv> kv;
-                       std::vector<BatchSeq> batch;
-                       kv.reserve(lens.size());
-                       for (size_t i = 0; i < lens.size(); ++i) {
-                         kv.emplace_back(&pool);
-                         RETURN_IF_ERROR(kv.back().Reserve(lens[i]));
-                       }
-                       for (size_t i = 0; i < lens.size(); ++i) {
-                         batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(i * max_ctx, lens[i]),
-                                          .start_pos = 0,
-                                          .block_table = kv[i].block_table(),
-                                          .logit_rows = {static_cast<int32_t>(lens[i] - 1)}});
-                       }
-                       return model->Forward(batch, pool).status();
-                     }));
+    Shape shape;
+    shape.run = [&, lens]() -> absl::Status {
+      std::vector<SequenceKv> kv;
+      std::vector<BatchSeq> batch;
+      kv.reserve(lens.size());
+      for (size_t i = 0; i < lens.size(); ++i) {
+        kv.emplace_back(&pool);
+        RETURN_IF_ERROR(kv.back().Reserve(lens[i]));
+      }
+      for (size_t i = 0; i < lens.size(); ++i) {
+        batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(i * max_ctx, lens[i]),
+                         .start_pos = 0,
+                         .block_table = kv[i].block_table(),
+                         .logit_rows = {static_cast<int32_t>(lens[i] - 1)}});
+      }
+      return model->Forward(batch, pool).status();
+    };
     double s1 = 0, s2 = 0;
     for (int64_t l : lens) {
       s1 += static_cast<double>(l);
       s2 += static_cast<double>(l) * static_cast<double>(l);
     }
-    prefill.push_back({{1, s1, s2}, ms, absl::StrCat(lens.size(), "x", lens[0])});
+    // Short batches are bound by reading the weights: warm them as the decode
+    // shapes are (long ones are compute-bound).
+    shape.warm = s1 <= 256;
+    shape.point = {{1, s1, s2}, 0, absl::StrCat(lens.size(), " x ", lens[0], " tokens")};
+    prefill_grid.push_back(std::move(shape));
   }
-  // Decode: batch sizes x contexts, one step, ms against sum(context) and batch size.
+  RETURN_IF_ERROR(time_grid(prefill_grid, "prefill"));
+  for (const Shape& shape : prefill_grid) prefill.push_back(shape.point);
+  // Decode: batch sizes x contexts, one step, ms against sum(context) and
+  // batch size. Batches 1, 2 and 3 are all timed: on the CPU backend one
+  // sequence is a matrix-vector product and a few are dot products per
+  // weight row, so the cost per sequence bends there. Every sequence holds
+  // the longest context's KV (the first is prefilled, its blocks copied to
+  // the others); a step at a shorter context reads only the positions before
+  // it. Each shape runs once untimed first: right after compute-bound work
+  // (the prefills) the first pass over the weights reads cold memory on some
+  // machines, and the workers' steps follow each other hot.
   std::vector<Point> decode;
   std::vector<int64_t> contexts;
   for (int64_t ctx : {int64_t{16}, int64_t{64}, int64_t{256}, int64_t{512}, max_ctx / 4, max_ctx / 2}) {
@@ -145,33 +182,53 @@ absl::Status Run(const FlagSet& f) {
       contexts.push_back(ctx);
     }
   }
-  for (int64_t n = 1; n <= max_batch; n *= 2) {
-    for (int64_t ctx : contexts) {
-      std::fprintf(stderr, "[duet profile] decode %lld x context %lld\n", static_cast<long long>(n),
-                   static_cast<long long>(ctx));
-      std::vector<SequenceKv> kv;
-      kv.reserve(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        kv.emplace_back(&pool);
-        RETURN_IF_ERROR(kv.back().Reserve(ctx + 1));
-        BatchSeq b{.tokens = absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(i * max_ctx), ctx),
-                   .start_pos = 0,
-                   .block_table = kv.back().block_table()};
-        RETURN_IF_ERROR(model->Forward({&b, 1}, pool).status());  // the context, untimed
-      }
-      ASSIGN_OR_RETURN(double ms, time_it([&]() -> absl::Status {
-                         std::vector<BatchSeq> batch;
-                         for (int64_t i = 0; i < n; ++i) {
-                           batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(i * max_ctx + ctx), 1),
-                                            .start_pos = ctx,
-                                            .block_table = kv[static_cast<size_t>(i)].block_table(),
-                                            .logit_rows = {0}});
-                         }
-                         return model->Forward(batch, pool).status();
-                       }));
-      decode.push_back({{1, static_cast<double>(n * ctx), static_cast<double>(n)}, ms,
-                        absl::StrCat(n, "x", ctx)});
+  std::sort(contexts.begin(), contexts.end());
+  std::vector<int64_t> batches;
+  for (int64_t n = 1; n <= max_batch; n = n < 4 ? n + 1 : (n & (n - 1)) == 0 ? n + n / 2 : n / 3 * 4) {
+    batches.push_back(n);
+  }
+  if (batches.empty() || batches.back() != max_batch) batches.push_back(max_batch);
+  if (!contexts.empty() && max_batch >= 1) {
+    const int64_t longest = contexts.back();
+    std::vector<SequenceKv> kv;
+    kv.reserve(static_cast<size_t>(max_batch));
+    for (int64_t i = 0; i < max_batch; ++i) {
+      kv.emplace_back(&pool);
+      RETURN_IF_ERROR(kv.back().Reserve(longest + 1));
     }
+    std::fprintf(stderr, "[duet profile] decode: a context of %lld tokens for %lld sequences\n",
+                 static_cast<long long>(longest), static_cast<long long>(max_batch));
+    BatchSeq ctx_seq{.tokens = absl::MakeConstSpan(tokens).subspan(0, static_cast<size_t>(longest)),
+                     .start_pos = 0,
+                     .block_table = kv[0].block_table()};
+    RETURN_IF_ERROR(model->Forward({&ctx_seq, 1}, pool).status());  // untimed
+    const int64_t stride = model->KvLayoutFor(bs).BlockStride();
+    for (size_t i = 1; i < kv.size(); ++i) {
+      for (size_t j = 0; j < kv[0].block_table().size(); ++j) {
+        std::memcpy(pool.data() + kv[i].block_table()[j] * stride, pool.data() + kv[0].block_table()[j] * stride,
+                    static_cast<size_t>(pool.block_bytes()));
+      }
+    }
+    std::vector<Shape> decode_grid;
+    for (int64_t n : batches) {
+      for (int64_t ctx : contexts) {
+        std::vector<BatchSeq> batch;
+        for (int64_t i = 0; i < n; ++i) {
+          batch.push_back({.tokens = absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(ctx), 1),
+                           .start_pos = ctx,
+                           .block_table = kv[static_cast<size_t>(i)].block_table(),
+                           .logit_rows = {0}});
+        }
+        Shape shape;
+        shape.run = [&, batch]() { return model->Forward(batch, pool).status(); };
+        shape.warm = true;
+        shape.point = {{1, static_cast<double>(n * ctx), static_cast<double>(n)}, 0,
+                       absl::StrCat(n, " x context ", ctx)};
+        decode_grid.push_back(std::move(shape));
+      }
+    }
+    RETURN_IF_ERROR(time_grid(decode_grid, "decode"));
+    for (const Shape& shape : decode_grid) decode.push_back(shape.point);
   }
   // Fits minimise the relative error (rows weighted by 1/ms^2): a step of
   // 40 ms matters as much to TPOT as one of 400 to a long prompt's TTFT.
@@ -271,7 +328,8 @@ absl::Status Run(const FlagSet& f) {
   int64_t threshold = int64_t{1} << 30;
   std::vector<double> dc_small = fit(decode, {true, true, true}), dc_large = dc_small;
   double best = dc_small == zero ? std::numeric_limits<double>::infinity() : squared_error(decode, dc_small);
-  for (int64_t t = 2; t <= max_batch; t *= 2) {
+  for (int64_t t : batches) {
+    if (t < 2) continue;
     const auto [small, large] = split(t);
     if (small.size() < 3 || large.size() < 3) continue;
     const std::vector<double> s = fit(small, {true, true, batch_sizes(small) > 1});
@@ -284,6 +342,21 @@ absl::Status Run(const FlagSet& f) {
       dc_small = s;
       dc_large = l;
     }
+  }
+  // duet's own decode table: per profiled batch size, a + b sum(context)
+  // over its contexts. duet sim interpolates between batch sizes, which
+  // follows the bends two linear regimes cannot (the GEMV of one sequence,
+  // the dot kernel of a few, the packed GEMM of many).
+  std::vector<std::array<double, 3>> by_batch;
+  for (int64_t n : batches) {
+    std::vector<Point> pts;
+    for (const Point& p : decode) {
+      if (p.x[2] == static_cast<double>(n)) pts.push_back(p);
+    }
+    if (pts.empty()) continue;
+    const std::vector<double> c = fit(pts, {true, pts.size() > 1, false});
+    if (c == zero) continue;
+    by_batch.push_back({static_cast<double>(n), c[0], c[1]});
   }
   if (pc == zero || !std::isfinite(best)) {
     return absl::InternalError("the shapes do not determine the coefficients (singular fit)");
@@ -313,11 +386,25 @@ absl::Status Run(const FlagSet& f) {
     report(s.c_str(), small, dc_small);
     report(l.c_str(), large, dc_large);
   }
+  if (!by_batch.empty()) {
+    std::vector<double> errs;
+    for (const Point& p : decode) {
+      for (const auto& row : by_batch) {
+        if (row[0] == p.x[2]) errs.push_back(std::fabs(row[1] + row[2] * p.x[1] - p.ms) / p.ms);
+      }
+    }
+    std::sort(errs.begin(), errs.end());
+    std::printf("decode  ms = a + b sum(context) for each of %zu batch sizes (duet sim's table): over %zu shapes: "
+                "median error %.1f%%, worst %.1f%%\n",
+                by_batch.size(), errs.size(), errs[errs.size() / 2] * 100, errs.back() * 100);
+  }
   nlohmann::ordered_json entry;
   entry["decoding_large_small_bs_threshold"] = threshold;  // batches below it: decoding_smallbs
   entry["prefill"] = pc;
   entry["decoding_smallbs"] = dc_small;
   entry["decoding_largebs"] = dc_large;
+  // duet's extension: [[batch, a, b], ...]; duet sim prefers it.
+  if (!by_batch.empty()) entry["decoding_by_batch"] = by_batch;
   if (!idle_penalty.empty()) {
     std::string line = "idle penalty, extra ms of the first step after:";
     for (const auto& [gap, ms] : idle_penalty) absl::StrAppend(&line, " ", gap, " s: ", absl::StrFormat("%.1f", ms), ";");
@@ -344,7 +431,7 @@ int RunProfile(int argc, char** argv) {
   f.Int("block-size", 16, "KV block size in tokens");
   f.Int("max-context", 1024, "longest prompt and context profiled");
   f.Int("max-batch", 16, "largest decode batch profiled");
-  f.Int("reps", 3, "timings per shape (median kept)");
+  f.Int("reps", 3, "passes over the grid, each timing every shape once (each shape keeps its median)");
   f.String("idle-gaps", "0.5,1,2,4,8",
            "idle spells (seconds, rising) after which a decode step is timed against a hot one; the extra "
            "time is written as idle_penalty_ms, which duet sim charges to a batch that starts after the whole "
