@@ -172,9 +172,9 @@ absl::Status Run(const FlagSet& f) {
   // weight row, so the cost per sequence bends there. Every sequence holds
   // the longest context's KV (the first is prefilled, its blocks copied to
   // the others); a step at a shorter context reads only the positions before
-  // it. Each shape runs once untimed first: right after compute-bound work
-  // (the prefills) the first pass over the weights reads cold memory on some
-  // machines, and the workers' steps follow each other hot.
+  // it. Each shape runs once untimed before each timing: right after other
+  // work (the prefills, another shape) the first pass over the weights reads
+  // cold memory on some machines, and the workers' steps follow each other hot.
   std::vector<Point> decode;
   std::vector<int64_t> contexts;
   for (int64_t ctx : {int64_t{16}, int64_t{64}, int64_t{256}, int64_t{512}, max_ctx / 4, max_ctx / 2}) {
