@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -128,6 +129,24 @@ bool FlagSet::IsSet(const std::string& name) const {
   auto it = flags_.find(name);
   CHECK(it != flags_.end()) << name;
   return it->second.set;
+}
+
+int RunWithFlags(FlagSet& flags, int argc, char** argv, absl::FunctionRef<absl::Status(const FlagSet&)> run,
+                 absl::string_view error_prefix) {
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = run(flags); !s.ok()) {
+    const std::string prefix(error_prefix.empty() ? absl::string_view(flags.command()) : error_prefix);
+    std::fprintf(stderr, "%s: %s\n", prefix.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace duet

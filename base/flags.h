@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace duet {
 
@@ -59,6 +61,13 @@ class FlagSet {
   std::vector<std::string> positional_;
   bool help_ = false;
 };
+
+// The common frame of a command's main: parses argv into `flags` (an error:
+// printed, exit 2), answers --help (usage on stdout, exit 0), then runs
+// `run` (an error: "<error_prefix or the command>: <status>" on stderr, exit
+// 1; else exit 0).
+int RunWithFlags(FlagSet& flags, int argc, char** argv, absl::FunctionRef<absl::Status(const FlagSet&)> run,
+                 absl::string_view error_prefix = "");
 
 }  // namespace duet
 

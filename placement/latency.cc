@@ -133,9 +133,9 @@ class DistServeLatency : public LatencyModel {
   double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
     const DistServeFit::Coefficients& co = At(p);
     const double bs = static_cast<double>(ctx.size());
+    double sum = 0;
+    for (int64_t x : ctx) sum += static_cast<double>(x);
     if (!co.decode_by_batch.empty()) {
-      double sum = 0;
-      for (int64_t x : ctx) sum += static_cast<double>(x);
       const auto& t = co.decode_by_batch;
       auto at = [&](size_t i) { return t[i][1] + t[i][2] * sum; };
       double ms = at(0);
@@ -152,8 +152,6 @@ class DistServeLatency : public LatencyModel {
       return ms / 1e3 / p.pp;
     }
     const auto& c = static_cast<int64_t>(ctx.size()) < co.threshold ? co.decode_small : co.decode_large;
-    double sum = 0;
-    for (int64_t x : ctx) sum += static_cast<double>(x);
     return (c[0] + c[1] * sum + c[2] * bs) / 1e3 / p.pp;
   }
 

@@ -187,8 +187,8 @@ absl::Status Run(const FlagSet& f) {
   for (int64_t n = 1; n <= max_batch; n = n < 4 ? n + 1 : (n & (n - 1)) == 0 ? n + n / 2 : n / 3 * 4) {
     batches.push_back(n);
   }
-  if (batches.empty() || batches.back() != max_batch) batches.push_back(max_batch);
-  if (!contexts.empty() && max_batch >= 1) {
+  if (batches.back() != max_batch) batches.push_back(max_batch);
+  if (!contexts.empty()) {
     const int64_t longest = contexts.back();
     std::vector<SequenceKv> kv;
     kv.reserve(static_cast<size_t>(max_batch));

@@ -402,17 +402,5 @@ int main(int argc, char** argv) {
   f.Int("threads", duet::AvailableCores(), "threads for the engine, STREAM and OpenBLAS");
   f.String("model", "", "model directory (default: the cached bench model, made on first use)");
   f.Bool("op-times", "also print where the time goes, per op class (prefill, decode b=1 and b=32)");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = duet::bench::Run(f); !s.ok()) {
-    std::fprintf(stderr, "engine bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return duet::RunWithFlags(f, argc, argv, duet::bench::Run, "engine bench");
 }

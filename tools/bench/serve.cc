@@ -956,17 +956,5 @@ int main(int argc, char** argv) {
                            "DIR/<cluster>-runs.csv and the profile to DIR/<cluster>-profile.json");
   f.String("sim-rates", "", "three rates (low, near the knee, past it): run both clusters at each beside duet sim "
                             "of them with duet profile's latencies, and compare SLO attainment");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = duet::bench::Run(f); !s.ok()) {
-    std::fprintf(stderr, "serve bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return duet::RunWithFlags(f, argc, argv, duet::bench::Run, "serve bench");
 }
