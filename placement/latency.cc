@@ -195,7 +195,57 @@ absl::StatusOr<std::pair<double, double>> TwoNumbers(absl::string_view s, absl::
   return std::make_pair(a, b);
 }
 
+class ScaledLatency : public LatencyModel {
+ public:
+  ScaledLatency(LatencyModel* base, std::vector<std::pair<int64_t, double>> table)
+      : base_(base), table_(std::move(table)) {}
+  double Prefill(const Parallel& p, absl::Span<const int64_t> lens) override {
+    return FactorAtRows(table_, 0) * base_->Prefill(p, lens);
+  }
+  double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
+    return FactorAtRows(table_, static_cast<int64_t>(ctx.size())) * base_->Decode(p, ctx);
+  }
+  bool Supports(const Parallel& p) const override { return base_->Supports(p); }
+  double IdlePenalty(double idle_s) const override { return base_->IdlePenalty(idle_s); }
+  std::string Describe() const override {
+    std::string t;
+    for (const auto& [rows, f] : table_) absl::StrAppend(&t, t.empty() ? "" : ", ", rows, " rows: x", f);
+    return absl::StrCat(base_->Describe(), " scaled (", t, ")");
+  }
+
+ private:
+  LatencyModel* const base_;
+  const std::vector<std::pair<int64_t, double>> table_;
+};
+
 }  // namespace
+
+double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const int64_t> prompt_lens,
+                          absl::Span<const int64_t> context_lens) {
+  if (prompt_lens.empty()) return context_lens.empty() ? 0.0 : m.Decode(p, context_lens);
+  if (context_lens.empty()) return m.Prefill(p, prompt_lens);
+  static constexpr int64_t kNoContext[1] = {0};
+  const double rows = m.Decode(p, context_lens) - m.Decode(p, kNoContext);
+  return m.Prefill(p, prompt_lens) + std::max(0.0, rows);
+}
+
+double FactorAtRows(const std::vector<std::pair<int64_t, double>>& table, int64_t rows) {
+  if (table.empty()) return 1.0;
+  if (rows <= table.front().first) return table.front().second;
+  for (size_t i = 1; i < table.size(); ++i) {
+    if (rows <= table[i].first) {
+      const auto& [r0, f0] = table[i - 1];
+      const auto& [r1, f1] = table[i];
+      return f0 + (f1 - f0) * static_cast<double>(rows - r0) / static_cast<double>(r1 - r0);
+    }
+  }
+  return table.back().second;
+}
+
+std::unique_ptr<LatencyModel> NewScaledLatency(LatencyModel* base,
+                                               std::vector<std::pair<int64_t, double>> factor_by_rows) {
+  return std::make_unique<ScaledLatency>(base, std::move(factor_by_rows));
+}
 
 std::unique_ptr<LatencyModel> NewConstantLatency(double p, double d) { return std::make_unique<ConstantLatency>(p, d); }
 std::unique_ptr<LatencyModel> NewExponentialLatency(double p, double d, uint64_t seed) {

@@ -71,6 +71,26 @@ struct RooflineCoefficients {
   double pp_stage_overhead_s = 0.5e-3;
 };
 
+// One forward pass that batches prompt chunks with decode rows, as a
+// colocated engine with chunked prefill runs them: the prompts' prefill plus
+// the rows' decode step less a step of one sequence at no context (the pass
+// over the weights, which the prefill already pays). Either span may be
+// empty: then it is the other phase's own cost.
+double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const int64_t> prompt_lens,
+                          absl::Span<const int64_t> context_lens);
+
+// `base` as one instance measured it: each batch or step takes `factor`
+// times as long as `base` says (an instance slower or faster than the
+// profile: a straggler, a machine whose speed drifts, or what serving adds
+// per token beyond the forward pass a profile times). `factor_by_rows`
+// gives the factor by the decode rows in a step ([rows, factor], rising
+// rows): linear between them, the nearest outside; a prefill batch has 0
+// rows. The idle penalty stays as is. `base` is not owned.
+std::unique_ptr<LatencyModel> NewScaledLatency(LatencyModel* base,
+                                               std::vector<std::pair<int64_t, double>> factor_by_rows);
+// The factor of `table` (as above) at `rows`; 1 for an empty table.
+double FactorAtRows(const std::vector<std::pair<int64_t, double>>& table, int64_t rows);
+
 std::unique_ptr<LatencyModel> NewConstantLatency(double prefill_s, double decode_s);
 std::unique_ptr<LatencyModel> NewExponentialLatency(double mean_prefill_s, double mean_decode_s, uint64_t seed);
 std::unique_ptr<LatencyModel> NewRooflineLatency(ModelSpec model, GpuSpec gpu, RooflineCoefficients c = {});

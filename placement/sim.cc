@@ -364,19 +364,8 @@ class Sim {
     ctx_.clear();
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
-    double t = Idle(s);
-    if (lens_.empty()) {
-      t += Lat(s).Decode(s.spec.par, ctx_);
-    } else if (ctx_.empty()) {
-      t += Lat(s).Prefill(s.spec.par, lens_);
-    } else {
-      // One forward pass reads the weights once: the prompt chunks' prefill,
-      // plus the running requests' decode step less what a step of one
-      // sequence at no context costs (that pass over the weights).
-      static constexpr int64_t kNoContext[1] = {0};
-      const double rows = Lat(s).Decode(s.spec.par, ctx_) - Lat(s).Decode(s.spec.par, kNoContext);
-      t += Lat(s).Prefill(s.spec.par, lens_) + std::max(0.0, rows);
-    }
+    // One forward pass reads the weights once (ForwardPassSeconds).
+    const double t = Idle(s) + ForwardPassSeconds(Lat(s), s.spec.par, lens_, ctx_);
     s.busy = true;
     Push(now_ + t, kColocDone, i, 0);
   }

@@ -1,7 +1,7 @@
 // duet profile's extensions of DistServe's format in the loader and the
 // simulator: the idle penalty (charged after the whole cluster sat idle)
-// and the per-batch decode table; and the cost of a colocated step that
-// mixes decode rows into a prompt chunk.
+// and the per-batch decode table; the cost of a colocated step that mixes
+// decode rows into a prompt chunk; and an instance's scaled latency model.
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -155,6 +155,42 @@ TEST_CASE("a chunked colocated step with decode rows costs the prefill plus the 
   CHECK(r.requests[0].ttft() == Approx(0.110));
   const double first_decode_end = 0.110 + (20 + 0.01 * 11) / 1e3;
   CHECK(r.requests[1].first_token == Approx(first_decode_end + (100 + 200 + 0.01 * 12) / 1e3));
+}
+
+TEST_CASE("a scaled latency model stretches each step by its rows' factor, not the idle penalty, for its instance only",
+          "[placement]") {
+  ModelSpec m = ModelPreset("opt-13b").value();
+  auto lat = LoadLatencyModel(WriteProfile({{"idle_penalty_ms", {{1.0, 100.0}, {5.0, 300.0}}}}), m);
+  REQUIRE(lat.ok());
+  // Prefill (0 rows) x1.2; decode x1.0 at 1 row, x1.4 at 5 rows and past.
+  auto slow = NewScaledLatency(lat->get(), {{0, 1.2}, {1, 1.0}, {5, 1.4}});
+  const int64_t prompt[1] = {50};
+  const int64_t one[1] = {200};
+  const int64_t three[3] = {100, 100, 200};
+  const int64_t eight[8] = {50, 50, 50, 50, 50, 50, 50, 50};
+  CHECK(slow->Prefill({}, prompt) == Approx(1.2 * 0.150));
+  CHECK(slow->Decode({}, one) == Approx(1.0 * (20 + 0.01 * 200) / 1e3));
+  CHECK(slow->Decode({}, three) == Approx(1.2 * (20 + 0.01 * 400) / 1e3));
+  CHECK(slow->Decode({}, eight) == Approx(1.4 * (20 + 0.01 * 400) / 1e3));
+  CHECK(slow->IdlePenalty(2.0) == Approx((*lat)->IdlePenalty(2.0)));
+  CHECK(FactorAtRows({}, 3) == 1.0);
+  // A mixed pass: the prompt's prefill at x1.2 plus the 3 rows' step (x1.2)
+  // less one row at no context (x1.0).
+  CHECK(ForwardPassSeconds(*slow, {}, prompt, three) == Approx(1.2 * 0.150 + 1.2 * 0.024 - 0.020));
+
+  // Two colocated instances, round robin: the first runs at the profile's
+  // speed, the second 1.5 times slower. 50-token prompts (150 ms), each
+  // after some 10 s of idling (+300 ms, unscaled).
+  auto slower = NewScaledLatency(lat->get(), {{0, 1.5}});
+  ClusterSpec c;
+  c.policy = "round_robin";
+  c.instances = {{.role = InstanceRole::kColocated}, {.role = InstanceRole::kColocated, .latency = slower.get()}};
+  std::vector<SimRequest> reqs = {{10.0, 50, 1}, {20.0, 50, 1}, {30.0, 50, 1}};
+  SimResult r = Simulate(c, m, **lat, reqs);
+  REQUIRE(r.requests.size() == 3);
+  CHECK(r.requests[0].ttft() == Approx(0.300 + 0.150));
+  CHECK(r.requests[1].ttft() == Approx(0.300 + 1.5 * 0.150));
+  CHECK(r.requests[2].ttft() == Approx(0.300 + 0.150));
 }
 
 }  // namespace
