@@ -665,10 +665,11 @@ double SparsestSlo(const std::vector<std::vector<double>>& by_rate, size_t mid) 
 // This VM's speed drifts by several percent within minutes (one worker's
 // 1-sequence decode step, timed every 6 s for 3 minutes: 32.9 to 37.6 ms),
 // and at an SLO inside the middle 30-70% of a latency distribution a 5%
-// bias moves 10-20% of the requests across the line. So each worker's decode
-// speed relative to the profile (SpeedByRows) is measured by a probe just
-// before and just after each run, from the worker's own step log, and duet
-// sim runs that worker's decode steps scaled by the mean of the two.
+// bias moves 10-20% of the requests across the line (in one run the profile
+// timed decode 20% and prefill 15% slower than the workers then ran). So
+// each worker's speed relative to the profile (SpeedByRows) is measured by a
+// probe just before and just after each run, from the worker's own step
+// log, and duet sim runs that worker's steps scaled by the mean of the two.
 
 struct TimeSpan {
   double start_s = 0, end_s = 0;  // steady clock, as the step logs
@@ -677,26 +678,43 @@ struct TimeSpan {
 double SteadySeconds(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 
 // Even: round robin starts every run on the same instance.
-constexpr int kProbeRequests = 12;
+constexpr int kProbeRequests = 12;  // chained
+constexpr int kProbePrompts = 6;    // spaced
+constexpr double kProbePromptGapS = 0.4;
 
-// kProbeRequests requests of 256 distinct random tokens and 32 outputs,
-// alone on the cluster, each sent when the one before has its first token:
-// prefill runs prompt after prompt without idling, decode batches 1 to ~10
-// sequences. The span they took.
-absl::StatusOr<TimeSpan> SpeedProbe(int port, const std::string& model_name, int64_t vocab, uint32_t seed) {
+struct Probe {
+  TimeSpan chained;  // decode steps of 1 to ~8 sequences
+  TimeSpan spaced;   // prompts one at a time beside a running decode
+};
+
+// Two phases, alone on the cluster, all prompts 256 distinct random tokens.
+// Chained: kProbeRequests requests of 32 outputs, each sent when the one
+// before has its first token, so decode batches 1 to ~8 sequences. Spaced:
+// two requests of 64 outputs, then, from the first one's first token,
+// kProbePrompts prompts of 2 outputs kProbePromptGapS apart: each prompt
+// meets the prefill worker idle and the decode side busy, as in a run
+// (back to back, as in the chained phase, the same prompts ran 4-15%
+// faster on this VM, whose 480 MiB L3 keeps a busy worker's weights).
+absl::StatusOr<Probe> SpeedProbe(int port, const std::string& model_name, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
-  std::vector<std::string> bodies;
-  for (int i = 0; i < kProbeRequests; ++i) {
-    BenchRequest b{0, std::vector<int32_t>(256), 32};
+  auto body = [&](int64_t outputs) {
+    BenchRequest b{0, std::vector<int32_t>(256), outputs};
     for (auto& t : b.prompt) t = token(rng);
-    bodies.push_back(CompletionBody(model_name, b));
-  }
+    return CompletionBody(model_name, b);
+  };
+  std::vector<std::string> bodies;
+  for (int i = 0; i < kProbeRequests; ++i) bodies.push_back(body(32));
+  const std::string long_a = body(64), long_b = body(64);
+  std::vector<std::string> prompts;
+  for (int i = 0; i < kProbePrompts; ++i) prompts.push_back(body(2));
+
   std::vector<std::promise<void>> first(kProbeRequests);
   std::vector<std::future<void>> first_done;
   for (auto& p : first) first_done.push_back(p.get_future());
-  std::vector<Outcome> out(kProbeRequests);
-  TimeSpan span{SteadySeconds(Clock::now()), 0};
+  std::vector<Outcome> out(kProbeRequests + 2 + kProbePrompts);
+  Probe probe;
+  probe.chained.start_s = SteadySeconds(Clock::now());
   std::vector<std::thread> threads;
   for (int i = 0; i < kProbeRequests; ++i) {
     threads.emplace_back([&, i] {
@@ -711,11 +729,34 @@ absl::StatusOr<TimeSpan> SpeedProbe(int port, const std::string& model_name, int
     });
   }
   for (auto& t : threads) t.join();
-  span.end_s = SteadySeconds(Clock::now());
+  threads.clear();
+  probe.chained.end_s = probe.spaced.start_s = SteadySeconds(Clock::now());
+  std::promise<void> running;
+  std::future<void> running_done = running.get_future();
+  threads.emplace_back([&] {
+    bool signalled = false;
+    out[kProbeRequests] = StreamCompletion(port, long_a, Clock::now(), 120, [&] {
+      signalled = true;
+      running.set_value();
+    });
+    if (!signalled) running.set_value();
+  });
+  threads.emplace_back([&] { out[kProbeRequests + 1] = StreamCompletion(port, long_b, Clock::now(), 120); });
+  running_done.wait();
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < kProbePrompts; ++i) {
+    threads.emplace_back([&, i] {
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<int64_t>(i * kProbePromptGapS * 1e6)));
+      out[static_cast<size_t>(kProbeRequests + 2 + i)] =
+          StreamCompletion(port, prompts[static_cast<size_t>(i)], Clock::now(), 120);
+    });
+  }
+  for (auto& t : threads) t.join();
+  probe.spaced.end_s = SteadySeconds(Clock::now());
   for (const Outcome& o : out) {
     if (!o.ok()) return absl::InternalError(absl::StrCat("speed probe: a request failed: ", o.error));
   }
-  return span;
+  return probe;
 }
 
 // One row of DUET_STEP_LOG (engine/model.cc).
@@ -744,43 +785,48 @@ absl::StatusOr<std::vector<StepRow>> ReadStepLog(const std::string& path) {
   return rows;
 }
 
-// A worker's decode speed against the latency model during `span`: [rows,
-// median of real / predicted over its decode steps of that many rows], for
-// the row counts with at least 3 steps. By rows because serving adds to a
-// step more than the profile's forward pass alone shows, and not in
-// proportion: in some runs a worker's steps of one sequence ran 0-3% over a
-// profile taken minutes before while those of 3-8 sequences ran 10-15% over
-// (about 7 ms more; the same engine timed in one process beside the profile
-// ran them as the profile did; the cause is not known). Prefill is left as
-// profiled: the probe's prompts run back to back, which on this VM (a
-// 480 MiB L3 that holds most of a worker's weights) ran them 5-15% faster
-// than the runs' isolated prompts, which the profile matched within 1%.
-// The first step is skipped (it may pay the idle penalty); a step's time
-// runs to the next one's start when that follows within 5 ms.
+// A worker's speed against the latency model at one probe, by the decode
+// rows in a step: [rows, median of real / predicted]. Rows 0: its prompts
+// alone in a step during the spaced phase; rows 1 and up: its decode steps
+// of that many rows during the chained phase; only counts with at least 3
+// steps. By rows because serving adds to a step more than the profile's
+// forward pass alone shows, and not in proportion: in some runs a worker's
+// steps of one sequence ran 0-3% over a profile taken minutes before while
+// those of 3-8 sequences ran 10-15% over (about 7 ms more; the same engine
+// timed in one process beside the profile ran them as the profile did; the
+// cause is not known). Each phase's first step is skipped (it may pay the
+// idle penalty); a decode step's time runs to the next one's start when
+// that follows within 5 ms (the engine's work between forward passes:
+// sampling, sending tokens, polling pulls).
 using SpeedTable = std::vector<std::pair<int64_t, double>>;
 
-SpeedTable SpeedByRows(const std::vector<StepRow>& rows, TimeSpan span, placement::LatencyModel& latency) {
+SpeedTable SpeedByRows(const std::vector<StepRow>& rows, const Probe& probe, placement::LatencyModel& latency) {
   std::map<int64_t, std::vector<double>> ratios;
-  bool first = true;
+  bool first_chained = true, first_spaced = true;
   for (size_t i = 0; i < rows.size(); ++i) {
     const StepRow& r = rows[i];
-    if (r.start_s < span.start_s || r.start_s > span.end_s) continue;
+    const bool chained = r.start_s >= probe.chained.start_s && r.start_s < probe.chained.end_s;
+    const bool spaced = r.start_s >= probe.spaced.start_s && r.start_s <= probe.spaced.end_s;
+    if (!chained && !spaced) continue;
+    bool& first = chained ? first_chained : first_spaced;
     if (first) {
       first = false;
       continue;
     }
-    if (r.prompts > 0 || r.decode == 0) continue;
-    std::vector<int64_t> ctx;
-    for (int64_t k = 0; k < r.decode; ++k) ctx.push_back(r.context / r.decode + (k < r.context % r.decode ? 1 : 0));
-    const double predicted = latency.Decode({}, ctx);
-    // A step followed at once by the next counts until that one starts: the
-    // engine's work between forward passes (sampling, sending tokens,
-    // polling pulls; 0.5-1.5 ms here, more under load) is part of a step.
-    double seconds = r.ms / 1e3;
-    if (i + 1 < rows.size() && rows[i + 1].start_s - r.start_s - seconds < 0.005) {
-      seconds = rows[i + 1].start_s - r.start_s;
+    if (chained && r.prompts == 0 && r.decode > 0) {
+      std::vector<int64_t> ctx;
+      for (int64_t k = 0; k < r.decode; ++k) ctx.push_back(r.context / r.decode + (k < r.context % r.decode ? 1 : 0));
+      const double predicted = latency.Decode({}, ctx);
+      double seconds = r.ms / 1e3;
+      if (i + 1 < rows.size() && rows[i + 1].start_s - r.start_s - seconds < 0.005) {
+        seconds = rows[i + 1].start_s - r.start_s;
+      }
+      if (predicted > 0 && seconds > 0) ratios[r.decode].push_back(seconds / predicted);
+    } else if (spaced && r.prompts == 1 && r.decode == 0) {
+      const int64_t lens[1] = {r.tokens};
+      const double predicted = latency.Prefill({}, lens);
+      if (predicted > 0 && r.ms > 0) ratios[0].push_back(r.ms / 1e3 / predicted);
     }
-    if (predicted > 0 && seconds > 0) ratios[r.decode].push_back(seconds / predicted);
   }
   SpeedTable table;
   for (const auto& [n, v] : ratios) {
@@ -790,14 +836,29 @@ SpeedTable SpeedByRows(const std::vector<StepRow>& rows, TimeSpan span, placemen
 }
 
 // Two probes' tables as one for duet sim: at each row count of either, the
-// geometric mean of the two; prefill (0 rows) as profiled.
+// geometric mean of the two (a probe with too few steps of some kind leaves
+// the other's). Prefill (0 rows) as profiled where neither measured it
+// (colocated workers run the spaced prompts beside decode rows).
 SpeedTable MeanSpeed(const SpeedTable& a, const SpeedTable& b) {
-  std::map<int64_t, double> out = {{0, 1.0}};
-  for (const SpeedTable* t : {&a, &b}) {
-    // A probe with too few steps of any one row count leaves the other's.
-    for (const auto& [n, f] : *t) {
-      out[n] = std::sqrt(placement::FactorAtRows(a.empty() ? b : a, n) * placement::FactorAtRows(b.empty() ? a : b, n));
+  auto split = [](const SpeedTable& t, std::vector<double>* prefill, SpeedTable* decode) {
+    for (const auto& [n, f] : t) {
+      if (n == 0) {
+        prefill->push_back(f);
+      } else {
+        decode->emplace_back(n, f);
+      }
     }
+  };
+  std::vector<double> prefill;
+  SpeedTable da, db;
+  split(a, &prefill, &da);
+  split(b, &prefill, &db);
+  std::map<int64_t, double> out;
+  out[0] = prefill.empty() ? 1.0 : prefill.size() == 1 ? prefill[0] : std::sqrt(prefill[0] * prefill[1]);
+  if (da.empty()) da = db;
+  if (db.empty()) db = da;
+  for (const SpeedTable* t : {&da, &db}) {
+    for (const auto& [n, f] : *t) out[n] = std::sqrt(placement::FactorAtRows(da, n) * placement::FactorAtRows(db, n));
   }
   return SpeedTable(out.begin(), out.end());
 }
@@ -867,8 +928,8 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
   for (SetupSim& ss : setups) ss.cluster.policy = "round_robin";  // the router's, below
 
   std::printf("duet serve bench, simulation check: %s, %zu requests per rate, length scale %g; the same clusters "
-              "and requests in duet sim with latencies from duet profile on this machine, each worker's decode steps "
-              "scaled by their speed against the profile by rows, measured just before and after each run "
+              "and requests in duet sim with latencies from duet profile on this machine, each worker's steps "
+              "scaled by their speed against the profile by decode rows, measured just before and after each run "
               "(profile: unscaled)\n"
               "disaggregated: prefill (core 0) + decode (core 1); colocated: 2 workers (cores 0 and 1), round "
               "robin; 1 thread each\n"
@@ -913,9 +974,10 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
     std::vector<std::vector<double>> real_ttft(rates.size()), real_tpot(rates.size());
     std::vector<RunResult> runs;
     std::vector<std::vector<BenchRequest>> workloads;
-    std::vector<TimeSpan> probes;  // before run 0, between runs, after the last
-    Progress(absl::StrCat(ss.setup.name, ": speed probe (", kProbeRequests, " chained requests)"));
-    ASSIGN_OR_RETURN(TimeSpan probe, SpeedProbe(cluster.http_port(), model_name, vocab, probe_seed++));
+    std::vector<Probe> probes;  // before run 0, between runs, after the last
+    Progress(absl::StrCat(ss.setup.name, ": speed probe (", kProbeRequests, " chained requests, ", kProbePrompts,
+                          " spaced prompts)"));
+    ASSIGN_OR_RETURN(Probe probe, SpeedProbe(cluster.http_port(), model_name, vocab, probe_seed++));
     probes.push_back(probe);
     for (size_t k = 0; k < rates.size(); ++k) {
       workloads.push_back(MakeWorkload(rows, rates[k], scale, context, vocab, static_cast<uint32_t>(f.GetInt("seed"))));
@@ -1004,7 +1066,8 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
                   (raw_t - rt) * 100, rp, sp, (sp - rp) * 100, (raw_p - rp) * 100);
       std::fflush(stdout);
     }
-    std::printf("decode speed against the profile at the %zu probes, rows:factor (1.05: 5%% slower)\n%s",
+    std::printf("speed against the profile at the %zu probes, decode rows:factor (0: prompts alone; 1.05: 5%% "
+                "slower)\n%s",
                 probes.size(), speed_lines.c_str());
   }
   std::printf("\nlargest gap: %.1f percentage points (target <= 5); total wall time %.0f s (target < 900)\n"
