@@ -130,6 +130,12 @@ absl::Status KvPuller::Start(uint64_t request_id, absl::Span<const int32_t> bloc
   absl::StatusOr<kvtransfer::TransferId> id = options_.transport->Pull(req);
   if (!id.ok()) return fail(id.status(), "start");
   p.transfer = *id;
+  // One Poll now tells the transport nobody will Wait for this pull, so it
+  // copies it in the background at once. Otherwise a same-host pull waits
+  // for the engine's next Poll (a step later) or the progress thread's idle
+  // tick before its copy starts. A step that ended before the copy means the
+  // request joins the batch one step later than its bytes allowed.
+  p.ended = options_.transport->Poll(*id);
   return absl::OkStatus();
 }
 
@@ -138,7 +144,9 @@ std::optional<absl::Status> KvPuller::Poll(uint64_t request_id) {
   if (it == pending_.end() || !it->second.transfer.has_value()) {
     return absl::InternalError(absl::StrCat("no KV pull in flight for request ", request_id));
   }
-  std::optional<kvtransfer::TransferResult> r = options_.transport->Poll(*it->second.transfer);
+  std::optional<kvtransfer::TransferResult> r = it->second.ended.has_value()
+                                                   ? std::exchange(it->second.ended, std::nullopt)
+                                                   : options_.transport->Poll(*it->second.transfer);
   if (!r.has_value()) return std::nullopt;
   const proto::KvHandle handle = std::move(it->second.handle);
   const int64_t num_blocks = it->second.num_blocks;
@@ -160,7 +168,9 @@ void KvPuller::Abandon(uint64_t request_id) {
   auto it = pending_.find(request_id);
   if (it == pending_.end()) return;
   bool pulled = false;
-  if (it->second.transfer.has_value()) {
+  if (it->second.ended.has_value()) {
+    pulled = it->second.ended->state == kvtransfer::TransferState::kDone;  // already over
+  } else if (it->second.transfer.has_value()) {
     // Wait, bounded by the transport, until the transfer has ended: the
     // caller frees the destination blocks next, and a late read landing in
     // a reused block would corrupt another request's KV.

@@ -70,6 +70,9 @@ class KvPuller : public KvImporter {
   struct Pending {
     proto::KvHandle handle;
     std::optional<kvtransfer::TransferId> transfer;
+    // The transfer's result when the Poll that Start makes right after the
+    // pull already had it (the transport has forgotten the id then).
+    std::optional<kvtransfer::TransferResult> ended;
     int64_t num_blocks = 0;  // Blocks that hold the handle's positions.
   };
   // Tells the prefill it may reuse the blocks (best effort) and forgets the request.
