@@ -79,13 +79,13 @@ struct RooflineCoefficients {
 double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const int64_t> prompt_lens,
                           absl::Span<const int64_t> context_lens);
 
-// `base` as one instance measured it: each batch or step takes `factor`
+// `base` as one instance measured it: each batch or step takes a factor
 // times as long as `base` says (an instance slower or faster than the
 // profile: a straggler, a machine whose speed drifts, or what serving adds
-// per token beyond the forward pass a profile times). `factor_by_rows`
-// gives the factor by the decode rows in a step ([rows, factor], rising
-// rows): linear between them, the nearest outside; a prefill batch has 0
-// rows. The idle penalty stays as is. `base` is not owned.
+// beyond the forward pass a profile times). `factor_by_rows` gives the
+// factor by the decode rows in a step ([rows, factor], rising rows): linear
+// between them, the nearest outside; a prefill batch has 0 rows. The idle
+// penalty stays as is. `base` is not owned.
 std::unique_ptr<LatencyModel> NewScaledLatency(LatencyModel* base,
                                                std::vector<std::pair<int64_t, double>> factor_by_rows);
 // The factor of `table` (as above) at `rows`; 1 for an empty table.
