@@ -131,8 +131,7 @@ bool FlagSet::IsSet(const std::string& name) const {
   return it->second.set;
 }
 
-int RunWithFlags(FlagSet& flags, int argc, char** argv, absl::FunctionRef<absl::Status(const FlagSet&)> run,
-                 absl::string_view error_prefix) {
+std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
@@ -141,6 +140,12 @@ int RunWithFlags(FlagSet& flags, int argc, char** argv, absl::FunctionRef<absl::
     std::fputs(flags.Usage().c_str(), stdout);
     return 0;
   }
+  return std::nullopt;
+}
+
+int RunWithFlags(FlagSet& flags, int argc, char** argv, absl::FunctionRef<absl::Status(const FlagSet&)> run,
+                 absl::string_view error_prefix) {
+  if (std::optional<int> exit = ParseFlagsOrExit(flags, argc, argv)) return *exit;
   if (absl::Status s = run(flags); !s.ok()) {
     const std::string prefix(error_prefix.empty() ? absl::string_view(flags.command()) : error_prefix);
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), s.ToString().c_str());

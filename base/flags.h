@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,12 @@ class FlagSet {
   bool help_ = false;
 };
 
-// The common frame of a command's main: parses argv into `flags` (an error:
-// printed, exit 2), answers --help (usage on stdout, exit 0), then runs
+// The first half of a command's main: parses argv into `flags` (an error:
+// printed on stderr, exit code 2) and answers --help (usage on stdout, exit
+// code 0). An exit code when main should return it; nullopt: go on.
+std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv);
+
+// The common frame of a command's main: ParseFlagsOrExit, then runs
 // `run` (an error: "<error_prefix or the command>: <status>" on stderr, exit
 // 1; else exit 0).
 int RunWithFlags(FlagSet& flags, int argc, char** argv, absl::FunctionRef<absl::Status(const FlagSet&)> run,

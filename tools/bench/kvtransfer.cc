@@ -903,14 +903,7 @@ int main(int argc, char** argv) {
   f.Bool("probe", "internal: run as the lane probe");
   f.String("probe-address", "", "internal: exporter address (hex)");
   f.String("probe-region", "", "internal: exporter region (hex)");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit = duet::ParseFlagsOrExit(f, argc, argv)) return *exit;
   if (f.GetBool("exporter")) return duet::bench::RunExporter(f);
   if (f.GetBool("probe")) return duet::bench::RunProbe(f);
   if (absl::Status s = duet::bench::Run(f); !s.ok()) {

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -303,13 +304,6 @@ int Run(const FlagSet& f) {
 int main(int argc, char** argv) {
   duet::FlagSet f("latency_model", "The roofline latency model against measured GPU operator timings.");
   f.String("data", "", "folder of Vidur's profiles (default ../shared/data/profiles/vidur beside the workspace)");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit = duet::ParseFlagsOrExit(f, argc, argv)) return *exit;
   return duet::bench::Run(f);
 }

@@ -49,6 +49,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -878,14 +879,7 @@ int main(int argc, char** argv) {
   f.String("router", "", "internal: router control address");
   f.String("model-name", "", "internal: served model name");
   f.Int("token", 300, "internal: the token id the synthetic worker emits");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit = duet::ParseFlagsOrExit(f, argc, argv)) return *exit;
   if (f.GetBool("synthetic-worker")) return duet::bench::RunSyntheticWorker(f);
   if (absl::Status s = duet::bench::Run(f); !s.ok()) {
     std::fprintf(stderr, "router bench: %s\n", s.ToString().c_str());

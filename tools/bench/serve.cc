@@ -344,7 +344,12 @@ class LocalCluster {
         args.push_back(a);
       }
       std::vector<std::string> env;
-      if (!step_log_prefix.empty()) env.push_back(absl::StrCat("DUET_STEP_LOG=", step_log_prefix, id, ".csv"));
+      if (!step_log_prefix.empty()) {
+        const std::string log = absl::StrCat(step_log_prefix, id, ".csv");
+        std::error_code ec;
+        fs::remove(log, ec);  // the worker appends: start from an empty log
+        env.push_back("DUET_STEP_LOG=" + log);
+      }
       RETURN_IF_ERROR(Launch(id, args, w.cpus, env).status());
     }
     // Ready when the router lists every worker.
@@ -709,6 +714,17 @@ absl::StatusOr<Probe> SpeedProbe(int port, const std::string& model_name, int64_
   std::vector<std::string> prompts;
   for (int i = 0; i < kProbePrompts; ++i) prompts.push_back(body(2));
 
+  // Streams `body`; `first` is set at its first token, or at its end if
+  // none came (a failure: what waits on it goes on anyway).
+  auto stream = [port](const std::string& body, std::promise<void>& first) {
+    bool signalled = false;
+    Outcome o = StreamCompletion(port, body, Clock::now(), 120, [&] {
+      signalled = true;
+      first.set_value();
+    });
+    if (!signalled) first.set_value();
+    return o;
+  };
   std::vector<std::promise<void>> first(kProbeRequests);
   std::vector<std::future<void>> first_done;
   for (auto& p : first) first_done.push_back(p.get_future());
@@ -716,16 +732,10 @@ absl::StatusOr<Probe> SpeedProbe(int port, const std::string& model_name, int64_
   Probe probe;
   probe.chained.start_s = SteadySeconds(Clock::now());
   std::vector<std::thread> threads;
-  for (int i = 0; i < kProbeRequests; ++i) {
+  for (size_t i = 0; i < kProbeRequests; ++i) {
     threads.emplace_back([&, i] {
-      if (i > 0) first_done[static_cast<size_t>(i - 1)].wait();
-      bool signalled = false;
-      out[static_cast<size_t>(i)] =
-          StreamCompletion(port, bodies[static_cast<size_t>(i)], Clock::now(), 120, [&] {
-            signalled = true;
-            first[static_cast<size_t>(i)].set_value();
-          });
-      if (!signalled) first[static_cast<size_t>(i)].set_value();  // failed: the next goes anyway
+      if (i > 0) first_done[i - 1].wait();
+      out[i] = stream(bodies[i], first[i]);
     });
   }
   for (auto& t : threads) t.join();
@@ -733,14 +743,7 @@ absl::StatusOr<Probe> SpeedProbe(int port, const std::string& model_name, int64_
   probe.chained.end_s = probe.spaced.start_s = SteadySeconds(Clock::now());
   std::promise<void> running;
   std::future<void> running_done = running.get_future();
-  threads.emplace_back([&] {
-    bool signalled = false;
-    out[kProbeRequests] = StreamCompletion(port, long_a, Clock::now(), 120, [&] {
-      signalled = true;
-      running.set_value();
-    });
-    if (!signalled) running.set_value();
-  });
+  threads.emplace_back([&] { out[kProbeRequests] = stream(long_a, running); });
   threads.emplace_back([&] { out[kProbeRequests + 1] = StreamCompletion(port, long_b, Clock::now(), 120); });
   running_done.wait();
   const Clock::time_point t0 = Clock::now();
@@ -959,10 +962,6 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
                     fs::copy_options::overwrite_existing, ec);
     }
     const std::string step_logs = absl::StrCat(dump.empty() ? run_root : dump, "/", ss.setup.name, "-steps-");
-    for (const char* id : {"prefill-0", "decode-0", "colocated-0", "colocated-1"}) {
-      std::error_code ec;
-      fs::remove(absl::StrCat(step_logs, id, ".csv"), ec);  // the workers append
-    }
     RETURN_IF_ERROR(
         cluster.Start(model_dir, ss.setup.workers, kv_gib, f.GetInt("heartbeat-ms"), step_logs, "round_robin"));
     for (int i = 0; i < 2; ++i) {  // one each on two colocated workers; even, for round robin
