@@ -224,9 +224,11 @@ double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const i
                           absl::Span<const int64_t> context_lens) {
   if (prompt_lens.empty()) return context_lens.empty() ? 0.0 : m.Decode(p, context_lens);
   if (context_lens.empty()) return m.Prefill(p, prompt_lens);
-  static constexpr int64_t kNoContext[1] = {0};
-  const double rows = m.Decode(p, context_lens) - m.Decode(p, kNoContext);
-  return m.Prefill(p, prompt_lens) + std::max(0.0, rows);
+  std::vector<int64_t> tokens(prompt_lens.begin(), prompt_lens.end());
+  tokens.insert(tokens.end(), context_lens.size(), 1);
+  const std::vector<int64_t> no_context(context_lens.size(), 0);
+  const double attention = m.Decode(p, context_lens) - m.Decode(p, no_context);
+  return m.Prefill(p, tokens) + std::max(0.0, attention);
 }
 
 double FactorAtRows(const std::vector<std::pair<int64_t, double>>& table, int64_t rows) {

@@ -72,10 +72,14 @@ struct RooflineCoefficients {
 };
 
 // One forward pass that batches prompt chunks with decode rows, as a
-// colocated engine with chunked prefill runs them: the prompts' prefill plus
-// the rows' decode step less a step of one sequence at no context (the pass
-// over the weights, which the prefill already pays). Either span may be
-// empty: then it is the other phase's own cost.
+// colocated engine with chunked prefill runs them: each row rides in the
+// prompts' matrix products as one more token (a prefill of the prompts and
+// one-token sequences), and adds its attention over its context (the rows'
+// decode step less the same rows at no context). Charging the rows a decode
+// step's per-row cost instead put the duet engine's mixed passes of 2-4
+// rows 6-14% over what they took (two runs of the serve bench's colocated
+// cluster); this way the medians land within 5%. Either span may be empty:
+// then it is the other phase's own cost.
 double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const int64_t> prompt_lens,
                           absl::Span<const int64_t> context_lens);
 

@@ -364,7 +364,7 @@ class Sim {
     ctx_.clear();
     for (int64_t r : s.running) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
     s.step_decode = s.running;
-    // One forward pass reads the weights once (ForwardPassSeconds).
+    // One forward pass: the rows ride in the chunks' prefill (ForwardPassSeconds).
     const double t = Idle(s) + ForwardPassSeconds(Lat(s), s.spec.par, lens_, ctx_);
     s.busy = true;
     Push(now_ + t, kColocDone, i, 0);

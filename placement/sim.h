@@ -16,8 +16,8 @@
 // Colocated instances run vLLM's loop: a prefill batch whenever requests wait
 // and fit (prefill first), else a decode step; with chunked_prefill each step
 // is the running requests' decode plus up to chunk_tokens of prompts, one
-// forward pass: the chunks' prefill plus the rows' decode step beyond one
-// pass over the weights (ForwardPassSeconds).
+// forward pass: the rows ride in the chunks' prefill as one token each and
+// add their attention over their context (ForwardPassSeconds).
 // A batch or step that starts after the whole cluster sat idle also pays
 // the latency model's IdlePenalty (duet profile measures it; 0 elsewhere).
 // Output tokens count the first; TPOT is (last token - first) / (output - 1).

@@ -133,8 +133,7 @@ TEST_CASE("a decode instance admits and starts pulls at a step's start; a pulled
   CHECK(r.requests[1].finish == Approx(0.365));
 }
 
-TEST_CASE("a chunked colocated step with decode rows costs the prefill plus the rows beyond one pass over the weights",
-          "[placement]") {
+TEST_CASE("a chunked colocated step carries its decode rows as one-token prompts plus their attention", "[placement]") {
   ModelSpec m = ModelPreset("opt-13b").value();
   auto lat = LoadLatencyModel(WriteProfile({}), m);
   REQUIRE(lat.ok());
@@ -145,16 +144,15 @@ TEST_CASE("a chunked colocated step with decode rows costs the prefill plus the 
   // A 10-token prompt generating 3 tokens (prefill 110 ms, then decode
   // steps of 20 ms + 0.01 ms a context token), and a 200-token prompt that
   // arrives during its first decode step (0.110 to 0.13011). The next step
-  // mixes the decode row (context 12) with the whole prompt in one pass:
-  // the prompt's prefill (100 + 200 ms) plus the decode step (20 + 0.12 ms)
-  // less a step of one sequence at no context (20 ms), not the two steps
-  // one after the other.
+  // mixes the decode row (context 12) with the whole prompt in one pass: a
+  // prefill of the prompt and the row as one token (100 + 200 + 1 ms) plus
+  // the row's attention (0.12 ms), not the two steps one after the other.
   std::vector<SimRequest> reqs = {{0.0, 10, 3}, {0.115, 200, 1}};
   SimResult r = Simulate(c, m, **lat, reqs);
   REQUIRE(r.requests.size() == 2);
   CHECK(r.requests[0].ttft() == Approx(0.110));
   const double first_decode_end = 0.110 + (20 + 0.01 * 11) / 1e3;
-  CHECK(r.requests[1].first_token == Approx(first_decode_end + (100 + 200 + 0.01 * 12) / 1e3));
+  CHECK(r.requests[1].first_token == Approx(first_decode_end + (100 + 200 + 1 + 0.01 * 12) / 1e3));
 }
 
 TEST_CASE("a scaled latency model stretches each step by its rows' factor, not the idle penalty, for its instance only",
@@ -174,9 +172,9 @@ TEST_CASE("a scaled latency model stretches each step by its rows' factor, not t
   CHECK(slow->Decode({}, eight) == Approx(1.4 * (20 + 0.01 * 400) / 1e3));
   CHECK(slow->IdlePenalty(2.0) == Approx((*lat)->IdlePenalty(2.0)));
   CHECK(FactorAtRows({}, 3) == 1.0);
-  // A mixed pass: the prompt's prefill at x1.2 plus the 3 rows' step (x1.2)
-  // less one row at no context (x1.0).
-  CHECK(ForwardPassSeconds(*slow, {}, prompt, three) == Approx(1.2 * 0.150 + 1.2 * 0.024 - 0.020));
+  // A mixed pass: the prompt and the 3 rows as one-token prompts (x1.2)
+  // plus the rows' attention over 400 context tokens (3 rows: x1.2).
+  CHECK(ForwardPassSeconds(*slow, {}, prompt, three) == Approx(1.2 * 0.153 + 1.2 * 0.004));
 
   // Two colocated instances, round robin: the first runs at the profile's
   // speed, the second 1.5 times slower. 50-token prompts (150 ms), each
