@@ -800,15 +800,15 @@ absl::StatusOr<std::vector<StepRow>> ReadStepLog(const std::string& path) {
 // A worker's speed against the latency model at one probe, by the decode
 // rows in a step: [rows, median of real / predicted]. Rows 0: its prompts
 // alone in a step during the spaced phase, or, with fewer than 3 of those,
-// its prompts beside decode rows; rows 1 and up: its decode steps
-// of that many rows during the chained phase; only counts with at least 3
-// steps. By rows because serving adds to a step more than the profile's
-// forward pass alone shows, and not in proportion: in some runs a worker's
-// steps of one sequence ran 0-3% over a profile taken minutes before while
-// those of 3-8 sequences ran 10-15% over (about 7 ms more; the same engine
-// timed in one process beside the profile ran them as the profile did; the
-// cause is not known). Each phase's first step is skipped (it may pay the
-// idle penalty).
+// its prompts beside decode rows; rows 1 and up: its decode steps of that
+// many rows during the chained phase, smoothed (below); only counts with at
+// least 3 steps. By rows because serving adds to a step more than the
+// profile's forward pass alone shows, and not in proportion: in some runs a
+// worker's steps of one sequence ran 0-3% over a profile taken minutes
+// before while those of 3-8 sequences ran 10-15% over (about 7 ms more; the
+// same engine timed in one process beside the profile ran them as the
+// profile did; the cause is not known). Each phase's first step is skipped
+// (it may pay the idle penalty).
 using SpeedTable = std::vector<std::pair<int64_t, double>>;
 
 // Real over predicted time of step `i` of `rows` when it is a decode step
@@ -853,8 +853,28 @@ SpeedTable SpeedByRows(const std::vector<StepRow>& rows, const Probe& probe, pla
     }
   }
   SpeedTable table;
+  if (ratios[0].size() >= 3) table.emplace_back(0, Percentile(ratios[0], 0.5));
+  // Decode: a line through the rows' medians, weighted by their steps. A
+  // probe has some 10-60 steps of each row count, and its medians scatter
+  // by 2-4% around a gentle rise (1.00 at one row to 1.05 at eight in the
+  // runs' own steps); a line keeps the rise and drops the scatter.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  std::vector<std::pair<int64_t, double>> medians;
   for (const auto& [n, v] : ratios) {
-    if (v.size() >= 3) table.emplace_back(n, Percentile(v, 0.5));
+    if (n == 0 || v.size() < 3) continue;
+    const double w = static_cast<double>(v.size()), x = static_cast<double>(n), y = Percentile(v, 0.5);
+    medians.emplace_back(n, y);
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  const double spread = sw * sxx - sx * sx;
+  const bool line = medians.size() > 1 && spread > 0;
+  const double slope = line ? (sw * sxy - sx * sy) / spread : 0.0;
+  for (const auto& [n, y] : medians) {
+    table.emplace_back(n, line ? (sy - slope * sx) / sw + slope * static_cast<double>(n) : y);
   }
   if (ratios[0].size() >= 3 || table.empty()) return table;
   // A colocated worker runs the spaced prompts beside its decode rows, one
@@ -1115,7 +1135,17 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
       placement::ClusterSpec tracked = ss.cluster;
       std::vector<std::unique_ptr<placement::LatencyModel>> scaled;
       for (size_t w = 0; w < ids.size(); ++w) {
-        scaled.push_back(placement::NewScaledLatency(latency.get(), MeanSpeed(speed[w][k], speed[w][k + 1])));
+        // The probes time a disaggregated worker beside the other's load
+        // (the chained phase keeps the prefill worker busy, the spaced one
+        // runs prompts beside a decode): their factors already hold the
+        // interference duet sim adds while both compute, so it comes out.
+        const placement::InstanceRole role = ss.cluster.instances[w].role;
+        const double beside = role == placement::InstanceRole::kPrefill  ? ss.cluster.interference_prefill
+                              : role == placement::InstanceRole::kDecode ? ss.cluster.interference_decode
+                                                                         : 0.0;
+        SpeedTable t = MeanSpeed(speed[w][k], speed[w][k + 1]);
+        for (auto& [rows, factor] : t) factor /= 1 + beside;
+        scaled.push_back(placement::NewScaledLatency(latency.get(), std::move(t)));
         tracked.instances[w].latency = scaled.back().get();
       }
       const placement::SimResult sr = placement::Simulate(tracked, spec, *latency, sim_reqs);
