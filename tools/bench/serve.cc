@@ -797,6 +797,13 @@ absl::StatusOr<std::vector<StepRow>> ReadStepLog(const std::string& path) {
   return rows;
 }
 
+// A step's decode rows' contexts: the logged total, spread evenly.
+std::vector<int64_t> RowContexts(const StepRow& r) {
+  std::vector<int64_t> ctx;
+  for (int64_t k = 0; k < r.decode; ++k) ctx.push_back(r.context / r.decode + (k < r.context % r.decode ? 1 : 0));
+  return ctx;
+}
+
 // A worker's speed against the latency model at one probe, by the decode
 // rows in a step: [rows, median of real / predicted]. Rows 0: its prompts
 // alone in a step during the spaced phase, or, with fewer than 3 of those,
@@ -821,9 +828,7 @@ std::optional<double> StepRatio(const std::vector<StepRow>& rows, size_t i, plac
   const StepRow& r = rows[i];
   double predicted = 0, seconds = r.ms / 1e3;
   if (decode && r.prompts == 0 && r.decode > 0) {
-    std::vector<int64_t> ctx;
-    for (int64_t k = 0; k < r.decode; ++k) ctx.push_back(r.context / r.decode + (k < r.context % r.decode ? 1 : 0));
-    predicted = latency.Decode({}, ctx);
+    predicted = latency.Decode({}, RowContexts(r));
     if (i + 1 < rows.size() && rows[i + 1].start_s - r.start_s - seconds < 0.005) {
       seconds = rows[i + 1].start_s - r.start_s;
     }
@@ -885,8 +890,7 @@ SpeedTable SpeedByRows(const std::vector<StepRow>& rows, const Probe& probe, pla
   for (size_t i = 0; i < rows.size(); ++i) {
     const StepRow& r = rows[i];
     if (r.start_s < probe.spaced.start_s || r.start_s > probe.spaced.end_s || r.prompts != 1 || r.decode < 1) continue;
-    std::vector<int64_t> ctx;
-    for (int64_t k = 0; k < r.decode; ++k) ctx.push_back(r.context / r.decode + (k < r.context % r.decode ? 1 : 0));
+    const std::vector<int64_t> ctx = RowContexts(r);
     std::vector<int64_t> lens(static_cast<size_t>(r.decode) + 1, 1);
     lens[0] = r.tokens;
     const std::vector<int64_t> none(static_cast<size_t>(r.decode), 0);
@@ -952,6 +956,18 @@ std::string DescribeSpeed(const SpeedTable& t) {
   std::string s;
   for (const auto& [n, f] : t) absl::StrAppend(&s, s.empty() ? "" : " ", n, ":", absl::StrFormat("%.2f", f));
   return s.empty() ? "as profiled" : s;
+}
+
+// A run's TTFTs and, for requests of more than one token, TPOTs; an error
+// if any request failed.
+absl::Status RealLatencies(const RunResult& r, const std::string& cluster, std::vector<double>* ttft,
+                           std::vector<double>* tpot) {
+  for (const Outcome& o : r.outcomes) {
+    if (!o.ok()) return absl::InternalError(absl::StrCat(cluster, ": a request failed: ", o.error));
+    ttft->push_back(o.ttft());
+    if (o.tokens > 1) tpot->push_back(o.tpot());
+  }
+  return absl::OkStatus();
 }
 
 // The real clusters at three rates beside duet sim of the same clusters and
@@ -1080,11 +1096,7 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
         starts << rates[k] << "," << SteadySeconds(r.t0) << "\n";
       }
       RETURN_IF_ERROR(cluster.CheckAlive());
-      for (const Outcome& o : r.outcomes) {
-        if (!o.ok()) return absl::InternalError(absl::StrCat(ss.setup.name, ": a request failed: ", o.error));
-        real_ttft[k].push_back(o.ttft());
-        if (o.tokens > 1) real_tpot[k].push_back(o.tpot());
-      }
+      RETURN_IF_ERROR(RealLatencies(r, ss.setup.name, &real_ttft[k], &real_tpot[k]));
       runs.push_back(std::move(r));
       ASSIGN_OR_RETURN(probe, SpeedProbe(cluster.http_port(), model_name, vocab, probe_lens, probe_seed++));
       probes.push_back(probe);
@@ -1097,11 +1109,7 @@ absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std:
     {
       RunResult r = Replay(cluster.http_port(), model_name, workloads[mid], f.GetDouble("timeout-s"));
       RETURN_IF_ERROR(cluster.CheckAlive());
-      for (const Outcome& o : r.outcomes) {
-        if (!o.ok()) return absl::InternalError(absl::StrCat(ss.setup.name, ": a request failed: ", o.error));
-        again_ttft.push_back(o.ttft());
-        if (o.tokens > 1) again_tpot.push_back(o.tpot());
-      }
+      RETURN_IF_ERROR(RealLatencies(r, ss.setup.name, &again_ttft, &again_tpot));
     }
     // Each worker's speed at each probe; a run's is the geometric mean of the
     // probes around it.
