@@ -331,15 +331,15 @@ StepResult BatchEngine::Step() {
     s->tokens.push_back(token);
     out.tokens.push_back({.request_id = s->id, .sample = std::move(smp), .first = s->first_pending});
     s->first_pending = false;
-    const bool stop_id =
-        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
-    const bool eos = !p.ignore_eos && c.IsEos(token) && s->generated() >= p.min_tokens;
-    if (eos || stop_id) {
-      Finish(s, FinishKind::kStop, absl::OkStatus(), out);
-    } else if (p.max_tokens > 0 && s->generated() >= p.max_tokens) {
-      Finish(s, FinishKind::kLength, absl::OkStatus(), out);
-    } else if (pos + 1 > c.max_position_embeddings) {
-      Finish(s, FinishKind::kLength, absl::OkStatus(), out);  // The context is full.
+    switch (engine::FinishAfter(p, c, s->generated(), pos, token)) {
+      case engine::FinishDecision::kStop:
+        Finish(s, FinishKind::kStop, absl::OkStatus(), out);
+        break;
+      case engine::FinishDecision::kLength:
+        Finish(s, FinishKind::kLength, absl::OkStatus(), out);
+        break;
+      case engine::FinishDecision::kContinue:
+        break;
     }
   }
   return out;

@@ -2,7 +2,7 @@
 // colocated worker. It owns the scheduling of one engine: a FIFO waiting
 // queue, admission when the KV pool has room, one Forward per step over every
 // running request's next token plus chunked prefills under a token budget,
-// sampling and finishing exactly as engine::Generate does, and preemption
+// sampling and finishing exactly as engine::Generate does (engine::FinishAfter), and preemption
 // (newest first, recomputed locally) when a running request needs a block
 // and none is free.
 //
@@ -37,22 +37,13 @@
 #include "absl/status/status.h"
 #include "decode/kv_importer.h"
 #include "engine/block_pool.h"
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
 namespace duet::decode {
 
-// What engine::GenerateOptions says, plus the serving-only knobs.
-struct GenerationParams {
-  engine::SamplingParams sampling;
-  int64_t max_tokens = 16;  // <= 0: until a stop or the context's end.
-  std::vector<int32_t> stop_token_ids;  // Besides the config's EOS ids.
-  bool ignore_eos = false;
-  // EOS does not end the request before it has this many generated tokens
-  // (the token is still emitted). Stop ids end it regardless, as on prefill.
-  int64_t min_tokens = 0;
-  uint64_t choice_index = 0;
-};
+using engine::GenerationParams;
 
 struct SequenceRequest {
   uint64_t request_id = 0;

@@ -15,7 +15,7 @@
 
 #include "engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::decode {
 namespace {
@@ -282,7 +282,7 @@ TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", 
   SECTION("the context's end is FINISH_LENGTH") {
     const int64_t context = TinyModel().config().max_position_embeddings;
     Harness h(80);
-    h.AddLocal(1, Prompt(static_cast<int>(context) - 4, 3), Greedy(0));  // No max_tokens.
+    h.AddLocal(1, Prompt(static_cast<int>(context) - 4, 3), Greedy(context));  // More than the context leaves.
     h.RunToEnd();
     h.CheckAgainstGenerate();
     REQUIRE(h.out[1].finish->kind == FinishKind::kLength);

@@ -85,13 +85,13 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
   }
   const int64_t tokens = req.spec().prompt_ids_size() + req.resume_ids_size();
   absl::StatusOr<GenerationParams> params =
-      valid.ok() ? ParamsFromSpec(req.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
+      valid.ok() ? DecodeParams(req.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
   if (!params.ok()) {
     LOG(WARNING) << "refusing request " << id << ": " << params.status();
     sink_->SendToRouter(ErrorFinish(id, params.status()));
     return;
   }
-  if (params->max_tokens > 0 && req.resume_ids_size() >= params->max_tokens) {
+  if (req.resume_ids_size() >= params->max_tokens) {
     // The client already has every token it asked for.
     proto::Frame f = EngineLoop::NewFrame();
     f.mutable_finish()->set_request_id(id);

@@ -13,7 +13,7 @@
 #include "decode/fake_frame_sink.h"
 #include "decode/service_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::decode {
 namespace {
@@ -140,7 +140,7 @@ TEST_CASE("colocated: a pool too small preempts, outputs unchanged", "[colocated
 
 TEST_CASE("colocated: cancel, invalid requests, router loss", "[colocated]") {
   Colocated c(80, 2048, /*max_running=*/1);
-  c.Send(1, TestSpec(TestPrompt(10, 1), 0, true));  // Runs to the context's end unless cancelled.
+  c.Send(1, TestSpec(TestPrompt(10, 1), kUntilContextEnd, true));  // Runs to the context's end unless cancelled.
   c.Send(2, TestSpec(TestPrompt(10, 2), 5, true));  // Waits behind it.
   REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) { return !fs.empty(); }));
   c.Cancel(2);
@@ -173,7 +173,7 @@ TEST_CASE("colocated: cancel, invalid requests, router loss", "[colocated]") {
   REQUIRE(out.count(2) == 0);
 
   // The router goes away mid-request: everything is dropped, silently.
-  c.Send(6, TestSpec(TestPrompt(10, 6), 0, true));
+  c.Send(6, TestSpec(TestPrompt(10, 6), kUntilContextEnd, true));
   REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) {
     for (const auto& f : fs) {
       if (f.has_first_token() && f.first_token().request_id() == 6) return true;

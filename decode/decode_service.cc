@@ -125,14 +125,14 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
                                                     "; prompt plus generated tokens before the last is ", tokens));
   }
   absl::StatusOr<GenerationParams> params =
-      valid.ok() ? ParamsFromSpec(offer.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
+      valid.ok() ? DecodeParams(offer.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
   if (!params.ok()) {
     LOG(WARNING) << "refusing the KvOffer of request " << id << ": " << params.status();
     sink_->SendToRouter(ErrorFinish(id, params.status()));
     SendReleased(sink_, id, h.control_address());
     return;
   }
-  if (params->max_tokens > 0 && offer.generated_ids_size() >= params->max_tokens) {
+  if (offer.generated_ids_size() >= params->max_tokens) {
     // Nothing left to generate (a prefill would normally have finished it).
     proto::Frame f = EngineLoop::NewFrame();
     f.mutable_finish()->set_request_id(id);

@@ -19,7 +19,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kvtransfer/lease.h"
 #include "kvtransfer/loopback/loopback_transport.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::decode {
 namespace {
@@ -55,7 +55,7 @@ class TestPrefill {
   proto::Frame Offer(uint64_t id, const proto::GenerationSpec& spec) {
     engine::Model& m = PrefillModel();
     const int64_t n = spec.prompt_ids_size();
-    auto params = ParamsFromSpec(spec, m.config(), n);
+    auto params = DecodeParams(spec, m.config(), n);
     REQUIRE(params.ok());
     auto seq = std::make_unique<engine::SequenceKv>(&pool_);
     REQUIRE(seq->Reserve(n).ok());
@@ -299,7 +299,7 @@ TEST_CASE("decode: cancel while waiting, while running, and before the offer", "
   // max_running 1 keeps B waiting behind A, which runs to the context's end
   // unless cancelled.
   Cluster c(80, /*max_running=*/1);
-  c.Offer(1, TestSpec(TestPrompt(20, 1), 0, true));
+  c.Offer(1, TestSpec(TestPrompt(20, 1), kUntilContextEnd, true));
   c.Offer(2, TestSpec(TestPrompt(20, 2), 5, true));
   REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) { return !fs.empty(); }));
 
@@ -334,7 +334,7 @@ TEST_CASE("decode: cancel while waiting, while running, and before the offer", "
 
 TEST_CASE("decode: losing the router drops every request", "[decode]") {
   Cluster c(80, /*max_running=*/1);
-  c.Offer(1, TestSpec(TestPrompt(20, 1), 0, true));
+  c.Offer(1, TestSpec(TestPrompt(20, 1), kUntilContextEnd, true));
   c.Offer(2, TestSpec(TestPrompt(20, 2), 5, true));
   REQUIRE(c.sink.WaitForRouter([](const FakeFrameSink::Frames& fs) { return !fs.empty(); }));
   c.service->OnRouterLost();

@@ -7,6 +7,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "worker/generation_spec.h"
 
 namespace duet::decode {
 namespace {
@@ -81,45 +82,15 @@ proto::KvLayout LayoutProto(const engine::ModelConfig& c, int64_t block_size) {
   return l;
 }
 
-absl::StatusOr<GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spec,
-                                                const engine::ModelConfig& c, int64_t context_tokens) {
-  if (spec.prompt_ids_size() == 0) return absl::InvalidArgumentError("the prompt is empty");
-  for (int32_t id : spec.prompt_ids()) {
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt token id ", id, " is outside the vocabulary of ", c.vocab_size));
-    }
-  }
+absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const engine::ModelConfig& c,
+                                              int64_t context_tokens) {
+  ASSIGN_OR_RETURN(GenerationParams p, worker::ParamsFromSpec(spec, c));
   // Room for the tokens already in the cache and the next one fed.
   if (context_tokens + 1 > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("the request has ", context_tokens,
                                                    " tokens; the model's context is ",
                                                    c.max_position_embeddings));
   }
-  if (spec.max_tokens() < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
-  if (spec.min_tokens() < 0) return absl::InvalidArgumentError("min_tokens must be >= 0");
-  const proto::SamplingParams& s = spec.sampling();
-  for (float penalty : {s.presence_penalty(), s.frequency_penalty()}) {
-    if (!(penalty >= -2 && penalty <= 2)) {
-      return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2], got ", penalty));
-    }
-  }
-  GenerationParams p;
-  // Taken literally, as on prefill: the router sends top_p = 1 for "off".
-  p.sampling = {.temperature = s.temperature(),
-                .top_k = s.top_k(),
-                .top_p = s.top_p(),
-                .min_p = s.min_p(),
-                .seed = s.seed(),
-                .logprobs = s.logprobs(),
-                .presence_penalty = s.presence_penalty(),
-                .frequency_penalty = s.frequency_penalty()};
-  if (absl::Status v = p.sampling.Validate(); !v.ok()) return v;
-  p.max_tokens = spec.max_tokens();
-  p.stop_token_ids.assign(spec.stop_token_ids().begin(), spec.stop_token_ids().end());
-  p.ignore_eos = spec.ignore_eos();
-  p.min_tokens = spec.min_tokens();
-  p.choice_index = spec.choice_index();
   return p;
 }
 

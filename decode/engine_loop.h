@@ -93,15 +93,11 @@ class EngineLoop {
   std::thread thread_;
 };
 
-// The engine's parameters for a request, or InvalidArgument naming what is
-// wrong: an empty prompt, a token outside the vocabulary, a prompt that
-// leaves no room in the context, sampling out of range (taken literally:
-// top_p 0 is invalid), negative max_tokens/min_tokens, or a penalty outside
-// [-2, 2]. Penalties are otherwise ignored, as engine::Generate and the
-// prefill worker ignore them; max_tokens 0 means no limit.
-absl::StatusOr<GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spec,
-                                                const engine::ModelConfig& config,
-                                                int64_t context_tokens);
+// The engine's parameters for a request (worker::ParamsFromSpec), or
+// InvalidArgument naming what is wrong: what that refuses, or a request of
+// `context_tokens` that leaves no room in the context for the next token.
+absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const engine::ModelConfig& config,
+                                              int64_t context_tokens);
 
 // What a worker's engine runs on, in destruction order (pool, model, backend).
 struct EngineResources {

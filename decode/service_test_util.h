@@ -27,6 +27,9 @@ inline std::vector<int32_t> TestPrompt(int n, int salt) {
   return p;
 }
 
+// A max_tokens more than any context leaves: the request runs to the context's end.
+inline constexpr int kUntilContextEnd = 1 << 20;
+
 inline proto::GenerationSpec TestSpec(const std::vector<int32_t>& prompt, int max_tokens, bool greedy,
                                       uint64_t seed = 0, int logprobs = 0) {
   proto::GenerationSpec s;
@@ -51,15 +54,11 @@ inline proto::GenerationSpec TestSpec(const std::vector<int32_t>& prompt, int ma
 // engine::Generate for what `spec` asks, on its own pool.
 inline engine::GenerateResult ReferenceRun(engine::Model& model, const proto::GenerationSpec& spec) {
   absl::StatusOr<GenerationParams> p =
-      ParamsFromSpec(spec, model.config(), spec.prompt_ids_size());
+      DecodeParams(spec, model.config(), spec.prompt_ids_size());
   REQUIRE(p.ok());
   engine::BlockPool pool(model.KvLayoutFor(16), 80);
   engine::GenerateOptions o;
-  o.max_tokens = p->max_tokens > 0 ? p->max_tokens : model.config().max_position_embeddings;
-  o.sampling = p->sampling;
-  o.ignore_eos = p->ignore_eos;
-  o.stop_token_ids = p->stop_token_ids;
-  o.choice_index = p->choice_index;
+  static_cast<engine::GenerationParams&>(o) = *p;
   std::vector<int32_t> prompt(spec.prompt_ids().begin(), spec.prompt_ids().end());
   auto r = engine::Generate(model, pool, prompt, o);
   REQUIRE(r.ok());

@@ -1,6 +1,7 @@
 #include "engine/generator.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -11,9 +12,8 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options) {
   const ModelConfig& c = model.config();
-  RETURN_IF_ERROR(options.sampling.Validate());
+  RETURN_IF_ERROR(options.Validate());
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  if (options.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (n > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("the prompt has ", n,
@@ -21,8 +21,6 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
                                                    c.max_position_embeddings));
   }
   GenerateResult result;
-  result.finish_reason = "length";
-  if (options.max_tokens == 0) return result;
 
   SequenceKv seq(&pool);
   const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n;
@@ -42,14 +40,12 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
     result.ids.push_back(s.token);
     result.logprobs.push_back(s.logprob);
     result.top_logprobs.push_back(std::move(s.top_logprobs));
-    const bool stop_id = std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(),
-                                   s.token) != options.stop_token_ids.end();
-    if ((!options.ignore_eos && c.IsEos(s.token)) || stop_id) {
-      result.finish_reason = "stop";
+    const FinishDecision end =
+        FinishAfter(options, c, static_cast<int64_t>(result.ids.size()), pos, s.token);
+    if (end != FinishDecision::kContinue) {
+      result.finish_reason = end == FinishDecision::kStop ? "stop" : "length";
       break;
     }
-    if (static_cast<int64_t>(result.ids.size()) >= options.max_tokens) break;
-    if (pos + 1 > c.max_position_embeddings) break;  // The context is full.
     RETURN_IF_ERROR(seq.Reserve(pos + 1));
     const int32_t tok = s.token;
     BatchSeq b{.tokens = absl::MakeConstSpan(&tok, 1), .start_pos = pos,

@@ -1,7 +1,8 @@
 // One request, start to finish, on one engine: prefill (optionally in
-// chunks), then decode until max_tokens, an EOS id or the context's end.
+// chunks), then decode until FinishAfter (generation.h) ends it.
 //
-//   GenerateOptions opt{.max_tokens = 32};
+//   GenerateOptions opt;
+//   opt.max_tokens = 32;
 //   ASSIGN_OR_RETURN(GenerateResult r, Generate(*model, pool, prompt_ids, opt));
 //
 // This is `duet generate` and the reference the serving path is tested
@@ -18,18 +19,15 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
+#include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
 namespace duet::engine {
 
-struct GenerateOptions {
-  int64_t max_tokens = 16;
-  SamplingParams sampling;
-  bool ignore_eos = false;
-  std::vector<int32_t> stop_token_ids;  // Besides the config's EOS ids.
-  int64_t prefill_chunk = 0;            // 0: the whole prompt in one step.
-  uint64_t choice_index = 0;
+// A request's parameters (generation.h) and how the reference runs it.
+struct GenerateOptions : GenerationParams {
+  int64_t prefill_chunk = 0;  // 0: the whole prompt in one step.
 };
 
 struct GenerateResult {

@@ -44,7 +44,7 @@ absl::Status SamplingParams::Validate() const {
   for (auto [name, v] : {std::pair<const char*, float>{"presence_penalty", presence_penalty},
                          {"frequency_penalty", frequency_penalty}}) {
     if (!(v >= -2 && v <= 2)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must be in [-2, 2], got ", v));
+      return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2]: ", name, " is ", v));
     }
   }
   return absl::OkStatus();

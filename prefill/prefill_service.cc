@@ -11,6 +11,7 @@
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "prefill/request.h"
+#include "worker/generation_spec.h"
 
 namespace duet::prefill {
 
@@ -335,17 +336,16 @@ bool PrefillService::IsPendingSibling(uint64_t id) const { return scheduler_->Is
 void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits, int64_t row) {
   const PrefillSequence* s = scheduler_->Find(id);
   CHECK(s != nullptr) << "completed request " << id << " vanished";
-  const proto::GenerationSpec& spec = s->request.spec();
+  const engine::GenerationParams params = worker::ToGenerationParams(s->request.spec());
   // Position = tokens before the sampled one, as engine::Generate keys it.
   // Tokens already generated (a resumed request) count for penalties.
   const engine::SampleResult r = engine::Sample(
-      logits.row(row), logits.vocab_size, ToSamplingParams(spec.sampling()), spec.choice_index(),
-      s->num_tokens(),
+      logits.row(row), logits.vocab_size, params.sampling, params.choice_index, s->num_tokens(),
       absl::MakeConstSpan(s->request.resume_ids().data(), s->request.resume_ids().size()));
   proto::Token token;
   token.set_id(r.token);
   token.set_logprob(r.logprob);
-  if (spec.sampling().logprobs() > 0) {
+  if (params.sampling.logprobs > 0) {
     for (const auto& [tid, lp] : r.top_logprobs) {
       proto::TopLogprob* t = token.add_top();
       t->set_id(tid);
@@ -359,16 +359,16 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   ft->set_worker_id(worker_id_);
   sink_->SendToRouter(f);
 
-  switch (DecideFirstTokenEnd(s->request, model_->config(), r.token)) {
-    case FirstTokenEnd::kStop:
+  switch (DecideFirstTokenEnd(s->request, params, model_->config(), r.token)) {
+    case engine::FinishDecision::kStop:
       SendFinish(id, proto::FINISH_STOP);
       scheduler_->Finish(id);
       return;
-    case FirstTokenEnd::kLength:
+    case engine::FinishDecision::kLength:
       SendFinish(id, proto::FINISH_LENGTH);
       scheduler_->Finish(id);
       return;
-    case FirstTokenEnd::kContinue:
+    case engine::FinishDecision::kContinue:
       Offer(id, token);
       return;
   }

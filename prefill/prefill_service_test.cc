@@ -20,7 +20,7 @@
 #include "engine/model.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kvtransfer/loopback/loopback_transport.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 #include "worker/frame_sink.h"
 
 namespace duet::prefill {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "worker/generation_spec.h"
 
 namespace duet::prefill {
 namespace {
@@ -84,54 +85,38 @@ TEST_CASE("valid requests pass; each malformed field is named", "[prefill][reque
 TEST_CASE("first-token end rules follow Generate, min_tokens and resume_ids", "[prefill][request]") {
   const auto c = Config();
   auto r = Valid();
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kContinue);
-  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kStop);  // EOS
+  auto end = [&](int32_t token) { return DecideFirstTokenEnd(r, worker::ToGenerationParams(r.spec()), c, token); };
+  REQUIRE(end(50) == engine::FinishDecision::kContinue);
+  REQUIRE(end(2) == engine::FinishDecision::kStop);  // EOS
 
   r.mutable_spec()->set_ignore_eos(true);
-  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kContinue);
+  REQUIRE(end(2) == engine::FinishDecision::kContinue);
   r.mutable_spec()->add_stop_token_ids(50);
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kStop);  // stop ids ignore ignore_eos
+  REQUIRE(end(50) == engine::FinishDecision::kStop);  // stop ids ignore ignore_eos
 
   r = Valid();
   r.mutable_spec()->set_min_tokens(2);
-  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kContinue);  // EOS before min_tokens
+  REQUIRE(end(2) == engine::FinishDecision::kContinue);  // EOS before min_tokens
   r.add_resume_ids(40);  // Token 1 of this attempt is the request's second.
-  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kStop);
+  REQUIRE(end(2) == engine::FinishDecision::kStop);
 
   r = Valid();
   r.mutable_spec()->set_max_tokens(1);
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kLength);
-  REQUIRE(DecideFirstTokenEnd(r, c, 2) == FirstTokenEnd::kStop);  // stop wins, as in Generate
+  REQUIRE(end(50) == engine::FinishDecision::kLength);
+  REQUIRE(end(2) == engine::FinishDecision::kStop);  // stop wins, as in Generate
   r.mutable_spec()->set_max_tokens(3);
   r.add_resume_ids(40);
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kContinue);
+  REQUIRE(end(50) == engine::FinishDecision::kContinue);
   r.add_resume_ids(41);
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kLength);
+  REQUIRE(end(50) == engine::FinishDecision::kLength);
 
   // Context: 15 tokens leave room for token 1 at position 15; 16 do not.
   r = Valid();
   r.mutable_spec()->set_max_tokens(100);
   for (int i = 0; i < 10; ++i) r.mutable_spec()->add_prompt_ids(1);
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kContinue);
+  REQUIRE(end(50) == engine::FinishDecision::kContinue);
   r.mutable_spec()->add_prompt_ids(1);
-  REQUIRE(DecideFirstTokenEnd(r, c, 50) == FirstTokenEnd::kLength);
-}
-
-TEST_CASE("sampling params are taken literally", "[prefill][request]") {
-  proto::SamplingParams p;
-  p.set_temperature(0.5f);
-  p.set_top_k(7);
-  p.set_top_p(0.9f);
-  p.set_min_p(0.1f);
-  p.set_seed(123);
-  p.set_logprobs(2);
-  engine::SamplingParams e = ToSamplingParams(p);
-  REQUIRE(e.temperature == 0.5f);
-  REQUIRE(e.top_k == 7);
-  REQUIRE(e.top_p == 0.9f);
-  REQUIRE(e.min_p == 0.1f);
-  REQUIRE(e.seed == 123);
-  REQUIRE(e.logprobs == 2);
+  REQUIRE(end(50) == engine::FinishDecision::kLength);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "router/test_model.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::router {
 namespace {
@@ -14,7 +14,7 @@ using nlohmann::json;
 
 struct Model {
   Model() {
-    dir = testing::TinyModelDir();
+    dir = duet::testing::TinyModelDir("llama");
     tok = std::move(engine::Tokenizer::Load(dir)).value();
     format = std::move(engine::PromptFormat::Load(dir)).value();
     served = {.name = "tiny", .tokenizer = tok.get(), .format = &format, .max_model_len = 64};

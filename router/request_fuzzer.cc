@@ -20,13 +20,13 @@
 
 #include "absl/strings/string_view.h"
 #include "router/completions.h"
-#include "router/test_model.h"
+#include "engine/testing/tiny_model.h"
 
 namespace {
 
 struct Model {
   Model() {
-    const std::string dir = duet::router::testing::TinyModelDir();
+    const std::string dir = duet::testing::TinyModelDir("llama");
     tokenizer = std::move(duet::engine::Tokenizer::Load(dir)).value();
     format = std::move(duet::engine::PromptFormat::Load(dir)).value();
     served = {.name = "tiny", .tokenizer = tokenizer.get(), .format = &format, .max_model_len = 256};

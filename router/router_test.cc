@@ -24,7 +24,7 @@
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "router/fake_worker.h"
-#include "router/test_model.h"
+#include "engine/testing/tiny_model.h"
 #include "rpc/io_thread.h"
 
 namespace duet::router {
@@ -233,7 +233,7 @@ void Script(FakeWorker& w, Scripted s, const std::string& id) {
 
 struct Fixture {
   explicit Fixture(std::function<void(RouterOptions&)> adjust = nullptr) {
-    dir = testing::TinyModelDir();
+    dir = duet::testing::TinyModelDir("llama");
     tok = std::move(engine::Tokenizer::Load(dir)).value();
     format = std::move(engine::PromptFormat::Load(dir)).value();
     RouterOptions o{.model_dir = dir,

@@ -58,7 +58,9 @@ TEST_CASE("duet generate --json on the embedded model equals the engine's Genera
   auto model = engine::Model::Load(dir, backend.get());
   REQUIRE(model.ok());
   engine::BlockPool pool((*model)->KvLayoutFor(16), 8);
-  engine::GenerateOptions opt{.max_tokens = 6, .ignore_eos = true};
+  engine::GenerateOptions opt;
+  opt.max_tokens = 6;
+  opt.ignore_eos = true;
   opt.sampling.temperature = 0;
   auto g = engine::Generate(**model, pool, std::vector<int32_t>{5, 6, 7, 8}, opt);
   REQUIRE(g.ok());

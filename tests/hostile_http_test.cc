@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/cluster.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::testing {
 namespace {

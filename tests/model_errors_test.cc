@@ -10,7 +10,7 @@
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet {
 namespace {

@@ -1,6 +1,6 @@
 // The official OpenAI SDK for Node (the pinned `openai` npm package) against
 // a real cluster: router (with --api-key) + prefill + decode processes.
-// tools/npm/openai_sdk_check.js asserts on every response; this test then
+// engine/testing/npm/openai_sdk_check.js asserts on every response; this test then
 // checks, through /stats, that the stream the script aborted was cancelled on
 // the workers: nothing running or leased, every KV block back in its pool.
 // Needs node and `bash tools/setup.sh`; fails without them.
@@ -12,13 +12,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tests/cluster.h"
-#include "tests/test_models.h"
-#include "tests/tokenizer_node.h"
+#include "engine/testing/tiny_model.h"
+#include "engine/testing/tokenizer_node.h"
 
 namespace duet::testing {
 namespace {
 
-constexpr char kScript[] = "tools/npm/openai_sdk_check.js";
+constexpr char kScript[] = "engine/testing/npm/openai_sdk_check.js";
 constexpr char kKey[] = "sk-duet-sdk-test";
 
 // Every worker idle with its pool full, and the router with nothing in flight.

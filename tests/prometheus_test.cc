@@ -24,7 +24,7 @@
 #include "base/subprocess.h"
 #include "http/client.h"
 #include "tests/cluster.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet {
 namespace {

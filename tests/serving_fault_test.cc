@@ -17,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 namespace duet::testing {
 namespace {

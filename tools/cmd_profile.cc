@@ -29,7 +29,7 @@
 #include "engine/model.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tools/commands.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::tools {
 namespace {
@@ -86,7 +86,7 @@ absl::Status Run(const FlagSet& f) {
   }
   std::string dir = f.GetString("model");
   if (dir.empty()) {
-    ASSIGN_OR_RETURN(dir, EnsureCachedModel("tiny"));
+    ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("tiny"));
   }
   auto backend = kernels::NewCpuBackend(static_cast<int>(f.GetInt("threads")));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, engine::Model::Load(dir, backend.get()));

@@ -21,7 +21,7 @@
 #include "prefill/prefill_service.h"
 #include "router/router.h"
 #include "tools/commands.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 #include "worker/runtime.h"
 
 namespace duet::tools {
@@ -61,12 +61,12 @@ absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& j) {
 absl::StatusOr<std::string> ModelDir(const FlagSet& f) {
   std::string dir = f.GetString("model");
   if (!dir.empty()) return dir;
-  return EnsureCachedModel("tiny", "llama");
+  return testing::EnsureCachedModel("tiny", "llama");
 }
 
 std::string ServedName(const FlagSet& f, const std::string& dir) {
   std::string n = f.GetString("served-model-name");
-  return n.empty() ? ModelBaseName(dir) : n;
+  return n.empty() ? testing::ModelBaseName(dir) : n;
 }
 
 // Parses a flag's result or exits with the usage error (code 2).
@@ -93,7 +93,7 @@ int Router(int argc, char** argv) {
   auto opts = router::RouterOptionsFromFlags(f);
   if (!opts.ok()) return UsageError("router", opts.status());
   if (opts->model_dir.empty()) {
-    auto dir = EnsureCachedModel("tiny", "llama");
+    auto dir = testing::EnsureCachedModel("tiny", "llama");
     if (!dir.ok()) return UsageError("router", dir.status());
     opts->model_dir = *dir;
   }

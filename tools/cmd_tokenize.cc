@@ -8,7 +8,7 @@
 #include "base/status_macros.h"
 #include "engine/tokenizer.h"
 #include "tools/commands.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::tools {
 namespace {
@@ -16,7 +16,7 @@ namespace {
 absl::Status Tokenize(const FlagSet& f) {
   std::string path = f.GetString("tokenizer");
   if (path.empty()) {
-    ASSIGN_OR_RETURN(path, EnsureCachedModel("tiny", "llama"));
+    ASSIGN_OR_RETURN(path, testing::EnsureCachedModel("tiny", "llama"));
   }
   ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::Load(path));
   const bool decode = f.GetBool("decode");

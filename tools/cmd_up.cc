@@ -17,7 +17,7 @@
 #include "http/client.h"
 #include "tools/cluster_config.h"
 #include "tools/commands.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::tools {
 namespace {
@@ -132,7 +132,7 @@ int RunUp(int argc, char** argv) {
   if (f.IsSet("served-model-name")) cfg.served_model_name = f.GetString("served-model-name");
   if (cfg.model.empty()) {
     std::fprintf(stderr, "duet up: using the embedded tiny model\n");
-    auto dir = EnsureCachedModel("tiny", "llama");
+    auto dir = testing::EnsureCachedModel("tiny", "llama");
     if (!dir.ok()) {
       std::fprintf(stderr, "duet up: %s\n", dir.status().ToString().c_str());
       return 1;
@@ -263,7 +263,7 @@ int RunUp(int argc, char** argv) {
     std::fprintf(stderr, "duet up: workers did not all register within 60 s; logs in %s\n", run_dir.c_str());
     return stop_all(1);
   }
-  std::string model_name = cfg.served_model_name.empty() ? ModelBaseName(cfg.model)
+  std::string model_name = cfg.served_model_name.empty() ? testing::ModelBaseName(cfg.model)
                                                          : cfg.served_model_name;
   std::printf(
       "duet is serving %s at http://%s:%d/v1 (%zu workers; logs and Prometheus targets in %s)\n"

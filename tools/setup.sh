@@ -33,12 +33,12 @@ fi
 # Pinned npm packages used only by tests, kept inside the checkout (ignored).
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 node_dir="$root/.deps/node"
-if [ -f "$root/tools/npm/package.json" ]; then
-  if ! cmp -s "$root/tools/npm/package.json" "$node_dir/package.json" 2>/dev/null || [ ! -d "$node_dir/node_modules" ]; then
+if [ -f "$root/engine/testing/npm/package.json" ]; then
+  if ! cmp -s "$root/engine/testing/npm/package.json" "$node_dir/package.json" 2>/dev/null || [ ! -d "$node_dir/node_modules" ]; then
     echo "setup: installing pinned npm packages into .deps/node" >&2
     mkdir -p "$node_dir"
-    cp "$root/tools/npm/package.json" "$node_dir/package.json"
-    [ -f "$root/tools/npm/package-lock.json" ] && cp "$root/tools/npm/package-lock.json" "$node_dir/"
+    cp "$root/engine/testing/npm/package.json" "$node_dir/package.json"
+    [ -f "$root/engine/testing/npm/package-lock.json" ] && cp "$root/engine/testing/npm/package-lock.json" "$node_dir/"
     (cd "$node_dir" && npm install --no-audit --no-fund --silent >/dev/null)
   fi
 fi

@@ -28,7 +28,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "tools/bench/roofline.h"
 #include "tools/bench/timed_backend.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 // The roofline's SGEMM calls set OpenBLAS's process-wide thread count; the
 // CPU backend wants it at 1 (it slices GEMMs over its own pool).
@@ -289,7 +289,7 @@ absl::Status Run(const FlagSet& f) {
   std::string dir = f.GetString("model");
   if (dir.empty()) {
     Progress("making or finding the cached bench model (the first time takes a while)");
-    ASSIGN_OR_RETURN(dir, tools::EnsureCachedModel("bench", "llama"));
+    ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("bench", "llama"));
   }
   ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::FromFile(dir + "/config.json"));
   if (cfg.max_position_embeddings < kPrefillTokens) {

@@ -97,7 +97,7 @@ using kvtransfer::ShardLayout;
 using kvtransfer::TransferResult;
 using kvtransfer::TransferState;
 
-// The `bench` model (tools/model_maker): 12 layers, 4 KV heads of 64, F32.
+// The `bench` model (engine/testing/model_maker): 12 layers, 4 KV heads of 64, F32.
 ShardLayout BenchLayout() {
   return ShardLayout{.num_layers_total = 12, .layer_begin = 0, .layer_end = 12,
                      .num_kv_heads_total = 4, .head_begin = 0, .head_end = 4,

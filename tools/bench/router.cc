@@ -71,7 +71,7 @@
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "http/client.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 #include "worker/runtime.h"
 
 namespace duet::bench {
@@ -596,8 +596,8 @@ class Bench {
     run_dir_ = (fs::temp_directory_path() / absl::StrCat("duet-router-bench-", getpid(), "-", instance++)).string();
     fs::remove_all(run_dir_);
     fs::create_directories(run_dir_);
-    ASSIGN_OR_RETURN(std::string model_dir, tools::EnsureCachedModel("tiny"));
-    model_ = tools::ModelBaseName(model_dir);
+    ASSIGN_OR_RETURN(std::string model_dir, testing::EnsureCachedModel("tiny"));
+    model_ = testing::ModelBaseName(model_dir);
     const std::string ready = run_dir_ + "/router.json";
     ASSIGN_OR_RETURN(router_, Subprocess::Start({fs::absolute("tools/duet").string(), "router", "--model", model_dir,
                                                  "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0",

@@ -69,7 +69,7 @@
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/sim.h"
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::bench {
 namespace {
@@ -978,7 +978,7 @@ absl::Status RealLatencies(const RunResult& r, const std::string& cluster, std::
 absl::Status SimCheck(const FlagSet& f, const std::string& model_dir, const std::vector<TraceRow>& rows,
                       double scale, int64_t context, int64_t vocab, const std::vector<double>& rates) {
   const Clock::time_point start = Clock::now();
-  const std::string model_name = tools::ModelBaseName(model_dir);
+  const std::string model_name = testing::ModelBaseName(model_dir);
   const std::string run_root = absl::StrCat(fs::temp_directory_path().string(), "/duet-serve-sim-", getpid());
   fs::create_directories(run_root);
   // Each cluster's profile is taken just before its runs; the disaggregated
@@ -1238,14 +1238,14 @@ absl::Status Run(const FlagSet& f) {
   std::string model_dir = f.GetString("model");
   if (model_dir.empty()) {
     Progress("making or finding the cached bench model (the first time takes a while)");
-    ASSIGN_OR_RETURN(model_dir, tools::EnsureCachedModel("bench", "llama"));
+    ASSIGN_OR_RETURN(model_dir, testing::EnsureCachedModel("bench", "llama"));
   }
   std::ifstream cfg_in(model_dir + "/config.json");
   Json cfg = Json::parse(cfg_in, nullptr, false);
   if (cfg.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(model_dir, "/config.json is not JSON"));
   const int64_t context = cfg.value("max_position_embeddings", 2048);
   const int64_t vocab = cfg.value("vocab_size", 32000);
-  const std::string model_name = tools::ModelBaseName(model_dir);
+  const std::string model_name = testing::ModelBaseName(model_dir);
 
   ASSIGN_OR_RETURN(std::vector<TraceRow> rows, LoadTrace(trace, f.GetInt("offset"), n));
   if (!f.GetString("sim-rates").empty()) {

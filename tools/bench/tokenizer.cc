@@ -1,11 +1,11 @@
 // duet's GPT-2 encode against gpt-3-encoder (the npm package pinned in
-// tools/npm/package.json) on the same >= 1 MiB tokenizer corpus, both timed
+// engine/testing/npm/package.json) on the same >= 1 MiB tokenizer corpus, both timed
 // in this run (STYLE rule 9).
 //
 //   bazel run -c opt //tools/bench:tokenizer [-- --min-bytes N --seed S]
 //
 // duet encodes every corpus record on one thread, best of 3 after a warm-up
-// pass; node runs tools/npm/bench_gpt2.js, which does the same with the
+// pass; node runs engine/testing/npm/bench_gpt2.js, which does the same with the
 // package's encode and times only its encode loop (its BPE cache is warm by
 // then, the package's best case). Both must produce the same number of
 // tokens. Needs node and `bash tools/setup.sh` (the packages in .deps/node).
@@ -26,8 +26,8 @@
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "engine/tokenizer.h"
-#include "tests/tokenizer_corpus.h"
-#include "tests/tokenizer_node.h"
+#include "engine/testing/tokenizer_corpus.h"
+#include "engine/testing/tokenizer_node.h"
 
 namespace duet::bench {
 namespace {
@@ -35,7 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kScript[] = "tools/npm/bench_gpt2.js";
+constexpr char kScript[] = "engine/testing/npm/bench_gpt2.js";
 constexpr int kRepeats = 3;
 constexpr double kTargetRatio = 5.0;
 

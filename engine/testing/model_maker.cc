@@ -1,4 +1,4 @@
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include "engine/chat_templates.h"
 #include "engine/safetensors.h"
 
-namespace duet::tools {
+namespace duet::testing {
 namespace {
 
 namespace fs = std::filesystem;
@@ -242,4 +242,4 @@ absl::StatusOr<std::string> EnsureCachedModel(const std::string& size, const std
   return dir.string();
 }
 
-}  // namespace duet::tools
+}  // namespace duet::testing

@@ -1,4 +1,4 @@
-#include "tests/tokenizer_node.h"
+#include "engine/testing/tokenizer_node.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 
 constexpr char kSetupHint[] =
     "install them with `bash tools/setup.sh` in the checkout (or point DUET_NODE_MODULES at a "
-    "node_modules folder holding the packages of tools/npm/package.json)";
+    "node_modules folder holding the packages of engine/testing/npm/package.json)";
 
 std::string ReadAll(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -32,17 +32,17 @@ std::string ReadAll(const fs::path& path) {
   return s.str();
 }
 
-// Every package of tools/npm/package.json present at its pinned version.
+// Every package of engine/testing/npm/package.json present at its pinned version.
 absl::Status CheckPinned(const fs::path& modules) {
   if (!fs::is_directory(modules)) {
     return absl::FailedPreconditionError(
         absl::StrCat("npm packages folder ", modules.string(), " does not exist: ", kSetupHint));
   }
-  const fs::path pins = "tools/npm/package.json";  // In the runfiles, when a target lists it.
+  const fs::path pins = "engine/testing/npm/package.json";  // In the runfiles, when a target lists it.
   if (!fs::exists(pins)) return absl::OkStatus();
   auto want = nlohmann::json::parse(ReadAll(pins), nullptr, /*allow_exceptions=*/false);
   if (want.is_discarded() || !want.contains("dependencies")) {
-    return absl::InternalError("tools/npm/package.json has no \"dependencies\"");
+    return absl::InternalError("engine/testing/npm/package.json has no \"dependencies\"");
   }
   for (const auto& [name, version] : want["dependencies"].items()) {
     fs::path manifest = modules / name / "package.json";
@@ -54,7 +54,7 @@ absl::Status CheckPinned(const fs::path& modules) {
     if (got["version"] != version) {
       return absl::FailedPreconditionError(
           absl::StrCat("npm package ", name, " in ", modules.string(), " is version ", got["version"].dump(),
-                       ", tools/npm/package.json pins ", version.dump(), ": ", kSetupHint));
+                       ", engine/testing/npm/package.json pins ", version.dump(), ": ", kSetupHint));
     }
   }
   return absl::OkStatus();

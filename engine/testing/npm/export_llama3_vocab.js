@@ -4,7 +4,7 @@
 // order, the Llama-3 Split regex + ByteLevel pre-tokenizer, ByteLevel decoder,
 // and the 256 special tokens from id 128000 as added tokens.
 //
-//   node tools/npm/export_llama3_vocab.js OUT/tokenizer.json
+//   node engine/testing/npm/export_llama3_vocab.js OUT/tokenizer.json
 'use strict';
 const fs = require('fs');
 const { requirePackage, usage } = require('./common.js');

@@ -1,13 +1,13 @@
-// Writes the tokenizer corpus (tests/tokenizer_corpus.h) to a file, for the
-// node scripts in tools/npm and for looking at by hand.
+// Writes the tokenizer corpus (engine/testing/tokenizer_corpus.h) to a file, for the
+// node scripts in engine/testing/npm and for looking at by hand.
 //
-//   bazel run //tests:tokenizer_corpus_gen -- --out /tmp/corpus.jsonl
-//   bazel run //tests:tokenizer_corpus_gen -- --out /tmp/corpus.txt --format text
+//   bazel run //engine/testing:tokenizer_corpus_gen -- --out /tmp/corpus.jsonl
+//   bazel run //engine/testing:tokenizer_corpus_gen -- --out /tmp/corpus.txt --format text
 #include <cstdio>
 #include <string>
 
 #include "base/flags.h"
-#include "tests/tokenizer_corpus.h"
+#include "engine/testing/tokenizer_corpus.h"
 
 int main(int argc, char** argv) {
   duet::FlagSet flags("tokenizer_corpus_gen", "Writes the tokenizer parity corpus to a file.");

@@ -5,7 +5,7 @@
 //  "package": "gpt-3-encoder 1.1.4", "node": "v20..."}
 // (MB = 1e6 bytes of UTF-8 text). Only the encode loop is timed.
 //
-//   node tools/npm/bench_gpt2.js corpus.jsonl
+//   node engine/testing/npm/bench_gpt2.js corpus.jsonl
 'use strict';
 const { requirePackage, readRecords, usage } = require('./common.js');
 

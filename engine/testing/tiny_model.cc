@@ -1,27 +1,34 @@
-#include "tests/test_models.h"
+#include "engine/testing/tiny_model.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
-#include "tools/model_maker.h"
+#include "engine/testing/model_maker.h"
 
 namespace duet::testing {
 namespace fs = std::filesystem;
+namespace {
 
-static fs::path TempRoot() {
+std::mutex mu;  // Guards making a model, so two threads never write one directory.
+
+fs::path TempRoot() {
   const char* t = std::getenv("TEST_TMPDIR");
   fs::path root = t != nullptr ? fs::path(t) : fs::temp_directory_path() / ("duet-test-" + std::to_string(getpid()));
   fs::create_directories(root);
   return root;
 }
 
+}  // namespace
+
 std::string TinyModelDir(const std::string& arch) {
+  std::lock_guard<std::mutex> lock(mu);
   fs::path dir = TempRoot() / ("tiny-" + arch);
   if (!fs::exists(dir / "model.safetensors")) {
-    auto s = tools::MakeModel({.size = "tiny", .arch = arch, .seed = 7, .out_dir = dir.string()});
+    auto s = MakeModel({.size = "tiny", .arch = arch, .seed = 7, .out_dir = dir.string()});
     if (!s.ok()) {
       std::fprintf(stderr, "cannot make the tiny %s model: %s\n", arch.c_str(), s.ToString().c_str());
       std::abort();

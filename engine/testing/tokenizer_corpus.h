@@ -13,8 +13,8 @@
 // pre-tokenizer regexes treat runs of line breaks specially. The same seed
 // gives the same records on every machine (no std:: distributions, whose
 // results differ between standard libraries).
-#ifndef DUET_TESTS_TOKENIZER_CORPUS_H_
-#define DUET_TESTS_TOKENIZER_CORPUS_H_
+#ifndef DUET_ENGINE_TESTING_TOKENIZER_CORPUS_H_
+#define DUET_ENGINE_TESTING_TOKENIZER_CORPUS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -33,7 +33,7 @@ inline constexpr size_t kTokenizerCorpusMinBytes = size_t{1} << 20;
 std::vector<std::string> TokenizerCorpus(uint64_t seed = kTokenizerCorpusSeed,
                                          size_t min_bytes = kTokenizerCorpusMinBytes);
 
-// One JSON string per line (the node scripts in tools/npm read this form, so
+// One JSON string per line (the node scripts in engine/testing/npm read this form, so
 // that records keep their line breaks).
 absl::Status WriteCorpusJsonLines(const std::vector<std::string>& records, const std::string& path);
 
@@ -42,4 +42,4 @@ absl::Status WriteCorpusText(const std::vector<std::string>& records, const std:
 
 }  // namespace duet::testing
 
-#endif  // DUET_TESTS_TOKENIZER_CORPUS_H_
+#endif  // DUET_ENGINE_TESTING_TOKENIZER_CORPUS_H_

@@ -10,15 +10,15 @@
 // shorter than test prompts (F16), qwen2 has q/k/v bias and tied embeddings
 // (F32). The tokenizer is a byte-level BPE learned from duet's own corpus.
 // Same options, same bytes.
-#ifndef DUET_TOOLS_MODEL_MAKER_H_
-#define DUET_TOOLS_MODEL_MAKER_H_
+#ifndef DUET_ENGINE_TESTING_MODEL_MAKER_H_
+#define DUET_ENGINE_TESTING_MODEL_MAKER_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 
-namespace duet::tools {
+namespace duet::testing {
 
 struct MakeModelOptions {
   std::string size = "tiny";  // tiny | bench
@@ -42,6 +42,6 @@ std::string CacheDir();
 absl::StatusOr<std::string> EnsureCachedModel(const std::string& size = "tiny",
                                               const std::string& arch = "llama");
 
-}  // namespace duet::tools
+}  // namespace duet::testing
 
-#endif  // DUET_TOOLS_MODEL_MAKER_H_
+#endif  // DUET_ENGINE_TESTING_MODEL_MAKER_H_

@@ -2,7 +2,7 @@
 // gpt-3-encoder and prints one JSON array of ids per record. The parity test
 // //tests:tokenizer_gpt2_test compares duet's GPT-2 tokenizer with this.
 //
-//   node tools/npm/encode_gpt2.js corpus.jsonl > ids.jsonl
+//   node engine/testing/npm/encode_gpt2.js corpus.jsonl > ids.jsonl
 'use strict';
 const { requirePackage, readRecords, writeIdLines, usage } = require('./common.js');
 

@@ -1,4 +1,4 @@
-#include "tests/tokenizer_corpus.h"
+#include "engine/testing/tokenizer_corpus.h"
 
 #include <cstdio>
 #include <memory>

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/tokenizer_corpus.h"
+#include "engine/testing/tokenizer_corpus.h"
 
 namespace duet::testing {
 namespace {

@@ -3,7 +3,7 @@
 // per record. The parity test //tests:tokenizer_llama3_test compares duet's
 // tokenizer (on the tokenizer.json that export_llama3_vocab.js writes) with this.
 //
-//   node tools/npm/encode_llama3.js corpus.jsonl > ids.jsonl
+//   node engine/testing/npm/encode_llama3.js corpus.jsonl > ids.jsonl
 'use strict';
 const { requirePackage, readRecords, writeIdLines, usage } = require('./common.js');
 

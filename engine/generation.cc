@@ -1,0 +1,31 @@
+#include "engine/generation.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace duet::engine {
+
+absl::Status GenerationParams::Validate() const {
+  RETURN_IF_ERROR(sampling.Validate());
+  if (max_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", max_tokens));
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
+  }
+  return absl::OkStatus();
+}
+
+FinishDecision FinishAfter(const GenerationParams& p, const ModelConfig& config, int64_t generated,
+                           int64_t position, int32_t token) {
+  const bool stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  const bool eos = !p.ignore_eos && config.IsEos(token) && generated >= p.min_tokens;
+  if (eos || stop_id) return FinishDecision::kStop;
+  if (generated >= p.max_tokens) return FinishDecision::kLength;
+  // Feeding the token needs its position inside the context.
+  if (position + 1 > config.max_position_embeddings) return FinishDecision::kLength;
+  return FinishDecision::kContinue;
+}
+
+}  // namespace duet::engine

@@ -1,0 +1,53 @@
+// What a request asks of generation, and the one rule that says when a
+// sampled token ends it. engine::Generate, the prefill worker's first token
+// and the decode batch all decide with FinishAfter, so a request ends at the
+// same token wherever it runs.
+//
+//   RETURN_IF_ERROR(params.Validate());
+//   switch (FinishAfter(params, config, /*generated=*/n, /*position=*/pos, token)) { ... }
+//
+// Plain values: thread-compatible.
+#ifndef DUET_ENGINE_GENERATION_H_
+#define DUET_ENGINE_GENERATION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/model_config.h"
+#include "engine/sampler.h"
+
+namespace duet::engine {
+
+struct GenerationParams {
+  SamplingParams sampling;
+  // At least 1. "Until the context ends" is a caller's max_tokens that the
+  // context reaches first (the router fills in what the context leaves).
+  int64_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;  // Besides the config's EOS ids.
+  bool ignore_eos = false;
+  // An EOS does not end the request before it has this many generated
+  // tokens (the token is still emitted); stop ids end it regardless.
+  int64_t min_tokens = 0;
+  uint64_t choice_index = 0;  // Which of a request's n choices: keys the sampler's draws.
+
+  // InvalidArgument naming the parameter: sampling out of range,
+  // max_tokens < 1, or min_tokens outside [0, max_tokens].
+  absl::Status Validate() const;
+};
+
+enum class FinishDecision {
+  kContinue,  // Feed the token and sample the next.
+  kStop,      // An EOS (at or past min_tokens, unless ignore_eos) or a stop id: "stop".
+  kLength,    // max_tokens reached, or the context has no room to feed it: "length".
+};
+
+// Whether `token` ends the request: it is the `generated`-th generated token
+// (counting it and any an earlier attempt produced) and was sampled at
+// `position` (the number of tokens before it). A stop beats a length.
+FinishDecision FinishAfter(const GenerationParams& params, const ModelConfig& config, int64_t generated,
+                           int64_t position, int32_t token);
+
+}  // namespace duet::engine
+
+#endif  // DUET_ENGINE_GENERATION_H_

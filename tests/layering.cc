@@ -1,0 +1,149 @@
+#include "tests/layering.h"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace duet::testing {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr absl::string_view kMarker = "<!-- layers -->";
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The lines of the first fenced block after the marker.
+absl::StatusOr<std::vector<std::string>> BlockLines(absl::string_view text) {
+  const size_t marker = text.find(kMarker);
+  if (marker == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("no ", kMarker, " block"));
+  }
+  const size_t open = text.find("```", marker);
+  if (open == absl::string_view::npos) return absl::InvalidArgumentError("the layers block has no ``` fence");
+  const size_t body = text.find('\n', open);
+  const size_t close = text.find("```", body == absl::string_view::npos ? open + 3 : body);
+  if (body == absl::string_view::npos || close == absl::string_view::npos) {
+    return absl::InvalidArgumentError("the layers block is not closed");
+  }
+  std::vector<std::string> lines;
+  for (absl::string_view l : absl::StrSplit(text.substr(body + 1, close - body - 1), '\n')) {
+    l = absl::StripAsciiWhitespace(l);
+    if (!l.empty() && l[0] != '#') lines.emplace_back(l);
+  }
+  return lines;
+}
+
+std::string TopOf(const std::string& path) { return path.substr(0, path.find('/')); }
+
+}  // namespace
+
+absl::StatusOr<LayerRules> ParseLayerRules(absl::string_view readme) {
+  std::vector<std::string> lines;
+  {
+    auto l = BlockLines(readme);
+    if (!l.ok()) return l.status();
+    lines = std::move(*l);
+  }
+  std::map<std::string, std::vector<std::string>> direct;
+  for (const std::string& line : lines) {
+    const size_t arrow = line.find("->");
+    if (arrow == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("no \"->\" in \"", line, "\""));
+    std::string name(absl::StripAsciiWhitespace(line.substr(0, arrow)));
+    if (name.empty() || !direct.emplace(name, std::vector<std::string>{}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("package \"", name, "\" is empty or listed twice"));
+    }
+    for (absl::string_view d : absl::StrSplit(line.substr(arrow + 2), ' ', absl::SkipEmpty())) {
+      direct[name].emplace_back(d);
+    }
+  }
+  for (const auto& [name, deps] : direct) {
+    for (const std::string& d : deps) {
+      if (!direct.count(d.substr(0, d.find(':')))) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " -> ", d, ": ", d, " is not listed"));
+      }
+    }
+  }
+  LayerRules rules;
+  for (const auto& [name, deps] : direct) {
+    std::set<std::string>& out = rules.allowed[name];
+    std::vector<std::string> todo(deps.begin(), deps.end());
+    while (!todo.empty()) {
+      std::string d = todo.back();
+      todo.pop_back();
+      if (!out.insert(d).second || d.find(':') != std::string::npos) continue;
+      todo.insert(todo.end(), direct[d].begin(), direct[d].end());
+    }
+  }
+  return rules;
+}
+
+std::string Violation::ToString() const {
+  if (line == 0) return absl::StrCat(file, ": package ", from, " is not in the README's layers list");
+  return absl::StrCat(file, ":", line, ": ", from, " may not depend on ", to);
+}
+
+std::vector<Violation> CheckTree(const std::string& root, const LayerRules& rules) {
+  static const std::regex kInclude(R"re(^\s*#\s*include\s+"([A-Za-z0-9_]+)/)re");
+  // A label in quotes: //pkg..., its target after the colon (visibility
+  // labels end in __pkg__ or __subpackages__).
+  static const std::regex kLabel(R"re("//([A-Za-z0-9_]+)([^":]*)(:([^"]*))?")re");
+  std::vector<Violation> out;
+  std::vector<fs::path> files;
+  std::set<std::string> tops;
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("bazel-", 0) == 0 || name[0] == '.') continue;
+    if (!fs::exists(e.path() / "BUILD")) continue;
+    tops.insert(name);
+    if (!rules.allowed.count(name)) out.push_back({.file = name + "/BUILD", .line = 0, .from = name});
+    for (const fs::directory_entry& f : fs::recursive_directory_iterator(e.path())) {
+      if (f.is_regular_file()) files.push_back(f.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& p : files) {
+    const std::string rel = fs::relative(p, root).string();
+    const std::string from = TopOf(rel);
+    auto it = rules.allowed.find(from);
+    if (it == rules.allowed.end()) continue;
+    const std::set<std::string>& allowed = it->second;
+    const std::string ext = p.extension().string();
+    const bool source = ext == ".h" || ext == ".cc" || ext == ".cu" || ext == ".cuh";
+    const bool build = p.filename() == "BUILD" || ext == ".bzl";
+    if (!source && !build) continue;
+    std::istringstream text(ReadFile(p));
+    std::string line;
+    for (int n = 1; std::getline(text, line); ++n) {
+      auto reject = [&](const std::string& to, const std::string& target) {
+        if (!tops.count(to) || to == from || allowed.count(to)) return;
+        if (!target.empty() && allowed.count(absl::StrCat(to, ":", target))) return;
+        out.push_back({.file = rel, .line = n, .from = from, .to = target.empty() ? to : absl::StrCat(to, ":", target)});
+      };
+      std::smatch m;
+      if (source) {
+        if (std::regex_search(line, m, kInclude)) reject(m[1].str(), "");
+        continue;
+      }
+      for (auto i = std::sregex_iterator(line.begin(), line.end(), kLabel); i != std::sregex_iterator(); ++i) {
+        const std::string target = (*i)[4].str();
+        if (target == "__pkg__" || target == "__subpackages__") continue;
+        // A target of the top package itself (//tools:duet) keeps its name;
+        // one of a subpackage (//tools/bench:x) is that package's.
+        reject((*i)[1].str(), (*i)[2].str().empty() ? target : "");
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace duet::testing
