@@ -46,13 +46,13 @@ TEST_CASE("concurrent increments are not lost", "[metrics]") {
     ts.emplace_back([&] {
       for (int i = 0; i < 10000; ++i) {
         c->Increment();
-        g->Add(1);
+        g->Increment(1);
       }
     });
   }
   for (auto& t : ts) t.join();
-  REQUIRE(c->value() == 40000);
-  REQUIRE(g->value() == 40000);
+  REQUIRE(c->Value() == 40000);
+  REQUIRE(g->Value() == 40000);
 }
 
 }  // namespace

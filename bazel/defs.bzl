@@ -55,7 +55,7 @@ _CUDA_RUNTIME_HEADERS = [
     "vector_types.h",
 ]
 
-def _cuda_runtime_headers():
+def cuda_runtime_headers():
     """Declares, once per package, :_cuda_runtime_headers, a cc_library that
     puts <cuda_runtime_api.h> on the include path of everything above it."""
     name = "_cuda_runtime_headers"
@@ -91,7 +91,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
     may include <cuda_runtime_api.h>, which this library puts on its
     dependents' include path. A .cu sees only its own srcs and hdrs.
     """
-    headers = _cuda_runtime_headers()
+    headers = cuda_runtime_headers()
     objs = []
     for src in srcs:
         base = src[:-len(".cu")].replace("/", "_")

@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
                                           options.kv_bytes, options.block_size));
   s->options_ = std::move(options);
   s->sink_ = sink;
-  s->layout_ = LayoutProto(s->engine_.model->config(), s->options_.block_size);
+  s->layout_ = s->engine_.LayoutProto();
   s->loop_ = std::make_unique<EngineLoop>(
       s->engine_.model.get(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
       EngineLoopOptions{.role = proto::ROLE_COLOCATED,

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
   // The pool is a pull destination only: no epochs (those guard exports).
   ASSIGN_OR_RETURN(s->region_, s->transport_->RegisterRegion(
                                    pool.data(), static_cast<uint64_t>(pool.num_blocks() * pool.block_bytes()), 0));
-  s->layout_ = LayoutProto(s->engine_.model->config(), s->options_.block_size);
+  s->layout_ = s->engine_.LayoutProto();
   s->puller_ = std::make_unique<KvPuller>(KvPuller::Options{.transport = s->transport_.get(),
                                                             .local_region = s->region_,
                                                             .local_layout = s->layout_,
@@ -110,7 +110,7 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
   const uint64_t id = offer.request_id();
   const proto::KvHandle& h = offer.handle();
   const engine::ModelConfig& c = engine_.model->config();
-  absl::Status valid = CheckHandle(h, layout_);
+  absl::Status valid = kvtransfer::CheckHandle(h, layout_);
   if (valid.ok() && offer.generated_ids_size() == 0) {
     valid = absl::InvalidArgumentError("KvOffer: no generated token to continue from");
   }

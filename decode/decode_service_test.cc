@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "base/metrics.h"
+#include "kvtransfer/layout_proto.h"
 #include "decode/fake_frame_sink.h"
 #include "decode/service_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -83,7 +84,9 @@ class TestPrefill {
       h->add_block_ids(block);
       h->add_block_epochs(epoch);
     }
-    *h->mutable_layout() = LayoutProto(m.config(), 16);
+    const kernels::KvLayout& l = pool_.layout();
+    *h->mutable_layout() =
+        kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim, engine::BlockPool::kKvDtype);
     h->set_lease_ms(30000);
     h->set_num_tokens(n);
     absl::MutexLock lock(&mu_);
@@ -210,7 +213,7 @@ TEST_CASE("decode: greedy and seeded outputs equal Generate; every block comes b
   REQUIRE(s.preemptions() == 0);
   Gauge* usage = MetricsRegistry::Default().GetGauge("duet_kv_cache_usage_ratio", "",
                                                      {{"role", "decode"}, {"worker", "decode-test"}});
-  REQUIRE(usage->value() == 0.0);
+  REQUIRE(usage->Value() == 0.0);
 }
 
 TEST_CASE("decode: a pool too small preempts and recomputes, outputs unchanged", "[decode]") {

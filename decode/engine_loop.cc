@@ -7,6 +7,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvtransfer/layout_proto.h"
 #include "worker/generation_spec.h"
 
 namespace duet::decode {
@@ -68,18 +69,10 @@ absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int thr
   return r;
 }
 
-proto::KvLayout LayoutProto(const engine::ModelConfig& c, int64_t block_size) {
-  proto::KvLayout l;
-  l.set_num_layers(c.num_layers);
-  l.set_num_kv_heads(c.num_kv_heads);
-  l.set_block_size(block_size);
-  l.set_head_dim(c.head_dim);
-  l.set_dtype("f32");  // The CPU backend's compute dtype.
-  l.set_layer_begin(0);
-  l.set_layer_end(c.num_layers);
-  l.set_head_begin(0);
-  l.set_head_end(c.num_kv_heads);
-  return l;
+proto::KvLayout EngineResources::LayoutProto() const {
+  const kernels::KvLayout& l = pool->layout();
+  return kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim,
+                                      engine::BlockPool::kKvDtype);
 }
 
 absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const engine::ModelConfig& c,

@@ -104,6 +104,9 @@ struct EngineResources {
   kernels::KernelBackendPtr backend;
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<engine::BlockPool> pool;
+
+  // The pool as the control plane describes it (one shard: every layer and head).
+  proto::KvLayout LayoutProto() const;
 };
 
 // Loads the model on a CPU backend of `threads` and sizes the pool:
@@ -111,9 +114,6 @@ struct EngineResources {
 // InvalidArgument when neither gives at least one block.
 absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
                                            int64_t kv_bytes, int64_t block_size);
-
-// This worker's pool as the control plane describes it (one shard: every layer and head).
-proto::KvLayout LayoutProto(const engine::ModelConfig& config, int64_t block_size);
 
 // Finish{FINISH_ERROR, error_code, error} for `request_id`.
 proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status);

@@ -4,7 +4,7 @@
 // them (KvReleased).
 //
 //   KvPuller puller({.transport = t, .local_region = r, .local_layout = l, .sink = sink});
-//   RETURN_IF_ERROR(CheckHandle(offer.handle(), own_layout));  // on receipt
+//   RETURN_IF_ERROR(kvtransfer::CheckHandle(offer.handle(), own_layout));  // on receipt
 //   puller.Track(id, offer.handle());   // then BatchEngine calls Start/Poll/Abandon
 //
 // A pull is planned with kvtransfer::PlanTransfer (one source shard, the
@@ -29,21 +29,12 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "decode/kv_importer.h"
-#include "kvtransfer/layout.h"
+#include "kvtransfer/layout_proto.h"
 #include "kvtransfer/transport.h"
 #include "proto/control.pb.h"
 #include "worker/frame_sink.h"
 
 namespace duet::decode {
-
-// InvalidArgument naming the first field in which a handle's layout differs
-// from this worker's (dtype, block_size, num_layers, num_kv_heads, head_dim,
-// layer or head range), or in which the handle is malformed (block ids too
-// few for num_tokens, epochs not one per block).
-absl::Status CheckHandle(const proto::KvHandle& handle, const proto::KvLayout& own);
-
-// The kvtransfer description of a pool shard (an unset range means all).
-kvtransfer::ShardLayout ShardFromProto(const proto::KvLayout& layout);
 
 class KvPuller : public KvImporter {
  public:

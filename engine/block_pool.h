@@ -28,6 +28,10 @@ namespace duet::engine {
 
 class BlockPool {
  public:
+  // The dtype of the pool's elements, as the control plane names it
+  // (proto::KvLayout.dtype): the pool holds floats.
+  static constexpr char kKvDtype[] = "f32";
+
   BlockPool(const kernels::KvLayout& layout, int64_t num_blocks);
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;

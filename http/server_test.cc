@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/metrics.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 
 namespace duet::http {
 namespace {
@@ -213,12 +213,12 @@ double ResponsesWithCode(int code) {
   return MetricsRegistry::Default()
       .GetCounter("duet_http_requests_total", "HTTP responses sent, by status code",
                   {{"code", std::to_string(code)}})
-      ->value();
+      ->Value();
 }
 
 int StatusOf(const std::optional<RawClient::Response>& r) { return r ? r->status : -1; }
 
-std::unique_ptr<HttpServer> StartServer(rpc::IoThread& io, HttpHandler handler, HttpLimits limits = {}) {
+std::unique_ptr<HttpServer> StartServer(IoThread& io, HttpHandler handler, HttpLimits limits = {}) {
   auto s = HttpServer::Start(io.context(), "127.0.0.1:0", std::move(handler), limits);
   REQUIRE(s.ok());
   REQUIRE((*s)->port() != 0);
@@ -236,7 +236,7 @@ HttpHandler EchoHandler(std::atomic<int>* calls = nullptr) {
 }
 
 TEST_CASE("GET and POST round-trip on one keep-alive connection", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   Threads threads;
   auto server = StartServer(io, [&](HttpRequest req, HttpExchangePtr ex) {
     nlohmann::json j = {{"method", req.method}, {"target", req.target}, {"path", req.path},
@@ -286,7 +286,7 @@ TEST_CASE("GET and POST round-trip on one keep-alive connection", "[http]") {
 }
 
 TEST_CASE("an oversized body gets 413 with an OpenAI error, and the handler never runs", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   std::atomic<int> calls{0};
   auto server = StartServer(io, EchoHandler(&calls), {.max_body_bytes = 1024});
 
@@ -325,7 +325,7 @@ TEST_CASE("an oversized body gets 413 with an OpenAI error, and the handler neve
 }
 
 TEST_CASE("huge headers get 431", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   std::atomic<int> calls{0};
   auto server = StartServer(io, EchoHandler(&calls), {.max_header_bytes = 1024});
   RawClient c(server->port());
@@ -344,7 +344,7 @@ TEST_CASE("huge headers get 431", "[http]") {
 }
 
 TEST_CASE("malformed requests get 400 and close; the server keeps serving", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   std::atomic<int> calls{0};
   auto server = StartServer(io, EchoHandler(&calls));
   const double bad_before = ResponsesWithCode(400);
@@ -368,7 +368,7 @@ TEST_CASE("malformed requests get 400 and close; the server keeps serving", "[ht
 }
 
 TEST_CASE("an SSE stream reaches the client event by event", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   Threads threads;
   // The client acknowledges each event before the next is sent, so each must
   // arrive on its own rather than at the end of the stream.
@@ -425,7 +425,7 @@ TEST_CASE("an SSE stream reaches the client event by event", "[http]") {
 }
 
 TEST_CASE("a client that leaves mid-stream fires OnClientGone exactly once", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   Threads threads;
   std::atomic<int> gone_calls{0};
   std::atomic<int> late_callback_calls{0};
@@ -472,7 +472,7 @@ TEST_CASE("a client that leaves mid-stream fires OnClientGone exactly once", "[h
 }
 
 TEST_CASE("a client that leaves while its request waits is noticed without writing", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   std::mutex mu;
   HttpExchangePtr held;
   absl::Notification handled, gone;
@@ -496,7 +496,7 @@ TEST_CASE("a client that leaves while its request waits is noticed without writi
 }
 
 TEST_CASE("Stop closes connections and unanswered exchanges see their client gone", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   std::mutex mu;
   HttpExchangePtr held;
   absl::Notification handled, gone;
@@ -517,7 +517,7 @@ TEST_CASE("Stop closes connections and unanswered exchanges see their client gon
 }
 
 TEST_CASE("a handler that drops the exchange unanswered yields 500", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   auto server = StartServer(io, [](HttpRequest, HttpExchangePtr) {});
   RawClient c(server->port());
   auto r = c.RoundTrip(Get("/"));
@@ -531,7 +531,7 @@ TEST_CASE("a handler that drops the exchange unanswered yields 500", "[http]") {
 }
 
 TEST_CASE("a slowloris client is cut off by the header timeout while others are served", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   auto server = StartServer(io, EchoHandler(), {.header_timeout = absl::Milliseconds(300)});
   const auto start = std::chrono::steady_clock::now();
   RawClient slow(server->port());
@@ -564,7 +564,7 @@ TEST_CASE("a slowloris client is cut off by the header timeout while others are 
 }
 
 TEST_CASE("an idle keep-alive connection is closed after idle_timeout", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   auto server = StartServer(io, EchoHandler(), {.idle_timeout = absl::Milliseconds(200)});
   RawClient c(server->port());
   auto r = c.RoundTrip(Get("/"));
@@ -576,7 +576,7 @@ TEST_CASE("an idle keep-alive connection is closed after idle_timeout", "[http]"
 }
 
 TEST_CASE("max_connections is enforced with 503, and a freed slot is reused", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   auto server = StartServer(io, EchoHandler(), {.max_connections = 2});
   RawClient c1(server->port()), c2(server->port());
   REQUIRE(StatusOf(c1.RoundTrip(Get("/"))) == 200);
@@ -605,7 +605,7 @@ TEST_CASE("max_connections is enforced with 503, and a freed slot is reused", "[
 }
 
 TEST_CASE("Expect: 100-continue, HEAD and HTTP/1.0", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   auto server = StartServer(io, EchoHandler());
   SECTION("100-continue comes before the body is read") {
     RawClient c(server->port());
@@ -650,7 +650,7 @@ TEST_CASE("OpenAiErrorJson has OpenAI's shape and survives bad UTF-8", "[http]")
 }
 
 TEST_CASE("Start rejects bad addresses", "[http]") {
-  rpc::IoThread io;
+  IoThread io;
   REQUIRE(HttpServer::Start(io.context(), "nope", EchoHandler()).status().code() ==
           absl::StatusCode::kInvalidArgument);
   REQUIRE(HttpServer::Start(io.context(), "127.0.0.1:99999", EchoHandler()).status().code() ==

@@ -69,6 +69,15 @@ struct PullRequest {
   absl::Duration timeout = absl::Seconds(5);
 };
 
+// InvalidArgument unless every segment of `request` is non-empty and lies
+// inside both the exporter's region (`remote_bytes`) and the destination
+// (`local_bytes`), offsets and lengths without overflow, and every block it
+// promises an epoch for lies inside the exporter's table of
+// `remote_epoch_blocks`; the bytes the pull moves otherwise. Every
+// transport's Pull checks a request with it before it moves a byte.
+absl::StatusOr<uint64_t> CheckPullBounds(const PullRequest& request, uint64_t remote_bytes,
+                                         uint64_t local_bytes, uint64_t remote_epoch_blocks);
+
 class KvTransport {
  public:
   virtual ~KvTransport() = default;

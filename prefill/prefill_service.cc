@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvtransfer/layout_proto.h"
 #include "prefill/request.h"
 #include "worker/generation_spec.h"
 
@@ -88,16 +89,9 @@ absl::Status PrefillService::Init() {
   region_registered_ = true;
   ASSIGN_OR_RETURN(region_bytes_, t.ExportRegion(region_));
 
-  const engine::ModelConfig& c = model_->config();
-  layout_.set_num_layers(c.num_layers);
-  layout_.set_num_kv_heads(c.num_kv_heads);
-  layout_.set_block_size(options_.block_size);
-  layout_.set_head_dim(c.head_dim);
-  layout_.set_dtype("f32");  // The CPU backend's KV dtype.
-  layout_.set_layer_begin(0);
-  layout_.set_layer_end(c.num_layers);
-  layout_.set_head_begin(0);
-  layout_.set_head_end(c.num_kv_heads);
+  const kernels::KvLayout& l = pool_->layout();
+  layout_ = kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim,
+                                         engine::BlockPool::kKvDtype);
 
   scheduler_ = std::make_unique<PrefillScheduler>(
       SchedulerOptions{.max_batch_tokens = options_.max_batch_tokens,

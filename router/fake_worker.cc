@@ -8,8 +8,8 @@
 namespace duet::router::testing {
 
 struct FakeWorker::State {
-  State(rpc::IoThread& io, FakeWorkerOptions o) : io(io), options(std::move(o)) {}
-  rpc::IoThread& io;
+  State(IoThread& io, FakeWorkerOptions o) : io(io), options(std::move(o)) {}
+  IoThread& io;
   const FakeWorkerOptions options;
   std::unique_ptr<rpc::Server> server;
   std::string address;
@@ -37,7 +37,7 @@ proto::Frame FakeWorker::NewFrame() {
   return f;
 }
 
-FakeWorker::FakeWorker(rpc::IoThread& io, FakeWorkerOptions options)
+FakeWorker::FakeWorker(IoThread& io, FakeWorkerOptions options)
     : state_(std::make_shared<State>(io, std::move(options))) {
   {
     absl::MutexLock lock(&state_->hook_mu);

@@ -24,7 +24,7 @@
 #include "absl/time/time.h"
 #include "proto/control.pb.h"
 #include "rpc/connection.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 
 namespace duet::router::testing {
 
@@ -41,7 +41,7 @@ inline constexpr absl::Duration kWaitLimit = absl::Seconds(20);
 
 class FakeWorker {
  public:
-  FakeWorker(rpc::IoThread& io, FakeWorkerOptions options);
+  FakeWorker(IoThread& io, FakeWorkerOptions options);
   ~FakeWorker();
 
   // Connects to the router, sends Register and waits for the RegisterReply.

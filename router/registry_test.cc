@@ -7,7 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "router/fake_worker.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 
 namespace duet::router {
 namespace {
@@ -87,7 +87,7 @@ struct Fixture {
   }
   ~Fixture() { registry->Stop(); }
 
-  rpc::IoThread io;
+  IoThread io;
   Recorder recorder;
   std::unique_ptr<WorkerRegistry> registry;
 };

@@ -30,7 +30,7 @@
 #include "http/server.h"
 #include "router/completions.h"
 #include "router/registry.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 
 namespace duet::router {
 
@@ -268,8 +268,8 @@ class Router::Impl : public RegistryListener {
   RouterOptions options_;
   // The io threads come first so they are destroyed last: servers,
   // connections and exchanges all refer to their contexts.
-  std::unique_ptr<rpc::IoThread> control_io_;
-  std::unique_ptr<rpc::IoThread> http_io_;
+  std::unique_ptr<IoThread> control_io_;
+  std::unique_ptr<IoThread> http_io_;
   std::unique_ptr<engine::Tokenizer> tokenizer_;
   engine::PromptFormat format_;
   ServedModel served_;
@@ -368,11 +368,11 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   total_cancelled_ = m.GetCounter("duet_requests_total", kTotalHelp, {{"status", "cancelled"}});
   total_rejected_ = m.GetCounter("duet_requests_total", kTotalHelp, {{"status", "rejected"}});
 
-  control_io_ = std::make_unique<rpc::IoThread>();
+  control_io_ = std::make_unique<IoThread>();
   // One thread for both: no hand-off (and no wake-up) between a worker's
   // token frame and the client writes it causes. Two: HTTP parsing and
   // control traffic on their own cores.
-  if (options_.io_threads > 1) http_io_ = std::make_unique<rpc::IoThread>();
+  if (options_.io_threads > 1) http_io_ = std::make_unique<IoThread>();
   registry_ = std::make_unique<WorkerRegistry>(
       control_io_->context(),
       RegistryOptions{.listen = options_.control_listen,

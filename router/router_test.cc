@@ -25,7 +25,7 @@
 #include "engine/tokenizer.h"
 #include "router/fake_worker.h"
 #include "engine/testing/tiny_model.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 
 namespace duet::router {
 namespace {
@@ -273,7 +273,7 @@ struct Fixture {
   std::unique_ptr<engine::Tokenizer> tok;
   engine::PromptFormat format;
   FakeClock clock;  // Heartbeats never expire unless a test says so.
-  rpc::IoThread io;  // The fake workers' io thread.
+  IoThread io;  // The fake workers' io thread.
   Router router;
 };
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 
 namespace duet::rpc {
 namespace {

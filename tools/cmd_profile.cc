@@ -28,6 +28,7 @@
 #include "engine/block_pool.h"
 #include "engine/model.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "placement/profile_fit.h"
 #include "tools/commands.h"
 #include "engine/testing/model_maker.h"
 
@@ -41,44 +42,7 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Least squares for y = X b with three columns (normal equations), on the
-// columns `use` says (the others' coefficients are 0), rows weighted by `w`.
-std::vector<double> Fit3(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y,
-                         const std::vector<double>& w, std::array<bool, 3> use = {true, true, true}) {
-  double a[3][4] = {};
-  for (size_t i = 0; i < x.size(); ++i) {
-    for (int r = 0; r < 3; ++r) {
-      for (int c = 0; c < 3; ++c) a[r][c] += w[i] * x[i][r] * x[i][c];
-      a[r][3] += w[i] * x[i][r] * y[i];
-    }
-  }
-  for (int r = 0; r < 3; ++r) {
-    if (use[r]) continue;
-    for (int c = 0; c < 4; ++c) a[r][c] = 0;
-    for (int c = 0; c < 3; ++c) a[c][r] = 0;
-    a[r][r] = 1;
-  }
-  for (int p = 0; p < 3; ++p) {  // Gauss-Jordan with partial pivoting
-    int best = p;
-    for (int r = p + 1; r < 3; ++r) {
-      if (std::fabs(a[r][p]) > std::fabs(a[best][p])) best = r;
-    }
-    for (int c = 0; c < 4; ++c) std::swap(a[p][c], a[best][c]);
-    if (std::fabs(a[p][p]) < 1e-300) return {0, 0, 0};
-    for (int r = 0; r < 3; ++r) {
-      if (r == p) continue;
-      const double f = a[r][p] / a[p][p];
-      for (int c = 0; c < 4; ++c) a[r][c] -= f * a[p][c];
-    }
-  }
-  return {a[0][3] / a[0][0], a[1][3] / a[1][1], a[2][3] / a[2][2]};
-}
-
-struct Point {
-  std::array<double, 3> x;
-  double ms;
-  std::string what;
-};
+using placement::ProfilePoint;
 
 absl::Status Run(const FlagSet& f) {
   for (const char* flag : {"threads", "block-size", "max-context", "max-batch", "reps"}) {
@@ -102,7 +66,8 @@ absl::Status Run(const FlagSet& f) {
   struct Shape {
     std::function<absl::Status()> run;
     bool warm = false;  // run once untimed before each timing
-    Point point;        // x and label; ms is the median
+    ProfilePoint point;  // ms is the median
+    std::string label;
     std::vector<double> ms;
   };
   auto time_grid = [&](std::vector<Shape>& grid, const char* what) -> absl::Status {
@@ -118,7 +83,7 @@ absl::Status Run(const FlagSet& f) {
     for (Shape& shape : grid) {
       std::sort(shape.ms.begin(), shape.ms.end());
       shape.point.ms = shape.ms[shape.ms.size() / 2];
-      std::fprintf(stderr, "[duet profile] %s %s: %.1f ms\n", what, shape.point.what.c_str(), shape.point.ms);
+      std::fprintf(stderr, "[duet profile] %s %s: %.1f ms\n", what, shape.label.c_str(), shape.point.ms);
     }
     return absl::OkStatus();
   };
@@ -126,7 +91,7 @@ absl::Status Run(const FlagSet& f) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + (i * 7919) % 900);
 
   // Prefill: single prompts and batches, ms against sum(l) and sum(l^2).
-  std::vector<Point> prefill;
+  std::vector<ProfilePoint> prefill;
   std::vector<std::vector<int64_t>> shapes;
   for (int64_t l = 16; l <= max_ctx; l *= 2) shapes.push_back({l});
   for (int64_t n : {2, 4, 8}) {
@@ -161,7 +126,8 @@ absl::Status Run(const FlagSet& f) {
     // Short batches are bound by reading the weights: warm them as the decode
     // shapes are (long ones are compute-bound).
     shape.warm = s1 <= 256;
-    shape.point = {{1, s1, s2}, 0, absl::StrCat(lens.size(), " x ", lens[0], " tokens")};
+    shape.point = {{1, s1, s2}, 0};
+    shape.label = absl::StrCat(lens.size(), " x ", lens[0], " tokens");
     prefill_grid.push_back(std::move(shape));
   }
   RETURN_IF_ERROR(time_grid(prefill_grid, "prefill"));
@@ -175,7 +141,7 @@ absl::Status Run(const FlagSet& f) {
   // it. Each shape runs once untimed before each timing: right after other
   // work (the prefills, another shape) the first pass over the weights reads
   // cold memory on some machines, and the workers' steps follow each other hot.
-  std::vector<Point> decode;
+  std::vector<ProfilePoint> decode;
   std::vector<int64_t> contexts;
   for (int64_t ctx : {int64_t{16}, int64_t{64}, int64_t{256}, int64_t{512}, max_ctx / 4, max_ctx / 2}) {
     if (ctx >= 1 && ctx + 1 <= max_ctx && std::find(contexts.begin(), contexts.end(), ctx) == contexts.end()) {
@@ -222,8 +188,8 @@ absl::Status Run(const FlagSet& f) {
         Shape shape;
         shape.run = [&, batch]() { return model->Forward(batch, pool).status(); };
         shape.warm = true;
-        shape.point = {{1, static_cast<double>(n * ctx), static_cast<double>(n)}, 0,
-                       absl::StrCat(n, " x context ", ctx)};
+        shape.point = {{1, static_cast<double>(n * ctx), static_cast<double>(n)}, 0};
+        shape.label = absl::StrCat(n, " x context ", ctx);
         decode_grid.push_back(std::move(shape));
       }
     }
@@ -283,89 +249,12 @@ absl::Status Run(const FlagSet& f) {
       }
     }
   }
-  auto fit = [](const std::vector<Point>& pts, std::array<bool, 3> use) {
-    std::vector<std::array<double, 3>> x;
-    std::vector<double> y, w;
-    for (const Point& p : pts) {
-      x.push_back(p.x);
-      y.push_back(p.ms);
-      w.push_back(1 / (p.ms * p.ms));
-    }
-    return Fit3(x, y, w, use);
-  };
-  auto predict = [](const Point& p, const std::vector<double>& c) {
-    return c[0] + c[1] * p.x[1] + c[2] * p.x[2];
-  };
-  auto squared_error = [&](const std::vector<Point>& pts, const std::vector<double>& c) {
-    double e = 0;
-    for (const Point& p : pts) e += std::pow((predict(p, c) - p.ms) / p.ms, 2);
-    return e;
-  };
-  if (prefill.size() < 3 || decode.size() < 3) {
-    return absl::InvalidArgumentError(absl::StrCat("too few shapes to fit three coefficients (", prefill.size(),
-                                                   " prefill, ", decode.size(),
-                                                   " decode): raise --max-context or --max-batch"));
-  }
-  const std::vector<double> zero = {0, 0, 0};
-  const std::vector<double> pc = fit(prefill, {true, true, true});
-  // Decode in two regimes, as DistServe's format allows: batches below the
-  // threshold use decoding_smallbs, the rest decoding_largebs. On the CPU
-  // backend one sequence is a matrix-vector product and several a packed
-  // GEMM, so the cost per sequence changes with the batch. The threshold with
-  // the smallest error wins (none: one set for all). A side with one batch
-  // size fits no per-sequence term (it would be the intercept's twin).
-  // Decode points with batch < t, the rest.
-  auto split = [&](int64_t t) {
-    std::pair<std::vector<Point>, std::vector<Point>> parts;
-    for (const Point& p : decode) (p.x[2] < static_cast<double>(t) ? parts.first : parts.second).push_back(p);
-    return parts;
-  };
-  auto batch_sizes = [](const std::vector<Point>& pts) {
-    std::set<double> b;
-    for (const Point& p : pts) b.insert(p.x[2]);
-    return b.size();
-  };
-  int64_t threshold = int64_t{1} << 30;
-  std::vector<double> dc_small = fit(decode, {true, true, true}), dc_large = dc_small;
-  double best = dc_small == zero ? std::numeric_limits<double>::infinity() : squared_error(decode, dc_small);
-  for (int64_t t : batches) {
-    if (t < 2) continue;
-    const auto [small, large] = split(t);
-    if (small.size() < 3 || large.size() < 3) continue;
-    const std::vector<double> s = fit(small, {true, true, batch_sizes(small) > 1});
-    const std::vector<double> l = fit(large, {true, true, batch_sizes(large) > 1});
-    if (s == zero || l == zero) continue;
-    const double e = squared_error(small, s) + squared_error(large, l);
-    if (e < best) {
-      best = e;
-      threshold = t;
-      dc_small = s;
-      dc_large = l;
-    }
-  }
-  // duet's own decode table: per profiled batch size, a + b sum(context)
-  // over its contexts. duet sim interpolates between batch sizes, which
-  // follows the bends two linear regimes cannot (the GEMV of one sequence,
-  // the dot kernel of a few, the packed GEMM of many).
-  std::vector<std::array<double, 3>> by_batch;
-  for (int64_t n : batches) {
-    std::vector<Point> pts;
-    for (const Point& p : decode) {
-      if (p.x[2] == static_cast<double>(n)) pts.push_back(p);
-    }
-    if (pts.empty()) continue;
-    const std::vector<double> c = fit(pts, {true, pts.size() > 1, false});
-    if (c == zero) continue;
-    by_batch.push_back({static_cast<double>(n), c[0], c[1]});
-  }
-  if (pc == zero || !std::isfinite(best)) {
-    return absl::InternalError("the shapes do not determine the coefficients (singular fit)");
-  }
-  auto report = [&](const char* what, const std::vector<Point>& pts, const std::vector<double>& c) {
+  ASSIGN_OR_RETURN(const placement::ProfileFit fit, placement::FitProfile(prefill, decode, batches));
+  auto report = [&](const char* what, const std::vector<ProfilePoint>& pts, const std::vector<double>& c) {
     double worst = 0;
     std::vector<double> errs;
-    for (const Point& p : pts) {
-      const double e = std::fabs(predict(p, c) - p.ms) / p.ms;
+    for (const ProfilePoint& p : pts) {
+      const double e = std::fabs(placement::Predict(p, c) - p.ms) / p.ms;
       errs.push_back(e);
       worst = std::max(worst, e);
     }
@@ -376,42 +265,35 @@ absl::Status Run(const FlagSet& f) {
   const std::string name = std::filesystem::path(dir).filename().string();
   std::printf("duet profile: %s on this machine's CPU backend, %lld thread(s), ms per batch\n", name.c_str(),
               static_cast<long long>(f.GetInt("threads")));
-  report("prefill ms = a + b sum(l) + c sum(l^2)", prefill, pc);
-  if (threshold >= (int64_t{1} << 30)) {
-    report("decode  ms = a + b sum(context) + c batch", decode, dc_small);
+  report("prefill ms = a + b sum(l) + c sum(l^2)", prefill, fit.prefill);
+  if (fit.threshold == placement::kOneDecodeRegime) {
+    report("decode  ms = a + b sum(context) + c batch", decode, fit.decode_small);
   } else {
-    const auto [small, large] = split(threshold);
-    const std::string s = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch < ", threshold);
-    const std::string l = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch >= ", threshold);
-    report(s.c_str(), small, dc_small);
-    report(l.c_str(), large, dc_large);
+    const auto [small, large] = placement::SplitDecode(decode, fit.threshold);
+    const std::string s = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch < ", fit.threshold);
+    const std::string l = absl::StrCat("decode  ms = a + b sum(context) + c batch, batch >= ", fit.threshold);
+    report(s.c_str(), small, fit.decode_small);
+    report(l.c_str(), large, fit.decode_large);
   }
-  if (!by_batch.empty()) {
+  if (!fit.by_batch.empty()) {
     std::vector<double> errs;
-    for (const Point& p : decode) {
-      for (const auto& row : by_batch) {
+    for (const ProfilePoint& p : decode) {
+      for (const auto& row : fit.by_batch) {
         if (row[0] == p.x[2]) errs.push_back(std::fabs(row[1] + row[2] * p.x[1] - p.ms) / p.ms);
       }
     }
     std::sort(errs.begin(), errs.end());
     std::printf("decode  ms = a + b sum(context) for each of %zu batch sizes (duet sim's table): over %zu shapes: "
                 "median error %.1f%%, worst %.1f%%\n",
-                by_batch.size(), errs.size(), errs[errs.size() / 2] * 100, errs.back() * 100);
+                fit.by_batch.size(), errs.size(), errs[errs.size() / 2] * 100, errs.back() * 100);
   }
-  nlohmann::ordered_json entry;
-  entry["decoding_large_small_bs_threshold"] = threshold;  // batches below it: decoding_smallbs
-  entry["prefill"] = pc;
-  entry["decoding_smallbs"] = dc_small;
-  entry["decoding_largebs"] = dc_large;
-  // duet's extension: [[batch, a, b], ...]; duet sim prefers it.
-  if (!by_batch.empty()) entry["decoding_by_batch"] = by_batch;
   if (!idle_penalty.empty()) {
     std::string line = "idle penalty, extra ms of the first step after:";
     for (const auto& [gap, ms] : idle_penalty) absl::StrAppend(&line, " ", gap, " s: ", absl::StrFormat("%.1f", ms), ";");
     std::printf("%s\n", line.c_str());
   }
   nlohmann::ordered_json out;
-  out[name]["1"] = entry;
+  out[name]["1"] = placement::ProfileEntry(fit);
   // duet's extension, beside the TP entries: [[idle seconds, extra ms], ...].
   if (!idle_penalty.empty()) out[name]["idle_penalty_ms"] = idle_penalty;
   const std::string path = f.GetString("out").empty() ? absl::StrCat(name, "-profile.json") : f.GetString("out");

@@ -20,7 +20,7 @@
 #include "placement/model.h"
 #include "placement/sim.h"
 #include "placement/workload.h"
-#include "tools/cluster_config.h"
+#include "placement/cluster_config.h"
 #include "tools/commands.h"
 #include "tools/workload_flags.h"
 
@@ -105,11 +105,11 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
   };
   if (!f.GetString("cluster").empty()) {
     for (absl::string_view path : absl::StrSplit(f.GetString("cluster"), ',', absl::SkipEmpty())) {
-      ASSIGN_OR_RETURN(ClusterConfig cfg, LoadClusterConfig(std::string(path), /*for_simulation=*/true));
+      ASSIGN_OR_RETURN(placement::ClusterConfig cfg, placement::LoadClusterConfig(std::string(path), /*for_simulation=*/true));
       ClusterSpec c;
       common(c);
       std::string gpu = f.GetString("gpu");
-      for (const InstanceConfig& ic : cfg.instances) {
+      for (const placement::InstanceConfig& ic : cfg.instances) {
         const std::string g = ic.gpu.empty() ? f.GetString("gpu") : ic.gpu;
         gpu = g;
         const InstanceRole role = ic.role == "prefill"  ? InstanceRole::kPrefill

@@ -15,7 +15,7 @@
 #include "base/flags.h"
 #include "base/subprocess.h"
 #include "http/client.h"
-#include "tools/cluster_config.h"
+#include "placement/cluster_config.h"
 #include "tools/commands.h"
 #include "engine/testing/model_maker.h"
 
@@ -89,13 +89,13 @@ int RunUp(int argc, char** argv) {
     return 2;
   }
 
-  ClusterConfig cfg;
+  placement::ClusterConfig cfg;
   if (f.IsSet("config")) {
     if (f.IsSet("prefill") || f.IsSet("decode") || f.IsSet("colocated")) {
       std::fprintf(stderr, "duet up: --config replaces --prefill/--decode/--colocated\n");
       return 2;
     }
-    auto c = LoadClusterConfig(f.GetString("config"));
+    auto c = placement::LoadClusterConfig(f.GetString("config"));
     if (!c.ok()) {
       std::fprintf(stderr, "duet up: %s\n", c.status().ToString().c_str());
       return 2;
@@ -114,7 +114,7 @@ int RunUp(int argc, char** argv) {
     }
     auto add = [&](const char* role, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
-        InstanceConfig ic;
+        placement::InstanceConfig ic;
         ic.role = role;
         ic.kv_memory_gib = f.GetDouble("kv-memory");
         cfg.instances.push_back(ic);
@@ -196,7 +196,7 @@ int RunUp(int argc, char** argv) {
   nlohmann::json targets = nlohmann::json::array();
   targets.push_back({{"targets", {absl::StrCat(f.GetString("host") == "0.0.0.0" ? "127.0.0.1" : f.GetString("host"), ":", http_port)}},
                      {"labels", {{"role", "router"}, {"worker", "router"}}}});
-  for (const InstanceConfig& ic : cfg.instances) {
+  for (const placement::InstanceConfig& ic : cfg.instances) {
     const std::string id = absl::StrCat(ic.role, "-", counters[ic.role]++);
     const std::string cmd = ic.role == "colocated" ? "worker" : ic.role;
     std::vector<std::string> args = {exe, cmd, "--model", cfg.model, "--router", control, "--worker-id", id,

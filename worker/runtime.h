@@ -33,7 +33,7 @@
 #include "http/server.h"
 #include "proto/control.pb.h"
 #include "rpc/connection.h"
-#include "rpc/io_thread.h"
+#include "base/io_thread.h"
 #include "worker/frame_sink.h"
 
 namespace duet::worker {
@@ -110,7 +110,7 @@ class WorkerRuntime : public FrameSink {
   const RuntimeOptions options_;
   WorkerService* service_ = nullptr;
   std::function<void(absl::Status)> on_fatal_;
-  rpc::IoThread io_;
+  IoThread io_;
   std::unique_ptr<rpc::Server> server_;
   std::unique_ptr<http::HttpServer> metrics_server_;
   int metrics_port_ = -1;

@@ -3,37 +3,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda_status.h"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
 
 namespace duet::kernels::cuda {
-namespace {
 
-absl::StatusCode CodeFor(cudaError_t err) {
-  switch (err) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidConfiguration:
-      return absl::StatusCode::kInvalidArgument;
-    case cudaErrorMemoryAllocation:
-      return absl::StatusCode::kResourceExhausted;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-      return absl::StatusCode::kUnavailable;
-    default:
-      return absl::StatusCode::kInternal;
-  }
-}
-
-}  // namespace
-
-absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::Status(CodeFor(err), absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
-                                                 cudaGetErrorString(err), ")"));
-}
-
+using ::duet::CudaStatus;
 absl::StatusOr<int> RequireDevice() {
   int count = 0;
   absl::Status status = CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount");

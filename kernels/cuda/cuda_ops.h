@@ -23,10 +23,6 @@
 
 namespace duet::kernels::cuda {
 
-// OK for cudaSuccess; otherwise a canonical code with `what`, the CUDA error
-// name and its description in the message.
-absl::Status CudaStatus(cudaError_t err, absl::string_view what);
-
 // The number of visible devices; an error (never 0) when there is none or the
 // driver is missing, so GPU tests fail loudly instead of passing vacuously.
 absl::StatusOr<int> RequireDevice();

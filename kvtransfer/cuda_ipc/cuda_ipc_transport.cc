@@ -21,10 +21,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/cuda_status.h"
 #include "base/logging.h"
-#include "base/metrics.h"
+#include "base/status_macros.h"
 #include "kvtransfer/cuda_ipc/ipc_wire.h"
 #include "kvtransfer/cuda_ipc/shm_epoch_table.h"
+#include "kvtransfer/transfer_metrics.h"
 
 namespace duet::kvtransfer {
 namespace {
@@ -35,31 +37,10 @@ using cuda_ipc::SharedEpochTable;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == cuda_ipc::kIpcHandleBytes);
 
-// The library's own words, as rule 3 of STYLE.md asks.
-std::string CudaErrorText(cudaError_t err) {
-  return absl::StrCat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-}
-
+// The shared conversion (base/cuda_status.h), with this transport's name.
 absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat("cuda_ipc: ", what, ": ", CudaErrorText(err));
-  switch (err) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-      return absl::InvalidArgumentError(message);
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorInvalidDevice:
-      return absl::UnavailableError(message);
-    case cudaErrorNotSupported:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return ::duet::CudaStatus(err, absl::StrCat("cuda_ipc: ", what));
 }
 
 std::string ReadBootId() {
@@ -87,37 +68,6 @@ bool ProcessAlive(int32_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 bool AddOverflows(uint64_t a, uint64_t b, uint64_t* sum) {
   return __builtin_add_overflow(a, b, sum);
 }
-
-// duet_kv_transfer_* with transport="cuda_ipc" (DESIGN.md, Observability).
-class TransferMetrics {
- public:
-  TransferMetrics() {
-    MetricsRegistry& m = MetricsRegistry::Default();
-    const Labels labels = {{"transport", "cuda_ipc"}};
-    bytes_total_ = m.GetCounter("duet_kv_transfer_bytes_total", "KV cache bytes moved", labels);
-    seconds_ = m.GetHistogram("duet_kv_transfer_seconds", "Duration of completed KV pulls", labels,
-                              TransferBucketsSeconds());
-    for (TransferState s : {TransferState::kPeerLost, TransferState::kLeaseExpired,
-                            TransferState::kTimedOut, TransferState::kCancelled}) {
-      failures_[s] =
-          m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
-                       {{"transport", "cuda_ipc"}, {"reason", TransferStateName(s)}});
-    }
-  }
-  void Record(TransferState state, uint64_t bytes, absl::Duration duration) {
-    if (state == TransferState::kDone) {
-      bytes_total_->Increment(static_cast<double>(bytes));
-      seconds_->Observe(absl::ToDoubleSeconds(duration));
-    } else if (auto it = failures_.find(state); it != failures_.end()) {
-      it->second->Increment();
-    }
-  }
-
- private:
-  Counter* bytes_total_;
-  Histogram* seconds_;
-  std::map<TransferState, Counter*> failures_;
-};
 
 // cuMemGetAddressRange through the runtime, so that nothing links libcuda:
 // a region may start inside a larger cudaMalloc, and IPC handles name whole
@@ -341,26 +291,8 @@ class CudaIpcKvTransport final : public KvTransport {
           absl::StrCat("cuda_ipc: unknown local region ", request.local_region));
     }
     const Region& local = region_it->second;
-    uint64_t total = 0;
-    for (const Segment& s : request.segments) {
-      uint64_t src_end = 0, dst_end = 0;
-      if (s.length == 0 || AddOverflows(s.src_offset, s.length, &src_end) ||
-          src_end > remote->bytes || AddOverflows(s.dst_offset, s.length, &dst_end) ||
-          dst_end > local.bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("cuda_ipc: segment {src ", s.src_offset, ", dst ", s.dst_offset,
-                         ", length ", s.length, "} is empty or outside the regions (remote ",
-                         remote->bytes, " bytes, local ", local.bytes, " bytes)"));
-      }
-      total += s.length;
-    }
-    for (const auto& [block, epoch] : request.block_epochs) {
-      if (block < 0 || block >= remote->num_epoch_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: epoch block ", block,
-                                                       " outside the exporter's table of ",
-                                                       remote->num_epoch_blocks, " blocks"));
-      }
-    }
+    ASSIGN_OR_RETURN(const uint64_t total,
+                     CheckPullBounds(request, remote->bytes, local.bytes, remote->num_epoch_blocks));
 
     TransferId id = next_transfer_++;
     Transfer& t = transfers_[id];
@@ -579,12 +511,12 @@ class CudaIpcKvTransport final : public KvTransport {
   }
 
   void SetResult(Transfer& t, TransferState state, std::string detail) {
-    metrics_.Record(state, state == TransferState::kDone ? t.bytes : 0, absl::Now() - t.start);
     TransferResult r;
     r.state = state;
     r.bytes = state == TransferState::kDone ? t.bytes : 0;
     r.duration = absl::Now() - t.start;
     r.detail = std::move(detail);
+    metrics_.Record(r);
     t.result = std::move(r);
   }
 
@@ -621,7 +553,7 @@ class CudaIpcKvTransport final : public KvTransport {
 
   const int device_;
   const cudaStream_t stream_;
-  TransferMetrics metrics_;
+  TransferMetrics metrics_{"cuda_ipc"};
   const GetAddressRangeFn get_range_;
   IpcAddress self_;
   std::string address_;

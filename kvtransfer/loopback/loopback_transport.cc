@@ -17,8 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/logging.h"
-#include "base/metrics.h"
 #include "base/status_macros.h"
+#include "kvtransfer/transfer_metrics.h"
 #include "kvtransfer/wire.h"
 
 namespace duet::kvtransfer {
@@ -110,17 +110,6 @@ class LoopbackKvTransport : public KvTransport {
     {
       absl::MutexLock lock(&registry_mu);
       Registry()[state_->name] = state_;
-    }
-    MetricsRegistry& m = MetricsRegistry::Default();
-    const Labels labels = {{"transport", "loopback"}};
-    bytes_total_ = m.GetCounter("duet_kv_transfer_bytes_total", "KV cache bytes moved", labels);
-    seconds_ = m.GetHistogram("duet_kv_transfer_seconds", "Duration of completed KV pulls",
-                              labels, TransferBucketsSeconds());
-    for (TransferState s : {TransferState::kPeerLost, TransferState::kLeaseExpired,
-                            TransferState::kTimedOut, TransferState::kCancelled}) {
-      failures_[s] =
-          m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
-                       {{"transport", "loopback"}, {"reason", TransferStateName(s)}});
     }
   }
 
@@ -262,12 +251,7 @@ class LoopbackKvTransport : public KvTransport {
 
   TransferId Finish(TransferResult r, absl::Time start) {
     r.duration = absl::Now() - start;
-    if (r.state == TransferState::kDone) {
-      bytes_total_->Increment(static_cast<double>(r.bytes));
-      seconds_->Observe(absl::ToDoubleSeconds(r.duration));
-    } else {
-      failures_[r.state]->Increment();
-    }
+    metrics_.Record(r);
     absl::MutexLock lock(&mu_);
     TransferId id = next_transfer_++;
     results_[id] = std::move(r);
@@ -277,9 +261,7 @@ class LoopbackKvTransport : public KvTransport {
   const LoopbackOptions options_;
   std::shared_ptr<State> state_;
   std::string address_;
-  Counter* bytes_total_;
-  Histogram* seconds_;
-  std::map<TransferState, Counter*> failures_;
+  TransferMetrics metrics_{"loopback"};
 
   absl::Mutex mu_;
   RegionId next_region_ = 1;  // guarded by state_->mu
@@ -311,22 +293,7 @@ absl::StatusOr<TransferId> LoopbackKvTransport::Pull(const PullRequest& request)
     local = it->second;
   }
   ASSIGN_OR_RETURN(Descriptor desc, DecodeRegion(request.remote_region));
-  for (const Segment& s : request.segments) {
-    if (s.dst_offset + s.length < s.dst_offset || s.dst_offset + s.length > local->bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("Pull: segment [", s.dst_offset, ", +",
-                                                     s.length, ") outside the local region"));
-    }
-    if (s.src_offset + s.length < s.src_offset || s.src_offset + s.length > desc.length) {
-      return absl::InvalidArgumentError(absl::StrCat("Pull: segment [", s.src_offset, ", +",
-                                                     s.length, ") outside the remote region"));
-    }
-  }
-  for (const auto& [block, epoch] : request.block_epochs) {
-    if (block < 0 || static_cast<uint64_t>(block) >= desc.num_epochs) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Pull: block ", block, " outside the remote epoch table"));
-    }
-  }
+  RETURN_IF_ERROR(CheckPullBounds(request, desc.length, local->bytes, desc.num_epochs).status());
 
   TransferResult result;
   std::shared_ptr<State> remote;

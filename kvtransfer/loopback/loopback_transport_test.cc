@@ -49,14 +49,14 @@ TEST_CASE("loopback pulls copy the segments and account them", "[loopback]") {
   REQUIRE(f.exporter->address() != f.importer->address());
   Counter* bytes = MetricsRegistry::Default().GetCounter("duet_kv_transfer_bytes_total", "",
                                                          {{"transport", "loopback"}});
-  double before = bytes->value();
+  double before = bytes->Value();
   TransferId id = f.importer->Pull(f.req).value();
   std::optional<TransferResult> r = f.importer->Poll(id);
   REQUIRE(r.has_value());
   REQUIRE(r->state == TransferState::kDone);
   REQUIRE(r->bytes == kBlock + 100);
   REQUIRE(f.Copied());
-  REQUIRE(bytes->value() == before + kBlock + 100);
+  REQUIRE(bytes->Value() == before + kBlock + 100);
   // Collected once.
   REQUIRE(f.importer->Wait(id).detail.find("unknown transfer") != std::string::npos);
   // Same address, same peer.

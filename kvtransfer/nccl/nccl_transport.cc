@@ -21,10 +21,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/cuda_status.h"
 #include "base/logging.h"
-#include "base/metrics.h"
 #include "base/status_macros.h"
 #include "kvtransfer/nccl/nccl_wire.h"
+#include "kvtransfer/transfer_metrics.h"
 
 namespace duet::kvtransfer {
 namespace {
@@ -44,20 +45,10 @@ constexpr int kExporterRank = 0;
 constexpr int kImporterRank = 1;
 constexpr size_t kOpsPerGroup = 256;
 
-std::string CudaText(cudaError_t err) {
-  return absl::StrCat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-}
-
+// The shared conversion (base/cuda_status.h), with this transport's name.
 absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat("nccl transport: ", what, ": ", CudaText(err));
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
-      err == cudaErrorInvalidDevice) {
-    return absl::UnavailableError(message);
-  }
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  if (err == cudaErrorInvalidValue) return absl::InvalidArgumentError(message);
-  return absl::InternalError(message);
+  return ::duet::CudaStatus(err, absl::StrCat("nccl transport: ", what));
 }
 
 // NCCL's own words: the code's string and, with a communicator, its last error.
@@ -117,37 +108,6 @@ class Backoff {
   absl::Duration sleep_ = absl::Microseconds(10);
 };
 
-// duet_kv_transfer_* with transport="nccl" (DESIGN.md, Observability).
-class TransferMetrics {
- public:
-  TransferMetrics() {
-    MetricsRegistry& m = MetricsRegistry::Default();
-    const Labels labels = {{"transport", "nccl"}};
-    bytes_total_ = m.GetCounter("duet_kv_transfer_bytes_total", "KV cache bytes moved", labels);
-    seconds_ = m.GetHistogram("duet_kv_transfer_seconds", "Duration of completed KV pulls", labels,
-                              TransferBucketsSeconds());
-    for (TransferState s : {TransferState::kPeerLost, TransferState::kLeaseExpired,
-                            TransferState::kTimedOut, TransferState::kCancelled}) {
-      failures_[s] =
-          m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
-                       {{"transport", "nccl"}, {"reason", TransferStateName(s)}});
-    }
-  }
-  void Record(const TransferResult& r) {
-    if (r.state == TransferState::kDone) {
-      bytes_total_->Increment(static_cast<double>(r.bytes));
-      seconds_->Observe(absl::ToDoubleSeconds(r.duration));
-    } else if (auto it = failures_.find(r.state); it != failures_.end()) {
-      it->second->Increment();
-    }
-  }
-
- private:
-  Counter* bytes_total_;
-  Histogram* seconds_;
-  std::map<TransferState, Counter*> failures_;
-};
-
 // How one step on a pair's communicator ended.
 struct Step {
   enum Code { kOk, kTimedOut, kStopped, kFailed };
@@ -199,13 +159,13 @@ class Channel {
   // Copies host bytes into the staging buffer, ordered before later ops.
   Step Stage(const void* host, size_t bytes, size_t offset) {
     cudaError_t err = cudaMemcpyAsync(ctl() + offset, host, bytes, cudaMemcpyHostToDevice, stream_);
-    if (err != cudaSuccess) return Fail("cudaMemcpyAsync(control)", CudaText(err));
+    if (err != cudaSuccess) return Fail("cudaMemcpyAsync(control)", CudaErrorText(err));
     return {};
   }
   // Reads staged bytes back; the stream must be idle (after a Run).
   Step Unstage(void* host, size_t bytes, size_t offset) {
     cudaError_t err = cudaMemcpy(host, ctl() + offset, bytes, cudaMemcpyDeviceToHost);
-    if (err != cudaSuccess) return Fail("cudaMemcpy(control)", CudaText(err));
+    if (err != cudaSuccess) return Fail("cudaMemcpy(control)", CudaErrorText(err));
     return {};
   }
 
@@ -261,7 +221,7 @@ class Channel {
     while (true) {
       cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return {};
-      if (q != cudaErrorNotReady) return Fail("stream", CudaText(q));
+      if (q != cudaErrorNotReady) return Fail("stream", CudaErrorText(q));
       ncclResult_t async = ncclSuccess;
       ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
       if (r != ncclSuccess) async = r;
@@ -509,26 +469,8 @@ class NcclKvTransport final : public KvTransport {
         request.block_epochs.size() > nccl::kMaxEpochs) {
       return absl::InvalidArgumentError("nccl transport: too many segments or epochs in one pull");
     }
-    uint64_t total = 0;
-    for (const Segment& s : request.segments) {
-      uint64_t src_end = 0, dst_end = 0;
-      if (s.length == 0 || AddOverflows(s.src_offset, s.length, &src_end) ||
-          src_end > remote->bytes || AddOverflows(s.dst_offset, s.length, &dst_end) ||
-          dst_end > local.bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("nccl transport: segment {src ", s.src_offset, ", dst ", s.dst_offset,
-                         ", length ", s.length, "} is empty or outside the regions (remote ",
-                         remote->bytes, " bytes, local ", local.bytes, " bytes)"));
-      }
-      total += s.length;
-    }
-    for (const auto& [block, epoch] : request.block_epochs) {
-      if (block < 0 || block >= remote->num_epoch_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("nccl transport: epoch block ", block,
-                                                       " outside the exporter's table of ",
-                                                       remote->num_epoch_blocks, " blocks"));
-      }
-    }
+    ASSIGN_OR_RETURN(const uint64_t total,
+                     CheckPullBounds(request, remote->bytes, local.bytes, remote->num_epoch_blocks));
     TransferId id = next_transfer_++;
     Transfer& t = transfers_[id];
     t.peer = request.peer;
@@ -956,7 +898,7 @@ class NcclKvTransport final : public KvTransport {
   const std::string host_;
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
-  TransferMetrics metrics_;
+  TransferMetrics metrics_{"nccl"};
 
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);

@@ -87,7 +87,7 @@ double PeerLostCount() {
   return MetricsRegistry::Default()
       .GetCounter("duet_kv_transfer_failures_total", "",
                   {{"transport", "ucx"}, {"reason", "peer_lost"}})
-      ->value();
+      ->Value();
 }
 
 TEST_CASE("an exporter killed mid-pull: its pulls end peer lost within the timeout", "[ucx][fault]") {

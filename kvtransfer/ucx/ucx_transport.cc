@@ -32,9 +32,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/logging.h"
-#include "base/metrics.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
+#include "kvtransfer/transfer_metrics.h"
 #include "kvtransfer/wire.h"
 
 namespace duet::kvtransfer {
@@ -279,7 +279,6 @@ int64_t ReadPeer(pid_t pid, const std::vector<struct iovec>& local,
   return ReadPeer(pid, local, remote, 0, local.size());
 }
 
-const char* FailureReason(TransferState s) { return TransferStateName(s); }
 
 class UcxKvTransport : public KvTransport {
  public:
@@ -456,9 +455,7 @@ class UcxKvTransport : public KvTransport {
   int worker_fd_ = -1;  // UCX's event fd, -1 when the worker cannot sleep on events
   int wake_fd_ = -1;    // eventfd that wakes the progress thread
 
-  Counter* bytes_total_ = nullptr;
-  Histogram* seconds_ = nullptr;
-  std::map<TransferState, Counter*> failures_;
+  TransferMetrics metrics_{"ucx"};
 
   // The UCP worker and everything below: UCX runs in serialized mode under it.
   absl::Mutex mu_;
@@ -553,16 +550,6 @@ absl::Status UcxKvTransport::Init() {
   if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
 
 
-  MetricsRegistry& m = MetricsRegistry::Default();
-  const Labels labels = {{"transport", "ucx"}};
-  bytes_total_ = m.GetCounter("duet_kv_transfer_bytes_total", "KV cache bytes moved", labels);
-  seconds_ = m.GetHistogram("duet_kv_transfer_seconds", "Duration of completed KV pulls", labels,
-                            TransferBucketsSeconds());
-  for (TransferState s : {TransferState::kPeerLost, TransferState::kLeaseExpired,
-                          TransferState::kTimedOut, TransferState::kCancelled}) {
-    failures_[s] = m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
-                                {{"transport", "ucx"}, {"reason", FailureReason(s)}});
-  }
   // Helpers only on cores of their own: a worker pinned to one core copies alone.
   const int copy_threads = std::min(options_.same_host_copy_threads, AvailableCores());
   if (same_host_lane_ && copy_threads > 1) copy_pool_ = std::make_unique<ThreadPool>(copy_threads);
@@ -893,12 +880,7 @@ void UcxKvTransport::Finalize(Transfer* t, TransferState state, std::string deta
   t->result.detail = std::move(detail);
   t->result.bytes = t->bytes_done;
   if (Peer* p = FindPeer(t->peer)) p->transfers.erase(t->id);
-  if (state == TransferState::kDone) {
-    bytes_total_->Increment(static_cast<double>(t->bytes_done));
-    seconds_->Observe(absl::ToDoubleSeconds(t->result.duration));
-  } else {
-    failures_[state]->Increment();
-  }
+  metrics_.Record(t->result);
   ReleaseIfDrained(t);
 }
 
@@ -1544,6 +1526,7 @@ absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
   t->start = absl::Now();
   t->timeout = request.timeout;
   t->deadline = t->start + request.timeout;
+  uint64_t local_bytes = 0;
   {
     absl::MutexLock rlock(&regions_mu_);
     auto r = regions_.find(request.local_region);
@@ -1551,13 +1534,7 @@ absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
       return absl::InvalidArgumentError(
           absl::StrCat("Pull: unknown local region ", request.local_region));
     }
-    for (const Segment& s : request.segments) {
-      if (s.dst_offset + s.length < s.dst_offset || s.dst_offset + s.length > r->second->bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Pull: segment [", s.dst_offset, ", +", s.length, ") outside the local region of ",
-            r->second->bytes, " bytes"));
-      }
-    }
+    local_bytes = r->second->bytes;
     t->local_base = static_cast<uint8_t*>(r->second->base);
     t->local_memh = r->second->memh;
   }
@@ -1573,21 +1550,8 @@ absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
     ASSIGN_OR_RETURN(parsed, DecodeRegion(request.remote_region));
     desc = &parsed;
   }
-  for (const Segment& s : request.segments) {
-    if (s.src_offset + s.length < s.src_offset || s.src_offset + s.length > desc->length) {
-      return absl::InvalidArgumentError(absl::StrCat("Pull: segment [", s.src_offset, ", +",
-                                                     s.length, ") outside the remote region of ",
-                                                     desc->length, " bytes"));
-    }
-  }
-  for (const auto& [block, epoch] : request.block_epochs) {
-    if (block < 0 || static_cast<uint64_t>(block) >= desc->num_epochs) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Pull: block ", block, " outside the remote epoch table of ",
-                       desc->num_epochs, " blocks"));
-    }
-    t->epoch_blocks.push_back(block);
-  }
+  RETURN_IF_ERROR(CheckPullBounds(request, desc->length, local_bytes, desc->num_epochs).status());
+  for (const auto& [block, epoch] : request.block_epochs) t->epoch_blocks.push_back(block);
   std::sort(t->epoch_blocks.begin(), t->epoch_blocks.end());
   t->epoch_blocks.erase(std::unique(t->epoch_blocks.begin(), t->epoch_blocks.end()),
                         t->epoch_blocks.end());

@@ -39,7 +39,7 @@ struct Pool {
 };
 
 double CounterValue(const std::string& name, const Labels& labels) {
-  return MetricsRegistry::Default().GetCounter(name, "", labels)->value();
+  return MetricsRegistry::Default().GetCounter(name, "", labels)->Value();
 }
 
 // Checks every destination byte of `segments` against the source pattern at
@@ -102,7 +102,7 @@ TEST_CASE("a UCX transport pulls from itself and checks epochs", "[ucx]") {
     double bytes_before = CounterValue("duet_kv_transfer_bytes_total", ucx);
     Histogram* seconds = MetricsRegistry::Default().GetHistogram(
         "duet_kv_transfer_seconds", "", ucx, TransferBucketsSeconds());
-    uint64_t observed_before = seconds->Read().count;
+    uint64_t observed_before = seconds->Collect().histogram.sample_count;
     auto id = t.Pull(req);
     REQUIRE(id.ok());
     TransferResult r = t.Wait(*id);
@@ -113,7 +113,7 @@ TEST_CASE("a UCX transport pulls from itself and checks epochs", "[ucx]") {
     REQUIRE(dst.data[kBlock + 9] == kFill);     // untouched around the partial segment
     REQUIRE(dst.data[kBlock + 1010] == kFill);
     REQUIRE(CounterValue("duet_kv_transfer_bytes_total", ucx) == bytes_before + kBlock + 1000);
-    REQUIRE(seconds->Read().count == observed_before + 1);
+    REQUIRE(seconds->Collect().histogram.sample_count == observed_before + 1);
     // Collected once: a second look finds nothing.
     REQUIRE(t.Poll(*id)->detail.find("unknown transfer") != std::string::npos);
   }

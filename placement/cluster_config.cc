@@ -1,4 +1,4 @@
-#include "tools/cluster_config.h"
+#include "placement/cluster_config.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace duet::tools {
+namespace duet::placement {
 
 using nlohmann::json;
 
@@ -143,4 +143,4 @@ absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, bool fo
   return ParseClusterConfig(ss.str(), path, for_simulation);
 }
 
-}  // namespace duet::tools
+}  // namespace duet::placement

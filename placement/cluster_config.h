@@ -13,15 +13,15 @@
 // simulation: "kv_link_gbps" (prefill -> decode bandwidth, GB/s). Unknown
 // fields are errors, so typos do not pass silently. `duet up` runs only what
 // this build can (CPU devices, TP = PP = 1); `duet sim` reads any.
-#ifndef DUET_TOOLS_CLUSTER_CONFIG_H_
-#define DUET_TOOLS_CLUSTER_CONFIG_H_
+#ifndef DUET_PLACEMENT_CLUSTER_CONFIG_H_
+#define DUET_PLACEMENT_CLUSTER_CONFIG_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
-namespace duet::tools {
+namespace duet::placement {
 
 struct InstanceConfig {
   std::string role;  // prefill | decode | colocated
@@ -50,6 +50,6 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text, c
                                                  bool for_simulation = false);
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, bool for_simulation = false);
 
-}  // namespace duet::tools
+}  // namespace duet::placement
 
-#endif  // DUET_TOOLS_CLUSTER_CONFIG_H_
+#endif  // DUET_PLACEMENT_CLUSTER_CONFIG_H_

@@ -4,14 +4,14 @@
 //   auto server = Server::Listen(io.context(), "127.0.0.1:0", ...);
 //
 // The destructor stops the context and joins the thread.
-#ifndef DUET_RPC_IO_THREAD_H_
-#define DUET_RPC_IO_THREAD_H_
+#ifndef DUET_BASE_IO_THREAD_H_
+#define DUET_BASE_IO_THREAD_H_
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <thread>
 
-namespace duet::rpc {
+namespace duet {
 
 class IoThread {
  public:
@@ -33,6 +33,6 @@ class IoThread {
   std::thread thread_;
 };
 
-}  // namespace duet::rpc
+}  // namespace duet
 
-#endif  // DUET_RPC_IO_THREAD_H_
+#endif  // DUET_BASE_IO_THREAD_H_
