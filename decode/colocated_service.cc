@@ -41,21 +41,11 @@ worker::RegistrationInfo ColocatedService::Registration() {
 }
 
 void ColocatedService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
+  if (loop_->HandleCommonFrame(frame, [this] { return Stats(); })) return;
   switch (frame.msg_case()) {
     case proto::Frame::kPrefill:
       HandlePrefill(std::move(*frame.mutable_prefill()));
       return;
-    case proto::Frame::kCancel: {
-      const uint64_t id = frame.cancel().request_id();
-      loop_->Post([id](BatchEngine& e) { e.Cancel(id); });
-      return;
-    }
-    case proto::Frame::kStatsRequest: {
-      proto::Frame f = EngineLoop::NewFrame();
-      *f.mutable_stats() = Stats();
-      sink_->SendToRouter(f);
-      return;
-    }
     default:
       LOG(WARNING) << "colocated worker ignores an unexpected frame (case " << frame.msg_case() << ")";
   }

@@ -82,21 +82,11 @@ proto::WorkerStats DecodeService::Stats() {
 }
 
 void DecodeService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
+  if (loop_->HandleCommonFrame(frame, [this] { return Stats(); })) return;
   switch (frame.msg_case()) {
     case proto::Frame::kKvOffer:
       HandleOffer(std::move(*frame.mutable_kv_offer()));
       return;
-    case proto::Frame::kCancel: {
-      const uint64_t id = frame.cancel().request_id();
-      loop_->Post([id](BatchEngine& e) { e.Cancel(id); });
-      return;
-    }
-    case proto::Frame::kStatsRequest: {
-      proto::Frame f = EngineLoop::NewFrame();
-      *f.mutable_stats() = Stats();
-      sink_->SendToRouter(f);
-      return;
-    }
     case proto::Frame::kPrefill:
       sink_->SendToRouter(ErrorFinish(frame.prefill().request_id(),
                                       absl::FailedPreconditionError("this is a decode worker; it does not prefill")));

@@ -105,6 +105,24 @@ EngineLoop::EngineLoop(engine::Model* model, engine::BlockPool* pool, KvImporter
 
 EngineLoop::~EngineLoop() { Stop(); }
 
+bool EngineLoop::HandleCommonFrame(const proto::Frame& frame, absl::FunctionRef<proto::WorkerStats()> stats) {
+  switch (frame.msg_case()) {
+    case proto::Frame::kCancel: {
+      const uint64_t id = frame.cancel().request_id();
+      Post([id](BatchEngine& e) { e.Cancel(id); });
+      return true;
+    }
+    case proto::Frame::kStatsRequest: {
+      proto::Frame f = NewFrame();
+      *f.mutable_stats() = stats();
+      sink_->SendToRouter(f);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 void EngineLoop::Post(Command command) {
   absl::MutexLock lock(&mu_);
   inbox_.push_back(std::move(command));

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -70,6 +71,11 @@ class EngineLoop {
   proto::WorkerStats Stats() const;
 
   static proto::Frame NewFrame();
+
+  // The frames both engine roles answer alike: Cancel (posted to the engine)
+  // and StatsRequest (answered to the router with `stats()`, the service's
+  // own snapshot). Returns whether `frame` was one of them.
+  bool HandleCommonFrame(const proto::Frame& frame, absl::FunctionRef<proto::WorkerStats()> stats);
 
  private:
   void Run();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/subprocess.h"
 #include "engine/block_pool.h"
 #include "engine/generator.h"
 #include "engine/model.h"
@@ -29,14 +30,9 @@ struct Run {
 Run Duet(const std::string& args) {
   std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   std::string cmd = "XDG_CACHE_HOME=" + tmp + "/cache tools/duet " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  absl::StatusOr<CommandResult> r = RunCommand({"/bin/sh", "-c", cmd});
+  REQUIRE(r.ok());
+  return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
 }
 
 TEST_CASE("duet generate --json on the embedded model equals the engine's Generate", "[cli]") {

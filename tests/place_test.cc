@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/subprocess.h"
 
 namespace {
 
@@ -22,16 +23,11 @@ constexpr char kData[] = "placement/testdata/";
 
 std::string Run(const std::string& args) {
   const std::string cmd = "tools/duet " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  INFO(cmd << "\n" << out);
-  REQUIRE(status == 0);
-  return out;
+  absl::StatusOr<duet::CommandResult> r = duet::RunCommand({"/bin/sh", "-c", cmd});
+  REQUIRE(r.ok());
+  INFO(cmd << "\n" << r->output);
+  REQUIRE(r->status == 0);
+  return r->output;
 }
 
 std::vector<json> JsonLines(const std::string& out) {

@@ -98,14 +98,9 @@ std::pair<int, std::string> PromtoolCheck(const std::string& text, const std::st
     f << text;
   }
   const std::string cmd = absl::StrCat(Which("promtool"), " check metrics < ", in, " 2>&1");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  absl::StatusOr<CommandResult> r = RunCommand({"/bin/sh", "-c", cmd});
+  REQUIRE(r.ok());
+  return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
 }
 
 TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return data") {

@@ -10,21 +10,17 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/subprocess.h"
 
 namespace {
 
 nlohmann::json RunSim(const std::string& args) {
   const std::string cmd = "tools/duet sim --json " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  INFO(cmd << "\n" << out);
-  REQUIRE(status == 0);
-  nlohmann::json j = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+  absl::StatusOr<duet::CommandResult> r = duet::RunCommand({"/bin/sh", "-c", cmd});
+  REQUIRE(r.ok());
+  INFO(cmd << "\n" << r->output);
+  REQUIRE(r->status == 0);
+  nlohmann::json j = nlohmann::json::parse(r->output.substr(0, r->output.find('\n')), nullptr, false);
   REQUIRE(j.is_object());
   return j;
 }

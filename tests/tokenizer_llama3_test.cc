@@ -93,27 +93,17 @@ TEST_CASE("the exported Llama 3 tokenizer.json loads with Meta's ids", "[tokeniz
 
 TEST_CASE("duet gives llama3-tokenizer-js's ids on every corpus record", "[tokenizer][parity]") {
   const Setup& s = Get();
-  ParityResult r = CompareIds(*s.tok, s.records, s.js_ids);
-  std::printf("%s", r.report.c_str());
-  INFO(r.report);
-  REQUIRE(r.records > 1000);
-  REQUIRE(r.failed == 0);
+  RequireAllPassed(CompareIds(*s.tok, s.records, s.js_ids), /*min_records=*/1001);
 }
 
 TEST_CASE("duet decodes every Llama 3 corpus record back to its text", "[tokenizer]") {
   const Setup& s = Get();
-  ParityResult r = CheckRoundTrip(*s.tok, s.records);
-  std::printf("%s", r.report.c_str());
-  INFO(r.report);
-  REQUIRE(r.failed == 0);
+  RequireAllPassed(CheckRoundTrip(*s.tok, s.records));
 }
 
 TEST_CASE("duet's incremental detokenizer streams every Llama 3 corpus record exactly", "[tokenizer]") {
   const Setup& s = Get();
-  ParityResult r = CheckIncremental(*s.tok, s.records);
-  std::printf("%s", r.report.c_str());
-  INFO(r.report);
-  REQUIRE(r.failed == 0);
+  RequireAllPassed(CheckIncremental(*s.tok, s.records));
 }
 
 }  // namespace

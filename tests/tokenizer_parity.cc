@@ -1,6 +1,8 @@
 #include "tests/tokenizer_parity.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -123,6 +125,13 @@ ParityResult CheckIncremental(const engine::Tokenizer& tok, const std::vector<st
   }
   Finish(r, "IncrementalDetokenizer one id at a time == record");
   return r;
+}
+
+void RequireAllPassed(const ParityResult& r, size_t min_records) {
+  std::printf("%s", r.report.c_str());
+  INFO(r.report);
+  REQUIRE(r.records >= min_records);
+  REQUIRE(r.failed == 0);
 }
 
 }  // namespace duet::testing

@@ -2,9 +2,7 @@
 // reference tokenizer's, record by record, and duet's own decode and
 // incremental detokenizer against the text that was encoded.
 //
-//   ParityResult r = CompareIds(*tok, records, js_ids);
-//   INFO(r.report);
-//   REQUIRE(r.failed == 0);
+//   RequireAllPassed(CompareIds(*tok, records, js_ids), /*min_records=*/1000);
 //
 // Every check runs over all records and counts failures, describing the
 // first few (the record as a JSON string, both id lists with each token's
@@ -38,6 +36,10 @@ ParityResult CheckRoundTrip(const engine::Tokenizer& tok, const std::vector<std:
 // An IncrementalDetokenizer fed Encode(record) one id at a time yields the
 // record, and never a piece that ends inside a UTF-8 character.
 ParityResult CheckIncremental(const engine::Tokenizer& tok, const std::vector<std::string>& records);
+
+// Prints r's report and fails the running Catch2 test, with the report,
+// unless every record passed (and at least `min_records` were checked).
+void RequireAllPassed(const ParityResult& r, size_t min_records = 0);
 
 // A string as a JSON literal (control characters escaped, invalid UTF-8
 // replaced), for failure messages.

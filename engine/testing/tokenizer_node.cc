@@ -1,6 +1,5 @@
 #include "engine/testing/tokenizer_node.h"
 
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-
-extern char** environ;
+#include "base/subprocess.h"
 
 namespace duet::testing {
 namespace {
@@ -118,55 +116,17 @@ absl::StatusOr<std::string> RunNodeScript(const std::string& script, const std::
   if (!node.ok()) return node.status();
   if (!fs::exists(script)) return absl::NotFoundError(absl::StrCat("script ", script, " not found"));
 
-  std::vector<std::string> argv_s = {*node, script};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  std::vector<std::string> env_s = {"DUET_NODE_MODULES=" + node_modules};
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "DUET_NODE_MODULES=", 18) != 0) env_s.push_back(*e);
-  }
-  std::vector<char*> envp;
-  for (std::string& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[1]);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[1]);
-  if (rc != 0) {
-    ::close(pipe_fds[0]);
-    return absl::InternalError(absl::StrCat("cannot start ", *node, ": ", std::strerror(rc)));
-  }
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(pipe_fds[0], buf, sizeof(buf));
-    if (n > 0) {
-      out.append(buf, static_cast<size_t>(n));
-    } else if (n == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  ::close(pipe_fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  std::vector<std::string> argv = {*node, script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<CommandResult> r = RunCommand(argv, absl::Minutes(10), {"DUET_NODE_MODULES=" + node_modules});
+  if (!r.ok()) return r.status();
+  const int status = r->status;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return absl::InternalError(
         absl::StrCat("`node ", script, "` failed (", WIFEXITED(status) ? "exit status " : "signal ",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), "); its stderr is above"));
   }
-  return out;
+  return std::move(r->output);
 }
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> ParseIdLines(std::string_view text) {

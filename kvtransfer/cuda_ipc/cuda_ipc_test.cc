@@ -20,12 +20,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "kvtransfer/cuda_ipc/test_peer.h"
+#include "kvtransfer/testing/gpu_fixture.h"
+#include "kvtransfer/testing/pattern.h"
 
-namespace duet::kvtransfer {
+namespace duet::kvtransfer::testing {
 namespace {
-
-using gpu_testing::PeerProcess;
 
 constexpr int64_t kBlocks = 256;
 constexpr int64_t kBlockBytes = 256 * 1024;  // 64 MiB pool.
@@ -33,78 +32,16 @@ constexpr uint64_t kPoolBytes = kBlocks * kBlockBytes;
 constexpr uint64_t kSeed = 20241130;
 constexpr int64_t kPeerOffset = 4096;  // The pool starts inside its allocation.
 
-void RequireOk(const absl::Status& status) {
-  INFO(status.ToString());
-  REQUIRE(status.ok());
-}
-
-void RequireCuda(cudaError_t err) {
-  INFO("CUDA: " << cudaGetErrorName(err) << ": " << cudaGetErrorString(err));
-  REQUIRE(err == cudaSuccess);
-}
-
-// Fails, never skips, without a device (STYLE.md rule 8).
+// Fails, never skips, without a device.
 void RequireCudaDevice() {
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  INFO("cuda_ipc_test needs a CUDA device; cudaGetDeviceCount: " << cudaGetErrorName(err) << ": "
-                                                                  << cudaGetErrorString(err)
-                                                                  << ", devices: " << count);
-  REQUIRE(err == cudaSuccess);
-  REQUIRE(count >= 1);
+  RequireDevices(1, "cuda_ipc_test needs a CUDA device");
   RequireCuda(cudaSetDevice(0));
 }
 
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(uint64_t bytes) : bytes_(bytes) { RequireCuda(cudaMalloc(&ptr_, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
-  uint64_t bytes() const { return bytes_; }
-
-  void Fill(uint8_t byte) { RequireCuda(cudaMemset(ptr_, byte, bytes_)); }
-  std::vector<uint32_t> Words(uint64_t offset, uint64_t bytes) const {
-    std::vector<uint32_t> host(bytes / 4);
-    RequireCuda(cudaMemcpy(host.data(), get() + offset, bytes, cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  uint64_t bytes_;
-};
-
-struct Exporter {
-  std::unique_ptr<PeerProcess> process;
-  std::string address;
-  std::string region;
-};
-
-Exporter StartExporter() {
-  absl::StatusOr<std::string> path =
-      gpu_testing::FindPeerBinary("DUET_CUDA_IPC_PEER", "kvtransfer/cuda_ipc/cuda_ipc_peer");
-  RequireOk(path.status());
-  absl::StatusOr<std::unique_ptr<PeerProcess>> process = PeerProcess::Spawn(
-      *path, {absl::StrCat("--blocks=", kBlocks), absl::StrCat("--block-bytes=", kBlockBytes),
-              absl::StrCat("--seed=", kSeed), absl::StrCat("--offset=", kPeerOffset)});
-  RequireOk(process.status());
-  absl::StatusOr<std::string> line = (*process)->ReadLine(absl::Seconds(120));
-  RequireOk(line.status());
-  INFO("peer said: " << *line);
-  std::vector<std::string> parts = absl::StrSplit(*line, ' ');
-  REQUIRE(parts.size() == 3);
-  REQUIRE(parts[0] == "READY");
-  return {*std::move(process), absl::HexStringToBytes(parts[1]),
-          absl::HexStringToBytes(parts[2])};
-}
-
-std::string Command(PeerProcess& peer, const std::string& command) {
-  RequireOk(peer.WriteLine(command));
-  absl::StatusOr<std::string> reply = peer.ReadLine(absl::Seconds(30));
-  RequireOk(reply.status());
-  return *reply;
+Exporter StartCudaIpcExporter() {
+  return StartExporter({"--transport=cuda_ipc", absl::StrCat("--blocks=", kBlocks),
+                        absl::StrCat("--block-bytes=", kBlockBytes), absl::StrCat("--seed=", kSeed),
+                        absl::StrCat("--offset=", kPeerOffset)});
 }
 
 KvTransportPtr NewTransport() {
@@ -113,37 +50,9 @@ KvTransportPtr NewTransport() {
   return *std::move(t);
 }
 
-TransferResult PullAndWait(KvTransport& t, const PullRequest& request) {
-  absl::StatusOr<TransferId> id = t.Pull(request);
-  RequireOk(id.status());
-  return t.Wait(*id);
-}
-
-void RequireState(const TransferResult& r, TransferState want) {
-  INFO("state " << TransferStateName(r.state) << " (want " << TransferStateName(want)
-                << "): " << r.detail);
-  REQUIRE(r.state == want);
-}
-
-// The exporter's block `src` must sit at destination block `dst`.
-void RequireBlock(const DeviceBuffer& dst_pool, int64_t dst, int64_t src) {
-  std::vector<uint32_t> got = dst_pool.Words(dst * kBlockBytes, kBlockBytes);
-  std::vector<uint32_t> want =
-      gpu_testing::PatternWords(kSeed, src * kBlockBytes / 4, kBlockBytes / 4);
-  INFO("destination block " << dst << " should hold exporter block " << src);
-  REQUIRE(got == want);
-}
-
-void RequireUntouched(const DeviceBuffer& dst_pool, int64_t dst, uint8_t fill) {
-  std::vector<uint32_t> got = dst_pool.Words(dst * kBlockBytes, kBlockBytes);
-  uint32_t want = fill * 0x01010101u;
-  INFO("destination block " << dst << " must not have been written");
-  REQUIRE(std::all_of(got.begin(), got.end(), [&](uint32_t w) { return w == want; }));
-}
-
 TEST_CASE("cuda_ipc pulls random block sets from another process", "[gpu]") {
   RequireCudaDevice();
-  Exporter exporter = StartExporter();
+  Exporter exporter = StartCudaIpcExporter();
   KvTransportPtr t = NewTransport();
   DeviceBuffer dst(kPoolBytes);
   absl::StatusOr<RegionId> local = t->RegisterRegion(dst.get(), dst.bytes(), 0);
@@ -173,8 +82,8 @@ TEST_CASE("cuda_ipc pulls random block sets from another process", "[gpu]") {
     TransferResult r = PullAndWait(*t, request);
     RequireState(r, TransferState::kDone);
     REQUIRE(r.bytes == static_cast<uint64_t>(n) * kBlockBytes);
-    for (int i = 0; i < n; ++i) RequireBlock(dst, dsts[i], src[i]);
-    RequireUntouched(dst, dsts[n], 0xAB);  // One block nobody wrote.
+    for (int i = 0; i < n; ++i) RequireBlock(dst, dsts[i], src[i], kSeed, kBlockBytes);
+    RequireUntouched(dst, dsts[n], 0xAB, kBlockBytes);  // One block nobody wrote.
   }
 
   SECTION("sub-block segments land at their byte offsets") {
@@ -186,13 +95,13 @@ TEST_CASE("cuda_ipc pulls random block sets from another process", "[gpu]") {
     request.segments = {{kBlockBytes * 3 + 1024, 40, 4096}};
     RequireState(PullAndWait(*t, request), TransferState::kDone);
     std::vector<uint32_t> got = dst.Words(40, 4096);
-    REQUIRE(got == gpu_testing::PatternWords(kSeed, (kBlockBytes * 3 + 1024) / 4, 1024));
+    REQUIRE(got == PoolWords(kSeed, (kBlockBytes * 3 + 1024) / 4, 1024));
   }
 }
 
 TEST_CASE("cuda_ipc ends a pull whose lease ended as lease expired", "[gpu]") {
   RequireCudaDevice();
-  Exporter exporter = StartExporter();
+  Exporter exporter = StartCudaIpcExporter();
   KvTransportPtr t = NewTransport();
   DeviceBuffer dst(kPoolBytes);
   dst.Fill(0x5C);
@@ -208,19 +117,19 @@ TEST_CASE("cuda_ipc ends a pull whose lease ended as lease expired", "[gpu]") {
                       {6 * kBlockBytes, kBlockBytes, kBlockBytes}};
   request.block_epochs = {{5, 0}, {6, 0}};  // The handle promised epoch 0 for block 5.
   RequireState(PullAndWait(*t, request), TransferState::kLeaseExpired);
-  RequireUntouched(dst, 0, 0x5C);  // Refused before any byte moved.
-  RequireUntouched(dst, 1, 0x5C);
+  RequireUntouched(dst, 0, 0x5C, kBlockBytes);  // Refused before any byte moved.
+  RequireUntouched(dst, 1, 0x5C, kBlockBytes);
 
   request.block_epochs = {{5, 1}, {6, 0}};  // A handle issued after the bump.
   RequireState(PullAndWait(*t, request), TransferState::kDone);
-  RequireBlock(dst, 0, 5);
-  RequireBlock(dst, 1, 6);
+  RequireBlock(dst, 0, 5, kSeed, kBlockBytes);
+  RequireBlock(dst, 1, 6, kSeed, kBlockBytes);
   REQUIRE(Command(*exporter.process, "EPOCH 6") == "OK 0");
 }
 
 TEST_CASE("cuda_ipc refuses malformed requests", "[gpu]") {
   RequireCudaDevice();
-  Exporter exporter = StartExporter();
+  Exporter exporter = StartCudaIpcExporter();
   KvTransportPtr t = NewTransport();
   DeviceBuffer dst(kBlockBytes * 4);
   RegionId local = t->RegisterRegion(dst.get(), dst.bytes(), 0).value();
@@ -269,7 +178,7 @@ TEST_CASE("cuda_ipc refuses malformed requests", "[gpu]") {
 
 TEST_CASE("cuda_ipc cancels, and reports an exporter that exited as peer lost", "[gpu]") {
   RequireCudaDevice();
-  Exporter exporter = StartExporter();
+  Exporter exporter = StartCudaIpcExporter();
   KvTransportPtr t = NewTransport();
   DeviceBuffer dst(kPoolBytes);
   RegionId local = t->RegisterRegion(dst.get(), dst.bytes(), 0).value();
@@ -289,7 +198,8 @@ TEST_CASE("cuda_ipc cancels, and reports an exporter that exited as peer lost", 
   local = t->RegisterRegion(dst.get(), dst.bytes(), 0).value();
   request.local_region = local;
 
-  absl::StatusOr<int> exit_status = exporter.process->CloseAndWait(absl::Seconds(60));
+  exporter.process->CloseStdin();
+  absl::StatusOr<int> exit_status = exporter.process->WaitFor(absl::Seconds(60));
   RequireOk(exit_status.status());
   REQUIRE(*exit_status == 0);
   RequireState(PullAndWait(*t, request), TransferState::kPeerLost);
@@ -303,7 +213,7 @@ TEST_CASE("cuda_ipc pulls within one process too", "[gpu]") {
   KvTransportPtr exporter = NewTransport();
   KvTransportPtr importer = NewTransport();
   DeviceBuffer src(kBlockBytes * 4);
-  std::vector<uint32_t> pattern = gpu_testing::PatternWords(kSeed, 0, src.bytes() / 4);
+  std::vector<uint32_t> pattern = PoolWords(kSeed, 0, src.bytes() / 4);
   RequireCuda(cudaMemcpy(src.get(), pattern.data(), src.bytes(), cudaMemcpyHostToDevice));
   DeviceBuffer dst(kBlockBytes * 4);
   RegionId exported = exporter->RegisterRegion(src.get(), src.bytes(), 4).value();
@@ -324,7 +234,7 @@ TEST_CASE("cuda_ipc pulls within one process too", "[gpu]") {
 
 TEST_CASE("cuda_ipc bandwidth of a 64 MiB pull beside cudaMemcpy device-to-device", "[gpu]") {
   RequireCudaDevice();
-  Exporter exporter = StartExporter();
+  Exporter exporter = StartCudaIpcExporter();
   KvTransportPtr t = NewTransport();
   DeviceBuffer dst(kPoolBytes);
   RegionId local = t->RegisterRegion(dst.get(), dst.bytes(), 0).value();
@@ -335,53 +245,20 @@ TEST_CASE("cuda_ipc bandwidth of a 64 MiB pull beside cudaMemcpy device-to-devic
   request.local_region = local;
   request.segments = {{0, 0, kPoolBytes}};
   constexpr int kWarmup = 3, kReps = 20;
+  QueuedPullSeconds(*t, request, kWarmup);
+  const double pull_s = QueuedPullSeconds(*t, request, kReps);
+  RequireBlock(dst, 0, 0, kSeed, kBlockBytes);
+  RequireBlock(dst, kBlocks - 1, kBlocks - 1, kSeed, kBlockBytes);
+  DeviceMemcpySeconds(kPoolBytes, kWarmup);
+  const double memcpy_s = DeviceMemcpySeconds(kPoolBytes, kReps);
 
-  // Pulls are queued back to back, as a decode worker pulling many requests
-  // would, so the figure is throughput rather than one call's latency.
-  auto time_pulls = [&](int reps) {
-    absl::Time start = absl::Now();
-    std::vector<TransferId> ids;
-    for (int i = 0; i < reps; ++i) {
-      absl::StatusOr<TransferId> id = t->Pull(request);
-      RequireOk(id.status());
-      ids.push_back(*id);
-    }
-    for (TransferId id : ids) RequireState(t->Wait(id), TransferState::kDone);
-    return absl::ToDoubleSeconds(absl::Now() - start);
-  };
-  time_pulls(kWarmup);
-  double pull_s = time_pulls(kReps);
-  RequireBlock(dst, 0, 0);
-  RequireBlock(dst, kBlocks - 1, kBlocks - 1);
-
-  DeviceBuffer a(kPoolBytes), b(kPoolBytes);
-  cudaStream_t stream;
-  RequireCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto time_memcpy = [&](int reps) {
-    absl::Time start = absl::Now();
-    for (int i = 0; i < reps; ++i) {
-      RequireCuda(cudaMemcpyAsync(b.get(), a.get(), kPoolBytes, cudaMemcpyDeviceToDevice, stream));
-    }
-    RequireCuda(cudaStreamSynchronize(stream));
-    return absl::ToDoubleSeconds(absl::Now() - start);
-  };
-  time_memcpy(kWarmup);
-  double memcpy_s = time_memcpy(kReps);
-  cudaStreamDestroy(stream);
-
-  const double gb = static_cast<double>(kPoolBytes) * kReps / 1e9;
-  const double pull_gbps = gb / pull_s, memcpy_gbps = gb / memcpy_s;
-  std::printf(
-      "\n| copy, 64 MiB x %d (bytes copied / wall time) | GB/s | vs cudaMemcpy |\n"
-      "|---|---|---|\n"
-      "| cuda_ipc Pull from another process | %.1f | %.2f |\n"
-      "| cudaMemcpyAsync device-to-device, this process | %.1f | 1.00 |\n\n",
-      kReps, pull_gbps, pull_gbps / memcpy_gbps, memcpy_gbps);
-  std::fflush(stdout);
+  const Bandwidth bw = PrintBandwidth("cuda_ipc Pull from another process",
+                                      "cudaMemcpyAsync device-to-device, this process", kReps, kPoolBytes, pull_s,
+                                      memcpy_s);
   // Same copy engine on the same device: far below this means the pull went
   // through the host or serialised on something it should not.
-  REQUIRE(pull_gbps >= 0.1 * memcpy_gbps);
+  REQUIRE(bw.pull_gbps >= 0.1 * bw.memcpy_gbps);
 }
 
 }  // namespace
-}  // namespace duet::kvtransfer
+}  // namespace duet::kvtransfer::testing

@@ -26,7 +26,7 @@
 #include "base/status_macros.h"
 #include "kvtransfer/cuda_ipc/ipc_wire.h"
 #include "kvtransfer/cuda_ipc/shm_epoch_table.h"
-#include "kvtransfer/transfer_metrics.h"
+#include "kvtransfer/transfer_record.h"
 
 namespace duet::kvtransfer {
 namespace {
@@ -51,11 +51,6 @@ std::string ReadBootId() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   return absl::StrCat("host:", host);
-}
-
-uint64_t RandomNonce() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
 uint64_t ProcessNonce() {
@@ -170,27 +165,14 @@ class CudaIpcKvTransport final : public KvTransport {
   }
 
   absl::Status DeregisterRegion(RegionId id) override {
+    // Erasing a region unlinks its epoch table; importers keep their mappings.
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("cuda_ipc: unknown region ", id));
-    }
-    for (const auto& [tid, t] : transfers_) {
-      if (t.local_region == id && !t.result.has_value()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cuda_ipc: region ", id, " is the destination of transfer ", tid, ", still in flight"));
-      }
-    }
-    regions_.erase(it);  // Unlinks its epoch table; importers keep their mappings.
-    return absl::OkStatus();
+    return EraseIdleRegion(regions_, transfers_, id, "cuda_ipc");
   }
 
   absl::StatusOr<std::string> ExportRegion(RegionId id) override {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("cuda_ipc: unknown region ", id));
-    }
+    ASSIGN_OR_RETURN(auto it, FindRegion(regions_, id, "cuda_ipc"));
     Region& region = it->second;
     if (region.descriptor.empty()) {
       absl::Status status = CudaStatus(cudaSetDevice(region.device), "cudaSetDevice");
@@ -285,23 +267,14 @@ class CudaIpcKvTransport final : public KvTransport {
       return absl::InvalidArgumentError(
           "cuda_ipc: remote_region was exported by another transport than the peer's");
     }
-    auto region_it = regions_.find(request.local_region);
-    if (region_it == regions_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_ipc: unknown local region ", request.local_region));
-    }
+    ASSIGN_OR_RETURN(auto region_it, FindPullDestination(regions_, request, "cuda_ipc"));
     const Region& local = region_it->second;
     ASSIGN_OR_RETURN(const uint64_t total,
                      CheckPullBounds(request, remote->bytes, local.bytes, remote->num_epoch_blocks));
 
     TransferId id = next_transfer_++;
     Transfer& t = transfers_[id];
-    t.peer = request.peer;
-    t.local_region = request.local_region;
-    t.block_epochs = request.block_epochs;
-    t.bytes = total;
-    t.start = absl::Now();
-    t.deadline = t.start + request.timeout;
+    t.Begin(request, total);
 
     if (!peer.same_process && !ProcessAlive(peer.address.pid)) {
       SetResult(t, TransferState::kPeerLost,
@@ -356,7 +329,7 @@ class CudaIpcKvTransport final : public KvTransport {
     cudaSetDevice(device_);
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) return UnknownTransfer(id);
+    if (it == transfers_.end()) return UnknownTransfer("cuda_ipc", id);
     Transfer& t = it->second;
     if (!t.result.has_value()) {
       cudaError_t q = cudaEventQuery(t.done);
@@ -377,7 +350,7 @@ class CudaIpcKvTransport final : public KvTransport {
     {
       absl::MutexLock lock(&mu_);
       auto it = transfers_.find(id);
-      if (it == transfers_.end()) return *UnknownTransfer(id);
+      if (it == transfers_.end()) return UnknownTransfer("cuda_ipc", id);
       if (!it->second.result.has_value()) {
         event = it->second.done;
         deadline = it->second.deadline;
@@ -398,7 +371,7 @@ class CudaIpcKvTransport final : public KvTransport {
     }
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) return *UnknownTransfer(id);  // A racing Poll took it.
+    if (it == transfers_.end()) return UnknownTransfer("cuda_ipc", id);  // A racing Poll took it.
     if (!it->second.result.has_value()) Finish(it->second, err);
     TransferResult result = *it->second.result;
     transfers_.erase(it);
@@ -432,19 +405,11 @@ class CudaIpcKvTransport final : public KvTransport {
     std::shared_ptr<Import> import;
   };
 
-  struct Transfer {
-    PeerId peer = 0;
-    RegionId local_region = 0;
+  struct Transfer : TransferRecord {
     std::shared_ptr<Import> import;  // Held until the copies have drained.
     cudaEvent_t done = nullptr;      // Null when it ended before any copy.
-    std::vector<std::pair<int32_t, uint64_t>> block_epochs;
-    uint64_t bytes = 0;
-    absl::Time start;
-    absl::Time deadline;
-    bool cancelled = false;
-    bool timed_out = false;  // Seen still running after its deadline.
+    bool timed_out = false;          // Seen still running after its deadline.
     std::string enqueue_error;
-    std::optional<TransferResult> result;  // Terminal, not yet returned.
   };
 
   SharedEpochTable& EpochTableOrDie(RegionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -511,13 +476,7 @@ class CudaIpcKvTransport final : public KvTransport {
   }
 
   void SetResult(Transfer& t, TransferState state, std::string detail) {
-    TransferResult r;
-    r.state = state;
-    r.bytes = state == TransferState::kDone ? t.bytes : 0;
-    r.duration = absl::Now() - t.start;
-    r.detail = std::move(detail);
-    metrics_.Record(r);
-    t.result = std::move(r);
+    t.End(state, std::move(detail), metrics_);
   }
 
   // The copies of `t` have drained (event_status is the event's, cudaSuccess
@@ -542,13 +501,6 @@ class CudaIpcKvTransport final : public KvTransport {
       SetResult(t, TransferState::kDone, "");
     }
     t.import.reset();
-  }
-
-  static std::optional<TransferResult> UnknownTransfer(TransferId id) {
-    TransferResult r;
-    r.state = TransferState::kCancelled;
-    r.detail = absl::StrCat("cuda_ipc: unknown transfer ", id, " (already returned?)");
-    return r;
   }
 
   const int device_;

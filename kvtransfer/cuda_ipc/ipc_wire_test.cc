@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/cuda_ipc/shm_epoch_table.h"
-#include "kvtransfer/cuda_ipc/test_peer.h"
 
 namespace duet::kvtransfer::cuda_ipc {
 namespace {
@@ -124,31 +123,6 @@ TEST_CASE("SharedEpochTable is shared between the exporter and a reader process"
   table->reset();
   REQUIRE(SharedEpochTable::Open(name, 16).status().code() == absl::StatusCode::kNotFound);
   REQUIRE((*view)->Load(3) == 2);
-}
-
-TEST_CASE("PeerProcess exchanges lines with a child and reaps it") {
-  absl::StatusOr<std::unique_ptr<gpu_testing::PeerProcess>> peer = gpu_testing::PeerProcess::Spawn(
-      "/bin/sh", {"-c", "echo READY a b; read line; echo got:$line; read rest; exit 3"});
-  REQUIRE(peer.ok());
-  absl::StatusOr<std::string> line = (*peer)->ReadLine(absl::Seconds(30));
-  REQUIRE(line.ok());
-  REQUIRE(*line == "READY a b");
-  REQUIRE((*peer)->WriteLine("BUMP 5").ok());
-  line = (*peer)->ReadLine(absl::Seconds(30));
-  REQUIRE(line.ok());
-  REQUIRE(*line == "got:BUMP 5");
-  absl::StatusOr<int> status = (*peer)->CloseAndWait(absl::Seconds(30));
-  REQUIRE(status.ok());
-  REQUIRE(WIFEXITED(*status));
-  REQUIRE(WEXITSTATUS(*status) == 3);
-  REQUIRE((*peer)->ReadLine(absl::Seconds(30)).status().code() == absl::StatusCode::kUnavailable);
-
-  REQUIRE(gpu_testing::PatternWord(1, 0) != gpu_testing::PatternWord(1, 1));
-  REQUIRE(gpu_testing::PatternWord(1, 0) != gpu_testing::PatternWord(2, 0));
-  REQUIRE(gpu_testing::PatternWords(5, 10, 3)[2] == gpu_testing::PatternWord(5, 12));
-  REQUIRE(gpu_testing::FindPeerBinary("DUET_NO_SUCH_PEER", "kvtransfer/none/no_peer")
-              .status()
-              .code() == absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -24,12 +24,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "kvtransfer/cuda_ipc/test_peer.h"
+#include "kvtransfer/testing/gpu_fixture.h"
+#include "kvtransfer/testing/pattern.h"
 
-namespace duet::kvtransfer {
+namespace duet::kvtransfer::testing {
 namespace {
-
-using gpu_testing::PeerProcess;
 
 constexpr int kExporterDevice = 0;
 constexpr int kImporterDevice = 1;
@@ -38,81 +37,17 @@ constexpr int64_t kBlockBytes = 256 * 1024;  // 64 MiB pool.
 constexpr uint64_t kPoolBytes = kBlocks * kBlockBytes;
 constexpr uint64_t kSeed = 77;
 
-void RequireOk(const absl::Status& status) {
-  INFO(status.ToString());
-  REQUIRE(status.ok());
-}
-
-void RequireCuda(cudaError_t err) {
-  INFO("CUDA: " << cudaGetErrorName(err) << ": " << cudaGetErrorString(err));
-  REQUIRE(err == cudaSuccess);
-}
-
-// Fails, never skips (STYLE.md rule 8).
+// Fails, never skips.
 void RequireTwoGpus() {
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  INFO("nccl_test needs a CUDA device; cudaGetDeviceCount: " << cudaGetErrorName(err) << ": "
-                                                              << cudaGetErrorString(err));
-  REQUIRE(err == cudaSuccess);
-  if (count < 2) {
-    FAIL("nccl_test needs 2 GPUs, found "
-         << count
-         << ": NCCL refuses two ranks of one communicator on one device (\"Duplicate GPU "
-            "detected\"); one-GPU nodes use the cuda_ipc transport");
-  }
+  RequireDevices(2, "nccl_test needs 2 GPUs: NCCL refuses two ranks of one communicator on one device "
+                    "(\"Duplicate GPU detected\"); one-GPU nodes use the cuda_ipc transport");
   RequireCuda(cudaSetDevice(kImporterDevice));
 }
 
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(uint64_t bytes) : bytes_(bytes) { RequireCuda(cudaMalloc(&ptr_, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
-  uint64_t bytes() const { return bytes_; }
-  void Fill(uint8_t byte) { RequireCuda(cudaMemset(ptr_, byte, bytes_)); }
-  std::vector<uint32_t> Words(uint64_t offset, uint64_t bytes) const {
-    std::vector<uint32_t> host(bytes / 4);
-    RequireCuda(cudaMemcpy(host.data(), get() + offset, bytes, cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  uint64_t bytes_;
-};
-
-struct Exporter {
-  std::unique_ptr<PeerProcess> process;
-  std::string address;
-  std::string region;
-};
-
-Exporter StartExporter() {
-  absl::StatusOr<std::string> path =
-      gpu_testing::FindPeerBinary("DUET_NCCL_PEER", "kvtransfer/nccl/nccl_peer");
-  RequireOk(path.status());
-  absl::StatusOr<std::unique_ptr<PeerProcess>> process = PeerProcess::Spawn(
-      *path, {absl::StrCat("--blocks=", kBlocks), absl::StrCat("--block-bytes=", kBlockBytes),
-              absl::StrCat("--seed=", kSeed), absl::StrCat("--device=", kExporterDevice)});
-  RequireOk(process.status());
-  absl::StatusOr<std::string> line = (*process)->ReadLine(absl::Seconds(120));
-  RequireOk(line.status());
-  INFO("peer said: " << *line);
-  std::vector<std::string> parts = absl::StrSplit(*line, ' ');
-  REQUIRE(parts.size() == 3);
-  REQUIRE(parts[0] == "READY");
-  return {*std::move(process), absl::HexStringToBytes(parts[1]),
-          absl::HexStringToBytes(parts[2])};
-}
-
-std::string Command(PeerProcess& peer, const std::string& command) {
-  RequireOk(peer.WriteLine(command));
-  absl::StatusOr<std::string> reply = peer.ReadLine(absl::Seconds(30));
-  RequireOk(reply.status());
-  return *reply;
+Exporter StartNcclExporter() {
+  return StartExporter({"--transport=nccl", absl::StrCat("--blocks=", kBlocks),
+                        absl::StrCat("--block-bytes=", kBlockBytes), absl::StrCat("--seed=", kSeed),
+                        absl::StrCat("--device=", kExporterDevice)});
 }
 
 KvTransportPtr NewImporter() {
@@ -122,30 +57,6 @@ KvTransportPtr NewImporter() {
   absl::StatusOr<KvTransportPtr> t = NewNcclTransport(options);
   RequireOk(t.status());
   return *std::move(t);
-}
-
-void RequireState(const TransferResult& r, TransferState want) {
-  INFO("state " << TransferStateName(r.state) << " (want " << TransferStateName(want)
-                << "): " << r.detail);
-  REQUIRE(r.state == want);
-}
-
-TransferResult PullAndWait(KvTransport& t, const PullRequest& request) {
-  absl::StatusOr<TransferId> id = t.Pull(request);
-  RequireOk(id.status());
-  return t.Wait(*id);
-}
-
-void RequireBlock(const DeviceBuffer& dst_pool, int64_t dst, int64_t src) {
-  std::vector<uint32_t> got = dst_pool.Words(dst * kBlockBytes, kBlockBytes);
-  INFO("destination block " << dst << " should hold exporter block " << src);
-  REQUIRE(got == gpu_testing::PatternWords(kSeed, src * kBlockBytes / 4, kBlockBytes / 4));
-}
-
-void RequireUntouched(const DeviceBuffer& dst_pool, int64_t dst, uint8_t fill) {
-  std::vector<uint32_t> got = dst_pool.Words(dst * kBlockBytes, kBlockBytes);
-  INFO("destination block " << dst << " must not have been written");
-  REQUIRE(std::all_of(got.begin(), got.end(), [&](uint32_t w) { return w == fill * 0x01010101u; }));
 }
 
 struct Pair {
@@ -167,7 +78,7 @@ struct Pair {
 
 Pair Connect() {
   Pair p;
-  p.exporter = StartExporter();
+  p.exporter = StartNcclExporter();
   p.importer = NewImporter();
   p.dst = std::make_unique<DeviceBuffer>(kPoolBytes);
   p.local = p.importer->RegisterRegion(p.dst->get(), p.dst->bytes(), 0).value();
@@ -199,8 +110,8 @@ TEST_CASE("nccl pulls random block sets from another process", "[gpu]") {
     TransferResult r = PullAndWait(*p.importer, request);
     RequireState(r, TransferState::kDone);
     REQUIRE(r.bytes == static_cast<uint64_t>(n) * kBlockBytes);
-    for (int i = 0; i < n; ++i) RequireBlock(*p.dst, dsts[i], src[i]);
-    RequireUntouched(*p.dst, dsts[n], 0xAB);
+    for (int i = 0; i < n; ++i) RequireBlock(*p.dst, dsts[i], src[i], kSeed, kBlockBytes);
+    RequireUntouched(*p.dst, dsts[n], 0xAB, kBlockBytes);
   }
 }
 
@@ -213,10 +124,10 @@ TEST_CASE("nccl checks leases on the exporter", "[gpu]") {
   request.segments = {{5 * kBlockBytes, 0, kBlockBytes}};
   request.block_epochs = {{5, 0}};
   RequireState(PullAndWait(*p.importer, request), TransferState::kLeaseExpired);
-  RequireUntouched(*p.dst, 0, 0x5C);
+  RequireUntouched(*p.dst, 0, 0x5C, kBlockBytes);
   request.block_epochs = {{5, 1}};
   RequireState(PullAndWait(*p.importer, request), TransferState::kDone);
-  RequireBlock(*p.dst, 0, 5);
+  RequireBlock(*p.dst, 0, 5, kSeed, kBlockBytes);
 }
 
 TEST_CASE("nccl refuses malformed requests and cancels queued pulls", "[gpu]") {
@@ -256,7 +167,7 @@ TEST_CASE("nccl refuses malformed requests and cancels queued pulls", "[gpu]") {
   for (size_t i = 0; i + 1 < ids.size(); ++i) {
     RequireState(p.importer->Wait(ids[i]), TransferState::kDone);
   }
-  RequireBlock(*p.dst, kBlocks - 1, kBlocks - 1);
+  RequireBlock(*p.dst, kBlocks - 1, kBlocks - 1, kSeed, kBlockBytes);
 }
 
 TEST_CASE("nccl pairs a second importer with a fresh address", "[gpu]") {
@@ -277,7 +188,7 @@ TEST_CASE("nccl pairs a second importer with a fresh address", "[gpu]") {
   request.segments = {{9 * kBlockBytes, 0, kBlockBytes}};
   request.timeout = absl::Seconds(30);
   RequireState(PullAndWait(*second, request), TransferState::kDone);
-  RequireBlock(dst, 0, 9);
+  RequireBlock(dst, 0, 9, kSeed, kBlockBytes);
 }
 
 TEST_CASE("nccl bandwidth of a 64 MiB pull beside cudaMemcpy device-to-device", "[gpu]") {
@@ -286,43 +197,17 @@ TEST_CASE("nccl bandwidth of a 64 MiB pull beside cudaMemcpy device-to-device", 
   PullRequest request = p.Request();
   request.segments = {{0, 0, kPoolBytes}};
   constexpr int kWarmup = 3, kReps = 20;
-  auto time_pulls = [&](int reps) {
-    absl::Time start = absl::Now();
-    std::vector<TransferId> ids;
-    for (int i = 0; i < reps; ++i) ids.push_back(p.importer->Pull(request).value());
-    for (TransferId id : ids) RequireState(p.importer->Wait(id), TransferState::kDone);
-    return absl::ToDoubleSeconds(absl::Now() - start);
-  };
-  time_pulls(kWarmup);
-  double pull_s = time_pulls(kReps);
-  RequireBlock(*p.dst, 0, 0);
-
-  DeviceBuffer a(kPoolBytes), b(kPoolBytes);
-  cudaStream_t stream;
-  RequireCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto time_memcpy = [&](int reps) {
-    absl::Time start = absl::Now();
-    for (int i = 0; i < reps; ++i) {
-      RequireCuda(cudaMemcpyAsync(b.get(), a.get(), kPoolBytes, cudaMemcpyDeviceToDevice, stream));
-    }
-    RequireCuda(cudaStreamSynchronize(stream));
-    return absl::ToDoubleSeconds(absl::Now() - start);
-  };
-  time_memcpy(kWarmup);
-  double memcpy_s = time_memcpy(kReps);
-  cudaStreamDestroy(stream);
-  const double gb = static_cast<double>(kPoolBytes) * kReps / 1e9;
-  const double pull_gbps = gb / pull_s, memcpy_gbps = gb / memcpy_s;
-  std::printf(
-      "\n| copy, 64 MiB x %d (bytes copied / wall time) | GB/s | vs cudaMemcpy |\n"
-      "|---|---|---|\n"
-      "| nccl Pull, GPU %d -> GPU %d, other process | %.1f | %.2f |\n"
-      "| cudaMemcpyAsync device-to-device, GPU %d | %.1f | 1.00 |\n\n",
-      kReps, kExporterDevice, kImporterDevice, pull_gbps, pull_gbps / memcpy_gbps,
-      kImporterDevice, memcpy_gbps);
-  std::fflush(stdout);
-  REQUIRE(pull_gbps > 0);
+  QueuedPullSeconds(*p.importer, request, kWarmup);
+  const double pull_s = QueuedPullSeconds(*p.importer, request, kReps);
+  RequireBlock(*p.dst, 0, 0, kSeed, kBlockBytes);
+  DeviceMemcpySeconds(kPoolBytes, kWarmup);
+  const double memcpy_s = DeviceMemcpySeconds(kPoolBytes, kReps);
+  const Bandwidth bw =
+      PrintBandwidth(absl::StrCat("nccl Pull, GPU ", kExporterDevice, " -> GPU ", kImporterDevice, ", other process"),
+                     absl::StrCat("cudaMemcpyAsync device-to-device, GPU ", kImporterDevice), kReps, kPoolBytes,
+                     pull_s, memcpy_s);
+  REQUIRE(bw.pull_gbps > 0);
 }
 
 }  // namespace
-}  // namespace duet::kvtransfer
+}  // namespace duet::kvtransfer::testing

@@ -25,7 +25,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kvtransfer/nccl/nccl_wire.h"
-#include "kvtransfer/transfer_metrics.h"
+#include "kvtransfer/transfer_record.h"
 
 namespace duet::kvtransfer {
 namespace {
@@ -72,11 +72,6 @@ absl::Status NcclStatus(ncclResult_t r, absl::string_view what, ncclComm_t comm)
     default:
       return absl::InternalError(message);
   }
-}
-
-uint64_t RandomNonce() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
 std::string HostName() {
@@ -367,29 +362,9 @@ class NcclKvTransport final : public KvTransport {
     return id;
   }
 
-  absl::Status DeregisterRegion(RegionId id) override {
-    absl::MutexLock lock(&mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("nccl transport: unknown region ", id));
-    }
-    for (const auto& [tid, t] : transfers_) {
-      if (t.local_region == id && !t.result.has_value()) {
-        return absl::FailedPreconditionError(absl::StrCat("nccl transport: region ", id,
-                                                          " is the destination of transfer ", tid,
-                                                          ", still in flight"));
-      }
-    }
-    regions_.erase(it);
-    return absl::OkStatus();
-  }
-
   absl::StatusOr<std::string> ExportRegion(RegionId id) override {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("nccl transport: unknown region ", id));
-    }
+    ASSIGN_OR_RETURN(auto it, kvtransfer::FindRegion(regions_, id, "nccl transport"));
     if (!options_.serve) {
       return absl::FailedPreconditionError(
           "nccl transport: created with serve = false; it cannot export regions");
@@ -400,6 +375,11 @@ class NcclKvTransport final : public KvTransport {
     d.bytes = it->second->bytes;
     d.num_epoch_blocks = it->second->num_epoch_blocks;
     return nccl::EncodeRegionDescriptor(d);
+  }
+
+  absl::Status DeregisterRegion(RegionId id) override {
+    absl::MutexLock lock(&mu_);
+    return EraseIdleRegion(regions_, transfers_, id, "nccl transport");
   }
 
   uint64_t BlockEpoch(RegionId id, int32_t block) override { return EpochOrDie(id, block).load(); }
@@ -459,11 +439,7 @@ class NcclKvTransport final : public KvTransport {
       return absl::InvalidArgumentError(
           "nccl transport: remote_region was exported by another transport than the peer's");
     }
-    auto region_it = regions_.find(request.local_region);
-    if (region_it == regions_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl transport: unknown local region ", request.local_region));
-    }
+    ASSIGN_OR_RETURN(auto region_it, FindPullDestination(regions_, request, "nccl transport"));
     const ExportedRegion& local = *region_it->second;
     if (request.segments.size() > nccl::kMaxSegments ||
         request.block_epochs.size() > nccl::kMaxEpochs) {
@@ -473,15 +449,10 @@ class NcclKvTransport final : public KvTransport {
                      CheckPullBounds(request, remote->bytes, local.bytes, remote->num_epoch_blocks));
     TransferId id = next_transfer_++;
     Transfer& t = transfers_[id];
-    t.peer = request.peer;
-    t.local_region = request.local_region;
+    t.Begin(request, total);
     t.remote_region_id = remote->region_id;
     t.dst_base = local.base;
     t.segments = request.segments;
-    t.block_epochs = request.block_epochs;
-    t.bytes = total;
-    t.start = absl::Now();
-    t.deadline = t.start + request.timeout;
     peer.queue.push_back(id);
     return id;
   }
@@ -489,7 +460,7 @@ class NcclKvTransport final : public KvTransport {
   std::optional<TransferResult> Poll(TransferId id) override {
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) return UnknownTransfer(id);
+    if (it == transfers_.end()) return UnknownTransfer("nccl transport", id);
     Transfer& t = it->second;
     if (!t.result.has_value() && !t.started && absl::Now() > t.deadline) {
       Unqueue(id, t);
@@ -504,7 +475,7 @@ class NcclKvTransport final : public KvTransport {
   TransferResult Wait(TransferId id) override {
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) return *UnknownTransfer(id);
+    if (it == transfers_.end()) return UnknownTransfer("nccl transport", id);
     Transfer* t = &it->second;
     auto ended = [t] { return t->result.has_value(); };
     // A started pull is ended by its worker (by the deadline at the latest);
@@ -532,19 +503,11 @@ class NcclKvTransport final : public KvTransport {
   }
 
  private:
-  struct Transfer {
-    PeerId peer = 0;
-    RegionId local_region = 0;
+  struct Transfer : TransferRecord {
     uint32_t remote_region_id = 0;
     uint8_t* dst_base = nullptr;
     std::vector<Segment> segments;
-    std::vector<std::pair<int32_t, uint64_t>> block_epochs;
-    uint64_t bytes = 0;
-    absl::Time start;
-    absl::Time deadline;
     bool started = false;
-    bool cancelled = false;
-    std::optional<TransferResult> result;
   };
 
   // Importer side of one pair.
@@ -578,13 +541,7 @@ class NcclKvTransport final : public KvTransport {
 
   void SetResult(Transfer& t, TransferState state, std::string detail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    TransferResult r;
-    r.state = state;
-    r.bytes = state == TransferState::kDone ? t.bytes : 0;
-    r.duration = absl::Now() - t.start;
-    r.detail = std::move(detail);
-    metrics_.Record(r);
-    t.result = std::move(r);
+    t.End(state, std::move(detail), metrics_);
   }
 
   void Unqueue(TransferId id, const Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -592,13 +549,6 @@ class NcclKvTransport final : public KvTransport {
     if (peer == peers_.end()) return;
     auto& q = peer->second->queue;
     q.erase(std::remove(q.begin(), q.end(), id), q.end());
-  }
-
-  static std::optional<TransferResult> UnknownTransfer(TransferId id) {
-    TransferResult r;
-    r.state = TransferState::kCancelled;
-    r.detail = absl::StrCat("nccl transport: unknown transfer ", id, " (already returned?)");
-    return r;
   }
 
   // ---- Importer: one worker per peer runs its pulls in order. ----

@@ -45,4 +45,10 @@ int64_t FirstMismatch(const uint8_t* got, uint64_t seed, int32_t block, uint64_t
   return -1;
 }
 
+std::vector<uint32_t> PoolWords(uint64_t seed, uint64_t first_word, size_t num_words) {
+  std::vector<uint32_t> out(num_words);
+  for (size_t i = 0; i < num_words; ++i) out[i] = PoolWord(seed, first_word + i);
+  return out;
+}
+
 }  // namespace duet::kvtransfer::testing

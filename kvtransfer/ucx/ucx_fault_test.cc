@@ -120,7 +120,7 @@ TEST_CASE("an exporter killed mid-pull: its pulls end peer lost within the timeo
   REQUIRE(self.Done());  // the big pull's reads are on the wire
   absl::Time killed = absl::Now();
   REQUIRE(doomed->process->Signal(SIGKILL).ok());
-  doomed->process->Reap();  // gone for good before the next pulls
+  doomed->process->Wait();  // gone for good before the next pulls
   std::vector<TransferId> after;
   for (int i = 0; i < 4; ++i) after.push_back(t.Pull(i % 2 ? all : one).value());
 

@@ -25,7 +25,7 @@ TEST_CASE("pulls racing lease expiry are exact or lease expired, never a mix", "
   constexpr uint64_t kSeed = 31;
   auto peer = testing::StartKvPeer(kBlocks, kBlock, kSeed);
   REQUIRE(peer.ok());
-  testing::PeerProcess& exporter = *peer->process;
+  Subprocess& exporter = *peer->process;
 
   auto made = NewUcxTransport({});
   REQUIRE(made.ok());

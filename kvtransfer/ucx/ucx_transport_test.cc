@@ -347,7 +347,7 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
   REQUIRE(large > 100);
   REQUIRE(total_bytes > 0);
   REQUIRE(peer->process->Call("quit").value() == "bye");
-  peer->process->Reap();
+  peer->process->Wait();
 }
 
 }  // namespace

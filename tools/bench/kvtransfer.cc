@@ -41,7 +41,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,12 +76,12 @@
 #include "base/flags.h"
 #include "base/huge_buffer.h"
 #include "base/status_macros.h"
+#include "base/subprocess.h"
 #include "base/thread_pool.h"
 #include "kvtransfer/layout.h"
 #include "kvtransfer/transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 
-extern char** environ;
 
 namespace duet::bench {
 namespace {
@@ -131,142 +130,6 @@ HugeBuffer AllocTouched(uint64_t bytes) { return HugeBuffer(bytes, /*touch=*/tru
 // ---------------------------------------------------------------------------
 // Child processes: the exporter, the lane probe and ucx_perftest.
 
-class Child {
- public:
-  // argv[0] is looked up in PATH. `env` entries ("NAME=value") override this
-  // process's environment; "NAME=" with nothing after it removes NAME.
-  static absl::StatusOr<std::unique_ptr<Child>> Start(const std::vector<std::string>& argv,
-                                                      const std::vector<std::string>& env,
-                                                      bool merge_stderr) {
-    signal(SIGPIPE, SIG_IGN);
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
-      return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
-    }
-    std::vector<std::string> envs;
-    auto name_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
-    for (char** e = environ; *e != nullptr; ++e) {
-      bool overridden = false;
-      for (const std::string& o : env) overridden = overridden || name_of(*e) == name_of(o);
-      if (!overridden) envs.push_back(*e);
-    }
-    for (const std::string& o : env) {
-      if (o.back() != '=') envs.push_back(o);
-    }
-    std::vector<char*> cargv, cenv;
-    for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    for (const std::string& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
-    cenv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    if (merge_stderr) posix_spawn_file_actions_adddup2(&actions, out[1], 2);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, cargv[0], &actions, nullptr, cargv.data(), cenv.data());
-    posix_spawn_file_actions_destroy(&actions);
-    close(in[0]);
-    close(out[1]);
-    if (rc != 0) {
-      close(in[1]);
-      close(out[0]);
-      return absl::UnavailableError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
-    }
-    std::unique_ptr<Child> c(new Child());
-    c->pid_ = pid;
-    c->to_ = in[1];
-    c->from_ = out[0];
-    return c;
-  }
-
-  ~Child() {
-    if (to_ >= 0) close(to_);
-    if (from_ >= 0) close(from_);
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  absl::Status Send(const std::string& line) {
-    std::string l = line + "\n";
-    if (write(to_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) {
-      return absl::UnavailableError(absl::StrCat("write to child: ", std::strerror(errno)));
-    }
-    return absl::OkStatus();
-  }
-
-  // The next line; an error at EOF or after `timeout`.
-  absl::StatusOr<std::string> ReadLine(absl::Duration timeout) {
-    const absl::Time until = absl::Now() + timeout;
-    for (;;) {
-      size_t nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      if (eof_) return absl::UnavailableError("child closed its output");
-      if (!Fill(until)) return absl::DeadlineExceededError("child said nothing in time");
-    }
-  }
-
-  // Everything until EOF (or `timeout`, then the child is killed).
-  std::string ReadAll(absl::Duration timeout) {
-    const absl::Time until = absl::Now() + timeout;
-    while (!eof_ && Fill(until)) {
-    }
-    if (!eof_) kill(pid_, SIGKILL);
-    std::string all;
-    all.swap(buffer_);
-    return all;
-  }
-
-  // Waits up to `timeout` for the child to exit, then kills it. Exit status
-  // (waitpid's), or -1 when it had to be killed.
-  int Wait(absl::Duration timeout) {
-    const absl::Time until = absl::Now() + timeout;
-    int status = 0;
-    while (absl::Now() < until) {
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return status;
-      }
-      absl::SleepFor(absl::Milliseconds(5));  // a child's exit has no fd to poll
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-    return -1;
-  }
-
- private:
-  Child() = default;
-  // Reads what is there, waiting until `until`; false on timeout.
-  bool Fill(absl::Time until) {
-    struct pollfd p = {from_, POLLIN, 0};
-    int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(until - absl::Now())));
-    int n = poll(&p, 1, ms);
-    if (n < 0 && errno == EINTR) return true;
-    if (n <= 0) return false;
-    char buf[65536];
-    ssize_t r = read(from_, buf, sizeof(buf));
-    if (r <= 0) {
-      eof_ = true;
-    } else {
-      buffer_.append(buf, static_cast<size_t>(r));
-    }
-    return true;
-  }
-
-  pid_t pid_ = -1;
-  int to_ = -1;
-  int from_ = -1;
-  bool eof_ = false;
-  std::string buffer_;
-};
 
 std::string SelfPath() {
   char buf[4096];
@@ -359,7 +222,10 @@ bool IsCma(PerftestMode mode) { return mode == PerftestMode::kCmaPair || mode ==
 PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const std::string& tls) {
   PerftestResult result;
   // Both sides see duet's UCX_TLS, or for kShm the default transports.
-  std::vector<std::string> env = {mode == PerftestMode::kShm || IsCma(mode) ? "UCX_TLS=" : tls.empty() ? "" : "UCX_TLS=" + tls};
+  // Shared memory and CMA runs take UCX's own choice: UCX_TLS removed.
+  std::vector<std::string> env = {mode == PerftestMode::kShm || IsCma(mode) ? "UCX_TLS"
+                                  : tls.empty()                             ? ""
+                                                                            : "UCX_TLS=" + tls};
   if (env[0].empty()) env.clear();
   std::vector<std::string> test = {"-t", "ucp_get", "-s", std::to_string(size), "-n", std::to_string(iters),
                                    "-w", std::to_string(std::max(1, iters / 10)), "-O", "1"};
@@ -370,7 +236,7 @@ PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const st
     test.push_back("-e");
   }
   for (int attempt = 0; attempt < 2 && !result.ok; ++attempt) {
-    std::unique_ptr<Child> server;
+    std::unique_ptr<Subprocess> server;
     std::vector<std::string> argv = {"ucx_perftest"};
     if (mode == PerftestMode::kLoopback || mode == PerftestMode::kCmaLoopback) {
       argv.push_back("-l");
@@ -381,7 +247,7 @@ PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const st
         return result;
       }
       const std::string p = std::to_string(*port);
-      auto started = Child::Start({"ucx_perftest", "-p", p}, env, /*merge_stderr=*/true);
+      auto started = Subprocess::StartWithPipes({"ucx_perftest", "-p", p}, env, /*merge_stderr=*/true);
       if (!started.ok()) {
         result.error = started.status().ToString();
         return result;
@@ -394,16 +260,16 @@ PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const st
     argv.insert(argv.end(), test.begin(), test.end());
     std::vector<std::string> client_env = env;
     client_env.push_back("UCX_LOG_LEVEL=info");
-    auto client = Child::Start(argv, client_env, /*merge_stderr=*/true);
+    auto client = Subprocess::StartWithPipes(argv, client_env, /*merge_stderr=*/true);
     if (!client.ok()) {
       result.error = client.status().ToString();
       return result;
     }
-    std::string out = (*client)->ReadAll(absl::Seconds(120));
-    (*client)->Wait(absl::Seconds(5));
+    const std::string out = (*client)->ReadToEnd(absl::Seconds(120)).value_or("");
+    (*client)->WaitFor(absl::Seconds(5)).IgnoreError();
     if (server != nullptr) {
-      server->ReadAll(absl::Seconds(5));
-      server->Wait(absl::Seconds(5));
+      server->ReadToEnd(absl::Seconds(5)).IgnoreError();
+      server->WaitFor(absl::Seconds(5)).IgnoreError();
     }
     result.lanes = IsCma(mode) ? "get_zcopy(cma/memory)" : EndpointConfigs(out);
     for (absl::string_view line : absl::StrSplit(out, '\n')) {
@@ -628,7 +494,7 @@ absl::StatusOr<std::vector<Measured>> MeasurePulls(const FlagSet& f, const std::
   common.push_back(absl::StrCat("--spin-us=", spin_us));
   std::vector<std::string> argv = {SelfPath(), "--exporter", absl::StrCat("--pool-blocks=", pool_blocks)};
   argv.insert(argv.end(), common.begin(), common.end());
-  ASSIGN_OR_RETURN(auto exporter, Child::Start(argv, {}, /*merge_stderr=*/false));
+  ASSIGN_OR_RETURN(auto exporter, Subprocess::StartWithPipes(argv, {}, /*merge_stderr=*/false));
   std::string address, remote;
   for (const char* key : {"address", "region", "ready"}) {
     ASSIGN_OR_RETURN(std::string line, exporter->ReadLine(absl::Seconds(60)));
@@ -645,10 +511,10 @@ absl::StatusOr<std::vector<Measured>> MeasurePulls(const FlagSet& f, const std::
                                       "--probe-region=" + absl::BytesToHexString(remote)};
     pargv.insert(pargv.end(), common.begin(), common.end());
     *lanes = "(probe failed)";
-    auto probe = Child::Start(pargv, {"UCX_LOG_LEVEL=info"}, /*merge_stderr=*/true);
+    auto probe = Subprocess::StartWithPipes(pargv, {"UCX_LOG_LEVEL=info"}, /*merge_stderr=*/true);
     if (probe.ok()) {
-      std::string out = (*probe)->ReadAll(absl::Seconds(30));
-      (*probe)->Wait(absl::Seconds(5));
+      const std::string out = (*probe)->ReadToEnd(absl::Seconds(30)).value_or("");
+      (*probe)->WaitFor(absl::Seconds(5)).IgnoreError();
       *lanes = EndpointConfigs(out);
       if (out.find("probe done") == std::string::npos) *lanes += " (probe pull failed)";
     }
@@ -674,8 +540,8 @@ absl::StatusOr<std::vector<Measured>> MeasurePulls(const FlagSet& f, const std::
   }
   t.Disconnect(peer);
   transport.reset();
-  exporter->Send("quit").IgnoreError();
-  exporter->Wait(absl::Seconds(10));
+  exporter->WriteLine("quit").IgnoreError();
+  exporter->WaitFor(absl::Seconds(10)).IgnoreError();
   return out;
 }
 

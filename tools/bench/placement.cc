@@ -16,7 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "base/subprocess.h"
+
 namespace {
+
+using duet::Subprocess;
 
 // Wall seconds of the best of `runs` runs of `cmd` (its output discarded),
 // or -1 when it fails.
@@ -24,7 +28,8 @@ double Time(const std::string& cmd, int runs) {
   double best = -1;
   for (int i = 0; i < runs; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    const int rc = std::system((cmd + " > /dev/null 2>&1").c_str());
+    auto child = Subprocess::Start({"/bin/sh", "-c", cmd}, {}, "/dev/null");
+    const int rc = child.ok() ? (*child)->Wait() : -1;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rc != 0) {
       std::fprintf(stderr, "failed (%d): %s\n", rc, cmd.c_str());

@@ -2,7 +2,6 @@
 
 #include <cblas.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,12 +20,12 @@
 #include <vector>
 
 #include "base/logging.h"
+#include "base/subprocess.h"
 
 // Debian's OpenBLAS cblas.h declares it, but the cblas.h alternative may point
 // at another implementation's header; the symbol is always in libopenblas.
 extern "C" void openblas_set_num_threads(int);
 
-extern char** environ;
 
 namespace duet::bench {
 namespace {
@@ -229,46 +228,18 @@ MbwResult RunMbw(size_t mib, int iterations) {
                    std::strerror(errno) + "); install Debian's mbw package";
     return result;
   }
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    result.error = std::string("pipe2: ") + std::strerror(errno);
+  absl::StatusOr<std::unique_ptr<Subprocess>> mbw = Subprocess::StartWithPipes(
+      {kMbwPath, "-q", "-n", std::to_string(iterations), "-t0", std::to_string(mib)}, {}, /*merge_stderr=*/true);
+  if (!mbw.ok()) {
+    result.error = std::string(mbw.status().message());
     return result;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  // dup2 clears close-on-exec on the target, so only stdout/stderr survive.
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-  std::string iter_arg = std::to_string(iterations), mib_arg = std::to_string(mib);
-  char* argv[] = {const_cast<char*>("mbw"), const_cast<char*>("-q"),
-                  const_cast<char*>("-n"),  iter_arg.data(),
-                  const_cast<char*>("-t0"), mib_arg.data(),
-                  nullptr};
-  pid_t pid;
-  int spawn_error = posix_spawn(&pid, kMbwPath, &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (spawn_error != 0) {
-    close(fds[0]);
-    result.error = std::string("posix_spawn mbw: ") + std::strerror(spawn_error);
-    return result;
-  }
-  std::string output;
-  char buf[4096];
-  for (;;) {
-    ssize_t got = read(fds[0], buf, sizeof(buf));
-    if (got > 0) {
-      output.append(buf, got);
-    } else if (got == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    result.error = "mbw failed (status " + std::to_string(status) + "): " + output;
+  (*mbw)->CloseStdin();
+  absl::StatusOr<std::string> out = (*mbw)->ReadToEnd(absl::Minutes(10));
+  const int status = (*mbw)->Wait();
+  const std::string output = out.ok() ? *out : std::string(out.status().message());
+  if (!out.ok() || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    result.error = "mbw failed (" + DescribeExit(status) + "): " + output;
     return result;
   }
   // Wanted: "AVG\tMethod: MEMCPY\tElapsed: 0.02\tMiB: 256.0\tCopy: 9876.5 MiB/s"

@@ -28,6 +28,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -500,10 +502,14 @@ struct Setup {
 // Runs `duet profile` with one thread pinned to core 1, as a worker runs;
 // the path of its file.
 absl::StatusOr<std::string> Profile(const std::string& model_dir, const std::string& out) {
-  const std::string cmd = absl::StrCat("taskset -c 1 ", fs::absolute("tools/duet").string(), " profile --model ",
-                                       model_dir, " --threads 1 --max-context 1024 --max-batch 16 --reps 3 --out ",
-                                       out, " > ", out, ".log 2>&1");
-  if (std::system(cmd.c_str()) != 0) return absl::InternalError(absl::StrCat("duet profile failed; see ", out, ".log"));
+  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> profile,
+                   Subprocess::Start({fs::absolute("tools/duet").string(), "profile", "--model", model_dir, "--threads",
+                                      "1", "--max-context", "1024", "--max-batch", "16", "--reps", "3", "--out", out},
+                                     {}, out + ".log", /*cpus=*/{1}));
+  const int status = profile->Wait();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(status), "; see ", out, ".log"));
+  }
   return out;
 }
 

@@ -1,14 +1,17 @@
-// The exporter half of cuda_ipc_test: allocates a device pool, fills it with
-// gpu_testing::PatternWords(seed, ...), registers it with an epoch table and
+// The exporter half of the GPU transport tests (cuda_ipc_test, nccl_test):
+// allocates a device pool on --device (--offset bytes into its allocation,
+// to test sub-allocation export), fills it with PoolWords(seed, ...),
+// registers it with an epoch table on the --transport (cuda_ipc or nccl) and
 // prints one line
 //   READY <address hex> <region descriptor hex>
-// then serves commands, one per stdin line, until QUIT or EOF:
+// then serves pulls (the transport's own threads) and commands, one per
+// stdin line, until QUIT or EOF:
 //   BUMP <block>   -> "OK <new epoch>"   (ends the leases on that block)
 //   EPOCH <block>  -> "OK <epoch>"
+//   ADDRESS        -> "OK <address hex>" (nccl: the next importer's; one per pairing)
 // Any failure prints "ERROR <status>" and exits 1.
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,9 +21,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/cuda_status.h"
 #include "base/flags.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
-#include "kvtransfer/cuda_ipc/test_peer.h"
+#include "kvtransfer/nccl/nccl_transport.h"
+#include "kvtransfer/testing/pattern.h"
 
 namespace duet::kvtransfer {
 namespace {
@@ -30,13 +35,15 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::Status Cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+absl::StatusOr<KvTransportPtr> NewTransport(const std::string& kind, int device) {
+  if (kind == "cuda_ipc") return NewCudaIpcTransport({.device = device});
+  if (kind == "nccl") return NewNcclTransport({.device = device});
+  return absl::InvalidArgumentError(absl::StrCat("--transport must be cuda_ipc or nccl, got \"", kind, "\""));
 }
 
 int Run(int argc, char** argv) {
-  FlagSet flags("cuda_ipc_peer", "Exports a filled device pool over CUDA IPC (test peer).");
+  FlagSet flags("gpu_peer", "Exports a filled device pool over a GPU transport (test peer).");
+  flags.String("transport", "cuda_ipc", "cuda_ipc | nccl");
   flags.Int("blocks", 64, "blocks in the pool");
   flags.Int("block-bytes", 65536, "bytes per block (a multiple of 4)");
   flags.Int("seed", 1, "pattern seed");
@@ -53,17 +60,17 @@ int Run(int argc, char** argv) {
   const uint64_t pool_bytes = static_cast<uint64_t>(blocks * block_bytes);
   const int device = static_cast<int>(flags.GetInt("device"));
 
-  absl::Status status = Cuda(cudaSetDevice(device), "cudaSetDevice");
+  absl::Status status = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
   if (!status.ok()) return Fail(status);
   void* allocation = nullptr;
-  status = Cuda(cudaMalloc(&allocation, pool_bytes + offset), "cudaMalloc");
+  status = CudaStatus(cudaMalloc(&allocation, pool_bytes + offset), "cudaMalloc");
   if (!status.ok()) return Fail(status);
   uint8_t* pool = static_cast<uint8_t*>(allocation) + offset;
-  std::vector<uint32_t> host = gpu_testing::PatternWords(flags.GetInt("seed"), 0, pool_bytes / 4);
-  status = Cuda(cudaMemcpy(pool, host.data(), pool_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  std::vector<uint32_t> host = testing::PoolWords(flags.GetInt("seed"), 0, pool_bytes / 4);
+  status = CudaStatus(cudaMemcpy(pool, host.data(), pool_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   if (!status.ok()) return Fail(status);
 
-  absl::StatusOr<KvTransportPtr> transport = NewCudaIpcTransport({.device = device});
+  absl::StatusOr<KvTransportPtr> transport = NewTransport(flags.GetString("transport"), device);
   if (!transport.ok()) return Fail(transport.status());
   absl::StatusOr<RegionId> region = (*transport)->RegisterRegion(pool, pool_bytes, blocks);
   if (!region.ok()) return Fail(region.status());
@@ -75,6 +82,10 @@ int Run(int argc, char** argv) {
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line == "QUIT") break;
+    if (line == "ADDRESS") {
+      std::cout << "OK " << absl::BytesToHexString((*transport)->address()) << std::endl;
+      continue;
+    }
     absl::string_view rest;
     bool bump = line.rfind("BUMP ", 0) == 0;
     bool read = line.rfind("EPOCH ", 0) == 0;
