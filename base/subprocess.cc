@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const std::vector<
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::StartWithPipes(const std::vector<std::string>& argv,
                                                                        const std::vector<std::string>& env,
-                                                                       bool merge_stderr) {
-  return Launch(argv, env, "", {}, /*pipes=*/true, merge_stderr);
+                                                                       bool merge_stderr, const std::vector<int>& cpus) {
+  return Launch(argv, env, "", cpus, /*pipes=*/true, merge_stderr);
 }
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Launch(const std::vector<std::string>& argv,

@@ -47,7 +47,8 @@ class Subprocess {
   // merge_stderr: the child's stderr goes into the same pipe as its stdout.
   static absl::StatusOr<std::unique_ptr<Subprocess>> StartWithPipes(const std::vector<std::string>& argv,
                                                                     const std::vector<std::string>& env = {},
-                                                                    bool merge_stderr = false);
+                                                                    bool merge_stderr = false,
+                                                                    const std::vector<int>& cpus = {});
   ~Subprocess();
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;

@@ -1,5 +1,5 @@
-// CUDA IPC transport against a second process (cuda_ipc_peer) on the same
-// GPU: random block sets checked byte for byte, leases, malformed requests,
+// CUDA IPC transport against a second process (kvtransfer/testing/gpu_peer)
+// on the same GPU: random block sets checked byte for byte, leases, malformed requests,
 // cancel and peer loss, and the bandwidth of a 64 MiB pull beside plain
 // cudaMemcpy device-to-device measured in the same run. Needs a device:
 // without one every case fails with CUDA's error string.

@@ -1,5 +1,6 @@
-// NCCL transport between two processes: the exporter (nccl_peer) on GPU 0,
-// this test as importer on GPU 1. Random block sets checked byte for byte,
+// NCCL transport between two processes: the exporter
+// (kvtransfer/testing/gpu_peer --transport=nccl) on GPU 0, this test as
+// importer on GPU 1. Random block sets checked byte for byte,
 // leases, malformed requests, cancel, a second pairing, and the bandwidth of
 // a 64 MiB pull beside cudaMemcpy device-to-device measured in the same run.
 //

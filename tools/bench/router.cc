@@ -618,29 +618,15 @@ class Bench {
     if (r.is_discarded() || !r.contains("http_port")) return absl::DeadlineExceededError("router not ready");
     port_ = r["http_port"];
     // The synthetic worker: this binary, on core 1, talking over pipes.
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) return absl::InternalError("pipe");
-    worker_pid_ = fork();
-    if (worker_pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      close(to_child[1]);
-      close(from_child[0]);
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(std::min(1, static_cast<int>(std::thread::hardware_concurrency()) - 1), &set);
-      sched_setaffinity(0, sizeof(set), &set);
-      const std::string self = fs::read_symlink("/proc/self/exe").string();
-      execl(self.c_str(), self.c_str(), "--synthetic-worker", ("--router=" + r["control"].get<std::string>()).c_str(),
-            ("--model-name=" + model_).c_str(), absl::StrCat("--interval-ms=", f.GetInt("interval-ms")).c_str(),
-            per_stream ? "--per-stream=true" : "--per-stream=false", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_worker_ = fdopen(to_child[1], "w");
-    from_worker_ = fdopen(from_child[0], "r");
-    if (ReadLine() != "ready") return absl::InternalError("synthetic worker did not start");
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    ASSIGN_OR_RETURN(worker_,
+                     Subprocess::StartWithPipes(
+                         {self, "--synthetic-worker", "--router=" + r["control"].get<std::string>(),
+                          "--model-name=" + model_, absl::StrCat("--interval-ms=", f.GetInt("interval-ms")),
+                          per_stream ? "--per-stream=true" : "--per-stream=false"},
+                         {}, /*merge_stderr=*/false,
+                         /*cpus=*/{std::min(1, static_cast<int>(std::thread::hardware_concurrency()) - 1)}));
+    if (ReadLine("") != "ready") return absl::InternalError("synthetic worker did not start");
     // Registered when the router lists it.
     while (absl::Now() < deadline) {
       auto s = http::HttpCall("127.0.0.1", port_, "GET", "/stats", "", absl::Seconds(5));
@@ -660,14 +646,10 @@ class Bench {
   }
 
   ~Bench() {
-    if (to_worker_ != nullptr) {
-      std::fputs("quit\n", to_worker_);
-      std::fflush(to_worker_);
-      fclose(to_worker_);
-    }
-    if (worker_pid_ > 0) {
-      int st;
-      waitpid(worker_pid_, &st, 0);
+    if (worker_ != nullptr) {
+      worker_->WriteLine("quit").IgnoreError();
+      worker_->CloseStdin();
+      worker_->Wait();
     }
     if (router_) router_->Terminate(absl::Seconds(5));
   }
@@ -683,9 +665,7 @@ class Bench {
       RETURN_IF_ERROR(RunStreams(port_, model_, ss, tokens));
       // The worker's side.
       const std::string log_path = absl::StrCat(run_dir_, "/worker-", streams, "-", round, ".log");
-      std::fprintf(to_worker_, "log %s\n", log_path.c_str());
-      std::fflush(to_worker_);
-      if (ReadLine() != "logged") return absl::InternalError("synthetic worker did not write its log");
+      if (ReadLine("log " + log_path) != "logged") return absl::InternalError("synthetic worker did not write its log");
       std::map<uint32_t, int64_t> recv;
       std::map<std::pair<uint32_t, int>, int64_t> sent;
       std::ifstream in(log_path);
@@ -746,20 +726,16 @@ class Bench {
   }
 
  private:
-  std::string ReadLine() {
-    char line[256];
-    if (fgets(line, sizeof(line), from_worker_) == nullptr) return "";
-    std::string s(line);
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
+  // Sends `command` (none when empty), then the worker's next line; "" when it has none.
+  std::string ReadLine(const std::string& command) {
+    if (!command.empty() && !worker_->WriteLine(command).ok()) return "";
+    return worker_->ReadLine(absl::Minutes(5)).value_or("");
   }
 
   std::string run_dir_, model_;
   int port_ = 0;
   std::unique_ptr<Subprocess> router_;
-  pid_t worker_pid_ = -1;
-  FILE* to_worker_ = nullptr;
-  FILE* from_worker_ = nullptr;
+  std::unique_ptr<Subprocess> worker_;  // The synthetic worker, over pipes.
   uint64_t next_key_ = 0;
 };
 
