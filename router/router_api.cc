@@ -1,0 +1,174 @@
+#include "router/router_impl.h"
+
+namespace duet::router {
+
+// ---------------------------------------------------------------- HTTP
+
+void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
+  const std::string& path = req.path;
+  auto method_is = [&](const char* m) {
+    if (req.method == m) return true;
+    ex->Reply(JsonResponse(405, ErrorJson(absl::InvalidArgumentError(
+                                    absl::StrCat("method ", req.method, " is not allowed on ", path)))));
+    return false;
+  };
+  if (path == "/v1/completions") {
+    if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kCompletion);
+  } else if (path == "/v1/chat/completions") {
+    if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kChat);
+  } else if (path == "/v1/models") {
+    if (method_is("GET") && Authorized(req, ex)) HandleModels(std::move(ex));
+  } else if (path == "/health") {
+    if (method_is("GET")) HandleHealth(std::move(ex));
+  } else if (path == "/stats") {
+    if (method_is("GET")) HandleStats(std::move(ex));
+  } else if (path == "/metrics") {
+    if (method_is("GET")) {
+      http::HttpResponse r;
+      r.content_type = "text/plain; version=0.0.4";
+      r.body = MetricsRegistry::Default().RenderText();
+      ex->Reply(std::move(r));
+    }
+  } else {
+    ex->Reply(JsonResponse(404, ErrorJson(WithCode(absl::NotFoundError(absl::StrCat("no route for ", path)),
+                                                   "unknown_url"))));
+  }
+}
+
+bool Router::Impl::Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex) {
+  if (options_.api_key.empty()) return true;
+  auto it = req.headers.find("authorization");
+  absl::Status s;
+  if (it == req.headers.end()) {
+    s = absl::UnauthenticatedError(
+        "You didn't provide an API key. Send it in the Authorization header: Bearer YOUR_KEY");
+  } else {
+    absl::string_view v = it->second;
+    // Constant time over the key's length: no early exit on the first mismatch.
+    bool ok = absl::ConsumePrefix(&v, "Bearer ") && v.size() == options_.api_key.size();
+    unsigned diff = ok ? 0 : 1;
+    for (size_t i = 0; ok && i < v.size(); ++i) diff |= static_cast<unsigned char>(v[i] ^ options_.api_key[i]);
+    if (diff == 0) return true;
+    s = absl::UnauthenticatedError("Incorrect API key provided");
+  }
+  ++rejected_auth_;
+  total_rejected_->Increment();
+  http::HttpResponse r = JsonResponse(401, ErrorJson(WithCode(s, "invalid_api_key")));
+  r.headers.push_back({"WWW-Authenticate", "Bearer"});
+  ex->Reply(std::move(r));
+  return false;
+}
+
+void Router::Impl::HandleModels(http::HttpExchangePtr ex) {
+  Json model;
+  model["id"] = options_.served_model_name;
+  model["object"] = "model";
+  model["created"] = created_;
+  model["owned_by"] = "duet";
+  model["max_model_len"] = served_.max_model_len;
+  Json out;
+  out["object"] = "list";
+  out["data"] = Json::array({std::move(model)});
+  ex->Reply(JsonResponse(200, out.dump()));
+}
+
+void Router::Impl::HandleHealth(http::HttpExchangePtr ex) {
+  absl::Status s = CanServe(registry_->LiveLoads());
+  Json out;
+  out["status"] = s.ok() ? "ok" : "unavailable";
+  if (!s.ok()) out["error"] = std::string(s.message());
+  ex->Reply(JsonResponse(s.ok() ? 200 : 503, out.dump()));
+}
+
+void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr ex, ApiKind kind) {
+  const absl::Time arrival = options_.clock->Now();
+  const absl::Time handler_start = absl::Now();
+  auto parsed = kind == ApiKind::kChat ? ParseChatRequest(req.body, served_, RandomU64())
+                                       : ParseCompletionRequest(req.body, served_, RandomU64());
+  if (!parsed.ok()) {
+    total_rejected_->Increment();
+    {
+      absl::MutexLock lock(&mu_);
+      ++n_rejected_;
+    }
+    ex->Reply(JsonResponse(HttpStatusFor(parsed.status()), ErrorJson(parsed.status())));
+    return;
+  }
+  auto g = std::make_shared<Group>();
+  g->params = std::move(*parsed);
+  g->arrival = arrival;
+  g->out = std::make_shared<Outbox>(ex);
+  g->env = ResponseEnvelope{
+      .kind = kind,
+      .id = absl::StrFormat("%s-%016x%016x", kind == ApiKind::kChat ? "chatcmpl" : "cmpl", RandomU64(), RandomU64()),
+      .created = absl::ToUnixSeconds(absl::Now()),
+      .model = options_.served_model_name,
+      .system_fingerprint = system_fingerprint_};
+  for (int i = 0; i < g->params.n; ++i) {
+    auto r = std::make_shared<Request>();
+    r->group = g;
+    r->index = i;
+    r->spec = g->params.spec;
+    r->spec.set_choice_index(static_cast<uint32_t>(i));
+    r->builder = std::make_unique<ChoiceBuilder>(tokenizer_.get(), g->params, i);
+    g->choices.push_back(std::move(r));
+  }
+  g->finish.assign(g->choices.size(), "");
+  g->remaining = static_cast<int>(g->choices.size());
+  uint64_t seq = 0;
+  Pending p;
+  {
+    absl::MutexLock lock(&mu_);
+    g->seq = next_seq_++;
+    p.Add(g->out);
+    absl::Status s;
+    if (static_cast<int64_t>(requests_.size()) >= options_.max_requests) {
+      s = WithCode(absl::ResourceExhaustedError(absl::StrCat(
+                       "the server has ", requests_.size(), " requests in flight, its limit (--max-requests); "
+                       "retry later")),
+                   "queue_full");
+    }
+    if (s.ok()) s = StartGroup(g);
+    if (!s.ok()) {
+      for (const RequestPtr& r : g->choices) {
+        if (r->attempts > 0) SendCancel(r, "");
+        attempts_.erase(r->attempt_id);
+      }
+      ++n_rejected_;
+      total_rejected_->Increment();
+      http::HttpResponse resp = JsonResponse(HttpStatusFor(s), ErrorJson(s));
+      if (resp.status == 429 || resp.status == 503) resp.headers.push_back({"Retry-After", "1"});
+      g->out->Reply(std::move(resp));
+    } else {
+      seq = g->seq;
+      requests_[seq] = g;
+      if (g->params.stream) g->out->StartStream();
+      g->inbound = absl::Now() - handler_start;  // Parsed, tokenized, dispatched.
+    }
+  }
+  p.Flush();
+  if (seq != 0) ex->OnClientGone([this, seq] { OnClientGone(seq); });
+}
+
+void Router::Impl::OnClientGone(uint64_t seq) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(seq);
+  if (it == requests_.end()) return;
+  GroupPtr g = it->second;
+  LOG(INFO) << "client of request " << g->env.id << " disconnected; cancelling it";
+  DropGroup(g);
+  ++n_cancelled_;
+  total_cancelled_->Increment();
+}
+
+void Router::Impl::DropGroup(const GroupPtr& g) {
+  g->ended = true;
+  for (const RequestPtr& r : g->choices) {
+    if (r->done) continue;
+    r->done = true;
+    if (attempts_.erase(r->attempt_id) > 0) SendCancel(r, "");
+  }
+  requests_.erase(g->seq);
+}
+
+}  // namespace duet::router
