@@ -1,5 +1,6 @@
 #include "placement/hardware.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -58,6 +59,17 @@ absl::StatusOr<GpuSpec> LoadGpu(const std::string& id_or_path) {
   }
   return absl::NotFoundError(absl::StrCat("unknown GPU '", id_or_path, "'; built in: ", absl::StrJoin(GpuIds(), ", "),
                                           " (or a JSON file)"));
+}
+
+double KernelSeconds(const GpuSpec& g, const KernelCost& k, const RooflineEfficiency& e) {
+  const double compute = k.flops / (g.flops * e.compute);
+  const double memory = k.bytes / (g.memory_bw * e.memory);
+  return (e.overlap ? std::max(compute, memory) : compute + memory) + e.fixed_s;
+}
+
+double AllReduceSeconds(const GpuSpec& g, int n, double bytes, double latency_s, double link_efficiency) {
+  if (n < 2) return 0;
+  return latency_s + 2.0 * (n - 1) / n * bytes / (g.intra_node_bw * link_efficiency);
 }
 
 }  // namespace duet::placement

@@ -32,6 +32,27 @@ struct GpuSpec {
 absl::StatusOr<GpuSpec> LoadGpu(const std::string& id_or_path);
 std::vector<std::string> GpuIds();
 
+// The roofline of one kernel on one GPU: max(flops / (peak x compute
+// efficiency), bytes / (bandwidth x memory efficiency)), or their sum for a
+// kernel that does not overlap the two, plus a fixed cost. The roofline
+// latency model's batches and the latency-model bench's operators are both
+// timed by it.
+struct KernelCost {
+  double flops = 0;
+  double bytes = 0;  // read and written
+};
+struct RooflineEfficiency {
+  double compute = 1;
+  double memory = 1;
+  double fixed_s = 0;
+  bool overlap = true;  // false: compute and memory time add up
+};
+double KernelSeconds(const GpuSpec& g, const KernelCost& k, const RooflineEfficiency& e = {});
+
+// A ring all-reduce among n GPUs of one node, `bytes` per GPU: latency +
+// 2(n-1)/n x bytes / (intra-node link x efficiency); 0 for n < 2.
+double AllReduceSeconds(const GpuSpec& g, int n, double bytes, double latency_s = 0, double link_efficiency = 1);
+
 }  // namespace duet::placement
 
 #endif  // DUET_PLACEMENT_HARDWARE_H_

@@ -78,19 +78,14 @@ class RooflineLatency : public LatencyModel {
  private:
   double Batch(const Parallel& p, double flops, double bytes, int64_t tokens) const {
     const double tp = p.tp;
-    const double compute = flops / (tp * g_.flops * c_.compute_efficiency);
-    const double memory = bytes / (tp * g_.memory_bw * c_.memory_efficiency);
-    double t = std::max(compute, memory);
-    if (p.tp > 1) {
-      // Two all-reduces per layer of the tokens' activations (ring).
-      const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
-      t += 2.0 * m_.num_layers * (2.0 * (tp - 1) / tp * act / g_.intra_node_bw + c_.allreduce_latency_s);
-    }
+    double t = KernelSeconds(g_, {flops / tp, bytes / tp}, {c_.compute_efficiency, c_.memory_efficiency});
+    // Two all-reduces per layer of the tokens' activations (ring).
+    const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
+    t += 2.0 * m_.num_layers * AllReduceSeconds(g_, p.tp, act, c_.allreduce_latency_s);
     t += c_.overhead_s;
     if (p.pp > 1) {
       // DistServe's rule: stages in flight divide the time per batch; each
       // stage hands its activations on.
-      const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
       t = t / p.pp + p.pp * (act / g_.intra_node_bw + c_.pp_stage_overhead_s);
     }
     return t;

@@ -128,15 +128,13 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   REQUIRE(config.find("scrape_interval: 5s") != std::string::npos);
   config = absl::StrReplaceAll(config, {{"scrape_interval: 5s", "scrape_interval: 1s"}});
   { std::ofstream(dir / "prometheus.yml") << config; }
-  json targets = json::array();
-  targets.push_back({{"targets", {absl::StrCat("127.0.0.1:", c.http_port())}},
-                     {"labels", {{"role", "router"}, {"worker", "router"}}}});
-  std::vector<std::string> endpoints = {absl::StrCat("127.0.0.1:", c.http_port())};
-  for (const char* id : {"prefill-0", "decode-0"}) {
-    const std::string ep = absl::StrCat("127.0.0.1:", c.ready(id)["metrics_port"].get<int>());
-    endpoints.push_back(ep);
-    targets.push_back({{"targets", {ep}}, {"labels", {{"role", c.ready(id)["role"]}, {"worker", id}}}});
-  }
+  // The targets file duet up writes, from the launcher.
+  const json targets = c.PrometheusTargets("127.0.0.1");
+  REQUIRE(targets.size() == 3);
+  std::vector<std::string> endpoints;
+  for (const json& t : targets) endpoints.push_back(t["targets"][0]);
+  CHECK(endpoints[1] == absl::StrCat("127.0.0.1:", c.ready("prefill-0")["metrics_port"].get<int>()));
+  CHECK(targets[2]["labels"]["role"] == "decode");
   { std::ofstream(dir / "targets" / "duet.json") << targets.dump(2); }
 
   // Every process's exposition passes promtool.

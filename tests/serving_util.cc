@@ -4,13 +4,13 @@
 #include <random>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/block_pool.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "http/sse.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace duet::testing {
@@ -86,29 +86,22 @@ ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index
     }
     return out;
   }
-  std::istringstream in(body);
-  std::string line;
   bool done = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("data: ", 0) != 0) continue;
-    std::string data = line.substr(6);
+  http::SseParser events;
+  events.Feed(body, [&](absl::string_view data) {
     if (data == "[DONE]") {
       done = true;
-      continue;
+      return;
     }
-    auto j = nlohmann::json::parse(data, nullptr, false);
+    auto j = nlohmann::json::parse(data.begin(), data.end(), nullptr, false);
     if (j.is_discarded()) {
-      out.error = "bad SSE data: " + data.substr(0, 200);
-      continue;
-    }
-    if (j.contains("error")) {
+      out.error = absl::StrCat("bad SSE data: ", data.substr(0, 200));
+    } else if (j.contains("error")) {
       out.error = j["error"].dump();
-      continue;
-    }
-    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0].value("index", -1) == index) {
+    } else if (j.contains("choices") && !j["choices"].empty() && j["choices"][0].value("index", -1) == index) {
       Absorb(j["choices"][0], out);
     }
-  }
+  });
   if (!done && out.error.empty()) out.error = "stream ended without [DONE]";
   return out;
 }

@@ -13,8 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/flags.h"
-#include "base/subprocess.h"
-#include "http/client.h"
+#include "cluster/local_cluster.h"
 #include "placement/cluster_config.h"
 #include "tools/commands.h"
 #include "engine/testing/model_maker.h"
@@ -28,31 +27,6 @@ std::string SelfExe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
   return ec ? "duet" : p.string();
-}
-
-std::string Tail(const std::string& path, size_t max_bytes = 4000) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), {});
-  return s.size() > max_bytes ? "..." + s.substr(s.size() - max_bytes) : s;
-}
-
-// Waits for a child's ready file; fails if the child exits first.
-absl::StatusOr<nlohmann::json> WaitReady(Subprocess& p, const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::ifstream in(path);
-    if (in) {
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-      if (!j.is_discarded()) return j;
-    }
-    if (auto st = p.TryWait()) {
-      return absl::UnavailableError(absl::StrCat(p.name(), " ", DescribeExit(*st), " during start-up; its log (",
-                                                 p.log_path(), "):\n", Tail(p.log_path())));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat(p.name(), " did not become ready within ",
-                                                  absl::FormatDuration(timeout), "; see ", p.log_path()));
 }
 
 volatile sig_atomic_t g_stop = 0;
@@ -152,23 +126,21 @@ int RunUp(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  const std::string exe = SelfExe();
-  std::vector<std::unique_ptr<Subprocess>> procs;
+  cluster::ClusterOptions co;
+  co.model_dir = cfg.model;
+  co.served_model_name = cfg.served_model_name;
+  co.duet_binary = SelfExe();
+  co.run_dir = run_dir;
+  co.should_stop = [] { return g_stop != 0; };
+  cluster::LocalCluster c(co);
   auto stop_all = [&](int code) {
-    for (auto it = procs.rbegin(); it != procs.rend(); ++it) (*it)->Terminate(absl::Seconds(5));
+    c.Stop();
     std::fprintf(stderr, "duet up: stopped; logs in %s\n", run_dir.c_str());
     return code;
   };
 
   // Router first: workers register with its control port.
-  std::vector<std::string> rargs = {exe, "router", "--model", cfg.model, "--listen",
-                                    absl::StrCat(f.GetString("host"), ":", cfg.router_port),
-                                    "--control-listen", "127.0.0.1:0", "--policy", cfg.policy,
-                                    "--ready-file", run_dir + "/router.json"};
-  if (!cfg.served_model_name.empty()) {
-    rargs.push_back("--served-model-name");
-    rargs.push_back(cfg.served_model_name);
-  }
+  std::vector<std::string> rargs = {"--policy", cfg.policy};
   // The key travels in the environment, not on a command line others can read.
   std::vector<std::string> renv;
   if (!f.GetString("api-key").empty()) renv.push_back("DUET_API_KEY=" + f.GetString("api-key"));
@@ -176,92 +148,42 @@ int RunUp(int argc, char** argv) {
     rargs.push_back("--api-key-file");
     rargs.push_back(f.GetString("api-key-file"));
   }
-  auto router = Subprocess::Start(rargs, renv, run_dir + "/router.log");
-  if (!router.ok()) {
-    std::fprintf(stderr, "duet up: %s\n", router.status().ToString().c_str());
-    return 1;
-  }
-  (*router)->set_name("router");
-  procs.push_back(std::move(*router));
-  auto rready = WaitReady(*procs.back(), run_dir + "/router.json", absl::Seconds(60));
-  if (!rready.ok()) {
-    std::fprintf(stderr, "duet up: %s\n", rready.status().ToString().c_str());
+  absl::Status st = c.StartRouter("", rargs, renv, absl::StrCat(f.GetString("host"), ":", cfg.router_port));
+  if (!st.ok()) {
+    std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
     return stop_all(1);
   }
-  const std::string control = (*rready)["control"];
-  const int http_port = (*rready)["http_port"];
-  std::fprintf(stderr, "duet up: router up (http port %d, control %s)\n", http_port, control.c_str());
+  const int http_port = c.http_port();
+  std::fprintf(stderr, "duet up: router up (http port %d, control %s)\n", http_port, c.control_address().c_str());
 
-  std::map<std::string, int> counters;
-  nlohmann::json targets = nlohmann::json::array();
-  targets.push_back({{"targets", {absl::StrCat(f.GetString("host") == "0.0.0.0" ? "127.0.0.1" : f.GetString("host"), ":", http_port)}},
-                     {"labels", {{"role", "router"}, {"worker", "router"}}}});
+  std::vector<cluster::WorkerSpec> workers;
   for (const placement::InstanceConfig& ic : cfg.instances) {
-    const std::string id = absl::StrCat(ic.role, "-", counters[ic.role]++);
-    const std::string cmd = ic.role == "colocated" ? "worker" : ic.role;
-    std::vector<std::string> args = {exe, cmd, "--model", cfg.model, "--router", control, "--worker-id", id,
-                                     "--metrics-port", "0", "--threads",
-                                     std::to_string(ic.threads > 0 ? ic.threads : (ic.cpus.empty() ? default_threads : static_cast<int>(ic.cpus.size()))),
-                                     "--max-batch-tokens", std::to_string(ic.max_batch_tokens),
-                                     "--ready-file", run_dir + "/" + id + ".json"};
-    if (ic.role == "colocated") args.insert(args.begin() + 2, "--role=colocated");
+    cluster::WorkerSpec w;
+    w.role = ic.role;
+    w.threads = ic.threads > 0 ? ic.threads : (ic.cpus.empty() ? default_threads : static_cast<int>(ic.cpus.size()));
+    w.cpus = ic.cpus;
+    w.args = {"--max-batch-tokens", std::to_string(ic.max_batch_tokens)};
     if (ic.kv_blocks > 0) {
-      args.push_back("--kv-blocks");
-      args.push_back(std::to_string(ic.kv_blocks));
+      w.args.insert(w.args.end(), {"--kv-blocks", std::to_string(ic.kv_blocks)});
     } else {
-      args.push_back("--kv-memory");
-      args.push_back(absl::StrCat(ic.kv_memory_gib));
+      w.args.insert(w.args.end(), {"--kv-memory", absl::StrCat(ic.kv_memory_gib)});
     }
-    if (!cfg.served_model_name.empty()) {
-      args.push_back("--served-model-name");
-      args.push_back(cfg.served_model_name);
-    }
-    auto p = Subprocess::Start(args, {}, run_dir + "/" + id + ".log", ic.cpus);
-    if (!p.ok()) {
-      std::fprintf(stderr, "duet up: %s\n", p.status().ToString().c_str());
-      return stop_all(1);
-    }
-    (*p)->set_name(id);
-    procs.push_back(std::move(*p));
+    workers.push_back(std::move(w));
   }
-  for (size_t i = 1; i < procs.size(); ++i) {
-    auto ready = WaitReady(*procs[i], run_dir + "/" + procs[i]->name() + ".json", absl::Seconds(120));
-    if (!ready.ok()) {
-      std::fprintf(stderr, "duet up: %s\n", ready.status().ToString().c_str());
-      return stop_all(1);
-    }
-    targets.push_back({{"targets", {absl::StrCat("127.0.0.1:", (*ready)["metrics_port"].get<int>())}},
-                       {"labels", {{"role", (*ready)["role"]}, {"worker", procs[i]->name()}}}});
+  // Ready when every worker listens and the router lists them all.
+  st = c.StartWorkers(std::move(workers));
+  if (st.code() == absl::StatusCode::kCancelled) {
+    std::fprintf(stderr, "duet up: %s, stopping\n", strsignal(g_stop));
+    return stop_all(0);
   }
+  if (!st.ok()) {
+    std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
+    return stop_all(1);
+  }
+  const std::string host = f.GetString("host") == "0.0.0.0" ? "127.0.0.1" : f.GetString("host");
   {
     std::ofstream sd(run_dir + "/prometheus_targets.json");
-    sd << targets.dump(2) << "\n";
-  }
-  // Ready when the router's /health says every role it needs has a worker.
-  const std::string host = f.GetString("host") == "0.0.0.0" ? "127.0.0.1" : f.GetString("host");
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  bool healthy = false;
-  while (!g_stop && absl::Now() < deadline) {
-    auto r = http::HttpCall(host, http_port, "GET", "/stats", "", absl::Seconds(2));
-    if (r.ok() && r->status == 200) {
-      auto j = nlohmann::json::parse(r->body, nullptr, false);
-      if (!j.is_discarded() && j.contains("workers") && j["workers"].size() == cfg.instances.size()) {
-        healthy = true;
-        break;
-      }
-    }
-    for (auto& p : procs) {
-      if (auto st = p->TryWait()) {
-        std::fprintf(stderr, "duet up: %s %s; its log (%s):\n%s\n", p->name().c_str(), DescribeExit(*st).c_str(),
-                     p->log_path().c_str(), Tail(p->log_path()).c_str());
-        return stop_all(1);
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (!healthy && !g_stop) {
-    std::fprintf(stderr, "duet up: workers did not all register within 60 s; logs in %s\n", run_dir.c_str());
-    return stop_all(1);
+    sd << c.PrometheusTargets(host).dump(2) << "\n";
   }
   std::string model_name = cfg.served_model_name.empty() ? testing::ModelBaseName(cfg.model)
                                                          : cfg.served_model_name;
@@ -273,12 +195,9 @@ int RunUp(int argc, char** argv) {
       model_name.c_str());
   std::fflush(stdout);
   while (!g_stop) {
-    for (auto& p : procs) {
-      if (auto st = p->TryWait()) {
-        std::fprintf(stderr, "duet up: %s %s unexpectedly; its log (%s):\n%s\n", p->name().c_str(),
-                     DescribeExit(*st).c_str(), p->log_path().c_str(), Tail(p->log_path()).c_str());
-        return stop_all(1);
-      }
+    if (absl::Status alive = c.CheckAlive(); !alive.ok()) {
+      std::fprintf(stderr, "duet up: %s\n", std::string(alive.message()).c_str());
+      return stop_all(1);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

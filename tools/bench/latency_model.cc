@@ -8,13 +8,14 @@
 // Each operator is a GEMM (QKV projection, attention output projection, MLP
 // up and down projections: 2mkn FLOPs, 2(mk + kn + mn) bytes at BF16, the
 // weight split over TP) or an element-wise pass (layer norms, RoPE,
-// activation, residual add: bytes read and written). The roofline predicts
-// max(FLOPs / peak, bytes / bandwidth) from the spec sheet
-// (placement/hardware); calibrated, max(FLOPs / (peak x e_c), bytes /
+// activation, residual add: bytes read and written). placement's kernel
+// roofline (KernelSeconds, the one the roofline latency model times its
+// batches with) predicts max(FLOPs / peak, bytes / bandwidth) from the spec
+// sheet (placement/hardware); calibrated, max(FLOPs / (peak x e_c), bytes /
 // (bandwidth x e_m)) + c per operator kind and GPU, fitted on half of the
 // rows (every other row) by least squares on log time, and tested on the
-// other half. All-reduce: alpha + 2(n-1)/n x bytes / (link x e) per GPU,
-// fitted the same way. Prints the median absolute error before calibration
+// other half. All-reduce (placement's AllReduceSeconds): alpha + 2(n-1)/n x
+// bytes / (link x e) per GPU, fitted the same way. Prints the median absolute error before calibration
 // and on the held-out half after. Target: under 10% held out.
 #include <algorithm>
 #include <cmath>
@@ -100,10 +101,10 @@ void AddLayerRow(const std::string& gpu, const std::map<std::string, std::string
   elementwise("add", 2 * 3 * m * h);
 }
 
-// The roofline (overlap: max) or its no-overlap form (sum), each with an
-// efficiency per bound and a fixed cost; element-wise kernels may run in
-// waves of (wave x SMs) rows, so their rows round up to whole waves. The fit
-// keeps the best form.
+// placement's kernel roofline (overlap: max; or its no-overlap form, sum),
+// each with an efficiency per bound and a fixed cost; element-wise kernels
+// may run in waves of (wave x SMs) rows, so their rows round up to whole
+// waves. The fit keeps the best form.
 struct Coeffs {
   double ec = 1, em = 1, c = 0;
   bool sum = false;
@@ -116,8 +117,8 @@ double Predict(const Sample& s, const placement::GpuSpec& g, const Coeffs& k) {
     const double w = static_cast<double>(k.wave) * g.sms;
     bytes = std::ceil(s.tokens / w) * w * s.bytes_per_token;
   }
-  const double compute = s.flops / (g.flops * k.ec), memory = bytes / (g.memory_bw * k.em);
-  return (k.sum ? compute + memory : std::max(compute, memory)) + k.c;
+  return placement::KernelSeconds(g, {s.flops, bytes}, {.compute = k.ec, .memory = k.em, .fixed_s = k.c,
+                                                          .overlap = !k.sum});
 }
 
 // Least squares on log time over a coarse-to-fine grid.
@@ -252,7 +253,7 @@ int Run(const FlagSet& f) {
     }
     if (train.empty()) continue;
     auto predict = [&](const AllReduce& a, double alpha, double eff) {
-      return alpha + 2 * (a.n - 1) / a.n * a.bytes / (g.intra_node_bw * eff);
+      return placement::AllReduceSeconds(g, static_cast<int>(a.n), a.bytes, alpha, eff);
     };
     double best_alpha = 0, best_eff = 1, best_loss = 1e300;
     for (double alpha = 0; alpha <= 100e-6; alpha += 1e-6) {

@@ -71,6 +71,7 @@
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "http/client.h"
+#include "http/sse.h"
 #include "engine/testing/model_maker.h"
 #include "worker/runtime.h"
 
@@ -279,8 +280,8 @@ struct Stream {
   uint32_t key = 0;
   int fd = -1;
   std::string out;   // request bytes not yet sent
-  std::string in;    // bytes received, not yet parsed
-  bool head_done = false;
+  http::ResponseReader reader;
+  http::SseParser events;
   bool done = false;
   bool failed = false;
   std::string error;
@@ -290,46 +291,32 @@ struct Stream {
   int token_chunks = 0;
 };
 
-// Parses what has arrived: the head, then chunked SSE data events.
-void Parse(Stream& s, int64_t now) {
-  if (!s.head_done) {
-    size_t end = s.in.find("\r\n\r\n");
-    if (end == std::string::npos) return;
-    if (s.in.compare(0, 12, "HTTP/1.1 200") != 0) {
-      s.failed = true;
-      s.error = s.in.substr(0, std::min<size_t>(s.in.size(), 200));
-      s.done = true;
-      return;
-    }
-    s.head_done = true;
-    s.in.erase(0, end + 4);
-  }
-  for (;;) {
-    size_t crlf = s.in.find("\r\n");
-    if (crlf == std::string::npos) return;
-    size_t len = std::strtoul(s.in.substr(0, crlf).c_str(), nullptr, 16);
-    if (len == 0) {
-      s.done = true;
-      return;
-    }
-    if (s.in.size() < crlf + 2 + len + 2) return;
-    const std::string chunk = s.in.substr(crlf + 2, len);
-    s.in.erase(0, crlf + 2 + len + 2);
-    for (absl::string_view ev : absl::StrSplit(chunk, "\n\n", absl::SkipEmpty())) {
-      if (!absl::ConsumePrefix(&ev, "data: ")) continue;
-      if (ev == "[DONE]") continue;
+// Reads what has arrived: the head, then the SSE events of the chunked body.
+void Parse(Stream& s, absl::string_view bytes, int64_t now) {
+  const absl::Status st = s.reader.Feed(bytes, [&](absl::string_view piece, size_t wire_bytes) {
+    s.events.Feed(piece, [&](absl::string_view ev) {
+      if (ev == "[DONE]") return;
       if (ev.find("\"error\"") != absl::string_view::npos) {
         s.failed = true;
         s.error = std::string(ev.substr(0, 200));
-        continue;
+        return;
       }
       if (ev.find("\"finish_reason\":null") != absl::string_view::npos) {
         s.events_ns.push_back(now);
-        s.token_wire_bytes += crlf + 2 + len + 2;
+        s.token_wire_bytes += wire_bytes;
         ++s.token_chunks;
       }
-    }
+    });
+  });
+  if (!st.ok()) {
+    s.failed = true;
+    s.error = std::string(st.message());
   }
+  if (s.reader.head_done() && s.reader.status() != 200) {
+    s.failed = true;
+    s.error = absl::StrCat("HTTP ", s.reader.status());
+  }
+  if (s.failed || s.reader.complete()) s.done = true;
 }
 
 absl::Status RunStreams(int port, const std::string& model, std::vector<Stream>& streams, int tokens) {
@@ -379,22 +366,18 @@ absl::Status RunStreams(int port, const std::string& model, std::vector<Stream>&
         for (;;) {
           ssize_t r = ::recv(s.fd, buf, sizeof(buf), 0);
           if (r > 0) {
-            s.in.append(buf, static_cast<size_t>(r));
+            if (!s.done) Parse(s, absl::string_view(buf, static_cast<size_t>(r)), now);
             continue;
           }
           if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
             if (!s.done) {
-              Parse(s, now);
-              if (!s.done) {
-                s.failed = true;
-                s.error = "connection closed mid-stream";
-                s.done = true;
-              }
+              s.failed = true;
+              s.error = "connection closed mid-stream";
+              s.done = true;
             }
           }
           break;
         }
-        Parse(s, now);
       }
       if (s.done) {
         ::close(s.fd);
