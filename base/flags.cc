@@ -131,6 +131,15 @@ bool FlagSet::IsSet(const std::string& name) const {
   return it->second.set;
 }
 
+absl::Status FlagSet::RefuseUnless(bool applies, std::initializer_list<const char*> names,
+                                   const std::string& why) const {
+  if (applies) return absl::OkStatus();
+  for (const char* n : names) {
+    if (IsSet(n)) return absl::InvalidArgumentError(absl::StrCat("--", n, " has no effect ", why));
+  }
+  return absl::OkStatus();
+}
+
 std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());

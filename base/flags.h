@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ class FlagSet {
   double GetDouble(const std::string& name) const;
   bool GetBool(const std::string& name) const;
   bool IsSet(const std::string& name) const;  // Given on the command line.
+  // InvalidArgument naming the first of `names` given on the command line
+  // when it has no effect (`applies` false): "--name has no effect <why>".
+  // A flag the chosen mode ignores is an error, never silently dropped.
+  absl::Status RefuseUnless(bool applies, std::initializer_list<const char*> names, const std::string& why) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
  private:

@@ -34,6 +34,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/serving_defaults.h"
 #include "absl/status/status.h"
 #include "decode/kv_importer.h"
 #include "engine/block_pool.h"
@@ -80,7 +81,7 @@ struct StepResult {
 
 struct EngineOptions {
   int64_t max_running = 256;    // Requests holding blocks (pulling, prefilling, running).
-  int64_t token_budget = 2048;  // Tokens per Forward: decodes first, prefill chunks fill the rest.
+  int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per Forward: decodes first, prefill chunks fill the rest.
 };
 
 struct EngineCounts {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "decode/engine_loop.h"
 #include "worker/frame_sink.h"
@@ -39,7 +40,7 @@ struct ColocatedOptions {
   int64_t kv_bytes = 0;
   int64_t block_size = 16;
   int64_t max_running = 256;
-  int64_t token_budget = 2048;  // Tokens per step: decodes first, prefill chunks fill the rest.
+  int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per step: decodes first, prefill chunks fill the rest.
 };
 
 class ColocatedService : public worker::WorkerService {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "decode/engine_loop.h"
@@ -47,7 +48,7 @@ struct DecodeOptions {
   int64_t kv_bytes = 0;
   int64_t block_size = 16;  // Must equal the prefill workers'.
   int64_t max_running = 256;
-  int64_t token_budget = 2048;  // Tokens per step (decodes plus recompute chunks).
+  int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per step (decodes plus recompute chunks).
   absl::Duration pull_timeout = absl::Seconds(5);
   absl::Duration poll_interval = absl::Microseconds(500);  // Pull polling when idle.
   kvtransfer::KvTransportPtr transport;  // UCX in production, loopback in tests.

@@ -32,7 +32,7 @@ struct InstanceConfig {
   int64_t kv_blocks = 0;
   int threads = 0;
   std::vector<int> cpus;
-  int64_t max_batch_tokens = 2048;
+  int64_t max_batch_tokens = 0;  // 0: not set (the command's --max-batch-tokens, else kDefaultMaxBatchTokens)
   std::string gpu;  // for simulation
 };
 

@@ -83,12 +83,8 @@ class RooflineLatency : public LatencyModel {
     const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;
     t += 2.0 * m_.num_layers * AllReduceSeconds(g_, p.tp, act, c_.allreduce_latency_s);
     t += c_.overhead_s;
-    if (p.pp > 1) {
-      // DistServe's rule: stages in flight divide the time per batch; each
-      // stage hands its activations on.
-      t = t / p.pp + p.pp * (act / g_.intra_node_bw + c_.pp_stage_overhead_s);
-    }
-    return t;
+    // Each stage hands its activations to the next.
+    return PipelineSeconds(t, p.pp, act / g_.intra_node_bw + c_.pp_stage_overhead_s);
   }
 
   const ModelSpec m_;
@@ -122,7 +118,7 @@ class DistServeLatency : public LatencyModel {
       s2 += static_cast<double>(l) * static_cast<double>(l);
     }
     const double ms = c[0] + c[1] * s1 + c[2] * s2;
-    return ms / 1e3 / p.pp + (p.pp > 1 ? p.pp * fit_.pp_stage_overhead_s : 0.0);
+    return PipelineSeconds(ms / 1e3, p.pp, fit_.pp_stage_overhead_s);
   }
 
   double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
@@ -144,10 +140,10 @@ class DistServeLatency : public LatencyModel {
         const double f = std::min(1.0, (bs - t[i - 1][0]) / (t[i][0] - t[i - 1][0]));
         ms = at(i - 1) + (at(i) - at(i - 1)) * f;
       }
-      return ms / 1e3 / p.pp;
+      return PipelineSeconds(ms / 1e3, p.pp, fit_.pp_stage_overhead_s);
     }
     const auto& c = static_cast<int64_t>(ctx.size()) < co.threshold ? co.decode_small : co.decode_large;
-    return (c[0] + c[1] * sum + c[2] * bs) / 1e3 / p.pp;
+    return PipelineSeconds((c[0] + c[1] * sum + c[2] * bs) / 1e3, p.pp, fit_.pp_stage_overhead_s);
   }
 
   std::string Describe() const override {
@@ -224,6 +220,44 @@ double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const i
   const std::vector<int64_t> no_context(context_lens.size(), 0);
   const double attention = m.Decode(p, context_lens) - m.Decode(p, no_context);
   return m.Prefill(p, tokens) + std::max(0.0, attention);
+}
+
+double PipelineSeconds(double one_stage_s, int pp, double handoff_s) {
+  return one_stage_s + (pp > 1 ? (pp - 1) * handoff_s : 0.0);
+}
+
+namespace {
+class OverheadLatency : public LatencyModel {
+ public:
+  OverheadLatency(std::unique_ptr<LatencyModel> base, double fixed_s, double per_context_token_s)
+      : base_(std::move(base)), fixed_s_(fixed_s), per_token_s_(per_context_token_s) {}
+  double Prefill(const Parallel& p, absl::Span<const int64_t> lens) override {
+    return base_->Prefill(p, lens) + fixed_s_ + per_token_s_ * Sum(lens);
+  }
+  double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
+    return base_->Decode(p, ctx) + fixed_s_ + per_token_s_ * Sum(ctx);
+  }
+  bool Supports(const Parallel& p) const override { return base_->Supports(p); }
+  double IdlePenalty(double idle_s) const override { return base_->IdlePenalty(idle_s); }
+  std::string Describe() const override {
+    return absl::StrCat(base_->Describe(), " + ", fixed_s_ * 1e3, " ms + ", per_token_s_ * 1e3,
+                        " ms per context token each batch");
+  }
+
+ private:
+  static double Sum(absl::Span<const int64_t> v) {
+    double s = 0;
+    for (int64_t x : v) s += static_cast<double>(x);
+    return s;
+  }
+  const std::unique_ptr<LatencyModel> base_;
+  const double fixed_s_, per_token_s_;
+};
+}  // namespace
+
+std::unique_ptr<LatencyModel> NewOverheadLatency(std::unique_ptr<LatencyModel> base, double fixed_s,
+                                                 double per_context_token_s) {
+  return std::make_unique<OverheadLatency>(std::move(base), fixed_s, per_context_token_s);
 }
 
 double FactorAtRows(const std::vector<std::pair<int64_t, double>>& table, int64_t rows) {

@@ -9,13 +9,19 @@
 //     bandwidth x memory_eff)) per batch (weights once, every sequence's KV),
 //     plus two all-reduces per layer when tp > 1 (ring: 2(tp-1)/tp of the
 //     activations over the node link, plus a latency each), plus a fixed
-//     overhead; with pp stages, DistServe's rule: the time / pp plus each
-//     stage's send of the activations and overhead.
+//     overhead; with pp stages, each hand-off sends the activations over
+//     the node link and pays a fixed cost (PipelineSeconds).
 //   - distserve: DistServe's fitted format (per model and TP):
 //     prefill ms = a + b * sum(l) + c * sum(l^2); decode ms = a + b *
 //     sum(context) + c * batch size, small and large batch sets split at a
-//     threshold. No PP entries: DistServe's rule, prefill / pp + a per-stage
-//     overhead, decode / pp.
+//     threshold. No PP entries: the TP time through pp stages with a fixed
+//     hand-off cost each (PipelineSeconds).
+//
+// Pipeline parallelism adds throughput, not speed: every model's time for
+// (tp, pp) is one batch's latency through all pp stages, each running 1/pp
+// of the layers one after another, so it is the pp = 1 time plus the
+// hand-offs. The simulator keeps up to pp batches of an instance in flight,
+// one per stage: stage 1 takes the next batch time / pp after the last.
 //   - constant (seconds per prefill batch and per decode step) and
 //     exponential (each batch's time drawn with that mean, seeded): for
 //     checking the simulator against queueing theory.
@@ -80,6 +86,18 @@ struct RooflineCoefficients {
 // rows 6-14% over what they took (two runs of the serve bench's colocated
 // cluster); this way the medians land within 5%. Either span may be empty:
 // then it is the other phase's own cost.
+// A batch's latency through pp stages: the one-stage (pp = 1) time plus a
+// hand-off (the activations' send and the next stage's launch) at each of
+// the pp - 1 stage boundaries.
+double PipelineSeconds(double one_stage_s, int pp, double handoff_s);
+
+// `base` plus a fixed cost on every prefill batch and decode step:
+// fixed_s + per_context_token_s x the tokens of its prompts or contexts
+// (DistServe's simulator adds 2 ms + 0.0001 ms per context token for its
+// Ray calls; duet sim --batch-overhead-ms).
+std::unique_ptr<LatencyModel> NewOverheadLatency(std::unique_ptr<LatencyModel> base, double fixed_s,
+                                                 double per_context_token_s);
+
 double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const int64_t> prompt_lens,
                           absl::Span<const int64_t> context_lens);
 

@@ -122,6 +122,25 @@ std::string PlanToClusterJson(const Plan& plan, const ModelSpec& model, const Gp
   return j.dump(2) + "\n";
 }
 
+namespace {
+// Pipeline stages cost hand-offs, more processes and more memory for the
+// same weights: a plan with PP leads only if its goodput per GPU beats every
+// simulated PP-free plan's by kPipelineMargin; else the best PP-free plan
+// moves to the front. plans[0, n) are ranked by simulated goodput.
+constexpr double kPipelineMargin = 1.05;
+void PreferPipelineFree(std::vector<Plan>& plans, size_t n) {
+  auto uses_pp = [](const Plan& p) { return p.prefill.par.pp > 1 || (!p.colocated && p.decode.par.pp > 1); };
+  if (n == 0 || !uses_pp(plans[0])) return;
+  for (size_t i = 1; i < n; ++i) {
+    if (uses_pp(plans[i])) continue;
+    if (plans[0].goodput.per_gpu < kPipelineMargin * plans[i].goodput.per_gpu) {
+      std::rotate(plans.begin(), plans.begin() + static_cast<long>(i), plans.begin() + static_cast<long>(i) + 1);
+    }
+    return;  // the first PP-free plan is the best one
+  }
+}
+}  // namespace
+
 absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, LatencyModel& latency,
                                   const std::vector<SimRequest>& workload, const PlaceOptions& o,
                                   LatencyModel* colocated_latency) {
@@ -224,8 +243,27 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
   }
   std::stable_sort(plans.begin(), plans.begin() + static_cast<long>(verify),
                    [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });
+  PreferPipelineFree(plans, verify);
   result.disaggregated = std::move(plans);
-  // Colocated: per pool and shape, one instance (instances scale out by count).
+  // Colocated: per pool and shape, as many instances as the pool holds.
+  // Each shape is estimated from one instance on the sample (times the
+  // count); the best kColocatedVerify are then simulated whole, the pool's
+  // instances together on the whole workload (instances behind one router
+  // serve more than count times one alone: their queues pool), by the same
+  // bisection `duet sim --goodput` runs.
+  constexpr size_t kColocatedVerify = 3;
+  struct Timed {
+    Plan plan;
+    LatencyModel* lat;
+  };
+  std::vector<Timed> coloc;
+  auto timed = [&](const Plan& plan, LatencyModel& lat, double tol, bool estimate) {
+    ClusterSpec c = MakeCluster(plan, model, gpu, o);
+    for (InstanceSpec& is : c.instances) is.latency = nullptr;  // timed by the colocated model
+    Goodput g = FindGoodput(c, model, lat, estimate ? sample : workload, o.slo, o.target, tol);
+    result.simulations += g.simulations;
+    return g;
+  };
   for (size_t k = 0; k < pools.size(); ++k) {
     LatencyModel& lat = k == 0 && colocated_latency != nullptr ? *colocated_latency : *pools[k].latency;
     for (const Parallel& s : shapes[k]) {
@@ -233,27 +271,28 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
       const int pk = static_cast<int>(k);
       Plan p{.colocated = true, .prefill = {s, 1}, .prefill_pool = pk, .decode_pool = pk};
       p.gpus = s.gpus();
-      // Timed by the colocated model: the instance carries no model of its own.
-      auto timed = [&](const Plan& plan, double tol, double hint, bool estimate) {
-        ClusterSpec c = MakeCluster(plan, model, gpu, o);
-        for (InstanceSpec& is : c.instances) is.latency = nullptr;
-        Goodput g = FindGoodput(c, model, lat, estimate ? sample : workload, o.slo, o.target, tol, hint);
-        result.simulations += g.simulations;
-        return g;
-      };
-      // Coarse on the sample, then refined on the whole workload from there.
-      const double coarse = timed(p, 0.05, 0, true).rate;
-      if (coarse > 0) p.goodput = timed(p, 0.02, coarse, false);
-      // As many as the pool holds.
+      const double one = timed(p, lat, 0.05, true).rate;
       p.prefill.count = pools[k].total() / s.gpus();
-      p.goodput.rate *= p.prefill.count;
       p.gpus = p.prefill.count * s.gpus();
-      p.cluster = MakeCluster(p, model, gpu, o);
-      result.colocated.push_back(p);
+      p.estimate = one * p.prefill.count;
+      p.goodput = Goodput{.rate = p.estimate, .per_gpu = p.estimate / p.gpus};
+      coloc.push_back({p, &lat});
     }
   }
-  std::sort(result.colocated.begin(), result.colocated.end(),
-            [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });
+  std::sort(coloc.begin(), coloc.end(), [](const Timed& x, const Timed& y) {
+    return x.plan.goodput.per_gpu > y.plan.goodput.per_gpu;
+  });
+  for (size_t i = 0; i < coloc.size() && i < kColocatedVerify; ++i) {
+    coloc[i].plan.goodput = timed(coloc[i].plan, *coloc[i].lat, 0.01, false);
+  }
+  for (Timed& t : coloc) {
+    t.plan.cluster = MakeCluster(t.plan, model, gpu, o);
+    result.colocated.push_back(std::move(t.plan));
+  }
+  const size_t verified = std::min(result.colocated.size(), kColocatedVerify);
+  std::stable_sort(result.colocated.begin(), result.colocated.begin() + static_cast<long>(verified),
+                   [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });
+  PreferPipelineFree(result.colocated, verified);
   return result;
 }
 

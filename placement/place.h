@@ -17,13 +17,16 @@
 // decomposition. The best `verify` estimates are simulated as whole clusters
 // (goodput by bisection on the full SLO), and the plans are ranked by that.
 // exhaustive: every candidate simulated as a whole cluster (automatic up to
-// 64 candidates).
+// 64 candidates). A plan with pipeline stages leads only if its goodput per
+// GPU beats every simulated PP-free plan's by 5%; pipeline stages add
+// throughput, not speed (latency.h), and cost hand-offs and processes.
 #ifndef DUET_PLACEMENT_PLACE_H_
 #define DUET_PLACEMENT_PLACE_H_
 
 #include <string>
 #include <vector>
 
+#include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "placement/hardware.h"
 #include "placement/latency.h"
@@ -42,7 +45,7 @@ struct PlaceOptions {
   int verify = 6;          // whole-cluster simulations of the best estimates
   bool exhaustive = false;
   double memory_fraction = 0.9;  // of GPU memory for weights + KV
-  int64_t max_batch_tokens = 4096;
+  int64_t max_batch_tokens = kDefaultMaxBatchTokens;
   std::string policy = "least_loaded";
   // Heterogeneous pools (LLM-PQ's setting): a second set of nodes with
   // another GPU type and its latency model. Prefill and decode may then each

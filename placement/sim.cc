@@ -11,7 +11,7 @@
 namespace duet::placement {
 namespace {
 
-enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone };
+enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kDecodeSlot, kColocDone };
 
 struct Event {
   double t;
@@ -34,14 +34,18 @@ struct Inst {
   InstanceSpec spec;
   std::deque<int64_t> waiting;
   int64_t queued_tokens = 0;
-  // Prefill.
+  // Prefill and decode: batches in flight, one per pipeline stage at most;
+  // stage 1 takes the next at next_start.
   int in_flight = 0;
   double next_start = 0;
   bool slot_pending = false;
   std::vector<std::vector<int64_t>> batches;  // by slot
   std::vector<int> free_slots;
-  // Decode and colocated.
+  // Decode and colocated. On a decode instance, `running` holds the
+  // requests ready for their next step; `stepping` counts those in steps
+  // in flight.
   std::vector<int64_t> running;
+  int64_t stepping = 0;
   int64_t pulling = 0;  // decode: admitted, KV in transfer
   double kv_used = 0;
   double kv_cap = std::numeric_limits<double>::infinity();
@@ -99,7 +103,11 @@ class Sim {
           TryDecode(e.inst);
           break;
         case kDecodeDone:
-          OnDecodeDone(e.inst);
+          OnDecodeDone(e.inst, static_cast<int>(e.a));
+          break;
+        case kDecodeSlot:
+          insts_[e.inst].slot_pending = false;
+          TryDecode(e.inst);
           break;
         case kColocDone:
           OnColocDone(e.inst);
@@ -161,7 +169,8 @@ class Sim {
     double best_load = std::numeric_limits<double>::infinity();
     for (int32_t i : decodes_) {
       const Inst& s = insts_[i];
-      const double queued = static_cast<double>(s.running.size() + s.waiting.size()) + static_cast<double>(s.pulling);
+      const double queued =
+          static_cast<double>(s.running.size() + s.waiting.size()) + static_cast<double>(s.pulling + s.stepping);
       double load = s.kv_used / s.kv_cap * 1e6 + queued;
       if (!std::isfinite(s.kv_cap)) load = queued;
       if (load < best_load) {
@@ -185,28 +194,38 @@ class Sim {
     }
   }
 
+  // --- Pipeline stages (prefill and decode instances).
+  // Whether stage 1 can take a batch now; if not, `wake` fires when it can.
+  bool StageOneFree(int32_t i, Kind wake) {
+    Inst& s = insts_[i];
+    if (now_ >= s.next_start) return true;
+    if (!s.slot_pending) {
+      s.slot_pending = true;
+      Push(s.next_start, wake, i, 0);
+    }
+    return false;
+  }
+  // A free slot for a batch in flight.
+  int TakeSlot(Inst& s) {
+    if (s.free_slots.empty()) {
+      s.batches.emplace_back();
+      return static_cast<int>(s.batches.size()) - 1;
+    }
+    const int slot = s.free_slots.back();
+    s.free_slots.pop_back();
+    return slot;
+  }
+
   // --- Prefill instances.
   void TryPrefill(int32_t i) {
     Inst& s = insts_[i];
-    // One batch at a time: the latency model already carries what pipeline
-    // stages buy (DistServe's rule divides by pp).
-    const int pp = 1;
+    // Up to pp batches in flight, one per stage: the latency model's time is
+    // a batch's way through every stage, and stage 1 takes the next batch
+    // once it has handed this one on (time / pp later).
+    const int pp = std::max(1, s.spec.par.pp);
     while (!s.waiting.empty() && s.in_flight < pp) {
-      if (now_ < s.next_start) {
-        if (!s.slot_pending) {
-          s.slot_pending = true;
-          Push(s.next_start, kPrefillSlot, i, 0);
-        }
-        return;
-      }
-      int slot;
-      if (s.free_slots.empty()) {
-        slot = static_cast<int>(s.batches.size());
-        s.batches.emplace_back();
-      } else {
-        slot = s.free_slots.back();
-        s.free_slots.pop_back();
-      }
+      if (!StageOneFree(i, kPrefillSlot)) return;
+      const int slot = TakeSlot(s);
       std::vector<int64_t>& batch = s.batches[slot];
       batch.clear();
       lens_.clear();
@@ -259,10 +278,10 @@ class Sim {
   // pull, and the step in flight when the pull ends, if any.
   void Admit(int32_t i) {
     Inst& s = insts_[i];
-    while (!s.waiting.empty() &&
-           static_cast<int64_t>(s.running.size()) + s.pulling < s.spec.max_batch_size) {
+    const int64_t cap = s.spec.max_batch_size * std::max(1, s.spec.par.pp);  // a micro-batch per stage
+    while (!s.waiting.empty() && static_cast<int64_t>(s.running.size()) + s.stepping + s.pulling < cap) {
       const int64_t r = s.waiting.front();
-      if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && s.pulling == 0)) break;
+      if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && s.stepping == 0 && s.pulling == 0)) break;
       s.waiting.pop_front();
       s.kv_used += Need(r);
       s.pulling++;
@@ -272,6 +291,7 @@ class Sim {
     }
   }
 
+  // A colocated instance's decode step over all its running requests.
   void StartDecodeStep(int32_t i, Kind done) {
     Inst& s = insts_[i];
     ctx_.clear();
@@ -282,12 +302,52 @@ class Sim {
     Push(now_ + Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false) + idle, done, i, 0);
   }
 
+  // A decode instance's steps: with pp stages, up to pp micro-batches of the
+  // ready requests (each at most max_batch_size) in flight, as DistServe
+  // and vLLM run pipeline-parallel decode; a request's next step waits for
+  // its current one to leave the last stage.
   void TryDecode(int32_t i) {
     Inst& s = insts_[i];
-    if (s.busy) return;
+    const int pp = std::max(1, s.spec.par.pp);
+    if (s.in_flight >= pp) return;
     Admit(i);
-    if (s.running.empty()) return;  // a pull's end calls again
-    StartDecodeStep(i, kDecodeDone);
+    while (!s.running.empty() && s.in_flight < pp) {  // a pull's end calls again
+      if (!StageOneFree(i, kDecodeSlot)) return;
+      const int slot = TakeSlot(s);
+      std::vector<int64_t>& batch = s.batches[slot];
+      const size_t take = std::min<size_t>(s.running.size(), static_cast<size_t>(s.spec.max_batch_size));
+      batch.assign(s.running.begin(), s.running.begin() + static_cast<long>(take));
+      s.running.erase(s.running.begin(), s.running.begin() + static_cast<long>(take));
+      s.stepping += static_cast<int64_t>(take);
+      ctx_.clear();
+      for (int64_t r : batch) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
+      const double idle = s.in_flight == 0 ? Idle(s) : 0.0;
+      const double t = Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false) + idle;
+      s.in_flight++;
+      s.busy = true;
+      s.next_start = now_ + t / pp;
+      Push(now_ + t, kDecodeDone, i, slot);
+    }
+  }
+
+  void OnDecodeDone(int32_t i, int slot) {
+    Inst& s = insts_[i];
+    s.in_flight--;
+    s.busy = s.in_flight > 0;
+    last_end_ = now_;
+    std::vector<int64_t>& batch = s.batches[slot];
+    s.stepping -= static_cast<int64_t>(batch.size());
+    for (int64_t r : batch) {
+      if (++reqs_[r].generated >= reqs_[r].output) {
+        out_.requests[r].finish = now_;
+        s.kv_used -= Need(r);
+      } else {
+        s.running.push_back(r);
+      }
+    }
+    batch.clear();
+    s.free_slots.push_back(slot);
+    TryDecode(i);
   }
 
   // One generated token for every request of the step; the finished leave.
@@ -302,14 +362,6 @@ class Sim {
                                    [&](int64_t r) { return reqs_[r].generated >= reqs_[r].output; }),
                     s.running.end());
     s.step_decode.clear();
-  }
-
-  void OnDecodeDone(int32_t i) {
-    Inst& s = insts_[i];
-    s.busy = false;
-    last_end_ = now_;
-    FinishDecodeStep(s);
-    TryDecode(i);
   }
 
   // --- Colocated instances.

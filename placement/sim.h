@@ -6,9 +6,13 @@
 //   double a = r.Attainment({.ttft = 0.25, .tpot = 0.1});
 //
 // Disaggregated instances: prefill runs FCFS batches under a token budget
-// (and optionally at most max_prefill_batch requests), one batch at a time
-// (what pipeline stages buy is the latency model's: DistServe's rule). When
-// a batch ends its requests have their first token (TTFT); each moves to a
+// (and optionally at most max_prefill_batch requests). With pp pipeline
+// stages a batch takes the latency model's time through all of them, and
+// stage 1 takes the next batch time / pp after it took this one, so up to
+// pp batches are in flight; decode likewise runs up to pp micro-batches of
+// its ready requests (at most max_batch_size each), a request's next step
+// waiting for its current one. Colocated instances run one step at a time
+// whatever their pp (their PP throughput is not modelled). When a batch ends its requests have their first token (TTFT); each moves to a
 // decode instance (least loaded or round robin) after its KV transfer
 // (prompt x KV bytes per token / the link bandwidth), and waits there until
 // its whole context (prompt + output) fits in the KV capacity; decode steps
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "base/serving_defaults.h"
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/workload.h"
@@ -43,9 +48,9 @@ struct InstanceSpec {
   // KV tokens the instance holds; 0: what its GPUs' memory leaves after the
   // weights (needs gpu_memory_bytes), else unlimited.
   double kv_capacity_tokens = 0;
-  int64_t max_batch_tokens = 4096;   // prefill budget per batch (per step when chunked)
+  int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // prefill budget per batch (per step when chunked)
   int64_t max_prefill_batch = 0;     // requests per prefill batch; 0: any
-  int64_t max_batch_size = 256;      // decode batch
+  int64_t max_batch_size = 256;      // decode batch (per micro-batch with pp stages)
   // This instance's latency model (a heterogeneous cluster: another GPU
   // type); nullptr: the one Simulate is given. Not owned.
   LatencyModel* latency = nullptr;

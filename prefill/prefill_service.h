@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 
+#include "base/serving_defaults.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -53,7 +54,7 @@ struct PrefillServiceOptions {
   int64_t kv_blocks = 0;          // Pool size in blocks; 0: from kv_memory_bytes.
   int64_t kv_memory_bytes = int64_t{256} << 20;
   int64_t block_size = 16;
-  int64_t max_batch_tokens = 2048;     // Prompt tokens per step; longer prompts are chunked.
+  int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // Prompt tokens per step; longer prompts are chunked.
   int64_t max_queued_requests = 1024;  // Beyond this, Finish{RESOURCE_EXHAUSTED}.
   absl::Duration lease_duration = absl::Seconds(60);
   Clock* clock = RealClock();  // Leases and queue times run on it.

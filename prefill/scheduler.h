@@ -36,6 +36,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/serving_defaults.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -49,7 +50,7 @@
 namespace duet::prefill {
 
 struct SchedulerOptions {
-  int64_t max_batch_tokens = 2048;     // Prompt tokens per step.
+  int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // Prompt tokens per step.
   int64_t max_queued_requests = 1024;  // Waiting (not yet admitted) requests.
   absl::Duration lease_duration = absl::Seconds(60);
 };

@@ -55,7 +55,8 @@ std::string ClusterFile(const std::string& dir, int n, const std::vector<std::pa
   for (const auto& [pool, spec] : pools) {  // spec: tp, pp, count
     json list = json::array();
     for (int i = 0; i < spec[2]; ++i) {
-      list.push_back({{"tp", spec[0]}, {"pp", spec[1]}, {"gpu", "a100-80g"}, {"max_batch_tokens", 4096}});
+      // No max_batch_tokens: the instance takes the default budget, as duet place does.
+      list.push_back({{"tp", spec[0]}, {"pp", spec[1]}, {"gpu", "a100-80g"}});
     }
     j[pool] = list;
   }
@@ -91,7 +92,9 @@ TEST_CASE("duet place on 4 GPUs: the plan holds at its goodput, not at 1.1x, and
     for (int pp = 1; tp * pp <= 4; ++pp) shapes.push_back({tp, pp});
   }
   int n = 0;
-  double best_disagg = 0, best_coloc = 0;
+  // Best per GPU without pipeline stages, and with them (a PP plan leads
+  // only if it beats every PP-free one by 5%).
+  double best_disagg = 0, best_coloc = 0, best_disagg_pp = 0, best_coloc_pp = 0;
   for (const auto& p : shapes) {
     for (const auto& d : shapes) {
       for (int np = 1; np * p[0] * p[1] + d[0] * d[1] <= 4; ++np) {
@@ -102,7 +105,8 @@ TEST_CASE("duet place on 4 GPUs: the plan holds at its goodput, not at 1.1x, and
                                               " --goodput --json")))
                        .back();
           const int gpus = np * p[0] * p[1] + nd * d[0] * d[1];
-          best_disagg = std::max(best_disagg, s["goodput_rate"].get<double>() / gpus);
+          double& best = p[1] > 1 || d[1] > 1 ? best_disagg_pp : best_disagg;
+          best = std::max(best, s["goodput_rate"].get<double>() / gpus);
         }
       }
     }
@@ -111,14 +115,21 @@ TEST_CASE("duet place on 4 GPUs: the plan holds at its goodput, not at 1.1x, and
       json s = JsonLines(Run(absl::StrCat("sim ", kWorkload, " --latency ", kVllm, " --cluster ", file,
                                           " --goodput --json")))
                    .back();
-      best_coloc = std::max(best_coloc, s["goodput_rate"].get<double>() / (count * p[0] * p[1]));
+      double& best = p[1] > 1 ? best_coloc_pp : best_coloc;
+      best = std::max(best, s["goodput_rate"].get<double>() / (count * p[0] * p[1]));
     }
   }
-  INFO("exhaustive: disaggregated " << best_disagg << " per GPU, colocated " << best_coloc << " per GPU over " << n
+  INFO("exhaustive: disaggregated " << best_disagg << " (with PP " << best_disagg_pp << ") per GPU, colocated "
+                                    << best_coloc << " (with PP " << best_coloc_pp << ") per GPU over " << n
                                     << " configurations");
   CHECK(n > 20);
   CHECK(best_disagg <= g_gpu * 1.03);
   CHECK(best_coloc <= c_gpu * 1.03);
+  CHECK(best_disagg_pp <= g_gpu * 1.05 * 1.03);
+  CHECK(best_coloc_pp <= c_gpu * 1.05 * 1.03);
+  // A plan with pipeline stages beats every PP-free configuration by 5%.
+  const bool plan_pp = r["disaggregated"]["prefill_pp"].get<int>() > 1 || r["disaggregated"]["decode_pp"].get<int>() > 1;
+  if (plan_pp) CHECK(g_gpu >= 1.05 * best_disagg / 1.03);
 }
 
 TEST_CASE("heterogeneous pools: the plan uses the pool that serves more per GPU") {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
@@ -21,16 +22,30 @@
 namespace duet::tools {
 namespace {
 
+// A flag the search ignores is refused, naming it.
+absl::Status CheckPlaceFlags(const FlagSet& f) {
+  RETURN_IF_ERROR(CheckWorkloadFlags(f));
+  RETURN_IF_ERROR(f.RefuseUnless(false, {"rate", "rate-scale"},
+                                 "in duet place (its search rescales the workload's arrivals to each rate)"));
+  RETURN_IF_ERROR(f.RefuseUnless(!f.GetString("gpu2").empty(), {"nodes2", "gpus-per-node2", "latency2"},
+                                 "without --gpu2"));
+  RETURN_IF_ERROR(f.RefuseUnless(!f.GetBool("exhaustive"), {"verify"},
+                                 "with --exhaustive (every candidate is simulated whole)"));
+  RETURN_IF_ERROR(f.RefuseUnless(!f.GetBool("json"), {"top"}, "with --json (it prints the plan alone)"));
+  return absl::OkStatus();
+}
+
 absl::Status Run(const FlagSet& f) {
+  RETURN_IF_ERROR(CheckPlaceFlags(f));
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(placement::ModelSpec model, placement::LoadModelSpec(f.GetString("model")));
   ASSIGN_OR_RETURN(placement::GpuSpec gpu, placement::LoadGpu(f.GetString("gpu")));
   const std::string spec = f.GetString("latency").empty() ? absl::StrCat("roofline:", gpu.id) : f.GetString("latency");
-  ASSIGN_OR_RETURN(auto latency, placement::LoadLatencyModel(spec, model, LatencySeed(f)));
+  ASSIGN_OR_RETURN(auto latency, LoadLatencyWithOverhead(f, spec, model, LatencySeed(f)));
   std::unique_ptr<placement::LatencyModel> coloc_latency;
   if (!f.GetString("colocated-latency").empty()) {
-    ASSIGN_OR_RETURN(coloc_latency, placement::LoadLatencyModel(f.GetString("colocated-latency"), model,
-                                                                static_cast<uint64_t>(f.GetInt("seed")) ^ 0x51ed));
+    ASSIGN_OR_RETURN(coloc_latency, LoadLatencyWithOverhead(f, f.GetString("colocated-latency"), model,
+                                                            static_cast<uint64_t>(f.GetInt("seed")) ^ 0x51ed));
   }
   const placement::WorkloadOptions wo = WorkloadFromFlags(f, model);
   ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
@@ -51,7 +66,7 @@ absl::Status Run(const FlagSet& f) {
     ASSIGN_OR_RETURN(gpu2, placement::LoadGpu(f.GetString("gpu2")));
     const std::string spec2 =
         f.GetString("latency2").empty() ? absl::StrCat("roofline:", gpu2.id) : f.GetString("latency2");
-    ASSIGN_OR_RETURN(latency2, placement::LoadLatencyModel(spec2, model, static_cast<uint64_t>(f.GetInt("seed")) ^ 0x2));
+    ASSIGN_OR_RETURN(latency2, LoadLatencyWithOverhead(f, spec2, model, static_cast<uint64_t>(f.GetInt("seed")) ^ 0x2));
     o.second_gpu = &gpu2;
     o.second_latency = latency2.get();
     o.second_nodes = static_cast<int>(f.GetInt("nodes2"));
@@ -110,6 +125,7 @@ absl::Status Run(const FlagSet& f) {
     }
     for (size_t i = 1; i < r.colocated.size() && i < 4; ++i) {
       const placement::Plan& p = r.colocated[i];
+      if (p.goodput.simulations == 0) continue;  // an estimate, not simulated whole
       std::printf("  %-56s %3d GPUs %10.4f req/s %10.4f per GPU\n", p.Describe().c_str(), p.gpus, p.goodput.rate,
                   p.goodput.per_gpu);
     }
@@ -145,10 +161,11 @@ int RunPlace(int argc, char** argv) {
   f.Double("slo-ttft", 0.25, "TTFT target, seconds");
   f.Double("slo-tpot", 0.1, "TPOT target, seconds");
   f.Double("target", 0.9, "fraction of requests that must meet both targets");
-  f.Int("max-pp", 4, "largest pipeline degree tried");
+  f.Int("max-pp", 4, "largest pipeline degree tried (a PP plan is chosen only if it beats every PP-free one by 5%)");
   f.Int("verify", 6, "whole-cluster simulations of the best decomposed estimates");
   f.Bool("exhaustive", "simulate every candidate as a whole cluster (small clusters)");
-  f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
+  f.Int("max-batch-tokens", kDefaultMaxBatchTokens, "prefill token budget per batch");
+  AddLatencyFlags(f);
   AddWorkloadFlags(f, /*default_requests=*/2000);
   f.Int("top", 5, "runners-up to print");
   f.String("emit", "", "write the plan as a cluster file here");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/serving_defaults.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -130,7 +131,7 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Double("kv-memory", 0.25, "KV cache size in GiB (ignored when --kv-blocks is set)");
   f.Int("kv-blocks", 0, "KV cache size in blocks");
   f.Int("block-size", 16, "tokens per KV block (prefill and decode must agree)");
-  f.Int("max-batch-tokens", 2048, "tokens per engine step (prefill chunks and decodes)");
+  f.Int("max-batch-tokens", kDefaultMaxBatchTokens, "tokens per engine step (prefill chunks and decodes)");
   f.Int("max-running", 256, "decode/colocated: most requests in the running batch");
   f.Int("lease-ms", 60000, "prefill: how long offered KV blocks wait for decode to pull them");
   f.Int("tp", 1, "tensor parallelism (the CPU backend supports 1)");

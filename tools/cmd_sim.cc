@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -53,9 +54,11 @@ void AddSimFlags(FlagSet& f) {
            "takes (1 + this) times as long (CPU workers on one machine; 0 for GPUs)");
   f.Double("interference-decode", 0, "the same for decode steps");
   f.Int("chunk-tokens", 512, "colocated chunked prefill: tokens per step");
-  f.Int("max-batch-tokens", 4096, "prefill token budget per batch");
+  f.Int("max-batch-tokens", kDefaultMaxBatchTokens,
+        "prefill token budget per batch (also for --cluster instances without their own)");
   f.Int("max-prefill-batch", 0, "requests per prefill batch (0: as the budget allows)");
   f.Int("max-batch-size", 256, "requests per decode step");
+  AddLatencyFlags(f);
   AddWorkloadFlags(f, /*default_requests=*/10000);
   f.Double("slo-ttft", 1.0, "TTFT target, seconds");
   f.Double("slo-tpot", 0.1, "TPOT target, seconds");
@@ -115,7 +118,10 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
         const InstanceRole role = ic.role == "prefill"  ? InstanceRole::kPrefill
                                   : ic.role == "decode" ? InstanceRole::kDecode
                                                         : InstanceRole::kColocated;
-        ASSIGN_OR_RETURN(InstanceSpec s, instance(role, ic.tp, ic.pp, g, ic.max_batch_tokens));
+        // An instance without its own budget takes --max-batch-tokens.
+        ASSIGN_OR_RETURN(InstanceSpec s, instance(role, ic.tp, ic.pp, g,
+                                                  ic.max_batch_tokens > 0 ? ic.max_batch_tokens
+                                                                          : f.GetInt("max-batch-tokens")));
         c.instances.push_back(s);
       }
       ASSIGN_OR_RETURN(c.kv_link_bytes_per_s, link(gpu, cfg.kv_link_gbps));
@@ -192,12 +198,35 @@ std::string Svg(const std::vector<std::string>& names, const std::vector<double>
   return s;
 }
 
+// A flag the chosen mode ignores is refused, naming it.
+absl::Status CheckSimFlags(const FlagSet& f) {
+  RETURN_IF_ERROR(CheckWorkloadFlags(f));
+  const bool cluster_files = !f.GetString("cluster").empty();
+  RETURN_IF_ERROR(f.RefuseUnless(!cluster_files, {"prefill", "decode", "colocated", "tp", "pp"},
+                                 "with --cluster (the cluster files say their instances)"));
+  const bool colocated = !cluster_files && f.GetInt("colocated") > 0;
+  const bool disaggregated = !cluster_files && !colocated;
+  RETURN_IF_ERROR(f.RefuseUnless(!colocated, {"prefill", "decode", "link-gbps", "max-prefill-batch"},
+                                 "with --colocated"));
+  RETURN_IF_ERROR(f.RefuseUnless(!disaggregated, {"chunked-prefill", "chunk-tokens"},
+                                 "without colocated instances"));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetBool("chunked-prefill"), {"chunk-tokens"},
+                                 "without --chunked-prefill"));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetBool("goodput") || !f.GetString("svg").empty(), {"target"},
+                                 "without --goodput or --svg"));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetString("rates").empty(), {"rate", "rate-scale"},
+                                 "with --rates (the workload is rescaled to each rate)"));
+  if (!f.GetString("svg").empty() && f.GetString("rates").empty()) return absl::InvalidArgumentError("--svg needs --rates");
+  return absl::OkStatus();
+}
+
 absl::Status Run(const FlagSet& f) {
+  RETURN_IF_ERROR(CheckSimFlags(f));
   ASSIGN_OR_RETURN(ModelSpec model, placement::LoadModelSpec(f.GetString("model")));
   const std::string latency_spec =
       f.GetString("latency").empty() ? absl::StrCat("roofline:", f.GetString("gpu")) : f.GetString("latency");
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> latency,
-                   placement::LoadLatencyModel(latency_spec, model, LatencySeed(f)));
+                   LoadLatencyWithOverhead(f, latency_spec, model, LatencySeed(f)));
   const placement::WorkloadOptions wo = WorkloadFromFlags(f, model);
   ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
   if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests (all dropped as overlong?)");
@@ -216,7 +245,6 @@ absl::Status Run(const FlagSet& f) {
     if (!absl::SimpleAtod(r, &x) || !(x > 0)) return absl::InvalidArgumentError(absl::StrCat("bad rate '", r, "'"));
     rates.push_back(x);
   }
-  if (!f.GetString("svg").empty() && rates.empty()) return absl::InvalidArgumentError("--svg needs --rates");
   const placement::Slo slo{.ttft = f.GetDouble("slo-ttft"), .tpot = f.GetDouble("slo-tpot")};
   const bool json = f.GetBool("json");
   if (!json) {
@@ -241,6 +269,9 @@ absl::Status Run(const FlagSet& f) {
       placement::SimResult r = placement::Simulate(c, model, *latency, reqs);
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const auto ci = r.QueueWaitBatchMeans();
+      double ttft_sum = 0;
+      for (const placement::RequestOutcome& o : r.requests) ttft_sum += o.ttft();
+      const double ttft_mean = r.requests.empty() ? 0 : ttft_sum / static_cast<double>(r.requests.size());
       const double attain = r.Attainment(slo);
       curves.back().push_back(attain);
       if (json) {
@@ -250,6 +281,7 @@ absl::Status Run(const FlagSet& f) {
                             {"requests", r.requests.size()},
                             {"dropped", w.dropped},
                             {"truncated", w.truncated},
+                            {"ttft_mean", ttft_mean},
                             {"ttft_p50", r.Percentile(0.5, false)},
                             {"ttft_p90", r.Percentile(0.9, false)},
                             {"ttft_p99", r.Percentile(0.99, false)},
@@ -272,6 +304,7 @@ absl::Status Run(const FlagSet& f) {
       }
       if (!f.GetString("csv").empty()) {
         std::ofstream out(f.GetString("csv"), clusters.size() > 1 || run_rates.size() > 1 ? std::ios::app : std::ios::trunc);
+        out.precision(17);  // Full precision: at t = 1234 s, 6 digits would leave milliseconds.
         out << "cluster,rate,arrival,prefill_start,first_token,finish,output\n";
         for (const placement::RequestOutcome& o : r.requests) {
           out << '"' << name << "\"," << rate << ',' << o.arrival << ',' << o.prefill_start << ',' << o.first_token

@@ -162,7 +162,7 @@ int RunUp(int argc, char** argv) {
     w.role = ic.role;
     w.threads = ic.threads > 0 ? ic.threads : (ic.cpus.empty() ? default_threads : static_cast<int>(ic.cpus.size()));
     w.cpus = ic.cpus;
-    w.args = {"--max-batch-tokens", std::to_string(ic.max_batch_tokens)};
+    if (ic.max_batch_tokens > 0) w.args = {"--max-batch-tokens", std::to_string(ic.max_batch_tokens)};
     if (ic.kv_blocks > 0) {
       w.args.insert(w.args.end(), {"--kv-blocks", std::to_string(ic.kv_blocks)});
     } else {

@@ -1,5 +1,10 @@
 #include "tools/workload_flags.h"
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
+
 namespace duet::tools {
 
 void AddWorkloadFlags(FlagSet& f, int64_t default_requests) {
@@ -31,6 +36,40 @@ placement::WorkloadOptions WorkloadFromFlags(const FlagSet& f, const placement::
   wo.max_context = model.max_context;
   wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
   return wo;
+}
+
+absl::Status CheckWorkloadFlags(const FlagSet& f) {
+  const std::string arrivals = f.GetString("arrivals");
+  RETURN_IF_ERROR(f.RefuseUnless(arrivals != "trace", {"rate"}, "with --arrivals trace (use --rate-scale)"));
+  RETURN_IF_ERROR(f.RefuseUnless(arrivals == "gamma", {"cv"}, "unless --arrivals gamma"));
+  RETURN_IF_ERROR(f.RefuseUnless(arrivals == "trace", {"rate-scale"}, "unless --arrivals trace"));
+  const bool trace_lengths = f.GetString("lengths").empty() || f.GetString("lengths") == "trace";
+  RETURN_IF_ERROR(f.RefuseUnless(arrivals == "trace" || trace_lengths, {"trace"},
+                                 "with --lengths " + f.GetString("lengths") + " and --arrivals " + arrivals));
+  return absl::OkStatus();
+}
+
+void AddLatencyFlags(FlagSet& f) {
+  f.String("batch-overhead-ms", "",
+           "BASE[,PER_CONTEXT_TOKEN]: ms added to every prefill batch and decode step, plus ms per prompt or "
+           "context token in it (DistServe's simulator adds 2,0.0001 for its Ray calls)");
+}
+
+absl::StatusOr<std::unique_ptr<placement::LatencyModel>> LoadLatencyWithOverhead(const FlagSet& f,
+                                                                                 const std::string& spec,
+                                                                                 const placement::ModelSpec& model,
+                                                                                 uint64_t seed) {
+  ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> base, placement::LoadLatencyModel(spec, model, seed));
+  const std::string overhead = f.GetString("batch-overhead-ms");
+  if (overhead.empty()) return base;
+  std::vector<std::string> parts = absl::StrSplit(overhead, ',');
+  double fixed_ms = 0, per_token_ms = 0;
+  if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &fixed_ms) ||
+      (parts.size() == 2 && !absl::SimpleAtod(parts[1], &per_token_ms)) || fixed_ms < 0 || per_token_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch-overhead-ms: BASE[,PER_CONTEXT_TOKEN], non-negative ms; got \"",
+                                                   overhead, "\""));
+  }
+  return placement::NewOverheadLatency(std::move(base), fixed_ms / 1e3, per_token_ms / 1e3);
 }
 
 uint64_t LatencySeed(const FlagSet& f) { return static_cast<uint64_t>(f.GetInt("seed")) ^ 0x9e3779b97f4a7c15ull; }

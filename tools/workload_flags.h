@@ -7,8 +7,13 @@
 #define DUET_TOOLS_WORKLOAD_FLAGS_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "base/flags.h"
+#include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/workload.h"
 
@@ -22,6 +27,20 @@ void AddWorkloadFlags(FlagSet& f, int64_t default_requests);
 // is given, else fixed:512,128; requests longer than the model's context
 // follow --overlong.
 placement::WorkloadOptions WorkloadFromFlags(const FlagSet& f, const placement::ModelSpec& model);
+
+// InvalidArgument for a workload flag the chosen arrivals and lengths
+// ignore (--rate with trace arrivals, --cv without gamma, --rate-scale
+// without trace arrivals, --trace with neither trace arrivals nor lengths).
+absl::Status CheckWorkloadFlags(const FlagSet& f);
+
+// --batch-overhead-ms, which both commands take.
+void AddLatencyFlags(FlagSet& f);
+// The latency model `spec` names (placement::LoadLatencyModel), with
+// --batch-overhead-ms BASE[,PER_CONTEXT_TOKEN] added to every batch and step.
+absl::StatusOr<std::unique_ptr<placement::LatencyModel>> LoadLatencyWithOverhead(const FlagSet& f,
+                                                                                 const std::string& spec,
+                                                                                 const placement::ModelSpec& model,
+                                                                                 uint64_t seed);
 
 // The latency model's random stream: derived from --seed but apart from the
 // workload's, so service times never echo the arrival gaps.
