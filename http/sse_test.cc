@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/io_thread.h"
 #include "http/server.h"
 
@@ -112,6 +113,7 @@ struct StreamServer {
   std::vector<std::thread> threads;
   std::unique_ptr<HttpServer> server;
   std::string last_body;
+  absl::Notification event_seen;  // /cut: the client has its event
 
   StreamServer() {
     auto s = HttpServer::Start(io.context(), "127.0.0.1:0", [this](HttpRequest req, HttpExchangePtr ex) {
@@ -124,9 +126,11 @@ struct StreamServer {
         });
       } else if (req.path == "/cut") {
         ex->StartStream(200, {});
-        threads.emplace_back([ex]() mutable {
+        threads.emplace_back([this, ex]() mutable {
           ex->SendEvent("only");
-          ex.reset();  // Dropped mid-stream: the connection closes.
+          // Dropped mid-stream once the client has the event: the connection closes.
+          event_seen.WaitForNotificationWithTimeout(absl::Seconds(10));
+          ex.reset();
         });
       } else {
         ex->Reply({.status = 404, .body = OpenAiErrorJson("no such route")});
@@ -172,7 +176,11 @@ TEST_CASE("StreamPost returns an error answer's body, stops when asked, and fail
     CHECK(events == 2);  // Nothing after the callback said stop.
   }
   SECTION("cut mid-stream") {
-    auto r = StreamPost("127.0.0.1", s.server->port(), "/cut", "{}", absl::Seconds(10), count);
+    auto r = StreamPost("127.0.0.1", s.server->port(), "/cut", "{}", absl::Seconds(10), [&](absl::string_view) {
+      ++events;
+      s.event_seen.Notify();
+      return true;
+    });
     CHECK(r.status().code() == absl::StatusCode::kUnavailable);
     CHECK(events == 1);
   }
