@@ -107,6 +107,18 @@ absl::Status SequenceKv::SharePrefix(const SequenceKv& other, int64_t num_tokens
   return absl::OkStatus();
 }
 
+absl::Status SequenceKv::ShareBlocks(absl::Span<const int32_t> blocks) {
+  if (!blocks_.empty()) return absl::FailedPreconditionError("ShareBlocks on a non-empty sequence");
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= pool_->num_blocks()) return absl::InvalidArgumentError(absl::StrCat("no block ", b));
+  }
+  for (int32_t b : blocks) {
+    pool_->Ref(b);
+    blocks_.push_back(b);
+  }
+  return absl::OkStatus();
+}
+
 void SequenceKv::Release() {
   for (int32_t b : blocks_) pool_->Unref(b);
   blocks_.clear();

@@ -20,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "base/huge_buffer.h"
 #include "kernels/kv_layout.h"
@@ -79,6 +80,9 @@ class SequenceKv {
   // `other`, sharing its blocks by reference. num_tokens must be a multiple
   // of the block size, so no block is written by two sequences.
   absl::Status SharePrefix(const SequenceKv& other, int64_t num_tokens);
+  // Starts this (empty) sequence with `blocks` (full blocks someone else
+  // holds, such as the prefix cache's), taking a reference on each.
+  absl::Status ShareBlocks(absl::Span<const int32_t> blocks);
   // Drops every reference; the table becomes empty.
   void Release();
 

@@ -93,10 +93,34 @@ absl::Status PrefillService::Init() {
   layout_ = kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim,
                                          engine::BlockPool::kKvDtype);
 
+  if (options_.kv_host_blocks < 0 || options_.kv_host_memory_bytes < 0) {
+    return absl::InvalidArgumentError("the host KV tier's size must be >= 0");
+  }
+  if (options_.kv_host_blocks == 0 && options_.kv_host_memory_bytes > 0) {
+    options_.kv_host_blocks = options_.kv_host_memory_bytes / pool_->block_bytes();
+  }
+  if (options_.prefix_cache) {
+    cache_store_ = std::make_unique<worker::PoolBlockStore>(pool_.get(), options_.kv_host_blocks);
+    // PGDSF's cost: the FLOPs a run's prefill takes, from the model's shape
+    // (weights' 2 x 12 h^2 per layer per token, attention 4 h per layer per
+    // context position).
+    const engine::ModelConfig& c = model_->config();
+    const double h = static_cast<double>(c.hidden_size), layers = static_cast<double>(c.num_layers);
+    cache_ = std::make_unique<kvcache::PrefixTree>(
+        kvcache::TreeOptions{.block_size = options_.block_size,
+                             .policy = options_.cache_policy,
+                             .host_tier = options_.kv_host_blocks > 0,
+                             .cost = [h, layers](int64_t prefix, int64_t tokens) {
+                               const double n = static_cast<double>(tokens);
+                               return n * layers * (24 * h * h + 4 * h * (static_cast<double>(prefix) + n / 2));
+                             }},
+        cache_store_.get());
+  }
   scheduler_ = std::make_unique<PrefillScheduler>(
       SchedulerOptions{.max_batch_tokens = options_.max_batch_tokens,
                        .max_queued_requests = options_.max_queued_requests,
-                       .lease_duration = options_.lease_duration},
+                       .lease_duration = options_.lease_duration,
+                       .cache = cache_.get()},
       pool_.get(), options_.transport.get(), region_, options_.clock);
 
   MetricsRegistry& m = MetricsRegistry::Default();
@@ -130,6 +154,13 @@ PrefillService::~PrefillService() {
   // Leases end (epochs bumped) and blocks return before the pool's memory
   // leaves the transport.
   scheduler_.reset();
+  if (cache_ != nullptr) {
+    const kvcache::PrefixTree::Stats& st = cache_->stats();
+    LOG(INFO) << "prefill " << worker_id_ << ": prefix cache evicted " << st.evicted_blocks[0] << " device and "
+              << st.evicted_blocks[1] << " host blocks, swapped " << st.swap_out_blocks << " out and "
+              << st.swap_in_blocks << " in, dropped " << st.dropped_blocks;
+  }
+  cache_.reset();
   if (region_registered_) {
     absl::Status s = options_.transport->DeregisterRegion(region_);
     if (!s.ok()) LOG(WARNING) << "deregistering the KV pool: " << s;
@@ -235,7 +266,7 @@ void PrefillService::Handle(Event& e) {
       const uint64_t id = e.request_id;
       const double tokens = e.request.spec().prompt_ids_size() + e.request.resume_ids_size();
       absl::Status s = scheduler_->Enqueue(std::move(e.request));
-      if (s.ok()) {
+      if (s.ok() && cache_ == nullptr) {
         for (Counter* q : prefix_query_tokens_) q->Increment(tokens);  // every one a miss
       }
       if (!s.ok()) {
@@ -422,6 +453,17 @@ void PrefillService::PublishStats() {
   s.set_kv_bytes_moved(kv_bytes_moved_);
   s.set_kv_blocks_transferred(kv_blocks_transferred_);
   s.set_leased_blocks(scheduler_->leased_blocks());
+  if (cache_ != nullptr) {
+    const int64_t query = scheduler_->cache_query_tokens();
+    const int64_t hits[2] = {scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),
+                             scheduler_->cache_hit_tokens(kvcache::Tier::kHost)};
+    prefix_query_tokens_[0]->Increment(static_cast<double>(query - published_query_));
+    prefix_query_tokens_[1]->Increment(static_cast<double>((query - hits[0]) - (published_query_ - published_hits_[0])));
+    for (int t = 0; t < 2; ++t) prefix_hit_tokens_[t]->Increment(static_cast<double>(hits[t] - published_hits_[t]));
+    published_query_ = query;
+    published_hits_[0] = hits[0];
+    published_hits_[1] = hits[1];
+  }
   waiting_gauge_->Set(static_cast<double>(s.queued_requests()));
   running_gauge_->Set(static_cast<double>(s.running_requests()));
   usage_gauge_->Set(1.0 - static_cast<double>(s.kv_blocks_free()) / static_cast<double>(s.kv_blocks_total()));

@@ -17,6 +17,10 @@ PrefillSequence::PrefillSequence(proto::PrefillRequest r, engine::BlockPool* poo
   tokens.insert(tokens.end(), request.resume_ids().begin(), request.resume_ids().end());
 }
 
+PrefillSequence::~PrefillSequence() {
+  if (cache != nullptr) cache->Release(cached);
+}
+
 int64_t Step::num_tokens() const {
   int64_t n = 0;
   for (const Chunk& c : chunks) n += static_cast<int64_t>(c.tokens.size());
@@ -94,13 +98,41 @@ Step PrefillScheduler::Schedule() {
     PrefillSequence& head = *queue_.front();
     // All of the prompt's blocks now, so a request once admitted never
     // stalls mid-prompt; a head that does not fit waits for leases to end.
-    if (!head.kv.Reserve(head.num_tokens()).ok()) break;
+    if (!Admit(head)) break;
     step.queue_times.push_back(now - head.arrival);
     running_.push_back(std::move(queue_.front()));
     queue_.pop_front();
     add(*running_.back());
   }
   return step;
+}
+
+bool PrefillScheduler::Admit(PrefillSequence& head) {
+  kvcache::PrefixTree* tree = options_.cache;
+  if (tree == nullptr) return head.kv.Reserve(head.num_tokens()).ok();
+  const int64_t bs = pool_->layout().block_size;
+  // The last token is always computed: its logits give token 1.
+  const absl::Span<const int32_t> prefix = absl::MakeConstSpan(head.tokens).subspan(0, head.tokens.size() - 1);
+  // Room first: the blocks to compute and to swap in, from the tree's
+  // unpinned leaves if the pool lacks them (blocks running or leased
+  // sequences share are not freed by that).
+  const kvcache::Match peek = tree->Lookup(prefix);
+  const int64_t need = (head.num_tokens() + bs - 1) / bs - peek.device_tokens / bs;
+  if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
+  kvcache::Match m = tree->Acquire(prefix);
+  absl::StatusOr<std::vector<int32_t>> cached = tree->SwapIn(m);
+  if (!cached.ok() || !head.kv.ShareBlocks(*cached).ok() || !head.kv.Reserve(head.num_tokens()).ok()) {
+    head.kv.Release();
+    tree->Release(m);
+    return false;
+  }
+  head.cache = tree;
+  head.cached = m;
+  head.computed = m.tokens;
+  cache_query_tokens_ += head.num_tokens();
+  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kDevice)] += m.device_tokens;
+  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kHost)] += m.tokens - m.device_tokens;
+  return true;
 }
 
 PrefillScheduler::SeqPtr PrefillScheduler::TakeRunning(uint64_t id) {
@@ -128,6 +160,8 @@ std::vector<uint64_t> PrefillScheduler::Complete(const Step& step) {
     SeqPtr s = TakeRunning(c.request_id);
     CHECK(s != nullptr) << "completed chunk of unknown request " << c.request_id;
     s->computed += len;
+    // Its full blocks join the tree (which takes its own references).
+    if (options_.cache != nullptr) options_.cache->Insert(s->tokens, s->kv.block_table());
     done.push_back(c.request_id);
     complete_[c.request_id] = std::move(s);
   }

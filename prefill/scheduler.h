@@ -17,7 +17,11 @@
 // destruction) drops the request's SequenceKv, so every block returns to the
 // pool; leased blocks come back only after the LeaseTable bumped their epochs.
 //
-// Scheduling is strictly first come, first served: requests being prefilled
+// With a knowledge tree (options.cache), a request starts from the longest
+// cached block-aligned prefix of its tokens but the last (shared blocks,
+// swapped in from host first), computes only the rest, and on completion
+// adds its full blocks to the tree; its cached path stays pinned until it
+// ends. Scheduling is strictly first come, first served: requests being prefilled
 // continue first (in admission order), then the queue head is admitted when
 // its blocks can be reserved. A head that does not fit waits (blocks come back
 // as decodes release leases or leases expire) and nothing behind it overtakes
@@ -43,6 +47,7 @@
 #include "absl/types/span.h"
 #include "base/clock.h"
 #include "engine/block_pool.h"
+#include "kvcache/prefix_tree.h"
 #include "kvtransfer/lease.h"
 #include "kvtransfer/transport.h"
 #include "proto/control.pb.h"
@@ -53,6 +58,9 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // Prompt tokens per step.
   int64_t max_queued_requests = 1024;  // Waiting (not yet admitted) requests.
   absl::Duration lease_duration = absl::Seconds(60);
+  // The knowledge tree over this pool (not owned; outlives the scheduler);
+  // nullptr: every prompt is computed whole.
+  kvcache::PrefixTree* cache = nullptr;
 };
 
 // One request as the scheduler holds it.
@@ -63,8 +71,15 @@ struct PrefillSequence {
   int64_t computed = 0;  // Tokens already run through the model.
   engine::SequenceKv kv;
   uint64_t lease_id = 0;  // While leased.
+  // The cached prefix it started from, pinned in `cache` until the sequence
+  // ends (leased blocks included).
+  kvcache::PrefixTree* cache = nullptr;
+  kvcache::Match cached;
 
   PrefillSequence(proto::PrefillRequest r, engine::BlockPool* pool, absl::Time now);
+  ~PrefillSequence();
+  PrefillSequence(const PrefillSequence&) = delete;
+  PrefillSequence& operator=(const PrefillSequence&) = delete;
   uint64_t id() const { return request.request_id(); }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
@@ -150,12 +165,19 @@ class PrefillScheduler {
   // Prompt tokens not yet computed, of queued and partially prefilled requests.
   int64_t queued_prefill_tokens() const;
   int64_t prompt_tokens_computed() const { return prompt_tokens_computed_; }
+  // Prompt tokens of admitted requests looked up in the cache, and found on
+  // device and on host (since start).
+  int64_t cache_query_tokens() const { return cache_query_tokens_; }
+  int64_t cache_hit_tokens(kvcache::Tier t) const { return cache_hit_tokens_[static_cast<int>(t)]; }
   uint64_t lease_expirations() const { return lease_expirations_; }
 
  private:
   using SeqPtr = std::unique_ptr<PrefillSequence>;
   void OnLeaseEnd(uint64_t lease_id, const std::vector<int32_t>& blocks, kvtransfer::LeaseTable::EndReason reason);
   bool Holds(uint64_t id) const;
+  // Reserves the head's blocks, starting from its cached prefix; false (and
+  // nothing held) when they do not fit.
+  bool Admit(PrefillSequence& head);
   SeqPtr TakeRunning(uint64_t id);
 
   const SchedulerOptions options_;
@@ -168,6 +190,8 @@ class PrefillScheduler {
   std::map<uint64_t, uint64_t> lease_owner_;  // Lease id -> request.
   int64_t leased_blocks_ = 0;
   int64_t prompt_tokens_computed_ = 0;
+  int64_t cache_query_tokens_ = 0;
+  int64_t cache_hit_tokens_[2] = {0, 0};
   uint64_t lease_expirations_ = 0;
   // Last: its callback touches the maps above, and it must end (CancelAll)
   // before they are destroyed.

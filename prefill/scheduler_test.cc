@@ -6,7 +6,9 @@
 #include "absl/status/status.h"
 #include "base/clock.h"
 #include "engine/block_pool.h"
+#include "kvcache/prefix_tree.h"
 #include "kvtransfer/loopback/loopback_transport.h"
+#include "worker/pool_block_store.h"
 
 namespace duet::prefill {
 namespace {
@@ -308,6 +310,101 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
   REQUIRE(f.sched->Lease(5).ok());
   CHECK(f.sched->Release(5) == 2);
   CHECK(f.sched->Release(4) == 2);
+}
+
+
+// --- With the knowledge tree.
+
+// The fixture's pool and transport, with a tree over the pool.
+struct CachedFixture {
+  explicit CachedFixture(int64_t num_blocks)
+      : pool(kernels::KvLayout{.num_layers = 1, .num_kv_heads = 1, .block_size = kBlockSize, .head_dim = 2},
+             num_blocks),
+        transport(kvtransfer::NewLoopbackTransport()),
+        store(&pool, 0),
+        tree(std::make_unique<kvcache::PrefixTree>(kvcache::TreeOptions{.block_size = kBlockSize}, &store)) {
+    region = transport->RegisterRegion(pool.data(), static_cast<uint64_t>(num_blocks * pool.block_bytes()), num_blocks)
+                 .value();
+    sched = std::make_unique<PrefillScheduler>(SchedulerOptions{.max_batch_tokens = 64, .cache = tree.get()}, &pool,
+                                               transport.get(), region, &clock);
+  }
+  ~CachedFixture() {
+    sched.reset();
+    for (const auto& e : tree->Entries()) REQUIRE(e.pins == 0);  // every request unpinned its path
+    tree.reset();
+    REQUIRE(pool.num_free() == pool.num_blocks());
+    REQUIRE(transport->DeregisterRegion(region).ok());
+  }
+  // Runs a request of `tokens` to completion in one step; returns (start, length) of its chunk.
+  std::pair<int64_t, int64_t> Run(uint64_t id, const std::vector<int32_t>& tokens, std::vector<int32_t>* blocks = nullptr) {
+    proto::PrefillRequest r;
+    r.set_request_id(id);
+    for (int32_t t : tokens) r.mutable_spec()->add_prompt_ids(t);
+    REQUIRE(sched->Enqueue(r).ok());
+    Step s = sched->Schedule();
+    REQUIRE(s.chunks.size() == 1);
+    REQUIRE(s.chunks[0].last);
+    if (blocks != nullptr) blocks->assign(s.chunks[0].block_table.begin(), s.chunks[0].block_table.end());
+    const std::pair<int64_t, int64_t> out = {s.chunks[0].start_pos, static_cast<int64_t>(s.chunks[0].tokens.size())};
+    REQUIRE(sched->Complete(s) == std::vector<uint64_t>{id});
+    return out;
+  }
+
+  FakeClock clock;
+  engine::BlockPool pool;
+  kvtransfer::KvTransportPtr transport;
+  kvtransfer::RegionId region = 0;
+  worker::PoolBlockStore store;
+  std::unique_ptr<kvcache::PrefixTree> tree;
+  std::unique_ptr<PrefillScheduler> sched;
+};
+
+std::vector<int32_t> Tokens(int from, int n) {
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(from + i);
+  return v;
+}
+
+TEST_CASE("with the tree, a prompt starts after its longest cached block-aligned prefix", "[prefill][scheduler]") {
+  CachedFixture f(64);
+  std::vector<int32_t> first_blocks, again_blocks;
+  const std::vector<int32_t> prompt = Tokens(100, 22);
+  CHECK(f.Run(1, prompt, &first_blocks) == std::pair<int64_t, int64_t>{0, 22});  // nothing cached yet
+  f.sched->Finish(1);
+  // The same prompt: 5 full blocks (20 tokens) cached; their blocks are the first run's.
+  CHECK(f.Run(2, prompt, &again_blocks) == std::pair<int64_t, int64_t>{20, 2});
+  CHECK(std::vector<int32_t>(again_blocks.begin(), again_blocks.begin() + 5) ==
+        std::vector<int32_t>(first_blocks.begin(), first_blocks.begin() + 5));
+  CHECK(f.pool.RefCount(again_blocks[5]) == 1);  // the partial last block is the request's own
+  CHECK(f.pool.RefCount(again_blocks[0]) == 2);  // a cached one: the tree's and the request's
+  // A prompt sharing 2 blocks and then differing.
+  std::vector<int32_t> other = Tokens(100, 9);
+  other.push_back(7);
+  CHECK(f.Run(3, other) == std::pair<int64_t, int64_t>{8, 2});
+  // A prompt that is whole cached blocks still computes its last block: the
+  // last token's logits give token 1.
+  CHECK(f.Run(4, Tokens(100, 20)) == std::pair<int64_t, int64_t>{16, 4});
+  CHECK(f.sched->cache_query_tokens() == 22 + 22 + 10 + 20);
+  CHECK(f.sched->cache_hit_tokens(kvcache::Tier::kDevice) == 20 + 8 + 16);
+  CHECK(f.sched->prompt_tokens_computed() == 22 + 2 + 2 + 4);
+  // Leased, the cached path stays pinned; released, it is free to evict.
+  REQUIRE(f.sched->Lease(2).ok());
+  CHECK(f.tree->Evict(kvcache::Tier::kDevice, 100) < 5);
+  CHECK(f.sched->Release(2) > 0);
+  f.sched->Finish(3);
+  f.sched->Finish(4);
+}
+
+TEST_CASE("with the pool full of cached blocks, the queue head evicts them to fit", "[prefill][scheduler]") {
+  CachedFixture f(8);
+  f.Run(1, Tokens(0, 16));  // 4 blocks
+  f.sched->Finish(1);
+  f.Run(2, Tokens(500, 16));  // 4 more: the pool is all cache now
+  f.sched->Finish(2);
+  CHECK(f.pool.num_free() == 0);
+  CHECK(f.Run(3, Tokens(900, 16)) == std::pair<int64_t, int64_t>{0, 16});  // fits by evicting
+  CHECK(f.tree->blocks(kvcache::Tier::kDevice) == 8);
+  f.sched->Finish(3);
 }
 
 }  // namespace

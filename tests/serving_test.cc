@@ -4,12 +4,15 @@
 // generate` runs) token for token, with logprobs within 1e-4. Afterwards the
 // pools are whole: every block free, nothing queued or running.
 #include <catch2/catch.hpp>
+#include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "http/client.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 #include "engine/testing/tiny_model.h"
@@ -98,6 +101,73 @@ TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", 
   int64_t prompt_tokens = 0;
   for (const auto& r : reqs) prompt_tokens += r.prompt.size();
   REQUIRE(prefill_prompt == prompt_tokens);  // Each prompt prefilled exactly once.
+}
+
+// A worker's counter from its /metrics, summed over the series that carry `label`.
+double MetricValue(Cluster& c, const std::string& worker, const std::string& name, const std::string& label) {
+  auto r = http::HttpCall("127.0.0.1", c.ready(worker)["metrics_port"].get<int>(), "GET", "/metrics");
+  REQUIRE(r.ok());
+  double sum = 0;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos) {
+      sum += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return sum;
+}
+
+TEST_CASE("the prefill worker's prefix cache: hits on device and on host give duet generate's outputs",
+          "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  // 16 device blocks for rounds of 8 requests of up to 7 blocks each (about
+  // 30 distinct full blocks): the tree's nodes move to the 48-block host
+  // tier and come back.
+  const std::string host_gib = absl::StrCat(48.0 * kBlockBytes / (1 << 30));
+  REQUIRE(c.StartWorker("prefill", "prefill-0",
+                        {"--kv-blocks", "16", "--prefix-cache", "--kv-host-memory", host_gib}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  // A shared system prompt, one of four documents, a question: repeated
+  // prompts hit whole, others share the system prompt or a document.
+  std::mt19937 rng(5);
+  std::vector<int32_t> system;
+  for (int i = 0; i < 40; ++i) system.push_back(static_cast<int32_t>(3 + rng() % 900));
+  std::vector<std::vector<int32_t>> docs(4);
+  for (auto& d : docs) {
+    for (int i = 0; i < 40 + static_cast<int>(rng() % 20); ++i) d.push_back(static_cast<int32_t>(3 + rng() % 900));
+  }
+  std::vector<TestRequest> round;
+  for (int i = 0; i < 8; ++i) {
+    TestRequest r;
+    r.prompt = system;
+    const auto& d = docs[static_cast<size_t>(i) % docs.size()];
+    r.prompt.insert(r.prompt.end(), d.begin(), d.end());
+    for (int q = 0; q < 4 + i % 3; ++q) r.prompt.push_back(static_cast<int32_t>(3 + rng() % 900));
+    r.max_tokens = 6;
+    r.logprobs = 5;
+    r.stream = i % 2 == 1;
+    round.push_back(r);
+  }
+  for (int k = 0; k < 3; ++k) RunAndCheck(c, round, model);  // misses, then hits
+  const double query = MetricValue(c, "prefill-0", "duet_prefix_cache_query_tokens_total", "tier=\"device\"");
+  const double device = MetricValue(c, "prefill-0", "duet_prefix_cache_hit_tokens_total", "tier=\"device\"");
+  const double host = MetricValue(c, "prefill-0", "duet_prefix_cache_hit_tokens_total", "tier=\"host\"");
+  INFO("query " << query << ", device hits " << device << ", host hits " << host);
+  int64_t prompt_tokens = 0;
+  for (const auto& r : round) prompt_tokens += static_cast<int64_t>(r.prompt.size());
+  CHECK(query == 3 * prompt_tokens);
+  CHECK(device > 0);
+  CHECK(host > 0);
+  // What the cache found was not computed again.
+  auto stats = c.Stats();
+  REQUIRE(stats.ok());
+  for (auto& [id, w] : (*stats)["workers"].items()) {
+    if (w["role"] == "prefill") CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host);
+  }
 }
 
 TEST_CASE("a decode pool too small for the load preempts, and outputs stay the same", "[serving]") {

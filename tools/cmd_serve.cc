@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/serving_defaults.h"
+#include "kvcache/prefix_tree.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -134,6 +135,9 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Int("max-batch-tokens", kDefaultMaxBatchTokens, "tokens per engine step (prefill chunks and decodes)");
   f.Int("max-running", 256, "decode/colocated: most requests in the running batch");
   f.Int("lease-ms", 60000, "prefill: how long offered KV blocks wait for decode to pull them");
+  f.Bool("prefix-cache", "prefill: reuse the KV of cached block-aligned prompt prefixes (the knowledge tree)");
+  f.Double("kv-host-memory", 0, "prefill with --prefix-cache: GiB of host memory for the tree's second tier (0: none)");
+  f.String("kv-cache-policy", "pgdsf", "prefill with --prefix-cache: replacement, pgdsf | gdsf | lru | lfu");
   f.Int("tp", 1, "tensor parallelism (the CPU backend supports 1)");
   f.Int("pp", 1, "pipeline parallelism (the CPU backend supports 1)");
   f.String("ready-file", "", "write {\"control\", \"metrics_port\", \"worker_id\", \"pid\"} as JSON once listening");
@@ -164,6 +168,15 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {
     return UsageError(cmd, absl::InvalidArgumentError("--kv-blocks must be >= 0 and --kv-memory > 0"));
   }
+  for (absl::Status st : {f.RefuseUnless(role == "prefill", {"prefix-cache", "kv-host-memory", "kv-cache-policy"},
+                                         "outside the prefill role (the cache is prefill-side for now)"),
+                          f.RefuseUnless(f.GetBool("prefix-cache"), {"kv-host-memory", "kv-cache-policy"},
+                                         "without --prefix-cache")}) {
+    if (!st.ok()) return UsageError(cmd, st);
+  }
+  auto policy = kvcache::ParsePolicy(f.GetString("kv-cache-policy"));
+  if (!policy.ok()) return UsageError(cmd, policy.status());
+  if (f.GetDouble("kv-host-memory") < 0) return UsageError(cmd, absl::InvalidArgumentError("--kv-host-memory must be >= 0"));
   auto dir = ModelDir(f);
   if (!dir.ok()) return UsageError(cmd, dir.status());
   const std::string name = ServedName(f, *dir);
@@ -196,6 +209,9 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
       o.block_size = f.GetInt("block-size");
       o.max_batch_tokens = f.GetInt("max-batch-tokens");
       o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
+      o.prefix_cache = f.GetBool("prefix-cache");
+      o.cache_policy = *policy;
+      o.kv_host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30));
       o.transport = std::move(*transport);
       auto svc = prefill::PrefillService::Create(std::move(o), &runtime);
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);

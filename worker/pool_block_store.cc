@@ -1,0 +1,65 @@
+#include "worker/pool_block_store.h"
+
+#include <cstring>
+
+#include "base/logging.h"
+
+namespace duet::worker {
+
+PoolBlockStore::PoolBlockStore(engine::BlockPool* pool, int64_t host_slots)
+    : pool_(pool), host_slots_(host_slots) {
+  if (host_slots_ > 0) host_ = HugeBuffer(static_cast<size_t>(host_slots_ * pool_->block_bytes()));
+  free_.reserve(static_cast<size_t>(host_slots_));
+  in_use_.assign(static_cast<size_t>(host_slots_), false);
+  for (int64_t s = host_slots_ - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+}
+
+void PoolBlockStore::RefDevice(absl::Span<const int32_t> blocks) {
+  for (int32_t b : blocks) pool_->Ref(b);
+}
+
+void PoolBlockStore::UnrefDevice(absl::Span<const int32_t> blocks) {
+  for (int32_t b : blocks) pool_->Unref(b);
+}
+
+absl::StatusOr<std::vector<int32_t>> PoolBlockStore::AllocateDevice(int64_t n) { return pool_->Allocate(n); }
+
+absl::StatusOr<std::vector<int32_t>> PoolBlockStore::AllocateHost(int64_t n) {
+  if (n > static_cast<int64_t>(free_.size())) return absl::ResourceExhaustedError("the host KV tier is full");
+  std::vector<int32_t> out(free_.end() - n, free_.end());
+  free_.resize(free_.size() - static_cast<size_t>(n));
+  for (int32_t s : out) in_use_[static_cast<size_t>(s)] = true;
+  return out;
+}
+
+void PoolBlockStore::FreeHost(absl::Span<const int32_t> slots) {
+  for (int32_t s : slots) {
+    CHECK(s >= 0 && s < host_slots_ && in_use_[static_cast<size_t>(s)]) << "freeing host slot " << s;
+    in_use_[static_cast<size_t>(s)] = false;
+    free_.push_back(s);
+  }
+}
+
+float* PoolBlockStore::Host(int32_t slot) const {
+  return host_.As<float>() + static_cast<int64_t>(slot) * pool_->layout().BlockStride();
+}
+
+void PoolBlockStore::CopyToHost(absl::Span<const int32_t> blocks, absl::Span<const int32_t> slots) {
+  CHECK(blocks.size() == slots.size());
+  const int64_t floats = pool_->layout().BlockStride();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(Host(slots[i]), pool_->data() + blocks[i] * floats, static_cast<size_t>(pool_->block_bytes()));
+  }
+  bytes_to_host_ += blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
+}
+
+void PoolBlockStore::CopyToDevice(absl::Span<const int32_t> slots, absl::Span<const int32_t> blocks) {
+  CHECK(blocks.size() == slots.size());
+  const int64_t floats = pool_->layout().BlockStride();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(pool_->data() + blocks[i] * floats, Host(slots[i]), static_cast<size_t>(pool_->block_bytes()));
+  }
+  bytes_to_device_ += blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
+}
+
+}  // namespace duet::worker
