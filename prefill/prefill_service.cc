@@ -382,6 +382,8 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   ft->set_request_id(id);
   *ft->mutable_token() = token;
   ft->set_worker_id(worker_id_);
+  // What usage reports as cached: prompt tokens, not resumed ones.
+  ft->set_cached_tokens(std::min<int64_t>(s->cached.tokens, s->request.spec().prompt_ids_size()));
   sink_->SendToRouter(f);
 
   switch (DecideFirstTokenEnd(s->request, params, model_->config(), r.token)) {

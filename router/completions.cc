@@ -595,11 +595,12 @@ Json Envelope(const ResponseEnvelope& env, bool chunk) {
   return out;
 }
 
-Json Usage(int64_t prompt, int64_t completion) {
+Json Usage(int64_t prompt, int64_t completion, int64_t cached) {
   Json u;
   u["prompt_tokens"] = prompt;
   u["completion_tokens"] = completion;
   u["total_tokens"] = prompt + completion;
+  u["prompt_tokens_details"] = Json{{"cached_tokens", cached}};
   return u;
 }
 
@@ -702,15 +703,17 @@ std::string ChoiceBuilder::FinalChunk(const ResponseEnvelope& env, absl::string_
   return ChunkJson(env, rest, {}, 0, 0, finish_reason);
 }
 
-std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens) {
+std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens,
+                             int64_t cached_tokens) {
   Json out = Envelope(env, /*chunk=*/true);
   out["choices"] = Json::array();
-  out["usage"] = Usage(prompt_tokens, completion_tokens);
+  out["usage"] = Usage(prompt_tokens, completion_tokens, cached_tokens);
   return out.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string RenderResponse(const ResponseEnvelope& env, const std::vector<ChoiceBuilder*>& choices,
-                           const std::vector<std::string>& finish_reasons, int64_t prompt_tokens) {
+                           const std::vector<std::string>& finish_reasons, int64_t prompt_tokens,
+                           int64_t cached_tokens) {
   Json out = Envelope(env, /*chunk=*/false);
   Json list = Json::array();
   int64_t completion = 0;
@@ -731,7 +734,7 @@ std::string RenderResponse(const ResponseEnvelope& env, const std::vector<Choice
     completion += c.completion_tokens();
   }
   out["choices"] = std::move(list);
-  out["usage"] = Usage(prompt_tokens, completion);
+  out["usage"] = Usage(prompt_tokens, completion, cached_tokens);
   return out.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

@@ -125,7 +125,7 @@ class ChoiceBuilder {
 
  private:
   friend std::string RenderResponse(const ResponseEnvelope&, const std::vector<ChoiceBuilder*>&,
-                                    const std::vector<std::string>&, int64_t);
+                                    const std::vector<std::string>&, int64_t, int64_t);
   // Text shown from this token on: held-back text and stop strings applied.
   std::string Release(const std::string& piece);
   std::string ChunkJson(const ResponseEnvelope& env, const std::string& text, const std::vector<int32_t>& ids,
@@ -155,11 +155,14 @@ class ChoiceBuilder {
 };
 
 // The stream_options.include_usage chunk (empty choices, usage).
-std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens);
+// Usage carries prompt_tokens_details.cached_tokens, as OpenAI's does.
+std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens,
+                             int64_t cached_tokens = 0);
 // The whole non-stream response body: the choices in order, each with its
 // finish reason; usage sums the choices.
 std::string RenderResponse(const ResponseEnvelope& env, const std::vector<ChoiceBuilder*>& choices,
-                           const std::vector<std::string>& finish_reasons, int64_t prompt_tokens);
+                           const std::vector<std::string>& finish_reasons, int64_t prompt_tokens,
+                           int64_t cached_tokens = 0);
 
 }  // namespace duet::router
 

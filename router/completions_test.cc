@@ -216,10 +216,11 @@ TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprob
   CHECK(streamed == want_text);
   CHECK(streamed_ids == ids);
 
-  json usage = json::parse(RenderUsageChunk(env, 5, stream.completion_tokens()));
+  json usage = json::parse(RenderUsageChunk(env, 5, stream.completion_tokens(), /*cached_tokens=*/3));
   CHECK(usage["choices"] == json::array());
   CHECK(usage["usage"] == json{{"prompt_tokens", 5}, {"completion_tokens", ids.size()},
-                               {"total_tokens", 5 + ids.size()}});
+                               {"total_tokens", 5 + ids.size()},
+                               {"prompt_tokens_details", {{"cached_tokens", 3}}}});
 
   json body = json::parse(RenderResponse(env, {&whole}, {"length"}, 5));
   const json& c = body["choices"][0];
@@ -245,7 +246,8 @@ TEST_CASE("no logprobs requested: logprobs is null") {
   CHECK(chunk["choices"][0]["logprobs"].is_null());
   json body = json::parse(RenderResponse(env, {&b}, {"stop"}, 3));
   CHECK(body["choices"][0]["logprobs"].is_null());
-  CHECK(body["usage"] == json{{"prompt_tokens", 3}, {"completion_tokens", 1}, {"total_tokens", 4}});
+  CHECK(body["usage"] == json{{"prompt_tokens", 3}, {"completion_tokens", 1}, {"total_tokens", 4},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}});
 }
 
 TEST_CASE("chat requests: messages rendered with the chat template, chat-only fields checked") {
@@ -379,7 +381,8 @@ TEST_CASE("n choices render in order with their finish reasons; usage sums them;
   CHECK(body["choices"][1]["finish_reason"] == "length");
   CHECK(body["choices"][1]["logprobs"]["content"].size() == 1);
   CHECK(body["usage"] == json{{"prompt_tokens", 4}, {"completion_tokens", ids.size() + 1},
-                              {"total_tokens", 4 + ids.size() + 1}});
+                              {"total_tokens", 4 + ids.size() + 1},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}});
 }
 
 TEST_CASE("echo puts the prompt's text before the completion") {

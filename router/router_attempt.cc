@@ -161,14 +161,14 @@ void Router::Impl::Complete(const RequestPtr& r, proto::FinishReason reason, Pen
     if (g->params.include_usage) {
       int64_t completion = 0;
       for (const RequestPtr& c : g->choices) completion += c->builder->completion_tokens();
-      g->out->Event(RenderUsageChunk(g->env, prompt, completion));
+      g->out->Event(RenderUsageChunk(g->env, prompt, completion, g->cached_tokens));
     }
     g->out->Event("[DONE]");
     g->out->EndStream();
   } else {
     std::vector<ChoiceBuilder*> builders;
     for (const RequestPtr& c : g->choices) builders.push_back(c->builder.get());
-    g->out->Reply(JsonResponse(200, RenderResponse(g->env, builders, g->finish, prompt)));
+    g->out->Reply(JsonResponse(200, RenderResponse(g->env, builders, g->finish, prompt, g->cached_tokens)));
   }
 }
 
@@ -229,6 +229,7 @@ void Router::Impl::OnFirstToken(const std::string& from, const proto::FirstToken
   RequestPtr r = FindAttempt(ft.request_id());
   if (!r || from != r->prefill_id || r->first_token) return;  // Stale or duplicate.
   r->first_token = true;
+  if (GroupPtr g = r->group.lock()) g->cached_tokens = std::max(g->cached_tokens, ft.cached_tokens());
   Deliver(r, ft.token(), p);
   std::vector<std::variant<proto::Token, proto::Finish>> held;
   held.swap(r->held);

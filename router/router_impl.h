@@ -199,6 +199,7 @@ class Router::Impl : public RegistryListener {
     bool ended = false;
     absl::Time arrival;
     bool any_token = false;
+    int64_t cached_tokens = 0;  // Prompt tokens a prefill cache supplied (the most any attempt reported).
     // The router's own time on this request before the workers had it.
     absl::Duration inbound;
   };

@@ -329,7 +329,8 @@ TEST_CASE("non-stream completion: dispatch, then the body exactly") {
   want["choices"] = Json::array({choice});
   want["usage"] = {{"prompt_tokens", p.spec().prompt_ids_size()},
                    {"completion_tokens", out.size()},
-                   {"total_tokens", p.spec().prompt_ids_size() + out.size()}};
+                   {"total_tokens", p.spec().prompt_ids_size() + out.size()},
+                   {"prompt_tokens_details", {{"cached_tokens", 0}}}};
   CHECK(r.body == want.dump());
   CHECK(fx.Text(out) == " there was a tiny model");
 

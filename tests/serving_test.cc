@@ -162,11 +162,28 @@ TEST_CASE("the prefill worker's prefix cache: hits on device and on host give du
   CHECK(query == 3 * prompt_tokens);
   CHECK(device > 0);
   CHECK(host > 0);
+  // Usage reports what the cache supplied: a repeated 100-token prompt
+  // finds its 6 full blocks of 16 (the last, partial block is recomputed).
+  std::vector<int32_t> hundred;
+  for (int i = 0; i < 100; ++i) hundred.push_back(static_cast<int32_t>(901 + i % 90));
+  const std::string body =
+      nlohmann::json{{"model", model}, {"prompt", hundred}, {"max_tokens", 2}, {"temperature", 0}}.dump();
+  int64_t cached[2] = {-1, -1};
+  for (int k = 0; k < 2; ++k) {
+    auto r = c.Post("/v1/completions", body);
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+    cached[k] = nlohmann::json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"];
+  }
+  CHECK(cached[0] == 0);
+  CHECK(cached[1] == 96);
   // What the cache found was not computed again.
   auto stats = c.Stats();
   REQUIRE(stats.ok());
   for (auto& [id, w] : (*stats)["workers"].items()) {
-    if (w["role"] == "prefill") CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host);
+    if (w["role"] == "prefill") {
+      CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host + 100 + (100 - 96));
+    }
   }
 }
 
