@@ -136,6 +136,18 @@ absl::Status PrefillService::Init() {
                                            "Prompt tokens looked up in the prefix cache", tier);
     prefix_hit_tokens_[t] = m.GetCounter("duet_prefix_cache_hit_tokens_total",
                                          "Prompt tokens found in the prefix cache", tier);
+    cache_usage_[t] = m.GetGauge("duet_prefix_cache_usage_ratio",
+                                 "Fraction of the tier's blocks the prefix cache holds", tier);
+    swap_bytes_[t] = m.GetCounter("duet_prefix_cache_swap_bytes_total",
+                                  "KV bytes copied between the prefix cache's tiers",
+                                  {{"direction", t == 0 ? "to_host" : "to_device"}});
+  }
+  const Labels eviction_labels[3] = {{{"tier", "device"}, {"reason", "to_host"}},
+                                     {{"tier", "device"}, {"reason", "dropped"}},
+                                     {{"tier", "host"}, {"reason", "capacity"}}};
+  for (int k = 0; k < 3; ++k) {
+    evictions_[k] = m.GetCounter("duet_prefix_cache_evictions_total", "KV blocks the prefix cache evicted",
+                                 eviction_labels[k]);
   }
   PublishStats();
   engine_ = std::thread([this] { EngineLoop(); });
@@ -465,6 +477,22 @@ void PrefillService::PublishStats() {
     published_query_ = query;
     published_hits_[0] = hits[0];
     published_hits_[1] = hits[1];
+    cache_usage_[0]->Set(static_cast<double>(cache_->blocks(kvcache::Tier::kDevice)) /
+                         static_cast<double>(pool_->num_blocks()));
+    cache_usage_[1]->Set(cache_store_->host_slots() > 0 ? static_cast<double>(cache_->blocks(kvcache::Tier::kHost)) /
+                                                              static_cast<double>(cache_store_->host_slots())
+                                                        : 0.0);
+    const uint64_t swapped[2] = {cache_store_->bytes_to_host(), cache_store_->bytes_to_device()};
+    const kvcache::PrefixTree::Stats& st = cache_->stats();
+    const int64_t evicted[3] = {st.evicted_blocks[0] - st.dropped_blocks, st.dropped_blocks, st.evicted_blocks[1]};
+    for (int t = 0; t < 2; ++t) {
+      swap_bytes_[t]->Increment(static_cast<double>(swapped[t] - published_swap_[t]));
+      published_swap_[t] = swapped[t];
+    }
+    for (int k = 0; k < 3; ++k) {
+      evictions_[k]->Increment(static_cast<double>(evicted[k] - published_evictions_[k]));
+      published_evictions_[k] = evicted[k];
+    }
   }
   waiting_gauge_->Set(static_cast<double>(s.queued_requests()));
   running_gauge_->Set(static_cast<double>(s.running_requests()));

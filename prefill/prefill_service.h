@@ -143,6 +143,13 @@ class PrefillService : public worker::WorkerService {
   Counter* prefix_query_tokens_[2] = {nullptr, nullptr};
   Counter* prefix_hit_tokens_[2] = {nullptr, nullptr};
   int64_t published_query_ = 0, published_hits_[2] = {0, 0};  // What the counters already hold.
+  // The tree's occupancy per tier, bytes swapped (to host, to device), and
+  // blocks evicted: from device to host, from device dropped, from host.
+  Gauge* cache_usage_[2] = {nullptr, nullptr};
+  Counter* swap_bytes_[2] = {nullptr, nullptr};
+  Counter* evictions_[3] = {nullptr, nullptr, nullptr};
+  uint64_t published_swap_[2] = {0, 0};
+  int64_t published_evictions_[3] = {0, 0, 0};
 
   absl::Mutex stats_mu_;
   proto::WorkerStats stats_ ABSL_GUARDED_BY(stats_mu_);

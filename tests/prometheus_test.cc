@@ -106,7 +106,13 @@ std::pair<int, std::string> PromtoolCheck(const std::string& text, const std::st
 TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return data") {
   Cluster c;
   REQUIRE(c.StartRouter(TinyModelDir("llama")).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
+  // The prefix cache on a small device pool with a host tier, so the
+  // repeated prompts below hit, evict and swap.
+  constexpr int64_t kBlockBytes = 4 * 2 * 2 * 16 * 32 * 4;  // Tiny model: layers x K/V x heads x slots x dim x f32.
+  REQUIRE(c.StartWorker("prefill", "prefill-0",
+                        {"--kv-blocks", "16", "--prefix-cache", "--kv-host-memory",
+                         absl::StrCat(64.0 * kBlockBytes / (1 << 30))})
+              .ok());
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
   REQUIRE(c.WaitForWorkers(2).ok());
 
@@ -120,6 +126,18 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
     REQUIRE(r.ok());
     REQUIRE(r->status == 200);
   }
+  // Cache traffic: six 100-token prompts sharing their first 48 tokens, twice.
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 6; ++i) {
+      json ids = json::array();
+      for (int k = 0; k < 100; ++k) ids.push_back(k < 48 ? 10 + k : 100 + 97 * i + k);
+      auto r = c.Post("/v1/completions", json{{"model", "tiny-llama"}, {"prompt", ids}, {"max_tokens", 2},
+                                              {"temperature", 0}}.dump());
+      REQUIRE(r.ok());
+      REQUIRE(r->status == 200);
+    }
+  }
+  constexpr int kCacheRequests = 12;
 
   // deploy/prometheus.yml, scraping every second, and the targets file.
   const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "prometheus";
@@ -166,21 +184,21 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   INFO(ReadFile((dir / "prometheus.log").string()));
   REQUIRE(up);
 
-  // TTFT: one observation per request, each plausible.
+  // TTFT: one observation per request (both kinds of traffic), each plausible.
   json ttft = Query(port, "sum(duet_time_to_first_token_seconds_count)");
   REQUIRE(ttft.size() == 1);
-  CHECK(Value(ttft[0]) == kRequests);
+  CHECK(Value(ttft[0]) == kRequests + kCacheRequests);
   json mean = Query(port, "sum(duet_time_to_first_token_seconds_sum) / sum(duet_time_to_first_token_seconds_count)");
   REQUIRE(mean.size() == 1);
   CHECK(Value(mean[0]) > 0);
   CHECK(Value(mean[0]) < 60);
-  // TPOT: one per request (6 tokens each), per-token times below a second.
+  // TPOT: one per request (6 or 2 tokens each), per-token times below a second.
   json tpot = Query(port, "sum(duet_time_per_output_token_seconds_count)");
   REQUIRE(tpot.size() == 1);
-  CHECK(Value(tpot[0]) == kRequests);
+  CHECK(Value(tpot[0]) == kRequests + kCacheRequests);
   json itl = Query(port, "sum(duet_inter_token_latency_seconds_count)");
   REQUIRE(itl.size() == 1);
-  CHECK(Value(itl[0]) == kRequests * 5);
+  CHECK(Value(itl[0]) == kRequests * 5 + kCacheRequests * 1);
   json tpot_mean =
       Query(port, "sum(duet_time_per_output_token_seconds_sum) / sum(duet_time_per_output_token_seconds_count)");
   REQUIRE(tpot_mean.size() == 1);
@@ -200,7 +218,20 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   CHECK(Value(moved[0]) > 0);
   json ok = Query(port, R"(sum(duet_requests_total{status="ok"}))");
   REQUIRE(ok.size() == 1);
-  CHECK(Value(ok[0]) == kRequests);
+  CHECK(Value(ok[0]) == kRequests + kCacheRequests);
+  // The prefix cache: hits on both tiers, its occupancy, swaps both ways, evictions.
+  for (const char* q : {R"(sum(duet_prefix_cache_query_tokens_total{tier="device"}))",
+                        R"(sum(duet_prefix_cache_hit_tokens_total{tier="device"}))",
+                        R"(sum(duet_prefix_cache_hit_tokens_total{tier="host"}))",
+                        R"(sum(duet_prefix_cache_usage_ratio{tier="device"}))",
+                        R"(sum(duet_prefix_cache_swap_bytes_total{direction="to_host"}))",
+                        R"(sum(duet_prefix_cache_swap_bytes_total{direction="to_device"}))",
+                        R"(sum(duet_prefix_cache_evictions_total{tier="device"}))"}) {
+    INFO(q);
+    json v = Query(port, q);
+    REQUIRE(v.size() == 1);
+    CHECK(Value(v[0]) > 0);
+  }
 
   // Every expression of the Grafana dashboard, with its variables' defaults.
   json dash = json::parse(ReadFile("deploy/grafana/duet.json"));
@@ -219,7 +250,7 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
       ++exprs;
     }
   }
-  CHECK(exprs >= 12);
+  CHECK(exprs >= 15);
   prom.value()->Terminate(absl::Seconds(5));
 }
 
