@@ -19,7 +19,7 @@ namespace duet::prefill {
 // What the io thread (and offer-error callbacks) hand to the engine thread,
 // applied in arrival order so that a Cancel never overtakes its request.
 struct PrefillService::Event {
-  enum class Kind { kRequest, kCancel, kReleased, kOfferFailed, kRouterLost };
+  enum class Kind { kRequest, kCancel, kReleased, kOfferFailed, kRouterLost, kResetCache };
   Kind kind;
   uint64_t request_id = 0;
   proto::PrefillRequest request;  // kRequest
@@ -226,6 +226,9 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
                  .request_id = frame.kv_released().request_id(),
                  .pulled = frame.kv_released().pulled()});
       return;
+    case proto::Frame::kResetPrefixCache:
+      Post(Event{.kind = Event::Kind::kResetCache});
+      return;
     case proto::Frame::kStatsRequest: {
       proto::Frame reply = worker::WorkerRuntime::NewFrame();
       *reply.mutable_stats() = Stats();
@@ -310,6 +313,15 @@ void PrefillService::Handle(Event& e) {
         SendFinish(e.request_id, proto::FINISH_ERROR,
                    absl::UnavailableError(absl::StrCat("decode ", e.decode_address, " unreachable: ",
                                                        e.error.message())));
+      }
+      return;
+    case Event::Kind::kResetCache:
+      if (cache_ != nullptr) {
+        const int64_t before = cache_->blocks(kvcache::Tier::kDevice) + cache_->blocks(kvcache::Tier::kHost);
+        cache_->Clear();
+        LOG(INFO) << "prefill " << worker_id_ << ": prefix cache reset, "
+                  << before - cache_->blocks(kvcache::Tier::kDevice) - cache_->blocks(kvcache::Tier::kHost)
+                  << " blocks dropped";
       }
       return;
     case Event::Kind::kRouterLost: {

@@ -18,6 +18,8 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
     if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kChat);
   } else if (path == "/v1/models") {
     if (method_is("GET") && Authorized(req, ex)) HandleModels(std::move(ex));
+  } else if (path == "/reset_prefix_cache") {
+    if (method_is("POST") && Authorized(req, ex)) HandleResetPrefixCache(std::move(ex));
   } else if (path == "/health") {
     if (method_is("GET")) HandleHealth(std::move(ex));
   } else if (path == "/stats") {
@@ -33,6 +35,21 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
     ex->Reply(JsonResponse(404, ErrorJson(WithCode(absl::NotFoundError(absl::StrCat("no route for ", path)),
                                                    "unknown_url"))));
   }
+}
+
+// vLLM's endpoint of the same name: every prefill worker empties its tree
+// (entries that running or leased requests pin stay until they end).
+void Router::Impl::HandleResetPrefixCache(http::HttpExchangePtr ex) {
+  int sent = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    proto::Frame f = NewFrame();
+    f.mutable_reset_prefix_cache();
+    for (const WorkerSnapshot& w : registry_->Snapshot()) {
+      if (w.role == proto::ROLE_PREFILL && registry_->Send(w.id, f)) ++sent;
+    }
+  }
+  ex->Reply(JsonResponse(200, nlohmann::json{{"reset_workers", sent}}.dump()));
 }
 
 bool Router::Impl::Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex) {

@@ -217,6 +217,7 @@ class Router::Impl : public RegistryListener {
   // 401 unless the request carries the API key (when one is set).
   bool Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex);
   void HandleStats(http::HttpExchangePtr ex);
+  void HandleResetPrefixCache(http::HttpExchangePtr ex);
   void HandleHealth(http::HttpExchangePtr ex);
   void HandleModels(http::HttpExchangePtr ex);
   void OnClientGone(uint64_t seq);

@@ -179,6 +179,7 @@ TEST_CASE("hostile requests: the right status and error body each, never a 500, 
       {"basic auth", Post("/v1/completions", "{}", "Authorization: Basic c2staG9zdGlsZQ==\r\n"), 401, ""},
       {"key in the wrong case", Post("/v1/completions", "{}", "Authorization: bearer sk-hostile\r\n"), 401, ""},
       {"models without a key", "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 401, ""},
+      {"a cache reset without a key", Post("/reset_prefix_cache", "", ""), 401, ""},
       // JSON.
       {"empty body", Post("/v1/completions", ""), 400, ""},
       {"not JSON", Post("/v1/completions", "hello"), 400, ""},

@@ -177,12 +177,20 @@ TEST_CASE("the prefill worker's prefix cache: hits on device and on host give du
   }
   CHECK(cached[0] == 0);
   CHECK(cached[1] == 96);
+  // Reset (vLLM's endpoint): the same prompt is computed whole again.
+  auto reset = c.Post("/reset_prefix_cache", "");
+  REQUIRE(reset.ok());
+  CHECK(reset->status == 200);
+  CHECK(nlohmann::json::parse(reset->body)["reset_workers"] == 1);
+  auto again = c.Post("/v1/completions", body);
+  REQUIRE(again.ok());
+  CHECK(nlohmann::json::parse(again->body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
   // What the cache found was not computed again.
   auto stats = c.Stats();
   REQUIRE(stats.ok());
   for (auto& [id, w] : (*stats)["workers"].items()) {
     if (w["role"] == "prefill") {
-      CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host + 100 + (100 - 96));
+      CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host + 100 + (100 - 96) + 100);
     }
   }
 }
