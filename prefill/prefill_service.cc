@@ -479,6 +479,7 @@ void PrefillService::PublishStats() {
   s.set_kv_bytes_moved(kv_bytes_moved_);
   s.set_kv_blocks_transferred(kv_blocks_transferred_);
   s.set_leased_blocks(scheduler_->leased_blocks());
+  if (cache_ != nullptr) s.set_prefix_cache_blocks(cache_->blocks(kvcache::Tier::kDevice));
   if (cache_ != nullptr) {
     const int64_t query = scheduler_->cache_query_tokens();
     const int64_t hits[2] = {scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),

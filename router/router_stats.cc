@@ -57,6 +57,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
     j["kv_blocks_transferred"] = s.kv_blocks_transferred();
     j["preemptions"] = s.preemptions();
     j["leased_blocks"] = s.leased_blocks();
+    j["prefix_cache_blocks"] = s.prefix_cache_blocks();
     j["fresh"] = q->fresh.count(w.id) > 0;  // false: from the last heartbeat.
     j["stats_age_ms"] = absl::ToInt64Milliseconds(now - w.stats_time);
     workers[w.id] = std::move(j);

@@ -40,10 +40,12 @@ nlohmann::json WaitStats(Cluster& c, const std::function<bool(const nlohmann::js
   return last;
 }
 
+// Idle: no request or lease anywhere, and every block free or held by the
+// prefix cache alone.
 bool AllIdle(const nlohmann::json& s) {
   for (auto& [id, w] : s["workers"].items()) {
-    if (w["kv_blocks_free"] != w["kv_blocks_total"] || w["queued_requests"] != 0 || w["running_requests"] != 0 ||
-        w.value("leased_blocks", 0) != 0) {
+    if (w["kv_blocks_free"].get<int64_t>() + w.value("prefix_cache_blocks", int64_t{0}) != w["kv_blocks_total"] ||
+        w["queued_requests"] != 0 || w["running_requests"] != 0 || w.value("leased_blocks", 0) != 0) {
       return false;
     }
   }
@@ -126,6 +128,49 @@ TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere
   auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
   REQUIRE(s["router"]["redispatches"].get<int64_t>() > 0);
+}
+
+TEST_CASE("SIGKILL of a prefill worker holding cached, leased blocks loses only its cache", "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir).ok());
+  for (const char* id : {"prefill-0", "prefill-1"}) {
+    REQUIRE(c.StartWorker("prefill", id, {"--kv-blocks", "1024", "--prefix-cache"}).ok());
+  }
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "16"}).ok());
+  REQUIRE(c.WaitForWorkers(3).ok());
+  // Every prompt starts with the same 32 tokens, and the load runs twice:
+  // the second time both prefill workers' caches hold its prompts.
+  auto reqs = MixedRequests(40, 1000, 60, 30, 13);
+  std::vector<int32_t> shared;
+  for (int i = 0; i < 32; ++i) shared.push_back(17 + 13 * i);
+  for (auto& r : reqs) {
+    r.prompt.insert(r.prompt.begin(), shared.begin(), shared.end());
+    r.max_tokens = std::max(r.max_tokens, 20);
+  }
+  auto want = ReferenceOutputs(dir, reqs);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<ParsedCompletion> got;
+    std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
+    if (round == 1) {
+      // Kill prefill-0 once it holds offered KV that decode has not pulled:
+      // its cached prefix blocks are among them.
+      WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
+      REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
+    }
+    load.join();
+    Verdicts v;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
+      INFO("round " << round << ", request " << i << ": " << diff);
+      REQUIRE(diff.empty());
+    }
+  }
+  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  INFO(s.dump());
+  CHECK(s["router"]["redispatches"].get<int64_t>() > 0);
+  // The survivor kept its cache through the fault.
+  CHECK(s["workers"]["prefill-1"]["prefix_cache_blocks"].get<int64_t>() > 0);
 }
 
 TEST_CASE("SIGKILL of a decode worker: its requests fail clearly, others finish, leases reclaim blocks",
