@@ -93,6 +93,7 @@ absl::Status PrefillService::Init() {
   layout_ = kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim,
                                          engine::BlockPool::kKvDtype);
 
+  if (options_.reorder_window < 0) return absl::InvalidArgumentError("reorder_window must be >= 0");
   if (options_.kv_host_blocks < 0 || options_.kv_host_memory_bytes < 0) {
     return absl::InvalidArgumentError("the host KV tier's size must be >= 0");
   }
@@ -120,7 +121,8 @@ absl::Status PrefillService::Init() {
       SchedulerOptions{.max_batch_tokens = options_.max_batch_tokens,
                        .max_queued_requests = options_.max_queued_requests,
                        .lease_duration = options_.lease_duration,
-                       .cache = cache_.get()},
+                       .cache = cache_.get(),
+                       .reorder_window = options_.reorder_window},
       pool_.get(), options_.transport.get(), region_, options_.clock);
 
   MetricsRegistry& m = MetricsRegistry::Default();

@@ -65,6 +65,7 @@ struct PrefillServiceOptions {
   int64_t kv_host_blocks = 0;  // wins over kv_host_memory_bytes when > 0
   int64_t kv_host_memory_bytes = 0;
   kvcache::Policy cache_policy = kvcache::Policy::kPgdsf;
+  int64_t reorder_window = 0;  // SchedulerOptions::reorder_window
   Clock* clock = RealClock();  // Leases and queue times run on it.
   kvtransfer::KvTransportPtr transport;  // UCX in production; required.
 };

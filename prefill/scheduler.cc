@@ -95,16 +95,39 @@ Step PrefillScheduler::Schedule() {
   }
   const absl::Time now = clock_->Now();
   while (budget > 0 && !queue_.empty()) {
-    PrefillSequence& head = *queue_.front();
+    const size_t k = NextToAdmit();
+    PrefillSequence& head = *queue_[k];
     // All of the prompt's blocks now, so a request once admitted never
-    // stalls mid-prompt; a head that does not fit waits for leases to end.
+    // stalls mid-prompt; one that does not fit waits for leases to end,
+    // and nothing else is admitted meanwhile.
     if (!Admit(head)) break;
     step.queue_times.push_back(now - head.arrival);
-    running_.push_back(std::move(queue_.front()));
-    queue_.pop_front();
+    for (size_t j = 0; j < k; ++j) ++queue_[j]->overtaken;
+    running_.push_back(std::move(queue_[k]));
+    queue_.erase(queue_.begin() + static_cast<long>(k));
     add(*running_.back());
   }
   return step;
+}
+
+size_t PrefillScheduler::NextToAdmit() {
+  if (options_.cache == nullptr || options_.reorder_window <= 0) return 0;
+  size_t best = 0;
+  double best_ratio = -1;
+  const size_t last = std::min(queue_.size(), static_cast<size_t>(options_.reorder_window) + 1);
+  for (size_t k = 0; k < last; ++k) {
+    const PrefillSequence& s = *queue_[k];
+    const int64_t cached =
+        options_.cache->Lookup(absl::MakeConstSpan(s.tokens).subspan(0, s.tokens.size() - 1)).tokens;
+    const double ratio = static_cast<double>(cached) / static_cast<double>(s.num_tokens() - cached);
+    if (ratio > best_ratio) {
+      best_ratio = ratio;
+      best = k;
+    }
+    // Nothing may overtake a request already overtaken window times.
+    if (s.overtaken >= options_.reorder_window) break;
+  }
+  return best;
 }
 
 bool PrefillScheduler::Admit(PrefillSequence& head) {

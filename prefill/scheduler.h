@@ -21,7 +21,9 @@
 // cached block-aligned prefix of its tokens but the last (shared blocks,
 // swapped in from host first), computes only the rest, and on completion
 // adds its full blocks to the tree; its cached path stays pinned until it
-// ends. Scheduling is strictly first come, first served: requests being prefilled
+// ends (with a reorder window, the queue is admitted by cached/compute
+// ratio within it; see SchedulerOptions). Otherwise scheduling is strictly
+// first come, first served: requests being prefilled
 // continue first (in admission order), then the queue head is admitted when
 // its blocks can be reserved. A head that does not fit waits (blocks come back
 // as decodes release leases or leases expire) and nothing behind it overtakes
@@ -61,6 +63,11 @@ struct SchedulerOptions {
   // The knowledge tree over this pool (not owned; outlives the scheduler);
   // nullptr: every prompt is computed whole.
   kvcache::PrefixTree* cache = nullptr;
+  // With a cache: admit, among the queue's first reorder_window + 1
+  // requests, the one with the most cached tokens per token to compute, so
+  // long as no request is overtaken by more than reorder_window later
+  // arrivals. 0: first come, first served.
+  int64_t reorder_window = 0;
 };
 
 // One request as the scheduler holds it.
@@ -75,6 +82,7 @@ struct PrefillSequence {
   // ends (leased blocks included).
   kvcache::PrefixTree* cache = nullptr;
   kvcache::Match cached;
+  int64_t overtaken = 0;  // Later arrivals admitted before it (at most the reorder window).
 
   PrefillSequence(proto::PrefillRequest r, engine::BlockPool* pool, absl::Time now);
   ~PrefillSequence();
@@ -178,6 +186,8 @@ class PrefillScheduler {
   // Reserves the head's blocks, starting from its cached prefix; false (and
   // nothing held) when they do not fit.
   bool Admit(PrefillSequence& head);
+  // The queue index to admit next: 0, or within the reorder window.
+  size_t NextToAdmit();
   SeqPtr TakeRunning(uint64_t id);
 
   const SchedulerOptions options_;

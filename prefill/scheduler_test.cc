@@ -1,5 +1,6 @@
 #include "prefill/scheduler.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <vector>
 
@@ -317,7 +318,7 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
 
 // The fixture's pool and transport, with a tree over the pool.
 struct CachedFixture {
-  explicit CachedFixture(int64_t num_blocks)
+  explicit CachedFixture(int64_t num_blocks, int64_t budget = 64, int64_t window = 0)
       : pool(kernels::KvLayout{.num_layers = 1, .num_kv_heads = 1, .block_size = kBlockSize, .head_dim = 2},
              num_blocks),
         transport(kvtransfer::NewLoopbackTransport()),
@@ -325,8 +326,9 @@ struct CachedFixture {
         tree(std::make_unique<kvcache::PrefixTree>(kvcache::TreeOptions{.block_size = kBlockSize}, &store)) {
     region = transport->RegisterRegion(pool.data(), static_cast<uint64_t>(num_blocks * pool.block_bytes()), num_blocks)
                  .value();
-    sched = std::make_unique<PrefillScheduler>(SchedulerOptions{.max_batch_tokens = 64, .cache = tree.get()}, &pool,
-                                               transport.get(), region, &clock);
+    sched = std::make_unique<PrefillScheduler>(
+        SchedulerOptions{.max_batch_tokens = budget, .cache = tree.get(), .reorder_window = window}, &pool,
+        transport.get(), region, &clock);
   }
   ~CachedFixture() {
     sched.reset();
@@ -405,6 +407,51 @@ TEST_CASE("with the pool full of cached blocks, the queue head evicts them to fi
   CHECK(f.Run(3, Tokens(900, 16)) == std::pair<int64_t, int64_t>{0, 16});  // fits by evicting
   CHECK(f.tree->blocks(kvcache::Tier::kDevice) == 8);
   f.sched->Finish(3);
+}
+
+// The order requests are first scheduled in, running every step to its end.
+std::vector<uint64_t> AdmissionOrder(CachedFixture& f) {
+  std::vector<uint64_t> order;
+  for (Step s = f.sched->Schedule(); !s.empty(); s = f.sched->Schedule()) {
+    for (const auto& c : s.chunks) {
+      if (std::find(order.begin(), order.end(), c.request_id) == order.end()) order.push_back(c.request_id);
+    }
+    for (uint64_t id : f.sched->Complete(s)) f.sched->Finish(id);
+  }
+  return order;
+}
+
+TEST_CASE("cache-aware reordering admits cached prompts first, overtaking nobody by more than the window",
+          "[prefill][scheduler]") {
+  for (int64_t window : {0, 2}) {
+    INFO("window " << window);
+    CachedFixture f(64, /*budget=*/16, window);
+    const std::vector<int32_t> cached = Tokens(100, 16);
+    f.Run(1, cached);
+    f.sched->Finish(1);
+    // Queued: two prompts the tree lacks, then three it holds (12 tokens each).
+    auto enqueue = [&](uint64_t id, const std::vector<int32_t>& t) {
+      proto::PrefillRequest r;
+      r.set_request_id(id);
+      for (int32_t x : t) r.mutable_spec()->add_prompt_ids(x);
+      REQUIRE(f.sched->Enqueue(r).ok());
+    };
+    enqueue(10, Tokens(300, 16));
+    enqueue(11, Tokens(400, 16));
+    for (uint64_t id : {12, 13, 14}) enqueue(id, cached);
+    const std::vector<uint64_t> order = AdmissionOrder(f);
+    if (window == 0) {
+      CHECK(order == std::vector<uint64_t>{10, 11, 12, 13, 14});  // first come, first served
+    } else {
+      // 12 and 13 go first; then 10 and 11 have been overtaken twice, the
+      // window, and nothing passes them again.
+      CHECK(order == std::vector<uint64_t>{12, 13, 10, 11, 14});
+    }
+    // The first three admitted hold 12 cached tokens each when cached.
+    int cached_first = 0;
+    for (size_t i = 0; i < 3; ++i) cached_first += order[i] >= 12;
+    CHECK(cached_first == (window == 0 ? 1 : 2));
+  }
 }
 
 }  // namespace

@@ -138,6 +138,9 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Bool("prefix-cache", "prefill: reuse the KV of cached block-aligned prompt prefixes (the knowledge tree)");
   f.Double("kv-host-memory", 0, "prefill with --prefix-cache: GiB of host memory for the tree's second tier (0: none)");
   f.String("kv-cache-policy", "pgdsf", "prefill with --prefix-cache: replacement, pgdsf | gdsf | lru | lfu");
+  f.Int("reorder-window", 0,
+        "prefill with --prefix-cache: admit the queued prompt with the most cached tokens first, no request "
+        "overtaken by more than N later ones (0: first come, first served)");
   f.Int("tp", 1, "tensor parallelism (the CPU backend supports 1)");
   f.Int("pp", 1, "pipeline parallelism (the CPU backend supports 1)");
   f.String("ready-file", "", "write {\"control\", \"metrics_port\", \"worker_id\", \"pid\"} as JSON once listening");
@@ -168,9 +171,9 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {
     return UsageError(cmd, absl::InvalidArgumentError("--kv-blocks must be >= 0 and --kv-memory > 0"));
   }
-  for (absl::Status st : {f.RefuseUnless(role == "prefill", {"prefix-cache", "kv-host-memory", "kv-cache-policy"},
+  for (absl::Status st : {f.RefuseUnless(role == "prefill", {"prefix-cache", "kv-host-memory", "kv-cache-policy", "reorder-window"},
                                          "outside the prefill role (the cache is prefill-side for now)"),
-                          f.RefuseUnless(f.GetBool("prefix-cache"), {"kv-host-memory", "kv-cache-policy"},
+                          f.RefuseUnless(f.GetBool("prefix-cache"), {"kv-host-memory", "kv-cache-policy", "reorder-window"},
                                          "without --prefix-cache")}) {
     if (!st.ok()) return UsageError(cmd, st);
   }
@@ -211,6 +214,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
       o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
       o.prefix_cache = f.GetBool("prefix-cache");
       o.cache_policy = *policy;
+      o.reorder_window = f.GetInt("reorder-window");
       o.kv_host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30));
       o.transport = std::move(*transport);
       auto svc = prefill::PrefillService::Create(std::move(o), &runtime);
