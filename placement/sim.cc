@@ -11,7 +11,7 @@
 namespace duet::placement {
 namespace {
 
-enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kDecodeSlot, kColocDone };
+enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone };
 
 struct Event {
   double t;
@@ -34,16 +34,16 @@ struct Inst {
   InstanceSpec spec;
   std::deque<int64_t> waiting;
   int64_t queued_tokens = 0;
-  // Prefill and decode: batches in flight, one per pipeline stage at most;
-  // stage 1 takes the next at next_start.
+  // Prefill: batches in flight, one per pipeline stage at most; stage 1
+  // takes the next at next_start.
   int in_flight = 0;
   double next_start = 0;
   bool slot_pending = false;
   std::vector<std::vector<int64_t>> batches;  // by slot
   std::vector<int> free_slots;
   // Decode and colocated. On a decode instance, `running` holds the
-  // requests ready for their next step; `stepping` counts those in steps
-  // in flight.
+  // requests ready for their next step; `stepping` counts those in the
+  // step in flight.
   std::vector<int64_t> running;
   int64_t stepping = 0;
   int64_t pulling = 0;  // decode: admitted, KV in transfer
@@ -103,11 +103,7 @@ class Sim {
           TryDecode(e.inst);
           break;
         case kDecodeDone:
-          OnDecodeDone(e.inst, static_cast<int>(e.a));
-          break;
-        case kDecodeSlot:
-          insts_[e.inst].slot_pending = false;
-          TryDecode(e.inst);
+          OnDecodeDone(e.inst);
           break;
         case kColocDone:
           OnColocDone(e.inst);
@@ -302,42 +298,44 @@ class Sim {
     Push(now_ + Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false) + idle, done, i, 0);
   }
 
-  // A decode instance's steps: with pp stages, up to pp micro-batches of the
-  // ready requests (each at most max_batch_size) in flight, as DistServe
-  // and vLLM run pipeline-parallel decode; a request's next step waits for
-  // its current one to leave the last stage.
+  // A decode instance's steps. With pp stages its ready requests run as up
+  // to pp micro-batches of at most max_batch_size each, one per stage, as
+  // DistServe and vLLM run pipeline-parallel decode: in the steady state
+  // each micro-batch passes every stage once per cycle, so every request
+  // gets a token per cycle, and a cycle lasts the slowest micro-batch's way
+  // through all stages. One event per cycle (not per micro-batch) keeps the
+  // simulator's cost that of pp = 1.
   void TryDecode(int32_t i) {
     Inst& s = insts_[i];
-    const int pp = std::max(1, s.spec.par.pp);
-    if (s.in_flight >= pp) return;
+    if (s.busy) return;
     Admit(i);
-    while (!s.running.empty() && s.in_flight < pp) {  // a pull's end calls again
-      if (!StageOneFree(i, kDecodeSlot)) return;
-      const int slot = TakeSlot(s);
-      std::vector<int64_t>& batch = s.batches[slot];
-      const size_t take = std::min<size_t>(s.running.size(), static_cast<size_t>(s.spec.max_batch_size));
-      batch.assign(s.running.begin(), s.running.begin() + static_cast<long>(take));
-      s.running.erase(s.running.begin(), s.running.begin() + static_cast<long>(take));
-      s.stepping += static_cast<int64_t>(take);
+    if (s.running.empty()) return;  // a pull's end calls again
+    const int pp = std::max(1, s.spec.par.pp);
+    const size_t take =
+        std::min<size_t>(s.running.size(), static_cast<size_t>(s.spec.max_batch_size) * static_cast<size_t>(pp));
+    std::vector<int64_t>& batch = s.step_decode;
+    batch.assign(s.running.begin(), s.running.begin() + static_cast<long>(take));
+    s.running.erase(s.running.begin(), s.running.begin() + static_cast<long>(take));
+    s.stepping = static_cast<int64_t>(take);
+    // Micro-batches as even as the rows allow.
+    const size_t groups = std::min<size_t>(static_cast<size_t>(pp), take);
+    double t = 0;
+    for (size_t g = 0; g < groups; ++g) {
       ctx_.clear();
-      for (int64_t r : batch) ctx_.push_back(reqs_[r].prompt + reqs_[r].generated);
-      const double idle = s.in_flight == 0 ? Idle(s) : 0.0;
-      const double t = Contended(s, Lat(s).Decode(s.spec.par, ctx_), /*prefill=*/false) + idle;
-      s.in_flight++;
-      s.busy = true;
-      s.next_start = now_ + t / pp;
-      Push(now_ + t, kDecodeDone, i, slot);
+      for (size_t k = g; k < take; k += groups) ctx_.push_back(reqs_[batch[k]].prompt + reqs_[batch[k]].generated);
+      t = std::max(t, Lat(s).Decode(s.spec.par, ctx_));
     }
+    const double idle = Idle(s);
+    s.busy = true;
+    Push(now_ + Contended(s, t, /*prefill=*/false) + idle, kDecodeDone, i, 0);
   }
 
-  void OnDecodeDone(int32_t i, int slot) {
+  void OnDecodeDone(int32_t i) {
     Inst& s = insts_[i];
-    s.in_flight--;
-    s.busy = s.in_flight > 0;
+    s.busy = false;
     last_end_ = now_;
-    std::vector<int64_t>& batch = s.batches[slot];
-    s.stepping -= static_cast<int64_t>(batch.size());
-    for (int64_t r : batch) {
+    s.stepping = 0;
+    for (int64_t r : s.step_decode) {
       if (++reqs_[r].generated >= reqs_[r].output) {
         out_.requests[r].finish = now_;
         s.kv_used -= Need(r);
@@ -345,8 +343,7 @@ class Sim {
         s.running.push_back(r);
       }
     }
-    batch.clear();
-    s.free_slots.push_back(slot);
+    s.step_decode.clear();
     TryDecode(i);
   }
 

@@ -9,9 +9,9 @@
 // (and optionally at most max_prefill_batch requests). With pp pipeline
 // stages a batch takes the latency model's time through all of them, and
 // stage 1 takes the next batch time / pp after it took this one, so up to
-// pp batches are in flight; decode likewise runs up to pp micro-batches of
-// its ready requests (at most max_batch_size each), a request's next step
-// waiting for its current one. Colocated instances run one step at a time
+// pp batches are in flight; decode runs its requests as up to pp
+// micro-batches (at most max_batch_size each) that each pass every stage
+// once per cycle, a cycle lasting the slowest one's time through the stages. Colocated instances run one step at a time
 // whatever their pp (their PP throughput is not modelled). When a batch ends its requests have their first token (TTFT); each moves to a
 // decode instance (least loaded or round robin) after its KV transfer
 // (prompt x KV bytes per token / the link bandwidth), and waits there until
