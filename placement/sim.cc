@@ -42,10 +42,9 @@ struct Inst {
   std::vector<std::vector<int64_t>> batches;  // by slot
   std::vector<int> free_slots;
   // Decode and colocated. On a decode instance, `running` holds the
-  // requests ready for their next step; `stepping` counts those in the
-  // step in flight.
+  // requests ready for their next step and `step_decode` those in the step
+  // in flight; on a colocated one, `running` holds both.
   std::vector<int64_t> running;
-  int64_t stepping = 0;
   int64_t pulling = 0;  // decode: admitted, KV in transfer
   double kv_used = 0;
   double kv_cap = std::numeric_limits<double>::infinity();
@@ -166,7 +165,7 @@ class Sim {
     for (int32_t i : decodes_) {
       const Inst& s = insts_[i];
       const double queued =
-          static_cast<double>(s.running.size() + s.waiting.size()) + static_cast<double>(s.pulling + s.stepping);
+          static_cast<double>(s.running.size() + s.waiting.size()) + static_cast<double>(s.pulling + static_cast<int64_t>(s.step_decode.size()));
       double load = s.kv_used / s.kv_cap * 1e6 + queued;
       if (!std::isfinite(s.kv_cap)) load = queued;
       if (load < best_load) {
@@ -275,9 +274,10 @@ class Sim {
   void Admit(int32_t i) {
     Inst& s = insts_[i];
     const int64_t cap = s.spec.max_batch_size * std::max(1, s.spec.par.pp);  // a micro-batch per stage
-    while (!s.waiting.empty() && static_cast<int64_t>(s.running.size()) + s.stepping + s.pulling < cap) {
+    const int64_t stepping = static_cast<int64_t>(s.step_decode.size());
+    while (!s.waiting.empty() && static_cast<int64_t>(s.running.size()) + stepping + s.pulling < cap) {
       const int64_t r = s.waiting.front();
-      if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && s.stepping == 0 && s.pulling == 0)) break;
+      if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && stepping == 0 && s.pulling == 0)) break;
       s.waiting.pop_front();
       s.kv_used += Need(r);
       s.pulling++;
@@ -316,7 +316,6 @@ class Sim {
     std::vector<int64_t>& batch = s.step_decode;
     batch.assign(s.running.begin(), s.running.begin() + static_cast<long>(take));
     s.running.erase(s.running.begin(), s.running.begin() + static_cast<long>(take));
-    s.stepping = static_cast<int64_t>(take);
     // Micro-batches as even as the rows allow.
     const size_t groups = std::min<size_t>(static_cast<size_t>(pp), take);
     double t = 0;
@@ -334,7 +333,6 @@ class Sim {
     Inst& s = insts_[i];
     s.busy = false;
     last_end_ = now_;
-    s.stepping = 0;
     for (int64_t r : s.step_decode) {
       if (++reqs_[r].generated >= reqs_[r].output) {
         out_.requests[r].finish = now_;

@@ -24,6 +24,7 @@
 #include "base/subprocess.h"
 #include "http/client.h"
 #include "tests/cluster.h"
+#include "tests/serving_util.h"
 #include "engine/testing/tiny_model.h"
 
 namespace duet::testing {
@@ -108,10 +109,9 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   REQUIRE(c.StartRouter(TinyModelDir("llama")).ok());
   // The prefix cache on a small device pool with a host tier, so the
   // repeated prompts below hit, evict and swap.
-  constexpr int64_t kBlockBytes = 4 * 2 * 2 * 16 * 32 * 4;  // Tiny model: layers x K/V x heads x slots x dim x f32.
   REQUIRE(c.StartWorker("prefill", "prefill-0",
                         {"--kv-blocks", "16", "--prefix-cache", "--kv-host-memory",
-                         absl::StrCat(64.0 * kBlockBytes / (1 << 30))})
+                         absl::StrCat(64.0 * kTinyBlockBytes / (1 << 30))})
               .ok());
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
   REQUIRE(c.WaitForWorkers(2).ok());

@@ -20,7 +20,6 @@
 namespace duet::testing {
 namespace {
 
-constexpr int64_t kBlockBytes = 4 * 2 * 2 * 16 * 32 * 4;  // Tiny model: layers x K/V x heads x slots x dim x f32.
 
 // Sends every request at once (one thread each) and checks each output.
 void RunAndCheck(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
@@ -97,7 +96,7 @@ TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", 
   INFO(stats.dump());
   REQUIRE(decode_prompt == 0);           // Decode ran no prompt token.
   REQUIRE(blocks > 0);
-  REQUIRE(moved == blocks * kBlockBytes);  // Whole blocks moved, nothing else.
+  REQUIRE(moved == blocks * kTinyBlockBytes);  // Whole blocks moved, nothing else.
   int64_t prompt_tokens = 0;
   for (const auto& r : reqs) prompt_tokens += r.prompt.size();
   REQUIRE(prefill_prompt == prompt_tokens);  // Each prompt prefilled exactly once.
@@ -125,7 +124,7 @@ TEST_CASE("the prefill worker's prefix cache: hits on device and on host give du
   // 16 device blocks for rounds of 8 requests of up to 7 blocks each (about
   // 30 distinct full blocks): the tree's nodes move to the 48-block host
   // tier and come back.
-  const std::string host_gib = absl::StrCat(48.0 * kBlockBytes / (1 << 30));
+  const std::string host_gib = absl::StrCat(48.0 * kTinyBlockBytes / (1 << 30));
   REQUIRE(c.StartWorker("prefill", "prefill-0",
                         {"--kv-blocks", "16", "--prefix-cache", "--kv-host-memory", host_gib}).ok());
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());

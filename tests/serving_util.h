@@ -13,6 +13,9 @@
 
 namespace duet::testing {
 
+// Bytes of one KV block of the tiny model: layers x K/V x kv heads x slots x head dim x f32.
+inline constexpr int64_t kTinyBlockBytes = 4 * 2 * 2 * 16 * 32 * 4;
+
 struct TestRequest {
   std::vector<int32_t> prompt;
   int max_tokens = 8;
