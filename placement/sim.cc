@@ -587,8 +587,10 @@ Goodput FindGoodput(const ClusterSpec& cluster, const ModelSpec& model, LatencyM
     }
   } else {
     // Down to 1/1000 of the base rate: a configuration that misses even
-    // there (say a prompt alone outlasts the TTFT target) has no goodput.
+    // there (say a prompt alone outlasts the TTFT target) has no goodput,
+    // which one simulation at the floor tells before any stepping down.
     const double floor = MeanRate(base) / 1000;
+    if (attain(floor) < target) return g;
     while (a < target && hi > floor) {
       hi /= step;
       a = attain(hi);

@@ -5,6 +5,8 @@
 // plan meets the target at the reported goodput and misses it at 1.1x; and
 // an exhaustive search here, `duet sim --goodput` of every configuration of
 // the cluster, finds nothing better (beyond the bisection's 2% tolerance).
+#include <sys/wait.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
@@ -143,6 +145,40 @@ TEST_CASE("heterogeneous pools: the plan uses the pool that serves more per GPU"
   const std::string plan = r["disaggregated"]["plan"];
   CHECK(plan.find("pool 2") != std::string::npos);
   CHECK(r["disaggregated"]["goodput_per_gpu"].get<double>() > 0);
+}
+
+TEST_CASE("DistServe's README example: the plan DistServe's own search picks, at its goodput within 15%") {
+  // OPT-13B on one node of 4 A100-80G, TTFT 0.2 s / TPOT 0.1 s at 90%, the
+  // first 300 conversation requests kept whole (DistServe's simulator has no
+  // context limit; truncated here to OPT's 2048), DistServe's per-batch
+  // costs. DistServe's search finds prefill TP 2 + decode TP 2 at 1.56 per
+  // GPU, tied with a decode of TP 1 x PP 2.
+  json r = JsonLines(Run(absl::StrCat("place --model opt-13b --latency ", kDistServe, " --colocated-latency ", kVllm,
+                                      " --nodes 1 --gpus-per-node 4 --slo-ttft 0.2 --slo-tpot 0.1 --lengths trace "
+                                      "--trace ",
+                                      kData, "splitwise_conv.csv --requests 300 --overlong truncate ",
+                                      "--batch-overhead-ms 2,0.0001 --json")))
+               .at(0);
+  INFO(r.dump());
+  const json& d = r["disaggregated"];
+  CHECK(d["goodput_per_gpu"].get<double>() >= 1.56 / 1.15);
+  CHECK(d["goodput_per_gpu"].get<double>() <= 1.56 * 1.15);
+  CHECK(d["prefill_tp"].get<int>() == 2);
+  CHECK(d["prefill_pp"].get<int>() == 1);
+  CHECK(d["decode_tp"].get<int>() * d["decode_pp"].get<int>() == 2);
+  CHECK(d["gpus"].get<int>() == 4);
+}
+
+TEST_CASE("targets no plan can keep at any rate: a clear error") {
+  // One 1024-token OPT-66B prompt takes longer than 50 ms on every shape.
+  const std::string cmd = absl::StrCat("tools/duet place --model opt-66b --latency ", kDistServe,
+                                       " --nodes 1 --gpus-per-node 8 --lengths fixed:1024,16 --requests 500 "
+                                       "--slo-ttft 0.05 2>&1");
+  absl::StatusOr<duet::CommandResult> out = duet::RunCommand({"/bin/sh", "-c", cmd});
+  REQUIRE(out.ok());
+  INFO(out->output);
+  CHECK(WEXITSTATUS(out->status) != 0);
+  CHECK(out->output.find("no plan keeps 90% of requests within TTFT 0.05 s") != std::string::npos);
 }
 
 }  // namespace

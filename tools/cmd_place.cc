@@ -9,6 +9,7 @@
 #include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "placement/hardware.h"
@@ -80,6 +81,13 @@ absl::Status Run(const FlagSet& f) {
   if (r.disaggregated.empty() || r.colocated.empty()) return absl::NotFoundError("no placement fits");
   const placement::Plan& best = r.disaggregated.front();
   const placement::Plan& coloc = r.colocated.front();
+  if (best.goodput.rate <= 0 && coloc.goodput.rate <= 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no plan keeps %.0f%% of requests within TTFT %.3g s and TPOT %.3g s at any rate down to 1/1000 of the "
+        "workload's (%d candidates, %d simulations): the targets are tighter than the workload's requests take "
+        "alone on the largest shape; loosen --slo-ttft / --slo-tpot or --target",
+        o.target * 100, o.slo.ttft, o.slo.tpot, r.candidates, r.simulations));
+  }
   const double ratio = coloc.goodput.per_gpu > 0 ? best.goodput.per_gpu / coloc.goodput.per_gpu : 0;
   if (f.GetBool("json")) {
     auto plan = [](const placement::Plan& p) {
