@@ -32,6 +32,11 @@ struct BatchEngine::Seq {
   // but the last, which is then fed as a decode token (a recompute).
   bool fresh = true;
   bool first_pending = false;  // The next sample is this attempt's first token.
+  // Its cached prefix in the tree, pinned while `pinned`.
+  kvcache::Match cached;
+  bool pinned = false;
+  int64_t cached_prompt_tokens = 0;  // Of the attempt that samples the first token.
+  std::vector<int64_t> cache_boundaries;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt; }
   int64_t PrefillTarget() const {
@@ -50,7 +55,8 @@ BatchEngine::BatchEngine(engine::Model* model, engine::BlockPool* pool, KvImport
       importer_(importer),
       // At least one request and one token a step, or nothing would ever run.
       options_{.max_running = std::max<int64_t>(options.max_running, 1),
-               .token_budget = std::max<int64_t>(options.token_budget, 1)} {}
+               .token_budget = std::max<int64_t>(options.token_budget, 1),
+               .cache = options.cache} {}
 
 BatchEngine::~BatchEngine() { DropAll(); }
 
@@ -73,6 +79,7 @@ absl::Status BatchEngine::Add(SequenceRequest r) {
   seq->tokens.insert(seq->tokens.end(), r.generated.begin(), r.generated.end());
   seq->params = std::move(r.params);
   seq->import_kv = r.import_kv;
+  seq->cache_boundaries = std::move(r.cache_boundaries);
   seq->fresh = !r.import_kv;
   seq->first_pending = !r.import_kv;
   waiting_.push_back(seq.get());
@@ -110,6 +117,7 @@ void BatchEngine::Remove(Seq* s) {
   // The import first: its transfer may still write the blocks.
   if (s->import_kv && importer_ != nullptr) importer_->Abandon(s->id);
   s->kv.Release();
+  Unpin(s);
   if (s->phase == Phase::kWaiting) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
   } else {
@@ -118,7 +126,24 @@ void BatchEngine::Remove(Seq* s) {
   seqs_.erase(s->id);  // Frees s.
 }
 
+void BatchEngine::Unpin(Seq* s) {
+  if (!s->pinned) return;
+  options_.cache->Release(s->cached);
+  s->pinned = false;
+  s->cached = {};
+}
+
+void BatchEngine::Insert(Seq* s, int64_t tokens) {
+  if (options_.cache == nullptr) return;
+  const int64_t full = tokens / pool_->layout().block_size;
+  options_.cache->Insert(absl::MakeConstSpan(s->tokens).subspan(0, static_cast<size_t>(tokens)),
+                         absl::MakeConstSpan(s->kv.block_table()).subspan(0, static_cast<size_t>(full)),
+                         s->cache_boundaries);
+}
+
 void BatchEngine::Finish(Seq* s, FinishKind kind, absl::Status error, StepResult& out) {
+  // What it computed stays for the next request that shares it.
+  if (kind != FinishKind::kError && s->phase == Phase::kRunning) Insert(s, s->computed);
   out.finishes.push_back({.request_id = s->id, .kind = kind, .error = std::move(error)});
   Remove(s);
 }
@@ -142,6 +167,9 @@ EngineCounts BatchEngine::counts() const {
   }
   c.prompt_tokens_computed = prompt_tokens_computed_;
   c.preemptions = preemptions_;
+  c.cache_query_tokens = cache_query_tokens_;
+  c.cache_hit_tokens[0] = cache_hit_tokens_[0];
+  c.cache_hit_tokens[1] = cache_hit_tokens_[1];
   return c;
 }
 
@@ -166,6 +194,7 @@ void BatchEngine::PollImports(StepResult& out) {
 void BatchEngine::Preempt(Seq* v) {
   LOG(DEBUG) << "preempting request " << v->id << " (" << v->tokens.size() << " tokens)";
   v->kv.Release();
+  Unpin(v);
   // A request that has sampled here (or arrived with a token to feed) keeps
   // its tokens and recomputes the KV of all but the last; one still in its
   // first prefill simply starts over.
@@ -187,6 +216,8 @@ void BatchEngine::ReserveRunning() {
     if (s->phase != Phase::kRunning) continue;  // Preempted for an older one.
     const int64_t need = static_cast<int64_t>(s->tokens.size());  // Feeds position size - 1.
     while (s->kv.capacity_tokens() < need && !s->kv.Reserve(need).ok()) {
+      // The cache's unpinned blocks go before any request does.
+      if (options_.cache != nullptr && options_.cache->Evict(kvcache::Tier::kDevice, 1) > 0) continue;
       Seq* victim = nullptr;
       for (auto it = active_.rbegin(); it != active_.rend(); ++it) {
         // Pulls are left alone: their transfers are writing the blocks.
@@ -232,11 +263,9 @@ void BatchEngine::Admit(StepResult& out) {
     // wasted pull). With nothing active the pool is all free, so the head
     // always goes in eventually: FIFO without starvation.
     const int64_t reserve = active_.empty() ? 0 : GrowthNextStep();
-    if (pool_->num_free() < need + reserve) return;
-    if (!s->kv.Reserve(positions).ok()) return;
+    if (!Reserve(s, positions, reserve)) return;
     waiting_.pop_front();
     active_[s->arrival] = s;
-    s->computed = 0;
     if (!s->import_kv) {
       s->phase = Phase::kPrefilling;
       continue;
@@ -248,6 +277,43 @@ void BatchEngine::Admit(StepResult& out) {
       Finish(s, FinishKind::kError, std::move(started), out);
     }
   }
+}
+
+bool BatchEngine::Reserve(Seq* s, int64_t positions, int64_t reserve) {
+  const int64_t bs = pool_->layout().block_size;
+  kvcache::PrefixTree* tree = options_.cache;
+  s->computed = 0;
+  if (tree == nullptr || s->import_kv) {
+    if (pool_->num_free() < CeilDiv(positions, bs) + reserve || !s->kv.Reserve(positions).ok()) return false;
+    if (!s->import_kv) cache_query_tokens_ += s->PrefillTarget();  // every one a miss
+    if (s->first_pending) s->cached_prompt_tokens = 0;
+    return true;
+  }
+  // At least the last token of the prefill is computed: a fresh request
+  // needs its logits, and a chunk is never empty.
+  const absl::Span<const int32_t> prefix =
+      absl::MakeConstSpan(s->tokens).subspan(0, static_cast<size_t>(s->PrefillTarget() - 1));
+  // Pinned first, so that making room evicts everything but what it uses:
+  // with nothing else active, the whole pool less its own cached blocks is
+  // then free, and a request that fits the pool is always admitted.
+  kvcache::Match m = tree->Acquire(prefix);
+  const int64_t need = CeilDiv(positions, bs) - m.device_tokens / bs + reserve;
+  if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
+  absl::StatusOr<std::vector<int32_t>> cached =
+      pool_->num_free() < need ? absl::ResourceExhaustedError("no room") : tree->SwapIn(m);
+  if (!cached.ok() || !s->kv.ShareBlocks(*cached).ok() || !s->kv.Reserve(positions).ok()) {
+    s->kv.Release();
+    tree->Release(m);
+    return false;
+  }
+  s->cached = m;
+  s->pinned = true;
+  s->computed = m.tokens;
+  cache_query_tokens_ += s->PrefillTarget();
+  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kDevice)] += m.device_tokens;
+  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kHost)] += m.tokens - m.device_tokens;
+  if (s->first_pending) s->cached_prompt_tokens = std::min(m.tokens, s->num_prompt);
+  return true;
 }
 
 StepResult BatchEngine::Step() {
@@ -314,6 +380,7 @@ StepResult BatchEngine::Step() {
       if (s->computed == s->PrefillTarget()) {
         s->phase = Phase::kRunning;
         s->fresh = false;
+        Insert(s, s->computed);
       }
       // Mid-prompt chunks and the end of a recompute (whose next token is
       // already known) have no logits.
@@ -329,7 +396,10 @@ StepResult BatchEngine::Step() {
         absl::MakeConstSpan(s->tokens).subspan(static_cast<size_t>(s->num_prompt)));
     const int32_t token = smp.token;
     s->tokens.push_back(token);
-    out.tokens.push_back({.request_id = s->id, .sample = std::move(smp), .first = s->first_pending});
+    out.tokens.push_back({.request_id = s->id,
+                          .sample = std::move(smp),
+                          .first = s->first_pending,
+                          .cached_tokens = s->cached_prompt_tokens});
     s->first_pending = false;
     switch (engine::FinishAfter(p, c, s->generated(), pos, token)) {
       case engine::FinishDecision::kStop:

@@ -41,6 +41,7 @@
 #include "engine/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "kvcache/prefix_tree.h"
 
 namespace duet::decode {
 
@@ -56,6 +57,8 @@ struct SequenceRequest {
   std::vector<int32_t> generated;
   // The KV of positions [0, prompt + generated - 1) comes from the importer.
   bool import_kv = false;
+  // Prompt positions where the prefix cache starts its nodes (documents).
+  std::vector<int64_t> cache_boundaries;
 };
 
 enum class FinishKind { kStop, kLength, kError };
@@ -64,6 +67,7 @@ struct TokenOut {
   uint64_t request_id = 0;
   engine::SampleResult sample;
   bool first = false;  // This attempt's first sampled token (TTFT): colocated only.
+  int64_t cached_tokens = 0;  // With `first`: prompt tokens its prefill found in the prefix cache.
 };
 
 struct FinishOut {
@@ -82,6 +86,15 @@ struct StepResult {
 struct EngineOptions {
   int64_t max_running = 256;    // Requests holding blocks (pulling, prefilling, running).
   int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per Forward: decodes first, prefill chunks fill the rest.
+  // The knowledge tree over the pool (not owned; outlives the engine), or
+  // nullptr. With it, a request prefilled here starts from the longest
+  // cached block-aligned prefix of its tokens but the last (shared blocks,
+  // swapped in from host first, its path pinned until it ends or is
+  // preempted); its full blocks join the tree when its prefill completes and
+  // again, with the generated tokens, when it finishes (the next turn of a
+  // chat finds its answer). The tree gives up unpinned blocks before any
+  // request is preempted or kept waiting.
+  kvcache::PrefixTree* cache = nullptr;
 };
 
 struct EngineCounts {
@@ -92,6 +105,10 @@ struct EngineCounts {
   int64_t queued_prefill_tokens = 0;   // Still to prefill, waiting and prefilling.
   int64_t prompt_tokens_computed = 0;  // Prefilled here (prompts, resumes, recomputes).
   int64_t preemptions = 0;
+  // Prompt tokens of admitted prefills looked up in the cache (all, with no
+  // cache), and found on device and on host.
+  int64_t cache_query_tokens = 0;
+  int64_t cache_hit_tokens[2] = {0, 0};
 };
 
 class BatchEngine {
@@ -132,6 +149,14 @@ class BatchEngine {
   void PollImports(StepResult& out);
   void ReserveRunning();
   void Admit(StepResult& out);
+  // Reserves `positions` for a request being admitted, starting from its
+  // cached prefix, with `reserve` blocks left free beyond; false (nothing
+  // held) when they do not fit.
+  bool Reserve(Seq* s, int64_t positions, int64_t reserve);
+  // Unpins its cached path, if any.
+  void Unpin(Seq* s);
+  // Adds the full blocks of its first `tokens` tokens to the tree.
+  void Insert(Seq* s, int64_t tokens);
   void Preempt(Seq* victim);
   // Blocks the running requests will need in the next step beyond what they hold.
   int64_t GrowthNextStep() const;
@@ -151,6 +176,8 @@ class BatchEngine {
   std::map<uint64_t, Seq*> active_;  // By arrival: oldest first.
   int64_t prompt_tokens_computed_ = 0;
   int64_t preemptions_ = 0;
+  int64_t cache_query_tokens_ = 0;
+  int64_t cache_hit_tokens_[2] = {0, 0};
   // Ids cancelled before they arrived, oldest first (bounded).
   std::deque<uint64_t> cancelled_order_;
   std::unordered_set<uint64_t> cancelled_;

@@ -16,6 +16,8 @@
 #include "engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "engine/testing/tiny_model.h"
+#include "kvcache/prefix_tree.h"
+#include "worker/pool_block_store.h"
 
 namespace duet::decode {
 namespace {
@@ -128,11 +130,25 @@ struct Output {
   std::vector<engine::SampleResult> tokens;
   std::vector<bool> first;
   std::optional<FinishOut> finish;
+  int64_t cached_tokens = -1;  // Reported with the first token.
 };
 
+EngineOptions WithCache(EngineOptions o, kvcache::PrefixTree* tree) {
+  o.cache = tree;
+  return o;
+}
+
 struct Harness {
-  explicit Harness(int64_t blocks, EngineOptions options = {}, engine::Model* m = &TinyModel())
-      : model(m), pool(m->KvLayoutFor(16), blocks), engine(m, &pool, &importer, options) {
+  // cache_host_blocks >= 0: a prefix cache over the pool, with that many host blocks.
+  explicit Harness(int64_t blocks, EngineOptions options = {}, engine::Model* m = &TinyModel(),
+                   int64_t cache_host_blocks = -1)
+      : model(m),
+        pool(m->KvLayoutFor(16), blocks),
+        store(cache_host_blocks >= 0 ? std::make_unique<worker::PoolBlockStore>(&pool, cache_host_blocks) : nullptr),
+        tree(store ? std::make_unique<kvcache::PrefixTree>(
+                         kvcache::TreeOptions{.block_size = 16, .host_tier = cache_host_blocks > 0}, store.get())
+                   : nullptr),
+        engine(m, &pool, &importer, WithCache(options, tree.get())) {
     importer.pool = &pool;
   }
 
@@ -160,6 +176,7 @@ struct Harness {
       REQUIRE(!out[t.request_id].finish.has_value());
       out[t.request_id].tokens.push_back(t.sample);
       out[t.request_id].first.push_back(t.first);
+      if (t.first) out[t.request_id].cached_tokens = t.cached_tokens;
     }
     for (const FinishOut& f : r.finishes) {
       REQUIRE(!out[f.request_id].finish.has_value());
@@ -201,6 +218,8 @@ struct Harness {
   engine::Model* model;
   engine::BlockPool pool;
   FakeImporter importer;
+  std::unique_ptr<worker::PoolBlockStore> store;
+  std::unique_ptr<kvcache::PrefixTree> tree;  // Outlives the engine, whose requests pin it.
   BatchEngine engine;
   std::map<uint64_t, std::vector<int32_t>> prompts;
   std::map<uint64_t, GenerationParams> params;
@@ -227,6 +246,61 @@ TEST_CASE("batched, chunked requests equal Generate token for token", "[batch_en
   REQUIRE(c.prompt_tokens_computed == 5 + 20 + 37 + 3 + 50 + 16);  // Local prompts only.
   REQUIRE(h.importer.completed == 2);
   REQUIRE(h.pool.num_free() == h.pool.num_blocks());
+}
+
+TEST_CASE("with a prefix cache: repeats, shared prefixes, a chat's next turn and host hits equal Generate",
+          "[batch_engine]") {
+  // 40 device blocks, 64 on host; at most two requests at a time.
+  Harness h(40, {.max_running = 2, .token_budget = 64}, &TinyModel(), 64);
+  auto greedy = [](int64_t n) {
+    GenerationParams p = Greedy(n);
+    p.sampling.logprobs = 5;
+    return p;
+  };
+  auto concat = [](std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<int32_t> system = Prompt(40, 90);
+  const std::vector<int32_t> first = concat(system, Prompt(30, 91));  // 70 tokens: 4 full blocks
+  const std::vector<int32_t> third = concat(system, Prompt(30, 92));
+  h.AddLocal(1, first, greedy(12));
+  h.RunToEnd();
+  CHECK(h.out[1].cached_tokens == 0);  // a miss
+  h.AddLocal(2, first, Seeded(8, 3));  // the same prompt: all its full blocks
+  h.AddLocal(3, third, greedy(6));  // the system prompt's 2 full blocks
+  h.RunToEnd();
+  CHECK(h.out[2].cached_tokens == 64);
+  CHECK(h.out[3].cached_tokens == 32);
+  // The next turn of request 1's chat: its prompt, its answer, a new question.
+  std::vector<int32_t> answer;
+  for (const engine::SampleResult& t : h.out[1].tokens) answer.push_back(t.token);
+  h.AddLocal(4, concat(concat(first, answer), Prompt(20, 93)), greedy(5));
+  h.RunToEnd();
+  // Request 1's KV covered prompt and answer but the last token: 81 positions, 5 full blocks.
+  CHECK(h.out[4].cached_tokens == 80);
+  // Six unrelated 100-token prompts push the blocks used once (request 3's
+  // own) to host; the ones used often (the system prompt's) stay.
+  for (int i = 0; i < 6; ++i) h.AddLocal(10 + i, Prompt(100, 100 + i), greedy(4));
+  h.RunToEnd();
+  const EngineCounts before = h.engine.counts();
+  h.AddLocal(5, third, greedy(7));
+  h.RunToEnd();
+  const EngineCounts after = h.engine.counts();
+  CHECK(h.out[5].cached_tokens == 64);
+  CHECK(after.cache_hit_tokens[static_cast<int>(kvcache::Tier::kHost)] -
+            before.cache_hit_tokens[static_cast<int>(kvcache::Tier::kHost)] > 0);
+  h.CheckAgainstGenerate();
+  // The cache gave way before any request did, and no pin outlived its request.
+  CHECK(after.preemptions == 0);
+  CHECK(h.tree->CheckInvariants().empty());
+  for (const kvcache::PrefixTree::Entry& e : h.tree->Entries()) CHECK(e.pins == 0);
+  int64_t prompts = 0;
+  for (const auto& [id, p] : h.prompts) prompts += static_cast<int64_t>(p.size());
+  CHECK(after.cache_query_tokens == prompts);
+  CHECK(after.prompt_tokens_computed == prompts - after.cache_hit_tokens[0] - after.cache_hit_tokens[1]);
+  h.tree->Clear();
+  CHECK(h.pool.num_free() == h.pool.num_blocks());
 }
 
 TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", "[batch_engine]") {

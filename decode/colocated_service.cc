@@ -17,19 +17,24 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
   s->options_ = std::move(options);
   s->sink_ = sink;
   s->layout_ = s->engine_.LayoutProto();
+  ASSIGN_OR_RETURN(s->cache_, worker::PrefixCache::Create(s->options_.cache, s->engine_.pool.get(),
+                                                          s->options_.model_dir, s->engine_.model->config()));
   s->loop_ = std::make_unique<EngineLoop>(
       s->engine_.model.get(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
       EngineLoopOptions{.role = proto::ROLE_COLOCATED,
                         .engine = {.max_running = s->options_.max_running,
-                                   .token_budget = s->options_.token_budget}});
+                                   .token_budget = s->options_.token_budget,
+                                   .cache = s->cache_->tree()},
+                        .cache = s->cache_.get()});
   LOG(INFO) << "colocated worker " << sink->worker_id() << ": " << s->engine_.pool->num_blocks()
             << " KV blocks of " << s->options_.block_size << " tokens, token budget "
-            << s->options_.token_budget;
+            << s->options_.token_budget << ", prefix cache " << (s->cache_->tree() ? "on" : "off");
   return s;
 }
 
 ColocatedService::~ColocatedService() {
   if (loop_) loop_->Stop();
+  if (cache_) LOG(INFO) << "colocated worker " << sink_->worker_id() << ": " << cache_->Summary();
 }
 
 worker::RegistrationInfo ColocatedService::Registration() {
@@ -45,6 +50,12 @@ void ColocatedService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
   switch (frame.msg_case()) {
     case proto::Frame::kPrefill:
       HandlePrefill(std::move(*frame.mutable_prefill()));
+      return;
+    case proto::Frame::kResetPrefixCache:
+      loop_->Post([this](BatchEngine&) {
+        LOG(INFO) << "colocated worker " << sink_->worker_id() << ": prefix cache reset, " << cache_->Reset()
+                  << " blocks dropped";
+      });
       return;
     default:
       LOG(WARNING) << "colocated worker ignores an unexpected frame (case " << frame.msg_case() << ")";
@@ -92,7 +103,8 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
   SequenceRequest r{.request_id = id,
                     .prompt = {req.spec().prompt_ids().begin(), req.spec().prompt_ids().end()},
                     .params = std::move(*params),
-                    .generated = {req.resume_ids().begin(), req.resume_ids().end()}};
+                    .generated = {req.resume_ids().begin(), req.resume_ids().end()},
+                    .cache_boundaries = {req.spec().cache_boundaries().begin(), req.spec().cache_boundaries().end()}};
   loop_->Post([this, r = std::move(r)](BatchEngine& e) mutable {
     const uint64_t id = r.request_id;
     absl::Status added = e.Add(std::move(r));

@@ -11,7 +11,8 @@
 // -> FIFO queue -> admission when the pool holds prompt + 1 positions ->
 // chunked prefill -> FirstToken (TTFT) -> one TokenBatch per step -> Finish.
 // resume_ids are prefilled after the prompt and generation continues after
-// them. No KV moves between workers. Finishing, Cancel, preemption (newest
+// them. No KV moves between workers. Prompts start from their longest cached
+// prefix (worker::PrefixCache; ResetPrefixCache empties it). Finishing, Cancel, preemption (newest
 // first, recomputed locally) and stats are the decode worker's (role
 // COLOCATED; prompt_tokens_computed counts every prefilled token).
 //
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "decode/engine_loop.h"
 #include "worker/frame_sink.h"
+#include "worker/prefix_cache.h"
 #include "worker/runtime.h"
 
 namespace duet::decode {
@@ -41,6 +43,7 @@ struct ColocatedOptions {
   int64_t block_size = 16;
   int64_t max_running = 256;
   int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per step: decodes first, prefill chunks fill the rest.
+  worker::PrefixCacheOptions cache;  // Reuse of cached prefixes (on by default; see BatchEngine).
 };
 
 class ColocatedService : public worker::WorkerService {
@@ -64,6 +67,7 @@ class ColocatedService : public worker::WorkerService {
   ColocatedOptions options_;
   worker::FrameSink* sink_ = nullptr;
   EngineResources engine_;
+  std::unique_ptr<worker::PrefixCache> cache_;  // Before loop_: the engine's sequences pin it.
   proto::KvLayout layout_;
   std::unique_ptr<EngineLoop> loop_;
 };

@@ -133,7 +133,11 @@ void EngineLoop::Sync() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
-    inbox_.push_back([done](BatchEngine&) { done->Notify(); });
+    // Stats show what the commands before it did.
+    inbox_.push_back([this, done](BatchEngine& e) {
+      Publish(e);
+      done->Notify();
+    });
   }
   done->WaitForNotification();
 }
@@ -152,8 +156,9 @@ proto::WorkerStats EngineLoop::Stats() const {
   s.set_worker_id(worker_id_);
   s.set_role(options_.role);
   s.set_kv_blocks_total(pool_->num_blocks());
-  s.set_kv_blocks_free(pool_->num_free());
   absl::MutexLock lock(&mu_);
+  s.set_kv_blocks_free(kv_blocks_free_);
+  s.set_prefix_cache_blocks(prefix_cache_blocks_);
   const EngineCounts& c = counts_;
   s.set_queued_requests(c.waiting + c.pulling);
   s.set_running_requests(c.prefilling + c.running);
@@ -168,9 +173,16 @@ void EngineLoop::Publish(const BatchEngine& engine) {
   running_gauge_->Set(static_cast<double>(c.prefilling + c.running));
   waiting_gauge_->Set(static_cast<double>(c.waiting + c.pulling));
   const int64_t total = pool_->num_blocks();
-  usage_gauge_->Set(total == 0 ? 0.0 : 1.0 - static_cast<double>(pool_->num_free()) / total);
+  // Blocks only the prefix cache holds are free for the taking.
+  const int64_t free = options_.cache != nullptr ? options_.cache->AvailableBlocks() : pool_->num_free();
+  usage_gauge_->Set(total == 0 ? 0.0 : 1.0 - static_cast<double>(free) / total);
+  if (options_.cache != nullptr) {
+    options_.cache->Publish(c.cache_query_tokens, c.cache_hit_tokens[0], c.cache_hit_tokens[1]);
+  }
   absl::MutexLock lock(&mu_);
   counts_ = c;
+  kv_blocks_free_ = free;
+  prefix_cache_blocks_ = options_.cache != nullptr ? options_.cache->device_blocks() : 0;
 }
 
 void EngineLoop::Emit(StepResult& r) {
@@ -181,6 +193,7 @@ void EngineLoop::Emit(StepResult& r) {
       f.mutable_first_token()->set_request_id(t.request_id);
       *f.mutable_first_token()->mutable_token() = TokenProto(t.sample);
       f.mutable_first_token()->set_worker_id(worker_id_);
+      f.mutable_first_token()->set_cached_tokens(t.cached_tokens);
       sink_->SendToRouter(f);
       continue;
     }

@@ -15,8 +15,9 @@
 // frames are sent, so a test that saw a Finish also sees its blocks free.
 //
 // Metrics (MetricsRegistry::Default()): duet_requests_running,
-// duet_requests_waiting and duet_kv_cache_usage_ratio, labelled
-// {role, worker}.
+// duet_requests_waiting and duet_kv_cache_usage_ratio (blocks requests
+// hold; the prefix cache's own are in duet_prefix_cache_usage_ratio),
+// labelled {role, worker}, and the prefix cache's.
 //
 // Thread-safe: Post, Sync, Stats and Stop may be called from any thread.
 #ifndef DUET_DECODE_ENGINE_LOOP_H_
@@ -40,12 +41,16 @@
 #include "kernels/backend.h"
 #include "proto/control.pb.h"
 #include "worker/frame_sink.h"
+#include "worker/prefix_cache.h"
 
 namespace duet::decode {
 
 struct EngineLoopOptions {
   proto::Role role = proto::ROLE_DECODE;
-  EngineOptions engine;
+  EngineOptions engine;  // engine.cache: cache->tree()
+  // The worker's prefix cache (not owned), or nullptr: its metrics are
+  // published each step and its unpinned blocks count as free in Stats.
+  worker::PrefixCache* cache = nullptr;
   // How often the loop looks at pulls in flight when it has nothing to run.
   absl::Duration poll_interval = absl::Microseconds(500);
 };
@@ -62,7 +67,8 @@ class EngineLoop {
 
   // Runs `command` on the engine thread before its next step.
   void Post(Command command);
-  // Returns once every command posted before it has run (tests, shutdown).
+  // Returns once every command posted before it has run and Stats show
+  // their effect (tests, shutdown).
   void Sync();
   // Drops every request (abandoning imports, freeing blocks) and joins the thread.
   void Stop();
@@ -94,6 +100,8 @@ class EngineLoop {
   std::vector<Command> inbox_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   EngineCounts counts_ ABSL_GUARDED_BY(mu_);
+  int64_t kv_blocks_free_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefix_cache_blocks_ ABSL_GUARDED_BY(mu_) = 0;
 
   BatchEngine engine_;  // Engine thread only.
   std::thread thread_;

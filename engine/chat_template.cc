@@ -105,7 +105,9 @@ absl::StatusOr<PromptFormat> PromptFormat::Load(const std::string& model_dir) {
 }
 
 absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessage> messages,
-                                                     bool add_generation_prompt) const {
+                                                     bool add_generation_prompt,
+                                                     absl::Span<const ChatDocument> documents,
+                                                     std::vector<size_t>* document_starts) const {
   if (!format_.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat("this model cannot chat: ", template_error_,
                                                       "; use plain completions"));
@@ -118,25 +120,37 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
                                                      "\" must be system, user or assistant"));
     }
   }
+  if (document_starts != nullptr) document_starts->clear();
   std::string out;
-  switch (*format_) {
-    case ChatFormat::kLlama3:
-      for (size_t i = 0; i < messages.size(); ++i) {
-        if (i == 0) out += bos_token_;
-        absl::StrAppend(&out, "<|start_header_id|>", messages[i].role, "<|end_header_id|>\n\n",
-                        Trim(messages[i].content), "<|eot_id|>");
-      }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      break;
-    case ChatFormat::kChatML:
-      if (messages[0].role != "system") {
-        out += "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
-      }
-      for (const ChatMessage& m : messages) {
-        absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
-      }
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
-      break;
+  auto turn = [&](const std::string& role, const std::string& content) {
+    switch (*format_) {
+      case ChatFormat::kLlama3:
+        absl::StrAppend(&out, "<|start_header_id|>", role, "<|end_header_id|>\n\n", Trim(content), "<|eot_id|>");
+        break;
+      case ChatFormat::kChatML:
+        absl::StrAppend(&out, "<|im_start|>", role, "\n", content, "<|im_end|>\n");
+        break;
+    }
+  };
+  if (*format_ == ChatFormat::kLlama3) out += bos_token_;
+  size_t next = 0;  // The first message not yet rendered.
+  if (messages[0].role == "system") {
+    turn("system", messages[0].content);
+    next = 1;
+  } else if (*format_ == ChatFormat::kChatML) {
+    turn("system", "You are a helpful assistant.");
+  }
+  for (size_t d = 0; d < documents.size(); ++d) {
+    if (document_starts != nullptr) document_starts->push_back(out.size());
+    const ChatDocument& doc = documents[d];
+    turn("system", absl::StrCat("Document ", doc.id.empty() ? absl::StrCat(d + 1) : doc.id,
+                                doc.title.empty() ? "" : absl::StrCat(": ", doc.title), "\n", doc.text));
+  }
+  if (document_starts != nullptr && !documents.empty()) document_starts->push_back(out.size());
+  for (size_t i = next; i < messages.size(); ++i) turn(messages[i].role, messages[i].content);
+  if (add_generation_prompt) {
+    out += *format_ == ChatFormat::kLlama3 ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                                           : "<|im_start|>assistant\n";
   }
   return out;
 }

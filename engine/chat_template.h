@@ -28,6 +28,12 @@ struct ChatMessage {
   std::string content;
 };
 
+// A retrieved document (vLLM's `documents`): its text, and an id and title
+// when known.
+struct ChatDocument {
+  std::string id, title, text;
+};
+
 class PromptFormat {
  public:
   // Reads DIR/tokenizer_config.json. A missing file or a missing template is
@@ -41,8 +47,18 @@ class PromptFormat {
   // FailedPrecondition naming the file when there is no chat template (or
   // the template is not one duet renders); InvalidArgument for an unknown
   // role or an empty conversation.
-  absl::StatusOr<std::string> RenderChat(absl::Span<const ChatMessage> messages,
-                                         bool add_generation_prompt) const;
+  //
+  // Documents come after the leading system message (ChatML's default one
+  // when there is none; with Llama-3 and no system message, right after
+  // BOS), in the given order, each a system turn of its own whose content
+  // is "Document <id, or its 1-based index>[: <title>]", a newline and the
+  // text. `document_starts`, when given, receives the offset in the text
+  // where each document's turn starts and one where what follows the last
+  // begins (nothing without documents): each is just before a special
+  // token, so the pieces between them tokenize as they do in the whole.
+  absl::StatusOr<std::string> RenderChat(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
+                                         absl::Span<const ChatDocument> documents = {},
+                                         std::vector<size_t>* document_starts = nullptr) const;
   // The text a plain completion prompt starts with: the BOS token when
   // add_bos_token is true, else nothing.
   std::string CompletionPrefix() const { return add_bos_token_ ? bos_token_ : ""; }

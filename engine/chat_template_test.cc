@@ -61,6 +61,57 @@ TEST_CASE("ChatML: im_start/im_end, default system prompt only without a system 
   REQUIRE(pf->CompletionPrefix().empty());
 }
 
+TEST_CASE("documents: system turns after the system message, in order, their starts before special tokens",
+          "[chat]") {
+  const std::vector<ChatDocument> docs = {{"", "", "Prefill runs the prompt."},
+                                          {"kv-7", "On decode", "Decode adds one token a step."}};
+  const std::vector<ChatMessage> question = {{"system", "Use the documents."}, {"user", "What is decode?"}};
+  SECTION("Llama-3") {
+    auto pf = PromptFormat::FromTokenizerConfig(Config(kLlama3ChatTemplate, "<|begin_of_text|>", true), "tc.json");
+    REQUIRE(pf.ok());
+    std::vector<size_t> starts;
+    auto got = pf->RenderChat(question, true, docs, &starts);
+    REQUIRE(got.ok());
+    const std::string head = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nUse the documents.<|eot_id|>";
+    const std::string d1 = "<|start_header_id|>system<|end_header_id|>\n\nDocument 1\nPrefill runs the prompt.<|eot_id|>";
+    const std::string d2 =
+        "<|start_header_id|>system<|end_header_id|>\n\nDocument kv-7: On decode\nDecode adds one token a step.<|eot_id|>";
+    const std::string tail =
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is decode?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    CHECK(*got == head + d1 + d2 + tail);
+    CHECK(starts == std::vector<size_t>{head.size(), head.size() + d1.size(), head.size() + d1.size() + d2.size()});
+    // Without a system message, the documents come right after BOS.
+    auto bare = pf->RenderChat({{"user", "What is decode?"}}, true, docs, &starts);
+    REQUIRE(bare.ok());
+    CHECK(*bare == "<|begin_of_text|>" + d1 + d2 + tail);
+    CHECK(starts.front() == std::string("<|begin_of_text|>").size());
+  }
+  SECTION("ChatML") {
+    auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
+    REQUIRE(pf.ok());
+    std::vector<size_t> starts;
+    // Without a system message: after the default one.
+    auto got = pf->RenderChat({{"user", "What is decode?"}}, true, docs, &starts);
+    REQUIRE(got.ok());
+    const std::string head = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
+    const std::string d1 = "<|im_start|>system\nDocument 1\nPrefill runs the prompt.<|im_end|>\n";
+    const std::string d2 = "<|im_start|>system\nDocument kv-7: On decode\nDecode adds one token a step.<|im_end|>\n";
+    const std::string tail = "<|im_start|>user\nWhat is decode?<|im_end|>\n<|im_start|>assistant\n";
+    CHECK(*got == head + d1 + d2 + tail);
+    CHECK(starts == std::vector<size_t>{head.size(), head.size() + d1.size(), head.size() + d1.size() + d2.size()});
+  }
+  SECTION("no documents: the same text as before, no starts") {
+    auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
+    REQUIRE(pf.ok());
+    std::vector<size_t> starts = {7};
+    auto got = pf->RenderChat(kConversation, true, {}, &starts);
+    REQUIRE(got.ok());
+    CHECK(*got == *pf->RenderChat(kConversation, true));
+    CHECK(starts.empty());
+  }
+}
+
 TEST_CASE("unsupported or malformed templates are errors naming the file", "[chat]") {
   auto pf = PromptFormat::FromTokenizerConfig(Config("{{ messages }}", "<s>", true), "/m/tokenizer_config.json");
   REQUIRE(pf.status().code() == absl::StatusCode::kInvalidArgument);

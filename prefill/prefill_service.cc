@@ -94,34 +94,13 @@ absl::Status PrefillService::Init() {
                                          engine::BlockPool::kKvDtype);
 
   if (options_.reorder_window < 0) return absl::InvalidArgumentError("reorder_window must be >= 0");
-  if (options_.kv_host_blocks < 0 || options_.kv_host_memory_bytes < 0) {
-    return absl::InvalidArgumentError("the host KV tier's size must be >= 0");
-  }
-  if (options_.kv_host_blocks == 0 && options_.kv_host_memory_bytes > 0) {
-    options_.kv_host_blocks = options_.kv_host_memory_bytes / pool_->block_bytes();
-  }
-  if (options_.prefix_cache) {
-    cache_store_ = std::make_unique<worker::PoolBlockStore>(pool_.get(), options_.kv_host_blocks);
-    // PGDSF's cost: the FLOPs a run's prefill takes, from the model's shape
-    // (weights' 2 x 12 h^2 per layer per token, attention 4 h per layer per
-    // context position).
-    const engine::ModelConfig& c = model_->config();
-    const double h = static_cast<double>(c.hidden_size), layers = static_cast<double>(c.num_layers);
-    cache_ = std::make_unique<kvcache::PrefixTree>(
-        kvcache::TreeOptions{.block_size = options_.block_size,
-                             .policy = options_.cache_policy,
-                             .host_tier = options_.kv_host_blocks > 0,
-                             .cost = [h, layers](int64_t prefix, int64_t tokens) {
-                               const double n = static_cast<double>(tokens);
-                               return n * layers * (24 * h * h + 4 * h * (static_cast<double>(prefix) + n / 2));
-                             }},
-        cache_store_.get());
-  }
+  ASSIGN_OR_RETURN(cache_, worker::PrefixCache::Create(options_.cache, pool_.get(), options_.model_dir,
+                                                      model_->config()));
   scheduler_ = std::make_unique<PrefillScheduler>(
       SchedulerOptions{.max_batch_tokens = options_.max_batch_tokens,
                        .max_queued_requests = options_.max_queued_requests,
                        .lease_duration = options_.lease_duration,
-                       .cache = cache_.get(),
+                       .cache = cache_->tree(),
                        .reorder_window = options_.reorder_window},
       pool_.get(), options_.transport.get(), region_, options_.clock);
 
@@ -132,25 +111,6 @@ absl::Status PrefillService::Init() {
   usage_gauge_ = m.GetGauge("duet_kv_cache_usage_ratio", "Fraction of KV blocks in use", labels);
   queue_time_ = m.GetHistogram("duet_request_queue_time_seconds", "Time from arrival to scheduling",
                                {{"role", kRole}}, LatencyBucketsSeconds());
-  for (int t = 0; t < 2; ++t) {
-    const Labels tier = {{"tier", t == 0 ? "device" : "host"}};
-    prefix_query_tokens_[t] = m.GetCounter("duet_prefix_cache_query_tokens_total",
-                                           "Prompt tokens looked up in the prefix cache", tier);
-    prefix_hit_tokens_[t] = m.GetCounter("duet_prefix_cache_hit_tokens_total",
-                                         "Prompt tokens found in the prefix cache", tier);
-    cache_usage_[t] = m.GetGauge("duet_prefix_cache_usage_ratio",
-                                 "Fraction of the tier's blocks the prefix cache holds", tier);
-    swap_bytes_[t] = m.GetCounter("duet_prefix_cache_swap_bytes_total",
-                                  "KV bytes copied between the prefix cache's tiers",
-                                  {{"direction", t == 0 ? "to_host" : "to_device"}});
-  }
-  const Labels eviction_labels[3] = {{{"tier", "device"}, {"reason", "to_host"}},
-                                     {{"tier", "device"}, {"reason", "dropped"}},
-                                     {{"tier", "host"}, {"reason", "capacity"}}};
-  for (int k = 0; k < 3; ++k) {
-    evictions_[k] = m.GetCounter("duet_prefix_cache_evictions_total", "KV blocks the prefix cache evicted",
-                                 eviction_labels[k]);
-  }
   PublishStats();
   engine_ = std::thread([this] { EngineLoop(); });
   LOG(INFO) << "prefill " << worker_id_ << ": " << options_.served_model_name << ", " << blocks
@@ -168,12 +128,7 @@ PrefillService::~PrefillService() {
   // Leases end (epochs bumped) and blocks return before the pool's memory
   // leaves the transport.
   scheduler_.reset();
-  if (cache_ != nullptr) {
-    const kvcache::PrefixTree::Stats& st = cache_->stats();
-    LOG(INFO) << "prefill " << worker_id_ << ": prefix cache evicted " << st.evicted_blocks[0] << " device and "
-              << st.evicted_blocks[1] << " host blocks, swapped " << st.swap_out_blocks << " out and "
-              << st.swap_in_blocks << " in, dropped " << st.dropped_blocks;
-  }
+  if (cache_ != nullptr) LOG(INFO) << "prefill " << worker_id_ << ": " << cache_->Summary();
   cache_.reset();
   if (region_registered_) {
     absl::Status s = options_.transport->DeregisterRegion(region_);
@@ -281,11 +236,7 @@ void PrefillService::Handle(Event& e) {
   switch (e.kind) {
     case Event::Kind::kRequest: {
       const uint64_t id = e.request_id;
-      const double tokens = e.request.spec().prompt_ids_size() + e.request.resume_ids_size();
       absl::Status s = scheduler_->Enqueue(std::move(e.request));
-      if (s.ok() && cache_ == nullptr) {
-        for (Counter* q : prefix_query_tokens_) q->Increment(tokens);  // every one a miss
-      }
       if (!s.ok()) {
         LOG(WARNING) << "request " << id << " rejected: " << s;
         SendFinish(id, proto::FINISH_ERROR, s);
@@ -318,13 +269,7 @@ void PrefillService::Handle(Event& e) {
       }
       return;
     case Event::Kind::kResetCache:
-      if (cache_ != nullptr) {
-        const int64_t before = cache_->blocks(kvcache::Tier::kDevice) + cache_->blocks(kvcache::Tier::kHost);
-        cache_->Clear();
-        LOG(INFO) << "prefill " << worker_id_ << ": prefix cache reset, "
-                  << before - cache_->blocks(kvcache::Tier::kDevice) - cache_->blocks(kvcache::Tier::kHost)
-                  << " blocks dropped";
-      }
+      LOG(INFO) << "prefill " << worker_id_ << ": prefix cache reset, " << cache_->Reset() << " blocks dropped";
       return;
     case Event::Kind::kRouterLost: {
       const auto dropped = scheduler_->DropUnleased();
@@ -473,7 +418,7 @@ void PrefillService::PublishStats() {
   s.set_worker_id(worker_id_);
   s.set_role(proto::ROLE_PREFILL);
   s.set_kv_blocks_total(pool_->num_blocks());
-  s.set_kv_blocks_free(pool_->num_free());
+  s.set_kv_blocks_free(cache_->AvailableBlocks());
   s.set_queued_requests(scheduler_->num_queued());
   s.set_running_requests(scheduler_->num_running());
   s.set_queued_prefill_tokens(scheduler_->queued_prefill_tokens());
@@ -481,34 +426,9 @@ void PrefillService::PublishStats() {
   s.set_kv_bytes_moved(kv_bytes_moved_);
   s.set_kv_blocks_transferred(kv_blocks_transferred_);
   s.set_leased_blocks(scheduler_->leased_blocks());
-  if (cache_ != nullptr) s.set_prefix_cache_blocks(cache_->blocks(kvcache::Tier::kDevice));
-  if (cache_ != nullptr) {
-    const int64_t query = scheduler_->cache_query_tokens();
-    const int64_t hits[2] = {scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),
-                             scheduler_->cache_hit_tokens(kvcache::Tier::kHost)};
-    prefix_query_tokens_[0]->Increment(static_cast<double>(query - published_query_));
-    prefix_query_tokens_[1]->Increment(static_cast<double>((query - hits[0]) - (published_query_ - published_hits_[0])));
-    for (int t = 0; t < 2; ++t) prefix_hit_tokens_[t]->Increment(static_cast<double>(hits[t] - published_hits_[t]));
-    published_query_ = query;
-    published_hits_[0] = hits[0];
-    published_hits_[1] = hits[1];
-    cache_usage_[0]->Set(static_cast<double>(cache_->blocks(kvcache::Tier::kDevice)) /
-                         static_cast<double>(pool_->num_blocks()));
-    cache_usage_[1]->Set(cache_store_->host_slots() > 0 ? static_cast<double>(cache_->blocks(kvcache::Tier::kHost)) /
-                                                              static_cast<double>(cache_store_->host_slots())
-                                                        : 0.0);
-    const uint64_t swapped[2] = {cache_store_->bytes_to_host(), cache_store_->bytes_to_device()};
-    const kvcache::PrefixTree::Stats& st = cache_->stats();
-    const int64_t evicted[3] = {st.evicted_blocks[0] - st.dropped_blocks, st.dropped_blocks, st.evicted_blocks[1]};
-    for (int t = 0; t < 2; ++t) {
-      swap_bytes_[t]->Increment(static_cast<double>(swapped[t] - published_swap_[t]));
-      published_swap_[t] = swapped[t];
-    }
-    for (int k = 0; k < 3; ++k) {
-      evictions_[k]->Increment(static_cast<double>(evicted[k] - published_evictions_[k]));
-      published_evictions_[k] = evicted[k];
-    }
-  }
+  s.set_prefix_cache_blocks(cache_->device_blocks());
+  cache_->Publish(scheduler_->cache_query_tokens(), scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),
+                  scheduler_->cache_hit_tokens(kvcache::Tier::kHost));
   waiting_gauge_->Set(static_cast<double>(s.queued_requests()));
   running_gauge_->Set(static_cast<double>(s.running_requests()));
   usage_gauge_->Set(1.0 - static_cast<double>(s.kv_blocks_free()) / static_cast<double>(s.kv_blocks_total()));

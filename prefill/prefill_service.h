@@ -39,12 +39,11 @@
 #include "engine/block_pool.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
-#include "kvcache/prefix_tree.h"
 #include "kvtransfer/transport.h"
 #include "prefill/scheduler.h"
 #include "proto/control.pb.h"
 #include "worker/frame_sink.h"
-#include "worker/pool_block_store.h"
+#include "worker/prefix_cache.h"
 #include "worker/runtime.h"
 
 namespace duet::prefill {
@@ -59,12 +58,9 @@ struct PrefillServiceOptions {
   int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // Prompt tokens per step; longer prompts are chunked.
   int64_t max_queued_requests = 1024;  // Beyond this, Finish{RESOURCE_EXHAUSTED}.
   absl::Duration lease_duration = absl::Seconds(60);
-  // The knowledge tree: reuse of cached prompt prefixes (off: every prompt
-  // is computed whole), its host tier in blocks or bytes (0: none), its policy.
-  bool prefix_cache = false;
-  int64_t kv_host_blocks = 0;  // wins over kv_host_memory_bytes when > 0
-  int64_t kv_host_memory_bytes = 0;
-  kvcache::Policy cache_policy = kvcache::Policy::kPgdsf;
+  // The knowledge tree: reuse of cached prompt prefixes (on by default), its
+  // host tier, policy and cost.
+  worker::PrefixCacheOptions cache;
   int64_t reorder_window = 0;  // SchedulerOptions::reorder_window
   Clock* clock = RealClock();  // Leases and queue times run on it.
   kvtransfer::KvTransportPtr transport;  // UCX in production; required.
@@ -122,8 +118,7 @@ class PrefillService : public worker::WorkerService {
   std::string region_bytes_;  // ExportRegion(region_), sent in every KvHandle.
   proto::KvLayout layout_;
   // Engine thread only; the tree outlives the scheduler, whose sequences pin it.
-  std::unique_ptr<worker::PoolBlockStore> cache_store_;
-  std::unique_ptr<kvcache::PrefixTree> cache_;
+  std::unique_ptr<worker::PrefixCache> cache_;
   std::unique_ptr<PrefillScheduler> scheduler_;
 
   // Shared with callbacks (offer errors) that may outlive the service.
@@ -137,21 +132,6 @@ class PrefillService : public worker::WorkerService {
   // Choices (sibling ids) cancelled before their prompt completed.
   std::set<uint64_t> cancelled_siblings_;
   bool IsPendingSibling(uint64_t id) const;
-  // Prefix-cache lookups per tier (device, host): with the cache off, every
-  // prompt token is looked up and missed in both tiers, so dashboards show a
-  // 0% hit rate, not no data. With it on, the device tier is asked for every
-  // prompt token and the host tier for those the device lacked.
-  Counter* prefix_query_tokens_[2] = {nullptr, nullptr};
-  Counter* prefix_hit_tokens_[2] = {nullptr, nullptr};
-  int64_t published_query_ = 0, published_hits_[2] = {0, 0};  // What the counters already hold.
-  // The tree's occupancy per tier, bytes swapped (to host, to device), and
-  // blocks evicted: from device to host, from device dropped, from host.
-  Gauge* cache_usage_[2] = {nullptr, nullptr};
-  Counter* swap_bytes_[2] = {nullptr, nullptr};
-  Counter* evictions_[3] = {nullptr, nullptr, nullptr};
-  uint64_t published_swap_[2] = {0, 0};
-  int64_t published_evictions_[3] = {0, 0, 0};
-
   absl::Mutex stats_mu_;
   proto::WorkerStats stats_ ABSL_GUARDED_BY(stats_mu_);
   uint64_t kv_bytes_moved_ = 0;         // Engine thread only.

@@ -132,18 +132,23 @@ size_t PrefillScheduler::NextToAdmit() {
 
 bool PrefillScheduler::Admit(PrefillSequence& head) {
   kvcache::PrefixTree* tree = options_.cache;
-  if (tree == nullptr) return head.kv.Reserve(head.num_tokens()).ok();
+  if (tree == nullptr) {
+    if (!head.kv.Reserve(head.num_tokens()).ok()) return false;
+    cache_query_tokens_ += head.num_tokens();  // every one a miss
+    return true;
+  }
   const int64_t bs = pool_->layout().block_size;
   // The last token is always computed: its logits give token 1.
   const absl::Span<const int32_t> prefix = absl::MakeConstSpan(head.tokens).subspan(0, head.tokens.size() - 1);
-  // Room first: the blocks to compute and to swap in, from the tree's
-  // unpinned leaves if the pool lacks them (blocks running or leased
-  // sequences share are not freed by that).
-  const kvcache::Match peek = tree->Lookup(prefix);
-  const int64_t need = (head.num_tokens() + bs - 1) / bs - peek.device_tokens / bs;
-  if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
+  // Its cached path pinned first, then room for the blocks to compute and
+  // to swap in, from the tree's other unpinned leaves if the pool lacks
+  // them (blocks running or leased sequences share are not freed by that):
+  // with nothing else held, a prompt that fits the pool always fits.
   kvcache::Match m = tree->Acquire(prefix);
-  absl::StatusOr<std::vector<int32_t>> cached = tree->SwapIn(m);
+  const int64_t need = (head.num_tokens() + bs - 1) / bs - m.device_tokens / bs;
+  if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
+  absl::StatusOr<std::vector<int32_t>> cached =
+      pool_->num_free() < need ? absl::ResourceExhaustedError("no room") : tree->SwapIn(m);
   if (!cached.ok() || !head.kv.ShareBlocks(*cached).ok() || !head.kv.Reserve(head.num_tokens()).ok()) {
     head.kv.Release();
     tree->Release(m);
@@ -184,7 +189,11 @@ std::vector<uint64_t> PrefillScheduler::Complete(const Step& step) {
     CHECK(s != nullptr) << "completed chunk of unknown request " << c.request_id;
     s->computed += len;
     // Its full blocks join the tree (which takes its own references).
-    if (options_.cache != nullptr) options_.cache->Insert(s->tokens, s->kv.block_table());
+    if (options_.cache != nullptr) {
+      const auto& b = s->request.spec().cache_boundaries();
+      const std::vector<int64_t> boundaries(b.begin(), b.end());
+      options_.cache->Insert(s->tokens, s->kv.block_table(), boundaries);
+    }
     done.push_back(c.request_id);
     complete_[c.request_id] = std::move(s);
   }

@@ -173,8 +173,8 @@ class PrefillScheduler {
   // Prompt tokens not yet computed, of queued and partially prefilled requests.
   int64_t queued_prefill_tokens() const;
   int64_t prompt_tokens_computed() const { return prompt_tokens_computed_; }
-  // Prompt tokens of admitted requests looked up in the cache, and found on
-  // device and on host (since start).
+  // Prompt tokens of admitted requests looked up in the cache (all of them,
+  // with no cache), and found on device and on host (since start).
   int64_t cache_query_tokens() const { return cache_query_tokens_; }
   int64_t cache_hit_tokens(kvcache::Tier t) const { return cache_hit_tokens_[static_cast<int>(t)]; }
   uint64_t lease_expirations() const { return lease_expirations_; }

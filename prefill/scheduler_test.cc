@@ -338,10 +338,12 @@ struct CachedFixture {
     REQUIRE(transport->DeregisterRegion(region).ok());
   }
   // Runs a request of `tokens` to completion in one step; returns (start, length) of its chunk.
-  std::pair<int64_t, int64_t> Run(uint64_t id, const std::vector<int32_t>& tokens, std::vector<int32_t>* blocks = nullptr) {
+  std::pair<int64_t, int64_t> Run(uint64_t id, const std::vector<int32_t>& tokens, std::vector<int32_t>* blocks = nullptr,
+                                  const std::vector<int32_t>& boundaries = {}) {
     proto::PrefillRequest r;
     r.set_request_id(id);
     for (int32_t t : tokens) r.mutable_spec()->add_prompt_ids(t);
+    for (int32_t b : boundaries) r.mutable_spec()->add_cache_boundaries(b);
     REQUIRE(sched->Enqueue(r).ok());
     Step s = sched->Schedule();
     REQUIRE(s.chunks.size() == 1);
@@ -395,6 +397,18 @@ TEST_CASE("with the tree, a prompt starts after its longest cached block-aligned
   CHECK(f.sched->Release(2) > 0);
   f.sched->Finish(3);
   f.sched->Finish(4);
+}
+
+TEST_CASE("a request's document boundaries start the tree's nodes, rounded down to blocks", "[prefill][scheduler]") {
+  CachedFixture f(64);
+  // 30 tokens: a system prompt [0, 5), a document [5, 18), the question [18, 30).
+  f.Run(1, Tokens(100, 30), nullptr, {5, 18});
+  f.sched->Finish(1);
+  // Full blocks of 4: 7 of them; nodes at blocks [0, 1) [1, 4) [4, 7).
+  std::vector<int64_t> sizes;
+  for (const auto& e : f.tree->Entries()) sizes.push_back(e.node_tokens);
+  std::sort(sizes.begin(), sizes.end());
+  CHECK(sizes == std::vector<int64_t>{4, 12, 12});
 }
 
 TEST_CASE("with the pool full of cached blocks, the queue head evicts them to fit", "[prefill][scheduler]") {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -437,14 +439,55 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
     }
     messages.push_back({std::move(r_name), std::move(text)});
   }
+  // vLLM's documents: [{"text", "id"?, "title"?}, ...], rendered after the
+  // system message; the prefix cache's nodes start where each one does.
+  std::vector<engine::ChatDocument> documents;
+  if (const Json* docs = Field(body, "documents"); docs != nullptr && !docs->is_null()) {
+    if (!docs->is_array()) {
+      return ParamError("documents", absl::StrCat("'documents' must be an array of objects, got ", Describe(*docs)));
+    }
+    for (size_t i = 0; i < docs->size(); ++i) {
+      const Json& d = (*docs)[i];
+      const std::string where = absl::StrCat("documents[", i, "]");
+      if (!d.is_object()) return ParamError("documents", absl::StrCat(where, " must be an object, got ", Describe(d)));
+      engine::ChatDocument doc;
+      for (auto [key, out, required] : {std::tuple<const char*, std::string*, bool>{"text", &doc.text, true},
+                                        {"id", &doc.id, false},
+                                        {"title", &doc.title, false}}) {
+        const Json* v = Field(d, key);
+        if (v == nullptr || v->is_null()) {
+          if (required) return ParamError("documents", absl::StrCat(where, ".", key, " is required"));
+          continue;
+        }
+        if (!v->is_string()) {
+          return ParamError("documents", absl::StrCat(where, ".", key, " must be a string, got ", Describe(*v)));
+        }
+        *out = v->get<std::string>();
+      }
+      documents.push_back(std::move(doc));
+    }
+  }
   if (!model.format->has_chat_template()) {
     return ParamError("messages", absl::StrCat("the model `", model.name,
                                                "` has no chat template; use /v1/completions"));
   }
-  auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true);
+  std::vector<size_t> starts;
+  auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts);
   if (!rendered.ok()) return ParamError("messages", rendered.status().message());
-  auto ids = model.tokenizer->Encode(*rendered);
-  if (!ids.ok()) return ParamError("messages", ids.status().message());
+  // Piece by piece between the documents' starts (each before a special
+  // token, so the pieces tokenize as the whole does), noting where each begins.
+  std::vector<int32_t> all;
+  std::vector<size_t> cuts = starts;
+  cuts.push_back(rendered->size());
+  size_t from = 0;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    if (k > 0) r.spec.add_cache_boundaries(static_cast<int32_t>(all.size()));
+    auto piece = model.tokenizer->Encode(std::string_view(*rendered).substr(from, cuts[k] - from));
+    if (!piece.ok()) return ParamError("messages", piece.status().message());
+    all.insert(all.end(), piece->begin(), piece->end());
+    from = cuts[k];
+  }
+  const std::vector<int32_t>* ids = &all;
   if (ids->empty()) return ParamError("messages", "the conversation renders to an empty prompt");
   RETURN_IF_ERROR(CheckLength(ids->size(), model));
   r.spec.mutable_prompt_ids()->Assign(ids->begin(), ids->end());

@@ -250,6 +250,54 @@ TEST_CASE("no logprobs requested: logprobs is null") {
                               {"prompt_tokens_details", {{"cached_tokens", 0}}}});
 }
 
+// The test model with room for a conversation and its documents.
+ServedModel LongContext() {
+  ServedModel m = M().served;
+  m.max_model_len = 2048;
+  return m;
+}
+
+TEST_CASE("chat documents: rendered after the system message, the prefix cache's boundaries where each starts") {
+  auto r = ParseChatRequest(
+      R"({"model": "tiny", "messages": [{"role": "system", "content": "Docs."},
+          {"role": "user", "content": "Decode?"}],
+          "documents": [{"text": "Prefill."}, {"id": "k7", "title": "D", "text": "Decode."}]})",
+      LongContext(), 5);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  const std::vector<engine::ChatDocument> docs = {{"", "", "Prefill."}, {"k7", "D", "Decode."}};
+  std::vector<size_t> starts;
+  const std::string text = M().format.RenderChat({{"system", "Docs."}, {"user", "Decode?"}}, true, docs, &starts).value();
+  REQUIRE(starts.size() == 3);
+  // The prompt is the whole text's tokens, and each boundary is the token
+  // count of the text before a start.
+  const std::vector<int32_t> ids(r->spec.prompt_ids().begin(), r->spec.prompt_ids().end());
+  CHECK(ids == M().tok->Encode(text).value());
+  REQUIRE(r->spec.cache_boundaries_size() == 3);
+  for (int k = 0; k < 3; ++k) {
+    INFO("boundary " << k);
+    CHECK(r->spec.cache_boundaries(k) ==
+          static_cast<int32_t>(M().tok->Encode(text.substr(0, starts[static_cast<size_t>(k)])).value().size()));
+  }
+  CHECK(r->spec.cache_boundaries(0) < r->spec.cache_boundaries(1));
+  // Without documents: no boundaries.
+  auto plain = ParseChatRequest(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})", LongContext(), 5);
+  REQUIRE(plain.ok());
+  CHECK(plain->spec.cache_boundaries_size() == 0);
+  for (const char* body : {
+           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": "doc"})",
+           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [7]})",
+           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"title": "t"}]})",
+           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": 3}]})",
+           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": "a", "id": 4}]})",
+       }) {
+    INFO(body);
+    auto bad = ParseChatRequest(body, LongContext(), 5);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(ErrorParam(bad.status()) == "documents");
+  }
+}
+
 TEST_CASE("chat requests: messages rendered with the chat template, chat-only fields checked") {
   auto r = ParseChatRequest(
       R"({"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},

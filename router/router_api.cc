@@ -37,7 +37,7 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
   }
 }
 
-// vLLM's endpoint of the same name: every prefill worker empties its tree
+// vLLM's endpoint of the same name: every prefill and colocated worker empties its tree
 // (entries that running or leased requests pin stay until they end).
 void Router::Impl::HandleResetPrefixCache(http::HttpExchangePtr ex) {
   int sent = 0;
@@ -46,7 +46,7 @@ void Router::Impl::HandleResetPrefixCache(http::HttpExchangePtr ex) {
     proto::Frame f = NewFrame();
     f.mutable_reset_prefix_cache();
     for (const WorkerSnapshot& w : registry_->Snapshot()) {
-      if (w.role == proto::ROLE_PREFILL && registry_->Send(w.id, f)) ++sent;
+      if ((w.role == proto::ROLE_PREFILL || w.role == proto::ROLE_COLOCATED) && registry_->Send(w.id, f)) ++sent;
     }
   }
   ex->Reply(JsonResponse(200, nlohmann::json{{"reset_workers", sent}}.dump()));

@@ -108,9 +108,9 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   Cluster c;
   REQUIRE(c.StartRouter(TinyModelDir("llama")).ok());
   // The prefix cache on a small device pool with a host tier, so the
-  // repeated prompts below hit, evict and swap.
+  // prompts below hit, evict from both tiers and swap.
   REQUIRE(c.StartWorker("prefill", "prefill-0",
-                        {"--kv-blocks", "16", "--prefix-cache", "--kv-host-memory",
+                        {"--kv-blocks", "16", "--kv-host-memory",
                          absl::StrCat(64.0 * kTinyBlockBytes / (1 << 30))})
               .ok());
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
@@ -126,18 +126,27 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
     REQUIRE(r.ok());
     REQUIRE(r->status == 200);
   }
-  // Cache traffic: six 100-token prompts sharing their first 48 tokens, twice.
-  for (int round = 0; round < 2; ++round) {
-    for (int i = 0; i < 6; ++i) {
-      json ids = json::array();
-      for (int k = 0; k < 100; ++k) ids.push_back(k < 48 ? 10 + k : 100 + 97 * i + k);
-      auto r = c.Post("/v1/completions", json{{"model", "tiny-llama"}, {"prompt", ids}, {"max_tokens", 2},
-                                              {"temperature", 0}}.dump());
-      REQUIRE(r.ok());
-      REQUIRE(r->status == 200);
+  // Cache traffic: six 100-token prompts sharing their first 48 tokens,
+  // twice (21 distinct full blocks for 16 on device: the second round finds
+  // some on device, some on host), then twelve distinct ones (72 more
+  // blocks, past device and host together: the host tier evicts too).
+  int cache_requests = 0;
+  auto cached_prompt = [&](int i) {
+    json ids = json::array();
+    for (int k = 0; k < 100; ++k) {
+      ids.push_back(i < 6 ? (k < 48 ? 10 + k : 100 + 97 * i + k) : 20 + (97 * i + k) % 900);
     }
+    auto r = c.Post("/v1/completions",
+                    json{{"model", "tiny-llama"}, {"prompt", ids}, {"max_tokens", 2}, {"temperature", 0}}.dump());
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+    ++cache_requests;
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 6; ++i) cached_prompt(i);
   }
-  constexpr int kCacheRequests = 12;
+  for (int i = 6; i < 18; ++i) cached_prompt(i);
+  const int kCacheRequests = cache_requests;
 
   // deploy/prometheus.yml, scraping every second, and the targets file.
   const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "prometheus";
@@ -226,7 +235,8 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
                         R"(sum(duet_prefix_cache_usage_ratio{tier="device"}))",
                         R"(sum(duet_prefix_cache_swap_bytes_total{direction="to_host"}))",
                         R"(sum(duet_prefix_cache_swap_bytes_total{direction="to_device"}))",
-                        R"(sum(duet_prefix_cache_evictions_total{tier="device"}))"}) {
+                        R"(sum(duet_prefix_cache_evictions_total{tier="device"}))",
+                        R"(sum(duet_prefix_cache_evictions_total{tier="host"}))"}) {
     INFO(q);
     json v = Query(port, q);
     REQUIRE(v.size() == 1);

@@ -15,7 +15,9 @@
 #include "http/client.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
+#include "engine/chat_template.h"
 #include "engine/testing/tiny_model.h"
+#include "engine/tokenizer.h"
 
 namespace duet::testing {
 namespace {
@@ -116,19 +118,29 @@ double MetricValue(Cluster& c, const std::string& worker, const std::string& nam
   return sum;
 }
 
-TEST_CASE("the prefill worker's prefix cache: hits on device and on host give duet generate's outputs",
+TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on device and on host give duet "
+          "generate's outputs, disaggregated and colocated",
           "[serving]") {
+  const bool colocated = GENERATE(false, true);
+  INFO((colocated ? "colocated" : "disaggregated"));
   Cluster c;
   const std::string model_dir = TinyModelDir("llama");
   REQUIRE(c.StartRouter(model_dir).ok());
-  // 16 device blocks for rounds of 8 requests of up to 7 blocks each (about
-  // 30 distinct full blocks): the tree's nodes move to the 48-block host
-  // tier and come back.
+  // Rounds of 8 requests of up to 7 blocks each (about 30 distinct full
+  // blocks) on 16 device blocks for prefill (12 colocated, 1 request at a
+  // time, so that none is preempted): the tree's nodes move to the 48-block
+  // host tier and come back.
   const std::string host_gib = absl::StrCat(48.0 * kTinyBlockBytes / (1 << 30));
-  REQUIRE(c.StartWorker("prefill", "prefill-0",
-                        {"--kv-blocks", "16", "--prefix-cache", "--kv-host-memory", host_gib}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string worker = colocated ? "colocated-0" : "prefill-0";
+  if (colocated) {
+    REQUIRE(c.StartWorker("colocated", worker,
+                          {"--kv-blocks", "12", "--max-running", "1", "--kv-host-memory", host_gib}).ok());
+    REQUIRE(c.WaitForWorkers(1).ok());
+  } else {
+    REQUIRE(c.StartWorker("prefill", worker, {"--kv-blocks", "16", "--kv-host-memory", host_gib}).ok());
+    REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
+    REQUIRE(c.WaitForWorkers(2).ok());
+  }
   const std::string model = std::filesystem::path(model_dir).filename().string();
   // A shared system prompt, one of four documents, a question: repeated
   // prompts hit whole, others share the system prompt or a document.
@@ -152,9 +164,9 @@ TEST_CASE("the prefill worker's prefix cache: hits on device and on host give du
     round.push_back(r);
   }
   for (int k = 0; k < 3; ++k) RunAndCheck(c, round, model);  // misses, then hits
-  const double query = MetricValue(c, "prefill-0", "duet_prefix_cache_query_tokens_total", "tier=\"device\"");
-  const double device = MetricValue(c, "prefill-0", "duet_prefix_cache_hit_tokens_total", "tier=\"device\"");
-  const double host = MetricValue(c, "prefill-0", "duet_prefix_cache_hit_tokens_total", "tier=\"host\"");
+  const double query = MetricValue(c, worker, "duet_prefix_cache_query_tokens_total", "tier=\"device\"");
+  const double device = MetricValue(c, worker, "duet_prefix_cache_hit_tokens_total", "tier=\"device\"");
+  const double host = MetricValue(c, worker, "duet_prefix_cache_hit_tokens_total", "tier=\"host\"");
   INFO("query " << query << ", device hits " << device << ", host hits " << host);
   int64_t prompt_tokens = 0;
   for (const auto& r : round) prompt_tokens += static_cast<int64_t>(r.prompt.size());
@@ -187,11 +199,72 @@ TEST_CASE("the prefill worker's prefix cache: hits on device and on host give du
   // What the cache found was not computed again.
   auto stats = c.Stats();
   REQUIRE(stats.ok());
-  for (auto& [id, w] : (*stats)["workers"].items()) {
-    if (w["role"] == "prefill") {
-      CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host + 100 + (100 - 96) + 100);
-    }
-  }
+  const nlohmann::json& w = (*stats)["workers"][worker];
+  REQUIRE(w.value("preemptions", 0) == 0);
+  CHECK(w["prompt_tokens_computed"].get<double>() == 3 * prompt_tokens - device - host + 100 + (100 - 96) + 100);
+}
+
+TEST_CASE("chat documents: a document's KV is found again under the same system prompt and preceding documents",
+          "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::vector<engine::ChatMessage> messages = {{"system", "Answer from the documents."},
+                                                     {"user", "Which document speaks of decode?"}};
+  const std::vector<engine::ChatDocument> a = {{"a", "", "Prefill runs the whole prompt through the model once."}},
+                                          b = {{"b", "", "Decode adds one token a step to every running request."}},
+                                          d = {{"d", "", "The knowledge tree keeps the KV of retrieved documents."}};
+  auto docs_json = [](const std::vector<engine::ChatDocument>& docs) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& doc : docs) j.push_back({{"id", doc.id}, {"text", doc.text}});
+    return j;
+  };
+  auto cached = [&](const std::vector<engine::ChatDocument>& docs) {
+    nlohmann::json body = {{"model", model},
+                           {"messages", {{{"role", "system"}, {"content", messages[0].content}},
+                                         {{"role", "user"}, {"content", messages[1].content}}}},
+                           {"documents", docs_json(docs)},
+                           {"max_tokens", 3},
+                           {"temperature", 0}};
+    auto r = c.Post("/v1/chat/completions", body.dump());
+    REQUIRE(r.ok());
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    return nlohmann::json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  };
+  // What each request can find, from the same rendering: the full blocks of
+  // the tokens it shares with what came before.
+  auto format = engine::PromptFormat::Load(model_dir);
+  auto tok = engine::Tokenizer::Load(model_dir);
+  REQUIRE(format.ok());
+  REQUIRE(tok.ok());
+  auto ids = [&](const std::vector<engine::ChatDocument>& docs) {
+    return (*tok)->Encode(format->RenderChat(messages, true, docs).value()).value();
+  };
+  auto shared_blocks = [](const std::vector<int32_t>& x, const std::vector<int32_t>& y) {
+    size_t n = 0;
+    while (n < x.size() && n < y.size() && x[n] == y[n]) ++n;
+    n = std::min(n, std::min(x.size(), y.size()) - 1);  // the last token is always computed
+    return static_cast<int64_t>(n / 16 * 16);
+  };
+  auto concat = [](std::vector<engine::ChatDocument> x, const std::vector<engine::ChatDocument>& y) {
+    x.insert(x.end(), y.begin(), y.end());
+    return x;
+  };
+  const auto ab = concat(a, b), ad = concat(a, d), ba = concat(b, a);
+  CHECK(cached(ab) == 0);
+  const int64_t same_first = cached(ad);
+  CHECK(same_first == shared_blocks(ids(ab), ids(ad)));
+  const int64_t other_order = cached(ba);
+  CHECK(other_order == std::max(shared_blocks(ids(ba), ids(ab)), shared_blocks(ids(ba), ids(ad))));
+  // The first document is found again after the system prompt; in the other
+  // order only the system prompt is.
+  CHECK(same_first > other_order);
+  CHECK(cached(ab) == shared_blocks(ids(ab), ids(ab)));
 }
 
 TEST_CASE("a decode pool too small for the load preempts, and outputs stay the same", "[serving]") {

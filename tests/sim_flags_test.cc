@@ -125,6 +125,11 @@ TEST_CASE("a flag the chosen mode ignores is an error naming it", "[sim]") {
       {"place --nodes2 2", "--nodes2 has no effect without --gpu2"},
       {"place --rate 3", "--rate has no effect in duet place"},
       {"place --exhaustive --verify 3", "--verify has no effect with --exhaustive"},
+      // The workers' prefix-cache flags, where the cache is not.
+      {"decode --kv-host-memory 1", "--kv-host-memory has no effect on a decode worker"},
+      {"worker --reorder-window 2", "--reorder-window has no effect outside the prefill role"},
+      {"prefill --no-prefix-cache --kv-cache-policy lru", "--kv-cache-policy has no effect with --no-prefix-cache"},
+      {"prefill --kv-cache-cost-profile " + Tmp("missing.json"), "the prefix cache's cost profile"},
   };
   for (const Case& c : cases) {
     INFO(c.args);

@@ -135,12 +135,17 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Int("max-batch-tokens", kDefaultMaxBatchTokens, "tokens per engine step (prefill chunks and decodes)");
   f.Int("max-running", 256, "decode/colocated: most requests in the running batch");
   f.Int("lease-ms", 60000, "prefill: how long offered KV blocks wait for decode to pull them");
-  f.Bool("prefix-cache", "prefill: reuse the KV of cached block-aligned prompt prefixes (the knowledge tree)");
-  f.Double("kv-host-memory", 0, "prefill with --prefix-cache: GiB of host memory for the tree's second tier (0: none)");
-  f.String("kv-cache-policy", "pgdsf", "prefill with --prefix-cache: replacement, pgdsf | gdsf | lru | lfu");
+  f.Bool("no-prefix-cache",
+         "prefill/colocated: compute every prompt whole (default: reuse the KV of cached block-aligned prefixes, "
+         "the knowledge tree)");
+  f.Double("kv-host-memory", 0, "prefill/colocated: GiB of host memory for the prefix cache's second tier (0: none)");
+  f.String("kv-cache-policy", "pgdsf", "prefill/colocated: the prefix cache's replacement, pgdsf | gdsf | lru | lfu");
+  f.String("kv-cache-cost-profile", "",
+           "prefill/colocated: a latency profile (duet profile --out) of this model whose prefill times are PGDSF's "
+           "cost of a cached run (default: the run's FLOPs)");
   f.Int("reorder-window", 0,
-        "prefill with --prefix-cache: admit the queued prompt with the most cached tokens first, no request "
-        "overtaken by more than N later ones (0: first come, first served)");
+        "prefill: admit the queued prompt with the most cached tokens first, no request overtaken by more than N "
+        "later ones (0: first come, first served)");
   f.Int("tp", 1, "tensor parallelism (the CPU backend supports 1)");
   f.Int("pp", 1, "pipeline parallelism (the CPU backend supports 1)");
   f.String("ready-file", "", "write {\"control\", \"metrics_port\", \"worker_id\", \"pid\"} as JSON once listening");
@@ -171,10 +176,14 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {
     return UsageError(cmd, absl::InvalidArgumentError("--kv-blocks must be >= 0 and --kv-memory > 0"));
   }
-  for (absl::Status st : {f.RefuseUnless(role == "prefill", {"prefix-cache", "kv-host-memory", "kv-cache-policy", "reorder-window"},
-                                         "outside the prefill role (the cache is prefill-side for now)"),
-                          f.RefuseUnless(f.GetBool("prefix-cache"), {"kv-host-memory", "kv-cache-policy", "reorder-window"},
-                                         "without --prefix-cache")}) {
+  const bool cache = !f.GetBool("no-prefix-cache");
+  for (absl::Status st :
+       {f.RefuseUnless(role != "decode",
+                       {"no-prefix-cache", "kv-host-memory", "kv-cache-policy", "kv-cache-cost-profile"},
+                       "on a decode worker (it reuses no prefixes)"),
+        f.RefuseUnless(role == "prefill", {"reorder-window"}, "outside the prefill role"),
+        f.RefuseUnless(cache, {"kv-host-memory", "kv-cache-policy", "kv-cache-cost-profile", "reorder-window"},
+                       "with --no-prefix-cache")}) {
     if (!st.ok()) return UsageError(cmd, st);
   }
   auto policy = kvcache::ParsePolicy(f.GetString("kv-cache-policy"));
@@ -191,6 +200,11 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   ro.metrics_host = f.GetString("metrics-host");
   ro.heartbeat_interval = absl::Milliseconds(std::max<int64_t>(1, f.GetInt("heartbeat-ms")));
   const int64_t kv_bytes = static_cast<int64_t>(f.GetDouble("kv-memory") * (1 << 30));
+  const worker::PrefixCacheOptions cache_options{
+      .enabled = cache,
+      .host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30)),
+      .policy = *policy,
+      .cost_profile = f.GetString("kv-cache-cost-profile")};
 
   sigset_t sigs = BlockStopSignals();
   worker::WorkerRuntime runtime(ro);
@@ -212,10 +226,8 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
       o.block_size = f.GetInt("block-size");
       o.max_batch_tokens = f.GetInt("max-batch-tokens");
       o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
-      o.prefix_cache = f.GetBool("prefix-cache");
-      o.cache_policy = *policy;
+      o.cache = cache_options;
       o.reorder_window = f.GetInt("reorder-window");
-      o.kv_host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30));
       o.transport = std::move(*transport);
       auto svc = prefill::PrefillService::Create(std::move(o), &runtime);
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
@@ -229,6 +241,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   } else if (role == "colocated") {
     decode::ColocatedOptions o;
     FillBatchEngineOptions(f, *dir, name, kv_bytes, o);
+    o.cache = cache_options;
     auto svc = decode::ColocatedService::Create(std::move(o), &runtime);
     if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
   } else {

@@ -39,6 +39,14 @@ absl::StatusOr<engine::GenerationParams> ParamsFromSpec(const proto::GenerationS
                                                         const engine::ModelConfig& config) {
   if (spec.prompt_ids().empty()) return absl::InvalidArgumentError("the prompt is empty");
   RETURN_IF_ERROR(CheckTokenIds(spec.prompt_ids(), "prompt_ids", config.vocab_size));
+  int32_t last = 0;
+  for (int32_t b : spec.cache_boundaries()) {
+    if (b <= last || b > spec.prompt_ids_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("cache_boundaries must rise within the prompt's ",
+                                                     spec.prompt_ids_size(), " tokens, got ", b));
+    }
+    last = b;
+  }
   engine::GenerationParams p = ToGenerationParams(spec);
   RETURN_IF_ERROR(p.Validate());
   return p;

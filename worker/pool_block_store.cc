@@ -11,18 +11,40 @@ PoolBlockStore::PoolBlockStore(engine::BlockPool* pool, int64_t host_slots)
   if (host_slots_ > 0) host_ = HugeBuffer(static_cast<size_t>(host_slots_ * pool_->block_bytes()));
   free_.reserve(static_cast<size_t>(host_slots_));
   in_use_.assign(static_cast<size_t>(host_slots_), false);
+  tree_refs_.assign(static_cast<size_t>(pool_->num_blocks()), 0);
   for (int64_t s = host_slots_ - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
 }
 
 void PoolBlockStore::RefDevice(absl::Span<const int32_t> blocks) {
-  for (int32_t b : blocks) pool_->Ref(b);
+  for (int32_t b : blocks) {
+    pool_->Ref(b);
+    ++tree_refs_[static_cast<size_t>(b)];
+  }
 }
 
 void PoolBlockStore::UnrefDevice(absl::Span<const int32_t> blocks) {
-  for (int32_t b : blocks) pool_->Unref(b);
+  for (int32_t b : blocks) {
+    CHECK(tree_refs_[static_cast<size_t>(b)] > 0) << "the tree releases block " << b << " it does not hold";
+    --tree_refs_[static_cast<size_t>(b)];
+    pool_->Unref(b);
+  }
 }
 
-absl::StatusOr<std::vector<int32_t>> PoolBlockStore::AllocateDevice(int64_t n) { return pool_->Allocate(n); }
+int64_t PoolBlockStore::CacheOnlyBlocks() const {
+  int64_t n = 0;
+  for (size_t b = 0; b < tree_refs_.size(); ++b) {
+    if (tree_refs_[b] > 0 && pool_->RefCount(static_cast<int32_t>(b)) == tree_refs_[b]) ++n;
+  }
+  return n;
+}
+
+absl::StatusOr<std::vector<int32_t>> PoolBlockStore::AllocateDevice(int64_t n) {
+  absl::StatusOr<std::vector<int32_t>> blocks = pool_->Allocate(n);
+  if (blocks.ok()) {
+    for (int32_t b : *blocks) ++tree_refs_[static_cast<size_t>(b)];
+  }
+  return blocks;
+}
 
 absl::StatusOr<std::vector<int32_t>> PoolBlockStore::AllocateHost(int64_t n) {
   if (n > static_cast<int64_t>(free_.size())) return absl::ResourceExhaustedError("the host KV tier is full");

@@ -33,6 +33,9 @@ class PoolBlockStore : public kvcache::BlockStore {
   void CopyToDevice(absl::Span<const int32_t> slots, absl::Span<const int32_t> blocks) override;
 
   int64_t host_slots() const { return host_slots_; }
+  // Device blocks only the tree holds (no sequence shares them): free for
+  // the taking once the tree evicts them.
+  int64_t CacheOnlyBlocks() const;
   int64_t host_used() const { return host_slots_ - static_cast<int64_t>(free_.size()); }
   // Bytes copied each way since start.
   uint64_t bytes_to_host() const { return bytes_to_host_; }
@@ -46,6 +49,7 @@ class PoolBlockStore : public kvcache::BlockStore {
   HugeBuffer host_;
   std::vector<int32_t> free_;
   std::vector<bool> in_use_;  // by slot: a double free is a bug
+  std::vector<int> tree_refs_;  // by device block: references the tree holds
   uint64_t bytes_to_host_ = 0, bytes_to_device_ = 0;
 };
 
