@@ -296,7 +296,7 @@ bool BatchEngine::Reserve(Seq* s, int64_t positions, int64_t reserve) {
   // Pinned first, so that making room evicts everything but what it uses:
   // with nothing else active, the whole pool less its own cached blocks is
   // then free, and a request that fits the pool is always admitted.
-  kvcache::Match m = tree->Acquire(prefix);
+  kvcache::Match m = tree->Acquire(prefix, /*hit=*/false);
   const int64_t need = CeilDiv(positions, bs) - m.device_tokens / bs + reserve;
   if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
   absl::StatusOr<std::vector<int32_t>> cached =
@@ -306,6 +306,7 @@ bool BatchEngine::Reserve(Seq* s, int64_t positions, int64_t reserve) {
     tree->Release(m);
     return false;
   }
+  tree->Hit(m);
   s->cached = m;
   s->pinned = true;
   s->computed = m.tokens;

@@ -240,15 +240,22 @@ std::vector<NodeId> PrefixTree::PathTo(NodeId id) const {
 
 // A pin counts on every node from the root to the match's end, so a split
 // (whose new node copies the pins of the node it cuts) keeps the counts.
-Match PrefixTree::Acquire(absl::Span<const int32_t> tokens) {
+Match PrefixTree::Acquire(absl::Span<const int32_t> tokens, bool hit) {
   Match m = Lookup(tokens);
   for (NodeId id : PathTo(m.node)) {
     Node& n = nodes_[id];
     ++n.pins;
-    Touch(n);
+    if (hit) Touch(n);
     Reindex(id);
   }
   return m;
+}
+
+void PrefixTree::Hit(const Match& m) {
+  for (NodeId id = m.node; id > 0; id = nodes_[id].parent) {
+    Touch(nodes_[id]);
+    Reindex(id);
+  }
 }
 
 void PrefixTree::Release(const Match& m) {

@@ -103,9 +103,12 @@ class PrefixTree {
   // The longest cached block-aligned prefix of `tokens`; a node the match
   // ends inside is split there. Counts nothing and pins nothing.
   Match Lookup(absl::Span<const int32_t> tokens);
-  // Lookup, then pins the path (nothing on it is evicted until Release) and
-  // counts a hit on each of its nodes.
-  Match Acquire(absl::Span<const int32_t> tokens);
+  // Lookup, then pins the path (nothing on it is evicted until Release) and,
+  // with `hit`, counts a hit on each of its nodes. A caller that may give
+  // up (a queue head that does not fit yet) pins without counting and calls
+  // Hit once it uses the match, so waiting does not raise a frequency.
+  Match Acquire(absl::Span<const int32_t> tokens, bool hit = true);
+  void Hit(const Match& m);
   void Release(const Match& m);
 
   // The device blocks of an acquired match, in order, copying its host-only

@@ -150,6 +150,30 @@ TEST_CASE("LRU evicts the least recent leaf; PGDSF keeps what saves more per blo
   }
 }
 
+TEST_CASE("a pin without a hit (a waiting queue head) leaves the frequency LFU evicts by", "[kvcache]") {
+  for (bool count : {false, true}) {
+    INFO("counting the waits: " << count);
+    MapStore store(100, 0);
+    PrefixTree tree({.block_size = 4, .policy = Policy::kLfu}, &store);
+    const std::vector<int32_t> waited = Seq(0, 8), used = Seq(500, 8);
+    Compute(tree, store, waited);
+    Compute(tree, store, used);
+    // The first is pinned and given up three times, then used once; the
+    // second is used twice.
+    for (int i = 0; i < 3; ++i) tree.Release(tree.Acquire(waited, count));
+    Match m = tree.Acquire(waited, false);
+    tree.Hit(m);
+    tree.Release(m);
+    for (int i = 0; i < 2; ++i) tree.Release(tree.Acquire(used));
+    tree.Evict(Tier::kDevice, 1);
+    // Uncounted, the first has 2 uses against 3: it goes. Counted, its
+    // waits would make it 5 and keep it.
+    CHECK((tree.Lookup(waited).tokens == 0) == !count);
+    CHECK((tree.Lookup(used).tokens == 0) == count);
+    CHECK(tree.CheckInvariants() == "");
+  }
+}
+
 TEST_CASE("evicted from device, a node moves to host once and comes back on a hit", "[kvcache]") {
   MapStore store(100, 100);
   PrefixTree tree({.block_size = 4, .host_tier = true}, &store);

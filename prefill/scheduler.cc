@@ -144,7 +144,7 @@ bool PrefillScheduler::Admit(PrefillSequence& head) {
   // to swap in, from the tree's other unpinned leaves if the pool lacks
   // them (blocks running or leased sequences share are not freed by that):
   // with nothing else held, a prompt that fits the pool always fits.
-  kvcache::Match m = tree->Acquire(prefix);
+  kvcache::Match m = tree->Acquire(prefix, /*hit=*/false);
   const int64_t need = (head.num_tokens() + bs - 1) / bs - m.device_tokens / bs;
   if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
   absl::StatusOr<std::vector<int32_t>> cached =
@@ -155,6 +155,7 @@ bool PrefillScheduler::Admit(PrefillSequence& head) {
     return false;
   }
   head.cache = tree;
+  tree->Hit(m);
   head.cached = m;
   head.computed = m.tokens;
   cache_query_tokens_ += head.num_tokens();

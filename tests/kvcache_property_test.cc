@@ -5,7 +5,8 @@
 //   - a lookup returns exactly the longest cached block-aligned prefix of
 //     the sequences inserted and not since evicted,
 //   - the pool's reference counts equal the tree's blocks plus the running
-//     requests' (nothing leaks, nothing is freed under a user),
+//     requests' (nothing leaks, nothing is freed under a user), and the
+//     store's count of blocks only the tree holds is right,
 //   - tier accounting adds up and each node has at most one host copy,
 //   - nothing pinned is evicted and no parent goes before its children,
 //   - swapped blocks carry the KV they were copied from (real copies).
@@ -119,6 +120,14 @@ void RunProperty(kvcache::Policy policy, bool host_tier, uint32_t seed) {
       for (int32_t b : r.blocks) ++refs[b];
     }
     for (int32_t b = 0; b < pool.num_blocks(); ++b) REQUIRE(pool.RefCount(b) == refs[b]);
+    // Blocks only the tree holds (what a worker reports as free for the taking).
+    std::set<int32_t> tree_blocks;
+    for (const auto& e : entries) tree_blocks.insert(e.device.begin(), e.device.end());
+    std::set<int32_t> running_blocks;
+    for (const Request& r : running) running_blocks.insert(r.blocks.begin(), r.blocks.end());
+    int64_t cache_only = 0;
+    for (int32_t b : tree_blocks) cache_only += running_blocks.count(b) == 0 ? 1 : 0;
+    REQUIRE(store.CacheOnlyBlocks() == cache_only);
     REQUIRE(tree.blocks(Tier::kDevice) == device_blocks);
     REQUIRE(tree.blocks(Tier::kHost) == host_blocks);
     REQUIRE(store.host_used() == host_blocks);
