@@ -233,6 +233,7 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
                         R"(sum(duet_prefix_cache_hit_tokens_total{tier="device"}))",
                         R"(sum(duet_prefix_cache_hit_tokens_total{tier="host"}))",
                         R"(sum(duet_prefix_cache_usage_ratio{tier="device"}))",
+                        R"(sum(duet_prefix_cache_usage_ratio{tier="host"}))",
                         R"(sum(duet_prefix_cache_swap_bytes_total{direction="to_host"}))",
                         R"(sum(duet_prefix_cache_swap_bytes_total{direction="to_device"}))",
                         R"(sum(duet_prefix_cache_evictions_total{tier="device"}))",
