@@ -260,8 +260,9 @@ void BatchEngine::Admit(StepResult& out) {
     }
     // Keep the blocks running requests will grow into next step, so that an
     // admission is not undone by a preemption right after (for imports, a
-    // wasted pull). With nothing active the pool is all free, so the head
-    // always goes in eventually: FIFO without starvation.
+    // wasted pull). With nothing active the pool is all free (or the prefix
+    // cache's, which gives way), so the head always goes in eventually: FIFO
+    // without starvation.
     const int64_t reserve = active_.empty() ? 0 : GrowthNextStep();
     if (!Reserve(s, positions, reserve)) return;
     waiting_.pop_front();
