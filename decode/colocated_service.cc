@@ -51,6 +51,9 @@ void ColocatedService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
     case proto::Frame::kPrefill:
       HandlePrefill(std::move(*frame.mutable_prefill()));
       return;
+    case proto::Frame::kCacheSnapshotRequest:
+      loop_->Post([this](BatchEngine&) { cache_->RequestSnapshot(); });
+      return;
     case proto::Frame::kResetPrefixCache:
       loop_->Post([this](BatchEngine&) {
         LOG(INFO) << "colocated worker " << sink_->worker_id() << ": prefix cache reset, " << cache_->Reset()

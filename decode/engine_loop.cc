@@ -178,6 +178,8 @@ void EngineLoop::Publish(const BatchEngine& engine) {
   usage_gauge_->Set(total == 0 ? 0.0 : 1.0 - static_cast<double>(free) / total);
   if (options_.cache != nullptr) {
     options_.cache->Publish(c.cache_query_tokens, c.cache_hit_tokens[0], c.cache_hit_tokens[1]);
+    // The router's index of where prefixes are cached.
+    if (proto::Frame f = NewFrame(); options_.cache->TakeEvents(f.mutable_cache_events())) sink_->SendToRouter(f);
   }
   absl::MutexLock lock(&mu_);
   counts_ = c;

@@ -143,6 +143,7 @@ void PrefixTree::Remove(NodeId id) {
   }
   const NodeId parent = n.parent;
   nodes_[parent].children.erase(n.hashes.front());
+  if (options_.on_change) options_.on_change(n.hashes, /*added=*/false);
   n = Node();
   free_ids_.push_back(id);
   --live_nodes_;
@@ -343,6 +344,7 @@ int64_t PrefixTree::Insert(absl::Span<const int32_t> tokens, absl::Span<const in
     n.frequency = 1;
     n.last_access = ++tick_;
     nodes_[at].children[n.hashes.front()] = id;
+    if (options_.on_change) options_.on_change(n.hashes, /*added=*/true);
     std::vector<int32_t> ids(blocks.begin() + static_cast<long>(pos), blocks.begin() + static_cast<long>(end));
     store_->RefDevice(ids);
     added += static_cast<int64_t>(end - pos);

@@ -80,6 +80,9 @@ struct TreeOptions {
   // PGDSF's cost: the prefill seconds that caching `tokens` tokens after a
   // prefix of `prefix` tokens saves. Default: one unit per token.
   std::function<double(int64_t prefix, int64_t tokens)> cost;
+  // Called with the chained block hashes of a node when it joins the tree
+  // (added) and when it leaves it (from every tier); splits change nothing.
+  std::function<void(absl::Span<const uint64_t> hashes, bool added)> on_change;
 };
 
 using NodeId = int32_t;

@@ -19,7 +19,7 @@ namespace duet::prefill {
 // What the io thread (and offer-error callbacks) hand to the engine thread,
 // applied in arrival order so that a Cancel never overtakes its request.
 struct PrefillService::Event {
-  enum class Kind { kRequest, kCancel, kReleased, kOfferFailed, kRouterLost, kResetCache };
+  enum class Kind { kRequest, kCancel, kReleased, kOfferFailed, kRouterLost, kResetCache, kCacheSnapshot };
   Kind kind;
   uint64_t request_id = 0;
   proto::PrefillRequest request;  // kRequest
@@ -186,6 +186,9 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
     case proto::Frame::kResetPrefixCache:
       Post(Event{.kind = Event::Kind::kResetCache});
       return;
+    case proto::Frame::kCacheSnapshotRequest:
+      Post(Event{.kind = Event::Kind::kCacheSnapshot});
+      return;
     case proto::Frame::kStatsRequest: {
       proto::Frame reply = worker::WorkerRuntime::NewFrame();
       *reply.mutable_stats() = Stats();
@@ -270,6 +273,9 @@ void PrefillService::Handle(Event& e) {
       return;
     case Event::Kind::kResetCache:
       LOG(INFO) << "prefill " << worker_id_ << ": prefix cache reset, " << cache_->Reset() << " blocks dropped";
+      return;
+    case Event::Kind::kCacheSnapshot:
+      cache_->RequestSnapshot();
       return;
     case Event::Kind::kRouterLost: {
       const auto dropped = scheduler_->DropUnleased();
@@ -429,6 +435,10 @@ void PrefillService::PublishStats() {
   s.set_prefix_cache_blocks(cache_->device_blocks());
   cache_->Publish(scheduler_->cache_query_tokens(), scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),
                   scheduler_->cache_hit_tokens(kvcache::Tier::kHost));
+  // The router's index of where prefixes are cached.
+  if (proto::Frame f = worker::WorkerRuntime::NewFrame(); cache_->TakeEvents(f.mutable_cache_events())) {
+    sink_->SendToRouter(f);
+  }
   waiting_gauge_->Set(static_cast<double>(s.queued_requests()));
   running_gauge_->Set(static_cast<double>(s.running_requests()));
   usage_gauge_->Set(1.0 - static_cast<double>(s.kv_blocks_free()) / static_cast<double>(s.kv_blocks_total()));

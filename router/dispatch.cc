@@ -1,7 +1,6 @@
 #include "router/dispatch.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,22 +9,21 @@ namespace duet::router {
 absl::StatusOr<DispatchPolicy> ParseDispatchPolicy(absl::string_view name) {
   if (name == "least_loaded") return DispatchPolicy::kLeastLoaded;
   if (name == "round_robin") return DispatchPolicy::kRoundRobin;
+  if (name == "cache_aware") return DispatchPolicy::kCacheAware;
   return absl::InvalidArgumentError(
-      absl::StrCat("--policy must be least_loaded or round_robin, got \"", name, "\""));
+      absl::StrCat("--policy must be least_loaded, round_robin or cache_aware, got \"", name, "\""));
 }
 
 absl::string_view DispatchPolicyName(DispatchPolicy policy) {
-  return policy == DispatchPolicy::kRoundRobin ? "round_robin" : "least_loaded";
+  switch (policy) {
+    case DispatchPolicy::kRoundRobin: return "round_robin";
+    case DispatchPolicy::kCacheAware: return "cache_aware";
+    case DispatchPolicy::kLeastLoaded: break;
+  }
+  return "least_loaded";
 }
 
-namespace {
-
-struct Candidates {
-  std::vector<const WorkerLoad*> prefill;  // Prefill and colocated workers.
-  std::vector<const WorkerLoad*> decode;   // Decode workers only.
-};
-
-Candidates Split(absl::Span<const WorkerLoad> workers) {
+Candidates SplitCandidates(absl::Span<const WorkerLoad> workers) {
   Candidates c;
   std::vector<const WorkerLoad*> prefill_only;
   for (const WorkerLoad& w : workers) {
@@ -51,7 +49,7 @@ Candidates Split(absl::Span<const WorkerLoad> workers) {
   return c;
 }
 
-absl::Status Missing(absl::Span<const WorkerLoad> workers) {
+absl::Status MissingRole(absl::Span<const WorkerLoad> workers) {
   bool prefill = false, decode = false;
   for (const WorkerLoad& w : workers) {
     prefill |= w.role == proto::ROLE_PREFILL;
@@ -62,43 +60,40 @@ absl::Status Missing(absl::Span<const WorkerLoad> workers) {
   return absl::UnavailableError("no live prefill worker");
 }
 
-}  // namespace
-
 absl::Status CanServe(absl::Span<const WorkerLoad> workers) {
-  return Split(workers).prefill.empty() ? Missing(workers) : absl::OkStatus();
+  return SplitCandidates(workers).prefill.empty() ? MissingRole(workers) : absl::OkStatus();
 }
 
-absl::StatusOr<Assignment> Dispatcher::Pick(absl::Span<const WorkerLoad> workers) {
-  Candidates c = Split(workers);
-  if (c.prefill.empty()) return Missing(workers);
+const WorkerLoad* LeastLoadedDecode(const Candidates& c) {
+  if (c.decode.empty()) return nullptr;
+  // Candidates are in id order and min_element keeps the first minimum.
+  return *std::min_element(c.decode.begin(), c.decode.end(), [](const WorkerLoad* a, const WorkerLoad* b) {
+    if (a->kv_blocks_free != b->kv_blocks_free) return a->kv_blocks_free > b->kv_blocks_free;
+    return a->running_requests < b->running_requests;
+  });
+}
 
-  const WorkerLoad* prefill = nullptr;
-  if (policy_ == DispatchPolicy::kRoundRobin) {
-    prefill = c.prefill[next_prefill_++ % c.prefill.size()];
-  } else {
-    // Candidates are in id order and min_element keeps the first minimum.
-    prefill = *std::min_element(c.prefill.begin(), c.prefill.end(),
-                                [](const WorkerLoad* a, const WorkerLoad* b) {
-                                  return a->queued_prefill_tokens < b->queued_prefill_tokens;
-                                });
+Assignment Assign(const WorkerLoad& prefill, const WorkerLoad* decode) {
+  if (prefill.role == proto::ROLE_COLOCATED || decode == nullptr) {
+    return Assignment{prefill.id, prefill.id, prefill.control_address};
   }
-  if (prefill->role == proto::ROLE_COLOCATED) {
-    return Assignment{prefill->id, prefill->id, prefill->control_address};
-  }
+  return Assignment{prefill.id, decode->id, decode->control_address};
+}
 
-  const WorkerLoad* decode = nullptr;
-  if (policy_ == DispatchPolicy::kRoundRobin) {
-    decode = c.decode[next_decode_++ % c.decode.size()];
-  } else {
-    decode = *std::min_element(c.decode.begin(), c.decode.end(),
-                               [](const WorkerLoad* a, const WorkerLoad* b) {
-                                 if (a->kv_blocks_free != b->kv_blocks_free) {
-                                   return a->kv_blocks_free > b->kv_blocks_free;
-                                 }
-                                 return a->running_requests < b->running_requests;
-                               });
+absl::StatusOr<std::unique_ptr<Dispatcher>> NewDispatcher(DispatchPolicy policy, DispatchOptions o) {
+  switch (policy) {
+    case DispatchPolicy::kRoundRobin:
+      return NewRoundRobinDispatcher();
+    case DispatchPolicy::kCacheAware:
+      if (o.index == nullptr) return absl::InvalidArgumentError("cache_aware dispatch needs the router's cache index");
+      if (o.uncached_weight < 0 || o.queued_weight < 0) {
+        return absl::InvalidArgumentError("cache_aware weights must be >= 0");
+      }
+      return NewCacheAwareDispatcher(o.index, o.uncached_weight, o.queued_weight);
+    case DispatchPolicy::kLeastLoaded:
+      break;
   }
-  return Assignment{prefill->id, decode->id, decode->control_address};
+  return NewLeastLoadedDispatcher();
 }
 
 }  // namespace duet::router

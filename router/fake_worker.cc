@@ -65,6 +65,9 @@ FakeWorker::FakeWorker(IoThread& io, FakeWorkerOptions options)
                   return;
                 }
                 st->all.push_back(f);
+                // The router asks every live prefill for its cache's snapshot;
+                // a fake has no cache (WaitFor still sees the ask).
+                if (f.has_cache_snapshot_request()) return;
               }
               {
                 absl::ReaderMutexLock lock(&st->hook_mu);

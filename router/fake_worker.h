@@ -53,7 +53,8 @@ class FakeWorker {
   // Sends on the router's connection (events, WorkerStats).
   void Send(const proto::Frame& frame);
 
-  // The next frame the router sent that on_frame did not consume; fails the
+  // The next frame the router sent that on_frame did not consume (a
+  // CacheSnapshotRequest never is: a fake has no cache); fails the
   // wait (nullopt-like: a default Frame and `ok` false) after the deadline.
   absl::StatusOr<proto::Frame> NextFrame();
   // Waits for a frame matching `pred` among those received (consumed ones included).

@@ -36,6 +36,7 @@ struct WorkerRegistry::Worker {
   absl::Time last_heartbeat;
   // Dispatched since the last heartbeat, which cannot reflect them yet.
   int64_t charged_tokens = 0;
+  uint64_t charge_epoch = 0;  // Heartbeats that reset the charges.
   int64_t charged_blocks = 0;
   int64_t charged_requests = 0;
 };
@@ -192,6 +193,7 @@ void WorkerRegistry::OnRegistrationFrame(const rpc::ConnectionPtr& conn, proto::
       w.stats = frame.heartbeat().stats();
       w.stats_time = w.last_heartbeat = options_.clock->Now();
       w.charged_tokens = w.charged_blocks = w.charged_requests = 0;
+      ++w.charge_epoch;
     }
     listener_->OnHeartbeat(conn->tag, frame.heartbeat().stats());
     return;
@@ -423,9 +425,15 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
   return out;
 }
 
-void WorkerRegistry::Charge(const Assignment& a, int64_t tokens) {
+WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t tokens) {
   absl::MutexLock lock(&mu_);
-  if (auto it = workers_.find(a.prefill_id); it != workers_.end()) it->second->charged_tokens += tokens;
+  Charged out;
+  if (auto it = workers_.find(a.prefill_id); it != workers_.end()) {
+    out = {.prefill_id = a.prefill_id,
+           .tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens,
+           .epoch = it->second->charge_epoch};
+    it->second->charged_tokens += out.tokens;
+  }
   if (auto it = workers_.find(a.decode_id); it != workers_.end()) {
     const int64_t block = std::max<int64_t>(1, it->second->reg.layout().block_size() > 0
                                                    ? it->second->reg.layout().block_size()
@@ -433,6 +441,14 @@ void WorkerRegistry::Charge(const Assignment& a, int64_t tokens) {
     it->second->charged_blocks += (tokens + 1 + block - 1) / block;  // With room for the first token.
     it->second->charged_requests += 1;
   }
+  return out;
+}
+
+void WorkerRegistry::Uncharge(const Charged& c) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(c.prefill_id);
+  if (it == workers_.end() || it->second->charge_epoch != c.epoch) return;  // a heartbeat has counted it
+  it->second->charged_tokens = std::max<int64_t>(0, it->second->charged_tokens - c.tokens);
 }
 
 void WorkerRegistry::CheckHeartbeats() {

@@ -107,9 +107,20 @@ class WorkerRegistry {
   std::vector<WorkerLoad> LiveLoads() const;
   std::vector<WorkerSnapshot> Snapshot() const;
   // Counts a dispatch of `tokens` (prompt + resumed) against the workers'
-  // loads until their next heartbeat: tokens on the prefill, the blocks they
-  // fill (decode's block size) and one request on the decode.
-  void Charge(const Assignment& assignment, int64_t tokens);
+  // loads until their next heartbeat: the tokens the prefill computes
+  // (assignment.prefill_tokens when the policy knows them, else all), and
+  // on the decode the blocks all of them fill (its block size) and one
+  // request.
+  // Returns what to hand Uncharge once the prefill is done (its first
+  // token), so a finished prefill no longer counts until the next heartbeat
+  // (which replaces the charges with the worker's own queue).
+  struct Charged {
+    std::string prefill_id;
+    int64_t tokens = 0;
+    uint64_t epoch = 0;  // The prefill's charges since this heartbeat.
+  };
+  Charged Charge(const Assignment& assignment, int64_t tokens);
+  void Uncharge(const Charged& charged);
 
   // Drops every live worker silent for missed_heartbeats intervals. The
   // io thread's timer calls it; tests with a FakeClock call it directly.

@@ -198,11 +198,24 @@ TEST_CASE("heartbeats set loads; dispatch charges count until the next heartbeat
   CHECK(loads[1].id == "p0");
   CHECK(loads[1].queued_prefill_tokens == 140);
 
-  p.Heartbeat(ps);  // The worker's own numbers now include that request.
+  // Its prefill done (first token) before any heartbeat: taken back.
+  const WorkerRegistry::Charged done = fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 30);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 170);
+  fx.registry->Uncharge(done);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 140);
+  // A policy that knows the cached part charges only what is computed.
+  const WorkerRegistry::Charged late =
+      fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0", .prefill_tokens = 8}, 30);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 148);
+
+  p.Heartbeat(ps);  // The worker's own numbers now include those requests.
   REQUIRE(fx.recorder.WaitHeartbeats(3));
   loads = fx.registry->LiveLoads();
   CHECK(loads[1].queued_prefill_tokens == 100);
-  CHECK(loads[0].kv_blocks_free == 47);  // d0 has not heartbeaten since.
+  CHECK(loads[0].kv_blocks_free == 47 - 2 - 2);  // d0 has not heartbeaten since.
+  // Done after the heartbeat counted it: nothing to take back.
+  fx.registry->Uncharge(late);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 100);
 }
 
 TEST_CASE("a worker silent for three heartbeat intervals is removed") {

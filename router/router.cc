@@ -1,5 +1,8 @@
 #include "router/router_impl.h"
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
 namespace duet::router {
 
 namespace {
@@ -60,7 +63,9 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                            0xffffffffffull);
   {
     absl::MutexLock lock(&mu_);
-    dispatcher_ = Dispatcher(options_.policy);
+    ASSIGN_OR_RETURN(dispatcher_, NewDispatcher(options_.policy, {.index = &cache_index_,
+                                                                  .uncached_weight = options_.cache_aware_weights[0],
+                                                                  .queued_weight = options_.cache_aware_weights[1]}));
   }
 
   MetricsRegistry& m = MetricsRegistry::Default();
@@ -157,7 +162,11 @@ void AddRouterFlags(FlagSet& f) {
   f.String("served-model-name", "", "the model name clients send (default: the directory's name)");
   f.String("listen", "0.0.0.0:8000", "HOST:PORT of the OpenAI HTTP API");
   f.String("control-listen", "0.0.0.0:7000", "HOST:PORT workers register on");
-  f.String("policy", "least_loaded", "dispatch policy: least_loaded | round_robin");
+  f.String("policy", "least_loaded",
+           "dispatch policy: least_loaded | round_robin | cache_aware (the prefill whose prefix cache holds most of "
+           "the prompt, weighed against its queue)");
+  f.String("cache-aware-weights", "1,1",
+           "cache_aware: U,Q, a prefill's score = U x prompt tokens its cache lacks + Q x its queued prefill tokens");
   f.Int("heartbeat-ms", 500, "heartbeat interval workers are held to");
   f.Int("missed-heartbeats", 10, "heartbeats a worker may miss before it is dropped");
   f.Int("max-attempts", 3, "attempts per request across worker failures");
@@ -180,6 +189,17 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   o.http_listen = f.GetString("listen");
   o.control_listen = f.GetString("control-listen");
   ASSIGN_OR_RETURN(o.policy, ParseDispatchPolicy(f.GetString("policy")));
+  RETURN_IF_ERROR(f.RefuseUnless(o.policy == DispatchPolicy::kCacheAware, {"cache-aware-weights"},
+                                 "unless --policy cache_aware"));
+  {
+    const std::vector<std::string> parts = absl::StrSplit(f.GetString("cache-aware-weights"), ',');
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &o.cache_aware_weights[0]) ||
+        !absl::SimpleAtod(parts[1], &o.cache_aware_weights[1]) || o.cache_aware_weights[0] < 0 ||
+        o.cache_aware_weights[1] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--cache-aware-weights must be U,Q with U, Q >= 0, got \"",
+                                                     f.GetString("cache-aware-weights"), "\""));
+    }
+  }
   if (f.GetInt("heartbeat-ms") < 1) return absl::InvalidArgumentError("--heartbeat-ms must be >= 1");
   o.heartbeat_interval = absl::Milliseconds(f.GetInt("heartbeat-ms"));
   if (f.GetInt("missed-heartbeats") < 1) return absl::InvalidArgumentError("--missed-heartbeats must be >= 1");

@@ -56,6 +56,9 @@ struct RouterOptions {
   std::string http_listen = "127.0.0.1:0";
   std::string control_listen = "127.0.0.1:0";
   DispatchPolicy policy = DispatchPolicy::kLeastLoaded;
+  // cache_aware: the weights of a prompt's uncached tokens and of queued
+  // prefill tokens in a prefill's score.
+  double cache_aware_weights[2] = {1, 1};
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // A worker silent for this many intervals is dropped. Generous, because a
   // loaded machine delays heartbeats; a dead process is noticed sooner, by

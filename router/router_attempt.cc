@@ -15,9 +15,11 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
                                                " attempts; the last failure: ", r->last_failure));
   }
   const std::vector<int32_t>& resume = r->builder->token_ids();
+  std::vector<int32_t> tokens(r->spec.prompt_ids().begin(), r->spec.prompt_ids().end());
+  tokens.insert(tokens.end(), resume.begin(), resume.end());
   // The registry may lose the picked worker between LiveLoads and Send; pick again.
   for (int tries = 0; tries < 3; ++tries) {
-    auto a = dispatcher_.Pick(registry_->LiveLoads());
+    auto a = dispatcher_->Pick(registry_->LiveLoads(), {.prompt = tokens});
     if (!a.ok()) return a.status();
     const uint64_t id = next_attempt_id_++;
     proto::Frame f = NewFrame();
@@ -28,7 +30,7 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
     pr->set_decode_worker_id(a->decode_id);
     pr->set_decode_address(a->decode_address);
     if (!registry_->Send(a->prefill_id, f)) continue;
-    registry_->Charge(*a, r->spec.prompt_ids_size() + static_cast<int64_t>(resume.size()));
+    r->charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()));
     r->attempts++;
     r->attempt_id = id;
     r->prefill_id = a->prefill_id;
@@ -43,8 +45,10 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
 }
 
 absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
+  const proto::GenerationSpec& spec = g->choices[0]->spec;
+  const std::vector<int32_t> tokens(spec.prompt_ids().begin(), spec.prompt_ids().end());
   for (int tries = 0; tries < 3; ++tries) {
-    auto a = dispatcher_.Pick(registry_->LiveLoads());
+    auto a = dispatcher_->Pick(registry_->LiveLoads(), {.prompt = tokens});
     if (!a.ok()) return a.status();
     proto::Frame f = NewFrame();
     proto::PrefillRequest* pr = f.mutable_prefill();
@@ -56,9 +60,10 @@ absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
     pr->set_decode_worker_id(a->decode_id);
     pr->set_decode_address(a->decode_address);
     if (!registry_->Send(a->prefill_id, f)) continue;
-    registry_->Charge(*a, g->choices[0]->spec.prompt_ids_size());
+    const WorkerRegistry::Charged charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()));
     for (size_t i = 0; i < ids.size(); ++i) {
       const RequestPtr& r = g->choices[i];
+      r->charged = i == 0 ? charged : WorkerRegistry::Charged{};  // The prompt is computed once.
       r->attempts = 1;
       r->attempt_id = ids[i];
       r->prefill_id = a->prefill_id;
@@ -229,6 +234,8 @@ void Router::Impl::OnFirstToken(const std::string& from, const proto::FirstToken
   RequestPtr r = FindAttempt(ft.request_id());
   if (!r || from != r->prefill_id || r->first_token) return;  // Stale or duplicate.
   r->first_token = true;
+  registry_->Uncharge(r->charged);
+  r->charged = {};
   if (GroupPtr g = r->group.lock()) g->cached_tokens = std::max(g->cached_tokens, ft.cached_tokens());
   Deliver(r, ft.token(), p);
   std::vector<std::variant<proto::Token, proto::Finish>> held;
@@ -302,6 +309,14 @@ void Router::Impl::HandleFrame(const std::string& worker_id, proto::Frame& frame
     case proto::Frame::kFinish:
       OnFinish(worker_id, frame.finish(), p);
       break;
+    case proto::Frame::kCacheEvents:
+      if (!cache_index_.Apply(worker_id, frame.cache_events())) {
+        // Not current (a gap, or deltas before any snapshot): ask for the whole set.
+        proto::Frame ask = NewFrame();
+        ask.mutable_cache_snapshot_request();
+        registry_->Send(worker_id, ask);
+      }
+      break;
     case proto::Frame::kStats:
       for (auto it = stats_queries_.begin(); it != stats_queries_.end();) {
         StatsQueryPtr q = *it++;  // FinishStats unlinks q.
@@ -316,11 +331,18 @@ void Router::Impl::HandleFrame(const std::string& worker_id, proto::Frame& frame
   }
 }
 
-void Router::Impl::OnWorkerLive(const std::string& worker_id, proto::Role role) {}
+void Router::Impl::OnWorkerLive(const std::string& worker_id, proto::Role role) {
+  if (role != proto::ROLE_PREFILL && role != proto::ROLE_COLOCATED) return;
+  // Its prefix cache's whole set, to start the index from.
+  proto::Frame ask = NewFrame();
+  ask.mutable_cache_snapshot_request();
+  registry_->Send(worker_id, ask);
+}
 
 void Router::Impl::OnWorkerLost(const std::string& worker_id, proto::Role role, const std::string& reason) {
   Pending p;
   absl::MutexLock lock(&mu_);
+  cache_index_.Drop(worker_id);
   std::vector<RequestPtr> affected;
   for (const auto& [id, r] : attempts_) {
     if (r->prefill_id == worker_id || r->decode_id == worker_id) affected.push_back(r);

@@ -175,6 +175,9 @@ class Router::Impl : public RegistryListener {
     // The current attempt.
     uint64_t attempt_id = 0;
     std::string prefill_id, decode_id;
+    // What the attempt charged to its prefill's queue (registry Charge), taken
+    // back when its first token shows the prefill done.
+    WorkerRegistry::Charged charged;
     bool first_token = false;
     // The decode has sent something for this attempt: it pulled the KV.
     bool decode_heard = false;
@@ -271,7 +274,10 @@ class Router::Impl : public RegistryListener {
   Counter* total_rejected_ = nullptr;
 
   absl::Mutex mu_;
-  Dispatcher dispatcher_ ABSL_GUARDED_BY(mu_){DispatchPolicy::kLeastLoaded};
+  // Where the workers' prefix caches hold which prefixes (from their
+  // CacheEvents), and the policy that reads it.
+  CacheIndex cache_index_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
   uint64_t next_attempt_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, RequestPtr> attempts_ ABSL_GUARDED_BY(mu_);  // By attempt (request_id).

@@ -58,6 +58,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
     j["preemptions"] = s.preemptions();
     j["leased_blocks"] = s.leased_blocks();
     j["prefix_cache_blocks"] = s.prefix_cache_blocks();
+    j["cache_index_blocks"] = cache_index_.blocks(w.id);  // The router's view of its cache.
     j["fresh"] = q->fresh.count(w.id) > 0;  // false: from the last heartbeat.
     j["stats_age_ms"] = absl::ToInt64Milliseconds(now - w.stats_time);
     workers[w.id] = std::move(j);
@@ -73,6 +74,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
   router["redispatches"] = n_redispatched_;
   router["live_workers"] = static_cast<int64_t>(workers.size());
   router["policy"] = std::string(DispatchPolicyName(options_.policy));
+  router["cache_index_workers"] = static_cast<int64_t>(cache_index_.workers());
   Json out;
   out["model"] = options_.served_model_name;
   out["workers"] = std::move(workers);

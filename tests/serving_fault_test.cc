@@ -173,6 +173,67 @@ TEST_CASE("SIGKILL of a prefill worker holding cached, leased blocks loses only 
   CHECK(s["workers"]["prefill-1"]["prefix_cache_blocks"].get<int64_t>() > 0);
 }
 
+TEST_CASE("cache-aware dispatch sends a prompt where its prefix is cached; a killed worker leaves the index",
+          "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir, {"--policy", "cache_aware"}).ok());
+  for (const char* id : {"prefill-0", "prefill-1"}) {
+    REQUIRE(c.StartWorker("prefill", id, {"--kv-blocks", "1024"}).ok());
+  }
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.WaitForWorkers(3).ok());
+  // Both prefill workers answered the router's snapshot request.
+  WaitStats(c, [](const nlohmann::json& s) { return s["router"]["cache_index_workers"] == 2; });
+  // Two 96-token prompts, sent together: the second goes to the other
+  // worker (the first's tokens are charged to its queue).
+  std::vector<std::vector<int32_t>> prompts(2);
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < 96; ++i) prompts[p].push_back(5 + (p * 331 + i * 17) % 900);
+  }
+  auto post = [&](int p) {
+    auto r = c.Post("/v1/completions", nlohmann::json{{"model", ModelName(dir)},
+                                                      {"prompt", prompts[p]},
+                                                      {"max_tokens", 4},
+                                                      {"temperature", 0}}
+                                           .dump());
+    REQUIRE(r.ok());
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    return nlohmann::json::parse(r->body);
+  };
+  auto cached = [](const nlohmann::json& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"]; };
+  nlohmann::json first[2];
+  {
+    std::thread other([&] { first[1] = post(1); });
+    first[0] = post(0);
+    other.join();
+  }
+  // The index learns where each prompt's 6 full blocks are.
+  WaitStats(c, [](const nlohmann::json& s) {
+    return s["workers"]["prefill-0"]["cache_index_blocks"] >= 6 && s["workers"]["prefill-1"]["cache_index_blocks"] >= 6;
+  });
+  // Every repeat finds its prompt's prefix (5 blocks: the last token is
+  // computed), whichever worker holds it; least_loaded would send both to
+  // prefill-0, where one of them was never computed.
+  for (int k = 0; k < 3; ++k) {
+    for (int p = 0; p < 2; ++p) {
+      const nlohmann::json r = post(p);
+      INFO("repeat " << k << " of prompt " << p << "; " << c.Stats()->dump());
+      CHECK(cached(r) == 80);
+      CHECK(r["choices"][0]["text"] == first[p]["choices"][0]["text"]);
+    }
+  }
+  REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
+  auto s = WaitStats(c, [](const nlohmann::json& s) {
+    return s["workers"].size() == 2 && s["router"]["cache_index_workers"] == 1;
+  });
+  INFO(s.dump());
+  // Both prompts are served by the survivor, with the same text.
+  for (int p = 0; p < 2; ++p) CHECK(post(p)["choices"][0]["text"] == first[p]["choices"][0]["text"]);
+  for (int p = 0; p < 2; ++p) CHECK(cached(post(p)) == 80);
+}
+
 TEST_CASE("SIGKILL of a decode worker: its requests fail clearly, others finish, leases reclaim blocks",
           "[faults]") {
   Cluster c;

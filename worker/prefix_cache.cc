@@ -68,9 +68,23 @@ absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(const PrefixCac
   }
   const int64_t host = o.host_blocks > 0 ? o.host_blocks : o.host_memory_bytes / pool->block_bytes();
   cache->store_ = std::make_unique<PoolBlockStore>(pool, host);
+  PrefixCache* self = cache.get();
   cache->tree_ = std::make_unique<kvcache::PrefixTree>(
-      kvcache::TreeOptions{
-          .block_size = pool->layout().block_size, .policy = o.policy, .host_tier = host > 0, .cost = cost},
+      kvcache::TreeOptions{.block_size = pool->layout().block_size,
+                           .policy = o.policy,
+                           .host_tier = host > 0,
+                           .cost = cost,
+                           .on_change =
+                               [self](absl::Span<const uint64_t> hashes, bool added) {
+                                 for (uint64_t h : hashes) {
+                                   if (added) {
+                                     self->held_.insert(h);
+                                   } else {
+                                     self->held_.erase(h);
+                                   }
+                                   self->changed_[h] = added;
+                                 }
+                               }},
       cache->store_.get());
   return cache;
 }
@@ -115,6 +129,28 @@ void PrefixCache::Publish(int64_t query, int64_t hit_device, int64_t hit_host) {
     evictions_[k]->Increment(static_cast<double>(evicted[k] - published_evictions_[k]));
     published_evictions_[k] = evicted[k];
   }
+}
+
+bool PrefixCache::TakeEvents(proto::CacheEvents* out) {
+  if (tree_ == nullptr || (!snapshot_due_ && changed_.empty())) return false;
+  out->Clear();
+  out->set_seq(++events_seq_);
+  out->set_block_size(static_cast<int32_t>(pool_->layout().block_size));
+  if (snapshot_due_) {
+    out->set_snapshot(true);
+    for (uint64_t h : held_) out->add_added(h);
+  } else {
+    for (const auto& [h, now_held] : changed_) {
+      if (now_held) {
+        out->add_added(h);
+      } else {
+        out->add_removed(h);
+      }
+    }
+  }
+  snapshot_due_ = false;
+  changed_.clear();
+  return true;
 }
 
 std::string PrefixCache::Summary() const {

@@ -1,7 +1,8 @@
 // PrefixCache: a worker's knowledge tree with what a serving worker needs
 // around it, in one home for the prefill and the colocated worker: the tree
 // over the engine pool and a host region (PoolBlockStore), PGDSF's cost, the
-// `duet_prefix_cache_*` metrics, the blocks a request can take now, and reset.
+// `duet_prefix_cache_*` metrics, the blocks a request can take now, reset,
+// and the events that keep the router's index of cached prefixes current.
 //
 //   ASSIGN_OR_RETURN(auto cache, PrefixCache::Create(options, pool, model_dir, config));
 //   kvcache::PrefixTree* tree = cache->tree();   // nullptr when options.enabled is false
@@ -23,12 +24,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "absl/status/statusor.h"
 #include "base/metrics.h"
 #include "engine/block_pool.h"
 #include "engine/model_config.h"
 #include "kvcache/prefix_tree.h"
+#include "proto/control.pb.h"
 #include "worker/pool_block_store.h"
 
 namespace duet::worker {
@@ -65,6 +69,12 @@ class PrefixCache {
   void Publish(int64_t query_tokens, int64_t hit_device_tokens, int64_t hit_host_tokens);
   // One line for the log at shutdown: evictions and swaps.
   std::string Summary() const;
+  // The router's index of this cache: what changed since the last call, or
+  // (after RequestSnapshot) every hash held, as the next CacheEvents; false
+  // when there is nothing to send (or the cache is off).
+  bool TakeEvents(proto::CacheEvents* out);
+  void RequestSnapshot() { snapshot_due_ = true; }
+
   // PGDSF's cost of caching `tokens` tokens after a prefix of `prefix`:
   // seconds with a cost profile, FLOPs without (0 when off).
   double Cost(int64_t prefix, int64_t tokens) const { return cost_ ? cost_(prefix, tokens) : 0; }
@@ -85,6 +95,12 @@ class PrefixCache {
   Counter* swap_bytes_[2] = {nullptr, nullptr};  // to host, to device
   Counter* evictions_[3] = {nullptr, nullptr, nullptr};  // device to host, device dropped, host
   int64_t published_query_ = 0, published_hits_[2] = {0, 0};
+  // Block hashes the tree holds, and those whose presence changed since the
+  // last events (true: now held).
+  std::unordered_set<uint64_t> held_;
+  std::unordered_map<uint64_t, bool> changed_;
+  uint64_t events_seq_ = 0;
+  bool snapshot_due_ = false;
   uint64_t published_swap_[2] = {0, 0};
   int64_t published_evictions_[3] = {0, 0, 0};
 };
