@@ -387,4 +387,9 @@ absl::StatusOr<std::unique_ptr<LatencyModel>> LoadLatencyModel(const std::string
   return NewDistServeLatency(std::move(fit), std::filesystem::path(spec).filename().string());
 }
 
+double PrefillSavedSeconds(LatencyModel& model, const Parallel& par, int64_t prefix, int64_t tokens) {
+  const int64_t whole[1] = {prefix + tokens}, before[1] = {prefix};
+  return std::max(model.Prefill(par, whole) - model.Prefill(par, before), 1e-9);
+}
+
 }  // namespace duet::placement

@@ -142,6 +142,12 @@ std::unique_ptr<LatencyModel> NewDistServeLatency(DistServeFit fit, std::string 
 // the preset's Hugging Face id or name, e.g. "facebook/opt-13b").
 absl::StatusOr<DistServeFit> LoadDistServeFit(const std::string& path, const ModelSpec& model);
 
+// The prefill seconds that caching `tokens` tokens after a prefix of
+// `prefix` saves, by `model`: one prompt of prefix + tokens less the prefix
+// alone (the batch's fixed cost is paid either way), at least 1 ns. PGDSF's
+// cost of a cached run, in the workers' prefix caches and the simulator's.
+double PrefillSavedSeconds(LatencyModel& model, const Parallel& par, int64_t prefix, int64_t tokens);
+
 // A spec string ("constant:P,D", "exponential:P,D", "roofline:GPU") or a
 // JSON file; `seed` feeds the exponential model.
 absl::StatusOr<std::unique_ptr<LatencyModel>> LoadLatencyModel(const std::string& spec, const ModelSpec& model,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <queue>
 
 #include "base/logging.h"
@@ -28,6 +29,54 @@ struct Req {
   int64_t generated = 0;   // tokens so far (the first included)
   int64_t prefilled = 0;   // chunked prefill progress
   int32_t decode = -1;
+  // Its cached prefix in its prefill instance's tree, pinned through its
+  // prefill, and that prefix's device blocks (the sequence's references).
+  kvcache::Match cached;
+  std::vector<int32_t> cached_blocks;
+};
+
+// The simulator's BlockStore: block ids and reference counts, no data (a
+// swap is counted, and its time charged by the caller).
+class CountingStore : public kvcache::BlockStore {
+ public:
+  CountingStore(int64_t device, int64_t host) : refs_(static_cast<size_t>(device), 0) {
+    for (int64_t b = device - 1; b >= 0; --b) free_device_.push_back(static_cast<int32_t>(b));
+    for (int64_t h = host - 1; h >= 0; --h) free_host_.push_back(static_cast<int32_t>(h));
+  }
+  void RefDevice(absl::Span<const int32_t> blocks) override {
+    for (int32_t b : blocks) ++refs_[static_cast<size_t>(b)];
+  }
+  void UnrefDevice(absl::Span<const int32_t> blocks) override {
+    for (int32_t b : blocks) {
+      if (--refs_[static_cast<size_t>(b)] == 0) free_device_.push_back(b);
+    }
+  }
+  absl::StatusOr<std::vector<int32_t>> AllocateDevice(int64_t n) override {
+    return Take(free_device_, n, /*device=*/true);
+  }
+  absl::StatusOr<std::vector<int32_t>> AllocateHost(int64_t n) override { return Take(free_host_, n, false); }
+  void FreeHost(absl::Span<const int32_t> slots) override {
+    free_host_.insert(free_host_.end(), slots.begin(), slots.end());
+  }
+  void CopyToHost(absl::Span<const int32_t>, absl::Span<const int32_t>) override {}
+  void CopyToDevice(absl::Span<const int32_t> slots, absl::Span<const int32_t>) override {
+    copied_in += static_cast<int64_t>(slots.size());
+  }
+  int64_t free_device() const { return static_cast<int64_t>(free_device_.size()); }
+  int64_t copied_in = 0;
+
+ private:
+  absl::StatusOr<std::vector<int32_t>> Take(std::vector<int32_t>& from, int64_t n, bool device) {
+    if (n > static_cast<int64_t>(from.size())) return absl::ResourceExhaustedError("the tier is full");
+    std::vector<int32_t> out(from.end() - n, from.end());
+    from.resize(from.size() - static_cast<size_t>(n));
+    if (device) {
+      for (int32_t b : out) refs_[static_cast<size_t>(b)] = 1;
+    }
+    return out;
+  }
+  std::vector<int> refs_;
+  std::vector<int32_t> free_device_, free_host_;
 };
 
 struct Inst {
@@ -50,6 +99,9 @@ struct Inst {
   double kv_cap = std::numeric_limits<double>::infinity();
   bool busy = false;
   std::vector<int64_t> step_decode, step_prefill;  // what the current step runs
+  // Prefill with a prefix cache (ClusterSpec::cache).
+  std::unique_ptr<CountingStore> store;
+  std::unique_ptr<kvcache::PrefixTree> tree;
 };
 
 class Sim {
@@ -60,6 +112,19 @@ class Sim {
       Inst i;
       i.spec = s;
       if (s.kv_capacity_tokens > 0) i.kv_cap = s.kv_capacity_tokens;
+      if (s.role == InstanceRole::kPrefill && c.cache.device_blocks > 0) {
+        i.store = std::make_unique<CountingStore>(c.cache.device_blocks, c.cache.host_blocks);
+        LatencyModel* own = s.latency != nullptr ? s.latency : &lat;
+        const Parallel par = s.par;
+        i.tree = std::make_unique<kvcache::PrefixTree>(
+            kvcache::TreeOptions{.block_size = c.cache.block_size,
+                                 .policy = c.cache.policy,
+                                 .host_tier = c.cache.host_blocks > 0,
+                                 .cost = [own, par](int64_t prefix, int64_t tokens) {
+                                   return PrefillSavedSeconds(*own, par, prefix, tokens);
+                                 }},
+            i.store.get());
+      }
       insts_.push_back(std::move(i));
       if (s.role == InstanceRole::kDecode) decodes_.push_back(static_cast<int32_t>(insts_.size() - 1));
       else entries_.push_back(static_cast<int32_t>(insts_.size() - 1));
@@ -68,6 +133,10 @@ class Sim {
     out_.requests.resize(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
       reqs_[i].prompt = reqs[i].prompt;
+      if (!reqs[i].tokens.empty() && static_cast<int64_t>(reqs[i].tokens.size()) != reqs[i].prompt) {
+        LOG(FATAL) << "request " << i << " has " << reqs[i].tokens.size() << " token ids for a prompt of "
+                   << reqs[i].prompt;
+      }
       reqs_[i].output = std::max<int64_t>(1, reqs[i].output);
       out_.requests[i].arrival = reqs[i].arrival;
       out_.requests[i].output = reqs_[i].output;
@@ -225,9 +294,13 @@ class Sim {
       batch.clear();
       lens_.clear();
       int64_t tokens = 0;
+      int64_t swap_blocks = 0;
       while (!s.waiting.empty()) {
         const int64_t r = s.waiting.front();
-        if (!batch.empty() && (tokens + reqs_[r].prompt > s.spec.max_batch_tokens ||
+        // The budget counts the tokens to compute, after any cached prefix.
+        const int64_t compute = s.tree != nullptr ? reqs_[r].prompt - s.tree->Lookup(CachePrefix(r)).tokens
+                                                  : reqs_[r].prompt;
+        if (!batch.empty() && (tokens + compute > s.spec.max_batch_tokens ||
                                (s.spec.max_prefill_batch > 0 &&
                                 static_cast<int64_t>(batch.size()) >= s.spec.max_prefill_batch))) {
           break;
@@ -235,11 +308,16 @@ class Sim {
         s.waiting.pop_front();
         s.queued_tokens -= reqs_[r].prompt;
         batch.push_back(r);
-        lens_.push_back(reqs_[r].prompt);
-        tokens += reqs_[r].prompt;
+        const int64_t computed = reqs_[r].prompt - (s.tree != nullptr ? AcquireCached(s, r, &swap_blocks) : 0);
+        lens_.push_back(computed);
+        tokens += computed;
         out_.requests[r].prefill_start = now_;
       }
-      const double t = Contended(s, Lat(s).Prefill(s.spec.par, lens_), /*prefill=*/true) +
+      // Host hits are copied in first, at the host link's speed.
+      const double swap = swap_blocks > 0 ? static_cast<double>(swap_blocks * c_.cache.block_size) * kv_bytes_ /
+                                                c_.cache.host_link_bytes_per_s
+                                          : 0.0;
+      const double t = Contended(s, Lat(s).Prefill(s.spec.par, lens_), /*prefill=*/true) + swap +
                        (s.in_flight == 0 ? Idle(s) : 0.0);
       s.in_flight++;
       s.next_start = now_ + t / pp;
@@ -247,10 +325,73 @@ class Sim {
     }
   }
 
+  // The prompt but its last token: what a prefix cache may supply.
+  absl::Span<const int32_t> CachePrefix(int64_t r) const {
+    const std::vector<int32_t>& t = in_[static_cast<size_t>(r)].tokens;
+    return t.empty() ? absl::Span<const int32_t>() : absl::MakeConstSpan(t).subspan(0, t.size() - 1);
+  }
+
+  // As a worker admits a request: its cached prefix pinned and swapped in
+  // (the host part's blocks added to `swap_blocks`), a hit counted; returns
+  // the cached tokens (0 when the device cannot take the swap).
+  int64_t AcquireCached(Inst& s, int64_t r, int64_t* swap_blocks) {
+    const SimRequest& in = in_[static_cast<size_t>(r)];
+    SimResult::Cache& st = out_.cache;
+    st.query_tokens += reqs_[r].prompt;
+    st.doc_tokens += in.doc_end - in.doc_begin;
+    if (in.tokens.empty()) return 0;
+    kvcache::Match m = s.tree->Acquire(CachePrefix(r), /*hit=*/false);
+    const int64_t copied = s.store->copied_in;
+    absl::StatusOr<std::vector<int32_t>> blocks = s.tree->SwapIn(m);
+    if (!blocks.ok()) {
+      s.tree->Release(m);
+      return 0;
+    }
+    s.tree->Hit(m);
+    s.store->RefDevice(*blocks);  // the sequence's, until its blocks join the tree
+    *swap_blocks += s.store->copied_in - copied;
+    reqs_[r].cached = m;
+    reqs_[r].cached_blocks = std::move(*blocks);
+    st.hit_device += m.device_tokens;
+    st.hit_host += m.tokens - m.device_tokens;
+    st.doc_hits += std::clamp<int64_t>(m.tokens - in.doc_begin, 0, in.doc_end - in.doc_begin);
+    return m.tokens;
+  }
+
+  // As a worker completes a prompt: its full blocks join the tree (fresh
+  // blocks for those after the cached prefix, as many as the tier can free),
+  // and the pin ends.
+  void InsertComputed(Inst& s, int64_t r) {
+    const SimRequest& in = in_[static_cast<size_t>(r)];
+    if (in.tokens.empty()) return;
+    Req& q = reqs_[r];
+    const int64_t bs = c_.cache.block_size;
+    const int64_t have = static_cast<int64_t>(q.cached_blocks.size());
+    const int64_t need = static_cast<int64_t>(in.tokens.size()) / bs - have;
+    if (need > s.store->free_device()) s.tree->Evict(kvcache::Tier::kDevice, need - s.store->free_device());
+    std::vector<int32_t> blocks = std::move(q.cached_blocks);
+    const int64_t got = std::min(need, s.store->free_device());
+    if (got > 0) {
+      std::vector<int32_t> fresh = s.store->AllocateDevice(got).value();
+      blocks.insert(blocks.end(), fresh.begin(), fresh.end());
+    }
+    s.tree->Insert(absl::MakeConstSpan(in.tokens).subspan(0, static_cast<size_t>((have + std::max<int64_t>(got, 0)) * bs)),
+                   blocks, in.boundaries);
+    s.store->UnrefDevice(blocks);
+    s.tree->Release(q.cached);
+    q.cached = {};
+    q.cached_blocks.clear();
+  }
+
   void OnPrefillDone(int32_t i, int slot) {
     Inst& s = insts_[i];
     s.in_flight--;
     last_end_ = now_;
+    if (s.tree != nullptr) {
+      for (int64_t r : s.batches[slot]) InsertComputed(s, r);
+      out_.cache.swap_in_blocks = 0;
+      for (const Inst& x : insts_) out_.cache.swap_in_blocks += x.store ? x.store->copied_in : 0;
+    }
     for (int64_t r : s.batches[slot]) {
       out_.requests[r].first_token = now_;
       reqs_[r].generated = 1;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "base/serving_defaults.h"
+#include "kvcache/prefix_tree.h"
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/workload.h"
@@ -56,8 +57,22 @@ struct InstanceSpec {
   LatencyModel* latency = nullptr;
 };
 
+// The knowledge tree in each prefill instance (kvcache/, the code the
+// workers run): requests with token ids (the RAG workload) start from their
+// longest cached block-aligned prefix, their prefill charged only for the
+// tokens after it (at least the last), and a host hit first pays its blocks'
+// copy at host_link_bytes_per_s. device_blocks 0: no cache.
+struct PrefixCacheSpec {
+  int64_t device_blocks = 0;
+  int64_t host_blocks = 0;
+  int64_t block_size = 16;
+  kvcache::Policy policy = kvcache::Policy::kPgdsf;
+  double host_link_bytes_per_s = 25e9;  // PCIe 4 x16, one way
+};
+
 struct ClusterSpec {
   std::vector<InstanceSpec> instances;
+  PrefixCacheSpec cache;  // prefill instances
   double kv_link_bytes_per_s = 0;  // prefill -> decode; 0: instantaneous
   std::string policy = "least_loaded";  // least_loaded | round_robin
   bool chunked_prefill = false;         // colocated
@@ -91,6 +106,15 @@ struct SimResult {
   std::vector<RequestOutcome> requests;  // in arrival order
   double makespan = 0;
   int64_t events = 0;
+  // The prefix caches, summed over instances: prompt tokens looked up and
+  // found (on device, on host), the documents' share, and blocks copied in.
+  struct Cache {
+    int64_t query_tokens = 0, hit_device = 0, hit_host = 0;
+    int64_t doc_tokens = 0, doc_hits = 0;
+    int64_t swap_in_blocks = 0;
+    double hit_rate() const { return query_tokens > 0 ? static_cast<double>(hit_device + hit_host) / query_tokens : 0; }
+    double doc_hit_rate() const { return doc_tokens > 0 ? static_cast<double>(doc_hits) / doc_tokens : 0; }
+  } cache;
   // Fraction of requests meeting both targets (and each one alone).
   double Attainment(const Slo& slo) const;
   double TtftAttainment(double ttft) const;

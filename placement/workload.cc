@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -49,6 +50,76 @@ absl::StatusOr<std::vector<TraceRow>> ReadTrace(const std::string& path) {
   return rows;
 }
 
+namespace {
+
+// Draws RAG prompts (RagOptions).
+class RagPrompts {
+ public:
+  RagPrompts(const RagOptions& o, int64_t requests, uint64_t seed) : o_(o), requests_(requests), rng_(seed ^ 0x5241) {
+    std::uniform_int_distribution<int64_t> len(o.doc_min, o.doc_max);
+    for (int64_t d = 0; d < o.documents; ++d) {
+      std::vector<int32_t> t(static_cast<size_t>(len(rng_)));
+      for (int32_t& x : t) x = Token();
+      docs_.push_back(std::move(t));
+    }
+    for (int64_t i = 0; i < o.system_tokens; ++i) system_.push_back(Token());
+    std::vector<double> w;
+    for (int64_t k = 1; k <= o.documents; ++k) w.push_back(1.0 / std::pow(static_cast<double>(k), o.zipf));
+    rank_ = std::discrete_distribution<int64_t>(w.begin(), w.end());
+    for (int64_t d = 0; d < o.documents; ++d) order_.push_back(d);
+    std::shuffle(order_.begin(), order_.end(), rng_);
+  }
+
+  void Fill(int64_t i, SimRequest& r) {
+    if (!shifted_ && o_.shift_at > 0 && static_cast<double>(i) >= o_.shift_at * static_cast<double>(requests_)) {
+      std::shuffle(order_.begin(), order_.end(), rng_);  // a new ranking
+      shifted_ = true;
+    }
+    r.tokens = system_;
+    r.boundaries.clear();
+    r.doc_begin = static_cast<int64_t>(r.tokens.size());
+    std::vector<int64_t> chosen;
+    while (static_cast<int64_t>(chosen.size()) < std::min(o_.docs_per_request, o_.documents)) {
+      const int64_t d = order_[static_cast<size_t>(rank_(rng_))];
+      if (std::find(chosen.begin(), chosen.end(), d) != chosen.end()) continue;
+      chosen.push_back(d);
+      r.boundaries.push_back(static_cast<int64_t>(r.tokens.size()));
+      r.tokens.insert(r.tokens.end(), docs_[static_cast<size_t>(d)].begin(), docs_[static_cast<size_t>(d)].end());
+    }
+    r.doc_end = static_cast<int64_t>(r.tokens.size());
+    r.boundaries.push_back(r.doc_end);
+    const int64_t q = std::uniform_int_distribution<int64_t>(o_.question_min, o_.question_max)(rng_);
+    for (int64_t k = 0; k < q; ++k) r.tokens.push_back(Token());
+    r.prompt = static_cast<int64_t>(r.tokens.size());
+    r.output = o_.output;
+  }
+
+ private:
+  int32_t Token() { return static_cast<int32_t>(3 + rng_() % 30000); }
+
+  const RagOptions o_;
+  const int64_t requests_;
+  std::mt19937_64 rng_;
+  std::vector<std::vector<int32_t>> docs_;
+  std::vector<int32_t> system_;
+  std::discrete_distribution<int64_t> rank_;
+  std::vector<int64_t> order_;  // order_[rank]: the document of that popularity
+  bool shifted_ = false;
+};
+
+absl::Status CheckRag(const RagOptions& r) {
+  if (r.documents < 1 || r.docs_per_request < 1 || r.doc_min < 1 || r.doc_max < r.doc_min || r.system_tokens < 0 ||
+      r.question_min < 1 || r.question_max < r.question_min || r.output < 1 || !(r.zipf >= 0) ||
+      !(r.shift_at >= 0 && r.shift_at < 1)) {
+    return absl::InvalidArgumentError(
+        "the RAG workload needs documents, docs per request, 1 <= doc min <= max, question 1 <= min <= max, "
+        "output >= 1, zipf >= 0 and 0 <= shift < 1");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::vector<TraceRow> trace;
@@ -72,7 +143,9 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
   // Lengths.
   int64_t fp = 0, fo = 0, pmin = 0, pmax = 0, omin = 0, omax = 0;
   bool uniform = false;
-  if (!trace_lengths) {
+  const bool rag = o.lengths == "rag";
+  if (rag) RETURN_IF_ERROR(CheckRag(o.rag));
+  if (!trace_lengths && !rag) {
     absl::string_view l = o.lengths;
     std::vector<std::string> v;
     if (absl::ConsumePrefix(&l, "fixed:")) {
@@ -89,7 +162,8 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
         return absl::InvalidArgumentError("lengths uniform:PMIN,PMAX,OMIN,OMAX need 1 <= min <= max");
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown lengths '", o.lengths, "' (fixed:P,O, uniform:..., trace)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown lengths '", o.lengths, "' (fixed:P,O, uniform:..., trace, rag)"));
     }
   }
   if (!(o.length_scale > 0)) return absl::InvalidArgumentError("the length scale must be positive");
@@ -103,6 +177,8 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
   std::exponential_distribution<double> expo(o.rate);
   // Gamma gaps with mean 1/rate and CV cv: shape 1/cv^2, scale cv^2/rate.
   std::gamma_distribution<double> gamma(1.0 / (o.cv * o.cv), o.cv * o.cv / o.rate);
+  std::optional<RagPrompts> rag_prompts;
+  if (rag) rag_prompts.emplace(o.rag, n, o.seed);
   for (int64_t i = 0; i < n; ++i) {
     SimRequest r;
     if (o.arrivals == "trace") {
@@ -114,6 +190,15 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
     } else {
       t += o.arrivals == "poisson" ? expo(rng) : gamma(rng);
       r.arrival = t;
+    }
+    if (rag) {
+      rag_prompts->Fill(i, r);  // lengths as drawn: the token ids fix them
+      if (o.max_context > 0 && r.prompt + r.output > o.max_context) {
+        ++w.dropped;
+        continue;
+      }
+      w.requests.push_back(std::move(r));
+      continue;
     }
     if (trace_lengths) {
       const TraceRow& row = trace[static_cast<size_t>(i) % trace.size()];

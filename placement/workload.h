@@ -6,9 +6,10 @@
 // Arrivals: "poisson" (exponential gaps at `rate`), "gamma" (gaps of
 // coefficient of variation `cv`, mean 1/rate), or "trace" (the arrival times
 // of the trace file, divided by rate_scale). Lengths: "fixed:P,O",
-// "uniform:PMIN,PMAX,OMIN,OMAX", or "trace" (the file's rows in order,
+// "uniform:PMIN,PMAX,OMIN,OMAX", "trace" (the file's rows in order,
 // cycling; arXiv-style files without arrival times work for lengths only),
-// each multiplied by length_scale. A request longer than max_context is
+// each multiplied by length_scale, or "rag" (RagOptions: prompts with their
+// token ids, for the prefix caches). A request longer than max_context is
 // dropped or truncated (its prompt shortened to fit), as `overlong` says;
 // the counts are reported.
 #ifndef DUET_PLACEMENT_WORKLOAD_H_
@@ -26,6 +27,26 @@ struct SimRequest {
   double arrival = 0;  // seconds
   int64_t prompt = 0;  // tokens
   int64_t output = 1;  // tokens, including the first
+  // The prompt's token ids, when the workload has them (the RAG generator):
+  // the simulator's prefix caches look them up. Empty: nothing is cached.
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> boundaries;  // where each document, and what follows them, starts
+  int64_t doc_begin = 0, doc_end = 0;  // the documents' tokens: [doc_begin, doc_end)
+};
+
+// A RAG workload's prompts: a system prompt, documents drawn by Zipf
+// popularity (rank k with weight 1 / k^zipf) whose ranking is reshuffled
+// once `shift_at` of the requests have arrived (0: never), and a question
+// of its own. A document is the same tokens in every request.
+struct RagOptions {
+  int64_t documents = 1000;
+  double zipf = 1.1;
+  double shift_at = 0.5;
+  int64_t docs_per_request = 2;  // distinct, in the order drawn
+  int64_t doc_min = 100, doc_max = 300;
+  int64_t system_tokens = 32;
+  int64_t question_min = 16, question_max = 32;
+  int64_t output = 8;
 };
 
 struct WorkloadOptions {
@@ -33,7 +54,8 @@ struct WorkloadOptions {
   double rate = 1.0;                 // requests/s (poisson, gamma)
   double cv = 1.0;                   // gamma
   double rate_scale = 1.0;           // trace arrivals: times / rate_scale
-  std::string lengths = "fixed:512,128";
+  std::string lengths = "fixed:512,128";  // or "rag": prompts from `rag`
+  RagOptions rag;
   std::string trace;                 // CSV path for "trace" arrivals or lengths
   double length_scale = 1.0;
   int64_t num_requests = 1000;       // 0 with trace arrivals: the whole trace

@@ -125,6 +125,11 @@ TEST_CASE("a flag the chosen mode ignores is an error naming it", "[sim]") {
       {"place --nodes2 2", "--nodes2 has no effect without --gpu2"},
       {"place --rate 3", "--rate has no effect in duet place"},
       {"place --exhaustive --verify 3", "--verify has no effect with --exhaustive"},
+      {"sim --rag-documents 50", "--rag-documents has no effect unless --lengths rag"},
+      {"sim --lengths rag --length-scale 2", "--length-scale has no effect with --lengths rag"},
+      {"sim --cache-host-blocks 10", "--cache-host-blocks has no effect without --cache-blocks"},
+      {"sim --lengths rag --cache-blocks 10 --host-link-gbps 5", "--host-link-gbps has no effect without --cache-host-blocks"},
+      {"sim --colocated 1 --cache-blocks 10", "--cache-blocks has no effect with --colocated"},
       // The workers' prefix-cache flags, where the cache is not.
       {"decode --kv-host-memory 1", "--kv-host-memory has no effect on a decode worker"},
       {"worker --reorder-window 2", "--reorder-window has no effect outside the prefill role"},
@@ -139,6 +144,22 @@ TEST_CASE("a flag the chosen mode ignores is an error naming it", "[sim]") {
   }
   // The same flags where they apply run.
   CHECK(Duet("sim --prefill 1 --decode 1 --requests 100 --goodput --target 0.8").exit_code == 0);
+}
+
+TEST_CASE("duet sim with a prefix cache on a RAG workload: a bigger cache reuses more, host tier included", "[sim]") {
+  auto hit = [](const std::string& cache) {
+    const nlohmann::json j = SimJson("--lengths rag --requests 1000 --rag-documents 200 " + cache);
+    INFO(j.dump());
+    return j.value("cache_doc_hit_rate", -1.0);
+  };
+  const double small = hit("--cache-blocks 100"), large = hit("--cache-blocks 400"),
+               tiers = hit("--cache-blocks 100 --cache-host-blocks 300");
+  CHECK(small > 0);
+  CHECK(large > small);
+  CHECK(tiers > small);
+  CHECK(hit("--cache-blocks 100 --cache-policy lru") >= 0);
+  // No cache, no figure.
+  CHECK(SimJson("--lengths rag --requests 100").count("cache_doc_hit_rate") == 0);
 }
 
 }  // namespace

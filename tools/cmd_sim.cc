@@ -58,6 +58,13 @@ void AddSimFlags(FlagSet& f) {
         "prefill token budget per batch (also for --cluster instances without their own)");
   f.Int("max-prefill-batch", 0, "requests per prefill batch (0: as the budget allows)");
   f.Int("max-batch-size", 256, "requests per decode step");
+  f.Int("cache-blocks", 0,
+        "a prefix cache (the workers' knowledge tree) of this many device KV blocks in each prefill instance, for "
+        "prompts with token ids (--lengths rag); 0: none");
+  f.Int("cache-host-blocks", 0, "with --cache-blocks: its host tier, in blocks (0: none)");
+  f.String("cache-policy", "pgdsf", "with --cache-blocks: replacement, pgdsf | gdsf | lru | lfu");
+  f.Int("cache-block-size", 16, "with --cache-blocks: tokens per KV block");
+  f.Double("host-link-gbps", 25, "with --cache-host-blocks: host -> device copy bandwidth, GB/s (PCIe 4 x16: 25)");
   AddLatencyFlags(f);
   AddWorkloadFlags(f, /*default_requests=*/10000);
   f.Double("slo-ttft", 1.0, "TTFT target, seconds");
@@ -217,7 +224,28 @@ absl::Status CheckSimFlags(const FlagSet& f) {
   RETURN_IF_ERROR(f.RefuseUnless(f.GetString("rates").empty(), {"rate", "rate-scale"},
                                  "with --rates (the workload is rescaled to each rate)"));
   if (!f.GetString("svg").empty() && f.GetString("rates").empty()) return absl::InvalidArgumentError("--svg needs --rates");
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetInt("cache-blocks") > 0,
+                                 {"cache-host-blocks", "cache-policy", "cache-block-size", "host-link-gbps"},
+                                 "without --cache-blocks"));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetInt("cache-host-blocks") > 0, {"host-link-gbps"}, "without --cache-host-blocks"));
+  RETURN_IF_ERROR(f.RefuseUnless(!colocated, {"cache-blocks"}, "with --colocated (the cache is simulated in prefill "
+                                                               "instances)"));
   return absl::OkStatus();
+}
+
+// The prefix cache every prefill instance of the clusters gets.
+absl::StatusOr<placement::PrefixCacheSpec> CacheFromFlags(const FlagSet& f) {
+  placement::PrefixCacheSpec c;
+  c.device_blocks = f.GetInt("cache-blocks");
+  c.host_blocks = f.GetInt("cache-host-blocks");
+  c.block_size = f.GetInt("cache-block-size");
+  c.host_link_bytes_per_s = f.GetDouble("host-link-gbps") * 1e9;
+  if (c.device_blocks < 0 || c.host_blocks < 0 || c.block_size < 1 || !(c.host_link_bytes_per_s > 0)) {
+    return absl::InvalidArgumentError(
+        "--cache-blocks and --cache-host-blocks must be >= 0, --cache-block-size >= 1, --host-link-gbps > 0");
+  }
+  ASSIGN_OR_RETURN(c.policy, kvcache::ParsePolicy(f.GetString("cache-policy")));
+  return c;
 }
 
 absl::Status Run(const FlagSet& f) {
@@ -231,6 +259,8 @@ absl::Status Run(const FlagSet& f) {
   ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
   if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests (all dropped as overlong?)");
   ASSIGN_OR_RETURN(auto clusters, Clusters(f, model));
+  ASSIGN_OR_RETURN(const placement::PrefixCacheSpec cache, CacheFromFlags(f));
+  for (auto& [name, c] : clusters) c.cache = cache;
   for (const auto& [name, c] : clusters) {
     for (const InstanceSpec& s : c.instances) {
       if (!latency->Supports(s.par)) {
@@ -295,12 +325,29 @@ absl::Status Run(const FlagSet& f) {
                             {"queue_wait_ci99", {ci.lo, ci.hi}},
                             {"events", r.events},
                             {"wall_seconds", wall}};
+        if (cache.device_blocks > 0) {
+          j["cache_hit_rate"] = r.cache.hit_rate();
+          j["cache_doc_hit_rate"] = r.cache.doc_hit_rate();
+          j["cache_hit_device_tokens"] = r.cache.hit_device;
+          j["cache_hit_host_tokens"] = r.cache.hit_host;
+          j["cache_query_tokens"] = r.cache.query_tokens;
+          j["cache_swap_in_blocks"] = r.cache.swap_in_blocks;
+        }
         std::printf("%s\n", j.dump().c_str());
       } else {
         std::printf("%-36s %9.3f %9.4f %9.4f %9.4f %9.4f %9.4f %7.3f %7.3f %7.3f %12.5g %12.5g..%-12.5g %8.3f\n",
                     name.substr(0, 36).c_str(), rate, r.Percentile(0.5, false), r.Percentile(0.9, false),
                     r.Percentile(0.99, false), r.Percentile(0.5, true), r.Percentile(0.99, true), attain,
                     r.TtftAttainment(slo.ttft), r.TpotAttainment(slo.tpot), ci.mean, ci.lo, ci.hi, wall);
+        if (cache.device_blocks > 0) {
+          std::printf("  prefix cache (%s, %lld + %lld blocks per prefill): %.1f%% of prompt tokens reused (%.1f%% "
+                      "from device, %.1f%% from host), %.1f%% of document tokens\n",
+                      kvcache::PolicyName(cache.policy), static_cast<long long>(cache.device_blocks),
+                      static_cast<long long>(cache.host_blocks), 100 * r.cache.hit_rate(),
+                      r.cache.query_tokens > 0 ? 100.0 * r.cache.hit_device / r.cache.query_tokens : 0.0,
+                      r.cache.query_tokens > 0 ? 100.0 * r.cache.hit_host / r.cache.query_tokens : 0.0,
+                      100 * r.cache.doc_hit_rate());
+        }
       }
       if (!f.GetString("csv").empty()) {
         std::ofstream out(f.GetString("csv"), clusters.size() > 1 || run_rates.size() > 1 ? std::ios::app : std::ios::trunc);

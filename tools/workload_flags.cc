@@ -12,8 +12,16 @@ void AddWorkloadFlags(FlagSet& f, int64_t default_requests) {
   f.Double("rate", 1.0, "requests/s (poisson, gamma)");
   f.Double("cv", 1.0, "gamma arrivals: coefficient of variation of the gaps");
   f.Int("requests", default_requests, "requests in the workload (0 with trace arrivals: the whole trace)");
-  f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace (default: trace with --trace, else "
+  f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace | rag (default: trace with --trace, else "
                           "fixed:512,128)");
+  f.Int("rag-documents", 1000, "--lengths rag: documents in the corpus");
+  f.Double("rag-zipf", 1.1, "--lengths rag: Zipf exponent of document popularity (rank k drawn with weight 1/k^S)");
+  f.Double("rag-shift", 0.5, "--lengths rag: reshuffle the popularity ranking after this fraction of requests (0: never)");
+  f.Int("rag-docs-per-request", 2, "--lengths rag: distinct documents per prompt, after the system prompt");
+  f.String("rag-doc-tokens", "100,300", "--lengths rag: MIN,MAX tokens of a document");
+  f.Int("rag-system-tokens", 32, "--lengths rag: tokens of the system prompt every request starts with");
+  f.String("rag-question-tokens", "16,32", "--lengths rag: MIN,MAX tokens of a request's own question");
+  f.Int("rag-output", 8, "--lengths rag: output tokens of every request");
   f.String("trace", "", "trace CSV (arrived_at, num_prefill_tokens, num_decode_tokens)");
   f.Double("rate-scale", 1.0, "trace arrivals: speed up by this factor");
   f.Double("length-scale", 1.0, "multiply prompt and output lengths");
@@ -35,6 +43,19 @@ placement::WorkloadOptions WorkloadFromFlags(const FlagSet& f, const placement::
   wo.overlong = f.GetString("overlong");
   wo.max_context = model.max_context;
   wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  placement::RagOptions& rag = wo.rag;
+  rag.documents = f.GetInt("rag-documents");
+  rag.zipf = f.GetDouble("rag-zipf");
+  rag.shift_at = f.GetDouble("rag-shift");
+  rag.docs_per_request = f.GetInt("rag-docs-per-request");
+  rag.system_tokens = f.GetInt("rag-system-tokens");
+  rag.output = f.GetInt("rag-output");
+  auto range = [&f](const char* name, int64_t* lo, int64_t* hi) {
+    const std::vector<std::string> v = absl::StrSplit(f.GetString(name), ',');
+    if (v.size() != 2 || !absl::SimpleAtoi(v[0], lo) || !absl::SimpleAtoi(v[1], hi)) *lo = *hi = -1;  // refused
+  };
+  range("rag-doc-tokens", &rag.doc_min, &rag.doc_max);
+  range("rag-question-tokens", &rag.question_min, &rag.question_max);
   return wo;
 }
 
@@ -46,6 +67,12 @@ absl::Status CheckWorkloadFlags(const FlagSet& f) {
   const bool trace_lengths = f.GetString("lengths").empty() || f.GetString("lengths") == "trace";
   RETURN_IF_ERROR(f.RefuseUnless(arrivals == "trace" || trace_lengths, {"trace"},
                                  "with --lengths " + f.GetString("lengths") + " and --arrivals " + arrivals));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetString("lengths") == "rag",
+                                 {"rag-documents", "rag-zipf", "rag-shift", "rag-docs-per-request", "rag-doc-tokens",
+                                  "rag-system-tokens", "rag-question-tokens", "rag-output"},
+                                 "unless --lengths rag"));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetString("lengths") != "rag", {"length-scale", "overlong"},
+                                 "with --lengths rag (its token ids fix the lengths; overlong prompts are dropped)"));
   return absl::OkStatus();
 }
 

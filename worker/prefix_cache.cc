@@ -54,10 +54,7 @@ absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(const PrefixCac
     }
     std::shared_ptr<placement::LatencyModel> model = std::move(*lat);
     cost = [model](int64_t prefix, int64_t tokens) {
-      const int64_t whole[1] = {prefix + tokens}, before[1] = {prefix};
-      // The batch's fixed cost is paid either way: a prefix of 0 costs it too.
-      const double saved = model->Prefill({}, whole) - model->Prefill({}, before);
-      return std::max(saved, 1e-9);  // a fit's noise must not make a node free to lose
+      return placement::PrefillSavedSeconds(*model, {}, prefix, tokens);
     };
   } else {
     const double h = static_cast<double>(c.hidden_size), layers = static_cast<double>(c.num_layers);

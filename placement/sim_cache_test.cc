@@ -1,0 +1,124 @@
+// The knowledge tree inside duet sim's prefill instances: with room for
+// everything, the tokens it reuses are exactly the longest block-aligned
+// prefix each prompt shares with the prompts computed before it (a brute
+// force over the same requests); a hit's prefill is charged only for the
+// tokens after the cached prefix, and a host hit also for its copy.
+#include <catch2/catch.hpp>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "kvcache/block_hash.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/sim.h"
+#include "placement/workload.h"
+
+namespace duet::placement {
+namespace {
+
+constexpr char kFit[] = "placement/testdata/distserve-a100-80g.json";
+
+ClusterSpec OnePair(int64_t device_blocks, int64_t host_blocks) {
+  ClusterSpec c;
+  c.instances = {{.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                 {.role = InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
+  c.cache = {.device_blocks = device_blocks, .host_blocks = host_blocks, .block_size = 16};
+  return c;
+}
+
+std::vector<SimRequest> Rag(int64_t n, double rate, RagOptions rag) {
+  return MakeWorkload({.rate = rate, .lengths = "rag", .rag = rag, .num_requests = n, .seed = 7}).value().requests;
+}
+
+TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's longest computed prefix",
+          "[placement]") {
+  const ModelSpec m = ModelPreset("opt-13b").value();
+  auto lat = LoadLatencyModel(kFit, m);
+  REQUIRE(lat.ok());
+  // Sparse arrivals: each prefill ends before the next request comes.
+  const std::vector<SimRequest> w = Rag(400, 0.05, {.documents = 50, .zipf = 1.0});
+  const SimResult r = Simulate(OnePair(1 << 20, 0), m, **lat, w);
+  // Brute force: the block hashes of every prompt computed so far.
+  std::set<uint64_t> seen;
+  int64_t want = 0, prompt = 0, doc = 0, doc_want = 0;
+  for (const SimRequest& q : w) {
+    const std::vector<uint64_t> h =
+        kvcache::BlockHashes(absl::MakeConstSpan(q.tokens).subspan(0, q.tokens.size() - 1), 16);
+    size_t k = 0;
+    while (k < h.size() && seen.count(h[k]) > 0) ++k;
+    const int64_t cached = static_cast<int64_t>(k) * 16;
+    want += cached;
+    doc_want += std::clamp<int64_t>(cached - q.doc_begin, 0, q.doc_end - q.doc_begin);
+    prompt += q.prompt;
+    doc += q.doc_end - q.doc_begin;
+    for (uint64_t x : kvcache::BlockHashes(q.tokens, 16)) seen.insert(x);
+  }
+  REQUIRE(want > 0);
+  CHECK(r.cache.query_tokens == prompt);
+  CHECK(r.cache.hit_device == want);
+  CHECK(r.cache.hit_host == 0);
+  CHECK(r.cache.doc_tokens == doc);
+  CHECK(r.cache.doc_hits == doc_want);
+  // The same requests without token ids: nothing is looked up as cached.
+  std::vector<SimRequest> plain = w;
+  for (SimRequest& q : plain) q.tokens.clear();
+  CHECK(Simulate(OnePair(1 << 20, 0), m, **lat, plain).cache.hit_device == 0);
+}
+
+TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hit also for the copy", "[placement]") {
+  const ModelSpec m = ModelPreset("opt-13b").value();
+  auto lat = LoadLatencyModel(kFit, m);
+  REQUIRE(lat.ok());
+  // One document, so every request after the first shares system prompt and document.
+  const std::vector<SimRequest> w =
+      Rag(3, 0.01, {.documents = 1, .docs_per_request = 1, .doc_min = 200, .doc_max = 200, .system_tokens = 32});
+  REQUIRE(w.size() == 3);
+  // 232 shared tokens: 14 full blocks (224) are reused by the later requests.
+  const int64_t cached = 224;
+  auto ttft_alone = [&](int64_t tokens) {
+    const int64_t lens[1] = {tokens};
+    return (*lat)->Prefill({.tp = 1, .pp = 1}, lens);
+  };
+  {
+    const SimResult r = Simulate(OnePair(1000, 0), m, **lat, w);
+    CHECK(r.requests[0].ttft() == Approx(ttft_alone(w[0].prompt)));
+    CHECK(r.requests[1].ttft() == Approx(ttft_alone(w[1].prompt - cached)));
+    CHECK(r.cache.hit_device == 2 * cached);
+  }
+  {
+    // Documents A, B, then A again, on a device tier that holds one prompt:
+    // B's blocks push A's document to host, and the third request finds the
+    // system prompt on device and A's document on host, copied back at the
+    // host link's speed before its prefill.
+    auto tokens = [](int salt, int n) {
+      std::vector<int32_t> t;
+      for (int i = 0; i < n; ++i) t.push_back(100 + salt * 1000 + i);
+      return t;
+    };
+    auto request = [&](double at, int doc, int question) {
+      SimRequest q{.arrival = at, .output = 4};
+      q.tokens = tokens(0, 32);
+      q.doc_begin = 32;
+      const std::vector<int32_t> d = tokens(doc, 200), qq = tokens(question, 20);
+      q.tokens.insert(q.tokens.end(), d.begin(), d.end());
+      q.doc_end = static_cast<int64_t>(q.tokens.size());
+      q.tokens.insert(q.tokens.end(), qq.begin(), qq.end());
+      q.boundaries = {32, q.doc_end};
+      q.prompt = static_cast<int64_t>(q.tokens.size());
+      return q;
+    };
+    const std::vector<SimRequest> abc = {request(0, 1, 7), request(100, 2, 8), request(200, 1, 9)};
+    ClusterSpec c = OnePair(16, 100);
+    c.cache.host_link_bytes_per_s = 1e9;
+    const SimResult r = Simulate(c, m, **lat, abc);
+    CHECK(r.cache.hit_device == 32 + 32);  // the system prompt, for B and for A again
+    CHECK(r.cache.hit_host == 192);        // A's document: its 12 full blocks after the system prompt
+    const double copy = 192.0 * static_cast<double>(m.KvBytesPerToken()) / 1e9;
+    CHECK(r.requests[2].ttft() == Approx(ttft_alone(abc[2].prompt - 224) + copy));
+    CHECK(r.cache.swap_in_blocks == 12);
+  }
+}
+
+}  // namespace
+}  // namespace duet::placement
