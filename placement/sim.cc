@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <queue>
+#include <unordered_map>
 
 #include "base/logging.h"
 
@@ -29,10 +30,13 @@ struct Req {
   int64_t generated = 0;   // tokens so far (the first included)
   int64_t prefilled = 0;   // chunked prefill progress
   int32_t decode = -1;
-  // Its cached prefix in its prefill instance's tree, pinned through its
-  // prefill, and that prefix's device blocks (the sequence's references).
-  kvcache::Match cached;
-  std::vector<int32_t> cached_blocks;
+};
+
+// A request's cached prefix in its prefill instance's tree, pinned through
+// its prefill, and that prefix's device blocks (the sequence's references).
+struct Cached {
+  kvcache::Match match;
+  std::vector<int32_t> blocks;
 };
 
 // The simulator's BlockStore: block ids and reference counts, no data (a
@@ -133,8 +137,8 @@ class Sim {
     out_.requests.resize(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
       reqs_[i].prompt = reqs[i].prompt;
-      if (!reqs[i].tokens.empty() && static_cast<int64_t>(reqs[i].tokens.size()) != reqs[i].prompt) {
-        LOG(FATAL) << "request " << i << " has " << reqs[i].tokens.size() << " token ids for a prompt of "
+      if (reqs[i].content != nullptr && static_cast<int64_t>(reqs[i].content->tokens.size()) != reqs[i].prompt) {
+        LOG(FATAL) << "request " << i << " has " << reqs[i].content->tokens.size() << " token ids for a prompt of "
                    << reqs[i].prompt;
       }
       reqs_[i].output = std::max<int64_t>(1, reqs[i].output);
@@ -327,19 +331,20 @@ class Sim {
 
   // The prompt but its last token: what a prefix cache may supply.
   absl::Span<const int32_t> CachePrefix(int64_t r) const {
-    const std::vector<int32_t>& t = in_[static_cast<size_t>(r)].tokens;
-    return t.empty() ? absl::Span<const int32_t>() : absl::MakeConstSpan(t).subspan(0, t.size() - 1);
+    const PromptTokens* c = in_[static_cast<size_t>(r)].content;
+    return c == nullptr || c->tokens.empty() ? absl::Span<const int32_t>()
+                                             : absl::MakeConstSpan(c->tokens).subspan(0, c->tokens.size() - 1);
   }
 
   // As a worker admits a request: its cached prefix pinned and swapped in
   // (the host part's blocks added to `swap_blocks`), a hit counted; returns
   // the cached tokens (0 when the device cannot take the swap).
   int64_t AcquireCached(Inst& s, int64_t r, int64_t* swap_blocks) {
-    const SimRequest& in = in_[static_cast<size_t>(r)];
     SimResult::Cache& st = out_.cache;
     st.query_tokens += reqs_[r].prompt;
-    st.doc_tokens += in.doc_end - in.doc_begin;
-    if (in.tokens.empty()) return 0;
+    const PromptTokens* in = in_[static_cast<size_t>(r)].content;
+    if (in == nullptr || in->tokens.empty()) return 0;
+    st.doc_tokens += in->doc_end - in->doc_begin;
     kvcache::Match m = s.tree->Acquire(CachePrefix(r), /*hit=*/false);
     const int64_t copied = s.store->copied_in;
     absl::StatusOr<std::vector<int32_t>> blocks = s.tree->SwapIn(m);
@@ -350,11 +355,10 @@ class Sim {
     s.tree->Hit(m);
     s.store->RefDevice(*blocks);  // the sequence's, until its blocks join the tree
     *swap_blocks += s.store->copied_in - copied;
-    reqs_[r].cached = m;
-    reqs_[r].cached_blocks = std::move(*blocks);
+    cached_[r] = Cached{.match = m, .blocks = std::move(*blocks)};
     st.hit_device += m.device_tokens;
     st.hit_host += m.tokens - m.device_tokens;
-    st.doc_hits += std::clamp<int64_t>(m.tokens - in.doc_begin, 0, in.doc_end - in.doc_begin);
+    st.doc_hits += std::clamp<int64_t>(m.tokens - in->doc_begin, 0, in->doc_end - in->doc_begin);
     return m.tokens;
   }
 
@@ -362,25 +366,28 @@ class Sim {
   // blocks for those after the cached prefix, as many as the tier can free),
   // and the pin ends.
   void InsertComputed(Inst& s, int64_t r) {
-    const SimRequest& in = in_[static_cast<size_t>(r)];
-    if (in.tokens.empty()) return;
-    Req& q = reqs_[r];
+    const PromptTokens* in = in_[static_cast<size_t>(r)].content;
+    if (in == nullptr || in->tokens.empty()) return;
+    Cached q;  // nothing cached when the swap-in found no room
+    if (auto it = cached_.find(r); it != cached_.end()) {
+      q = std::move(it->second);
+      cached_.erase(it);
+    }
     const int64_t bs = c_.cache.block_size;
-    const int64_t have = static_cast<int64_t>(q.cached_blocks.size());
-    const int64_t need = static_cast<int64_t>(in.tokens.size()) / bs - have;
+    const int64_t have = static_cast<int64_t>(q.blocks.size());
+    const int64_t need = static_cast<int64_t>(in->tokens.size()) / bs - have;
     if (need > s.store->free_device()) s.tree->Evict(kvcache::Tier::kDevice, need - s.store->free_device());
-    std::vector<int32_t> blocks = std::move(q.cached_blocks);
+    std::vector<int32_t> blocks = std::move(q.blocks);
     const int64_t got = std::min(need, s.store->free_device());
     if (got > 0) {
       std::vector<int32_t> fresh = s.store->AllocateDevice(got).value();
       blocks.insert(blocks.end(), fresh.begin(), fresh.end());
     }
-    s.tree->Insert(absl::MakeConstSpan(in.tokens).subspan(0, static_cast<size_t>((have + std::max<int64_t>(got, 0)) * bs)),
-                   blocks, in.boundaries);
+    s.tree->Insert(
+        absl::MakeConstSpan(in->tokens).subspan(0, static_cast<size_t>((have + std::max<int64_t>(got, 0)) * bs)),
+        blocks, in->boundaries);
     s.store->UnrefDevice(blocks);
-    s.tree->Release(q.cached);
-    q.cached = {};
-    q.cached_blocks.clear();
+    s.tree->Release(q.match);  // the root (nothing pinned) when it had no match
   }
 
   void OnPrefillDone(int32_t i, int slot) {
@@ -592,6 +599,7 @@ class Sim {
   std::vector<Inst> insts_;
   std::vector<int32_t> entries_, decodes_;
   std::vector<Req> reqs_;
+  std::unordered_map<int64_t, Cached> cached_;  // requests in a cached prefill batch
   SimResult out_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> q_;
   uint64_t seq_ = 0;

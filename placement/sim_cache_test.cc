@@ -4,6 +4,7 @@
 // force over the same requests); a hit's prefill is charged only for the
 // tokens after the cached prefix, and a host hit also for its copy.
 #include <catch2/catch.hpp>
+#include <deque>
 #include <map>
 #include <set>
 #include <vector>
@@ -27,8 +28,8 @@ ClusterSpec OnePair(int64_t device_blocks, int64_t host_blocks) {
   return c;
 }
 
-std::vector<SimRequest> Rag(int64_t n, double rate, RagOptions rag) {
-  return MakeWorkload({.rate = rate, .lengths = "rag", .rag = rag, .num_requests = n, .seed = 7}).value().requests;
+Workload Rag(int64_t n, double rate, RagOptions rag) {
+  return MakeWorkload({.rate = rate, .lengths = "rag", .rag = rag, .num_requests = n, .seed = 7}).value();
 }
 
 TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's longest computed prefix",
@@ -37,12 +38,14 @@ TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's l
   auto lat = LoadLatencyModel(kFit, m);
   REQUIRE(lat.ok());
   // Sparse arrivals: each prefill ends before the next request comes.
-  const std::vector<SimRequest> w = Rag(400, 0.05, {.documents = 50, .zipf = 1.0});
+  const Workload workload = Rag(400, 0.05, {.documents = 50, .zipf = 1.0});
+  const std::vector<SimRequest>& w = workload.requests;
   const SimResult r = Simulate(OnePair(1 << 20, 0), m, **lat, w);
   // Brute force: the block hashes of every prompt computed so far.
   std::set<uint64_t> seen;
   int64_t want = 0, prompt = 0, doc = 0, doc_want = 0;
-  for (const SimRequest& q : w) {
+  for (const SimRequest& req : w) {
+    const PromptTokens& q = *req.content;
     const std::vector<uint64_t> h =
         kvcache::BlockHashes(absl::MakeConstSpan(q.tokens).subspan(0, q.tokens.size() - 1), 16);
     size_t k = 0;
@@ -50,7 +53,7 @@ TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's l
     const int64_t cached = static_cast<int64_t>(k) * 16;
     want += cached;
     doc_want += std::clamp<int64_t>(cached - q.doc_begin, 0, q.doc_end - q.doc_begin);
-    prompt += q.prompt;
+    prompt += req.prompt;
     doc += q.doc_end - q.doc_begin;
     for (uint64_t x : kvcache::BlockHashes(q.tokens, 16)) seen.insert(x);
   }
@@ -62,7 +65,7 @@ TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's l
   CHECK(r.cache.doc_hits == doc_want);
   // The same requests without token ids: nothing is looked up as cached.
   std::vector<SimRequest> plain = w;
-  for (SimRequest& q : plain) q.tokens.clear();
+  for (SimRequest& q : plain) q.content = nullptr;
   CHECK(Simulate(OnePair(1 << 20, 0), m, **lat, plain).cache.hit_device == 0);
 }
 
@@ -71,8 +74,9 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
   auto lat = LoadLatencyModel(kFit, m);
   REQUIRE(lat.ok());
   // One document, so every request after the first shares system prompt and document.
-  const std::vector<SimRequest> w =
+  const Workload workload =
       Rag(3, 0.01, {.documents = 1, .docs_per_request = 1, .doc_min = 200, .doc_max = 200, .system_tokens = 32});
+  const std::vector<SimRequest>& w = workload.requests;
   REQUIRE(w.size() == 3);
   // 232 shared tokens: 14 full blocks (224) are reused by the later requests.
   const int64_t cached = 224;
@@ -96,8 +100,9 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
       for (int i = 0; i < n; ++i) t.push_back(100 + salt * 1000 + i);
       return t;
     };
+    std::deque<PromptTokens> prompts;
     auto request = [&](double at, int doc, int question) {
-      SimRequest q{.arrival = at, .output = 4};
+      PromptTokens& q = prompts.emplace_back();
       q.tokens = tokens(0, 32);
       q.doc_begin = 32;
       const std::vector<int32_t> d = tokens(doc, 200), qq = tokens(question, 20);
@@ -105,8 +110,7 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
       q.doc_end = static_cast<int64_t>(q.tokens.size());
       q.tokens.insert(q.tokens.end(), qq.begin(), qq.end());
       q.boundaries = {32, q.doc_end};
-      q.prompt = static_cast<int64_t>(q.tokens.size());
-      return q;
+      return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 4, .content = &q};
     };
     const std::vector<SimRequest> abc = {request(0, 1, 7), request(100, 2, 8), request(200, 1, 9)};
     ClusterSpec c = OnePair(16, 100);

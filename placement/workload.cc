@@ -70,13 +70,13 @@ class RagPrompts {
     std::shuffle(order_.begin(), order_.end(), rng_);
   }
 
-  void Fill(int64_t i, SimRequest& r) {
+  void Fill(int64_t i, SimRequest& req, std::deque<PromptTokens>& prompts) {
     if (!shifted_ && o_.shift_at > 0 && static_cast<double>(i) >= o_.shift_at * static_cast<double>(requests_)) {
       std::shuffle(order_.begin(), order_.end(), rng_);  // a new ranking
       shifted_ = true;
     }
+    PromptTokens& r = prompts.emplace_back();
     r.tokens = system_;
-    r.boundaries.clear();
     r.doc_begin = static_cast<int64_t>(r.tokens.size());
     std::vector<int64_t> chosen;
     while (static_cast<int64_t>(chosen.size()) < std::min(o_.docs_per_request, o_.documents)) {
@@ -90,8 +90,9 @@ class RagPrompts {
     r.boundaries.push_back(r.doc_end);
     const int64_t q = std::uniform_int_distribution<int64_t>(o_.question_min, o_.question_max)(rng_);
     for (int64_t k = 0; k < q; ++k) r.tokens.push_back(Token());
-    r.prompt = static_cast<int64_t>(r.tokens.size());
-    r.output = o_.output;
+    req.prompt = static_cast<int64_t>(r.tokens.size());
+    req.output = o_.output;
+    req.content = &r;
   }
 
  private:
@@ -192,7 +193,8 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
       r.arrival = t;
     }
     if (rag) {
-      rag_prompts->Fill(i, r);  // lengths as drawn: the token ids fix them
+      if (w.prompts == nullptr) w.prompts = std::make_shared<std::deque<PromptTokens>>();
+      rag_prompts->Fill(i, r, *w.prompts);  // lengths as drawn: the token ids fix them
       if (o.max_context > 0 && r.prompt + r.output > o.max_context) {
         ++w.dropped;
         continue;

@@ -16,6 +16,8 @@
 #define DUET_PLACEMENT_WORKLOAD_H_
 
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,15 +25,23 @@
 
 namespace duet::placement {
 
+// A prompt's token ids (the RAG generator's): what the simulator's prefix
+// caches look up.
+struct PromptTokens {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> boundaries;  // where each document, and what follows them, starts
+  int64_t doc_begin = 0, doc_end = 0;  // the documents' tokens: [doc_begin, doc_end)
+};
+
 struct SimRequest {
   double arrival = 0;  // seconds
   int64_t prompt = 0;  // tokens
   int64_t output = 1;  // tokens, including the first
-  // The prompt's token ids, when the workload has them (the RAG generator):
-  // the simulator's prefix caches look them up. Empty: nothing is cached.
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> boundaries;  // where each document, and what follows them, starts
-  int64_t doc_begin = 0, doc_end = 0;  // the documents' tokens: [doc_begin, doc_end)
+  // The prompt's ids, owned by the Workload it came from (which must outlive
+  // its simulation; copies with rescaled arrivals share them). nullptr:
+  // lengths only, nothing is cached. A plain pointer keeps SimRequest
+  // trivially copyable: million-request workloads copy it.
+  const PromptTokens* content = nullptr;
 };
 
 // A RAG workload's prompts: a system prompt, documents drawn by Zipf
@@ -66,6 +76,7 @@ struct WorkloadOptions {
 
 struct Workload {
   std::vector<SimRequest> requests;
+  std::shared_ptr<std::deque<PromptTokens>> prompts;  // what requests' `content` points to (rag)
   int64_t dropped = 0;
   int64_t truncated = 0;
 };

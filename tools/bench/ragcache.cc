@@ -21,6 +21,7 @@
 // real hit rate beside the simulator's, cache_aware against least_loaded).
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -80,7 +81,8 @@ int main() {
   int64_t corpus = 0;
   {
     std::vector<std::vector<int32_t>> seen;
-    for (const placement::SimRequest& r : w->requests) {
+    for (const placement::SimRequest& q : w->requests) {
+      const placement::PromptTokens& r = *q.content;
       for (size_t d = 0; d + 1 < r.boundaries.size(); ++d) {
         std::vector<int32_t> doc(r.tokens.begin() + r.boundaries[d], r.tokens.begin() + r.boundaries[d + 1]);
         seen.push_back(std::move(doc));
