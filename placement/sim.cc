@@ -318,6 +318,7 @@ class Sim {
         out_.requests[r].prefill_start = now_;
       }
       // Host hits are copied in first, at the host link's speed.
+      out_.cache.swap_in_blocks += swap_blocks;
       const double swap = swap_blocks > 0 ? static_cast<double>(swap_blocks * c_.cache.block_size) * kv_bytes_ /
                                                 c_.cache.host_link_bytes_per_s
                                           : 0.0;
@@ -396,8 +397,6 @@ class Sim {
     last_end_ = now_;
     if (s.tree != nullptr) {
       for (int64_t r : s.batches[slot]) InsertComputed(s, r);
-      out_.cache.swap_in_blocks = 0;
-      for (const Inst& x : insts_) out_.cache.swap_in_blocks += x.store ? x.store->copied_in : 0;
     }
     for (int64_t r : s.batches[slot]) {
       out_.requests[r].first_token = now_;

@@ -33,11 +33,16 @@ bool CacheIndex::Apply(const std::string& worker_id, const proto::CacheEvents& e
 
 void CacheIndex::Drop(const std::string& worker_id) { entries_.erase(worker_id); }
 
-int64_t CacheIndex::CachedTokens(const std::string& worker_id, absl::Span<const int32_t> prompt) const {
+int64_t CacheIndex::CachedTokens(const std::string& worker_id, absl::Span<const int32_t> prompt,
+                                 PromptHashes* memo) const {
   auto it = entries_.find(worker_id);
   if (it == entries_.end() || prompt.empty()) return 0;
   const Entry& en = it->second;
-  const std::vector<uint64_t> hashes = kvcache::BlockHashes(prompt.subspan(0, prompt.size() - 1), en.block_size);
+  PromptHashes local;
+  PromptHashes& by_size = memo != nullptr ? *memo : local;
+  auto [at, fresh] = by_size.try_emplace(en.block_size);
+  if (fresh) at->second = kvcache::BlockHashes(prompt.subspan(0, prompt.size() - 1), en.block_size);
+  const std::vector<uint64_t>& hashes = at->second;
   size_t n = 0;
   while (n < hashes.size() && en.hashes.count(hashes[n]) > 0) ++n;
   return static_cast<int64_t>(n) * en.block_size;

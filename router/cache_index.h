@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "absl/types/span.h"
 #include "proto/control.pb.h"
@@ -34,8 +35,11 @@ class CacheIndex {
 
   // Leading tokens of `prompt` the worker has cached, in whole blocks of
   // its block size, leaving the last token (always computed); 0 when
-  // unknown.
-  int64_t CachedTokens(const std::string& worker_id, absl::Span<const int32_t> prompt) const;
+  // unknown. One prompt asked of several workers: pass the same `hashes`,
+  // so its block hashes are computed once per block size.
+  using PromptHashes = std::map<int64_t, std::vector<uint64_t>>;  // by block size
+  int64_t CachedTokens(const std::string& worker_id, absl::Span<const int32_t> prompt,
+                       PromptHashes* hashes = nullptr) const;
 
   // Hashes held for a worker (0 when unknown), and the workers known.
   int64_t blocks(const std::string& worker_id) const;

@@ -16,8 +16,9 @@ class CacheAware : public Dispatcher {
     const double tokens = static_cast<double>(request.prompt.size());
     const WorkerLoad* best = nullptr;
     double best_score = 0, best_uncached = 0;
+    CacheIndex::PromptHashes hashes;  // the prompt's, computed once per block size
     for (const WorkerLoad* w : c.prefill) {  // in id order: the first of equal scores wins
-      const double uncached = tokens - static_cast<double>(index_->CachedTokens(w->id, request.prompt));
+      const double uncached = tokens - static_cast<double>(index_->CachedTokens(w->id, request.prompt, &hashes));
       const double score =
           uncached_weight_ * uncached + queued_weight_ * static_cast<double>(w->queued_prefill_tokens);
       // Equal scores: the shorter queue, as least_loaded.

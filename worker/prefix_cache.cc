@@ -86,6 +86,9 @@ absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(const PrefixCac
   return cache;
 }
 
+// The tree first, explicitly: its destructor reports every node it drops
+// to on_change, which writes held_ and changed_ (declared after it, so
+// otherwise gone by then).
 PrefixCache::~PrefixCache() { tree_.reset(); }
 
 int64_t PrefixCache::device_blocks() const { return tree_ ? tree_->blocks(kvcache::Tier::kDevice) : 0; }
