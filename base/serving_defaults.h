@@ -7,11 +7,31 @@
 #define DUET_BASE_SERVING_DEFAULTS_H_
 
 #include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace duet {
 
 // Prompt tokens one engine step (one prefill batch) may hold.
 inline constexpr int64_t kDefaultMaxBatchTokens = 2048;
+
+// cache_aware dispatch, in the router and in duet sim: a prefill's score is
+// uncached x the prompt tokens its cache lacks + queued x its queued prefill
+// tokens, and the lowest wins. Queued tokens weigh a quarter: at 1 (the
+// score is then the request's own time to first token) a busy worker's
+// documents are computed again on an idle one, and two caches hold the same
+// documents (duet sim of the RAG bench's workload on two prefills at 0.7-1.5
+// requests/s: 30% of document tokens reused at 1, 32% at 0.25, 27% under
+// least_loaded, with TTFT p50/p90 within 5% of weight 1's).
+struct CacheAwareWeights {
+  double uncached = 1.0;
+  double queued = 0.25;
+  std::string ToString() const;  // "U,Q", as the flag takes it
+};
+// "U,Q" (--cache-aware-weights), both >= 0.
+absl::StatusOr<CacheAwareWeights> ParseCacheAwareWeights(absl::string_view text);
 
 }  // namespace duet
 

@@ -33,7 +33,8 @@ struct Req {
 };
 
 // A request's cached prefix in its prefill instance's tree, pinned through
-// its prefill, and that prefix's device blocks (the sequence's references).
+// its prefill, and the sequence's device blocks (the prefix's, then those
+// it computes).
 struct Cached {
   kvcache::Match match;
   std::vector<int32_t> blocks;
@@ -87,6 +88,7 @@ struct Inst {
   InstanceSpec spec;
   std::deque<int64_t> waiting;
   int64_t queued_tokens = 0;
+  int64_t computing_tokens = 0;  // prefill: the uncached tokens of the batches in flight
   // Prefill: batches in flight, one per pipeline stage at most; stage 1
   // takes the next at next_start.
   int in_flight = 0;
@@ -216,8 +218,9 @@ class Sim {
     return penalty > 0 && !OtherBusy(s) ? penalty : 0.0;
   }
 
-  int32_t PickEntry() {
+  int32_t PickEntry(int64_t r) {
     if (c_.policy == "round_robin") return entries_[rr_entry_++ % entries_.size()];
+    if (c_.policy == "cache_aware" && in_[static_cast<size_t>(r)].content != nullptr) return PickCached(r);
     int32_t best = entries_[0];
     double best_load = std::numeric_limits<double>::infinity();
     for (int32_t i : entries_) {
@@ -226,6 +229,28 @@ class Sim {
       if (load < best_load) {
         best_load = load;
         best = i;
+      }
+    }
+    return best;
+  }
+
+  // The router's cache_aware (router/dispatch_cache_aware.cc),
+  // on the trees themselves rather than an index of their events: the
+  // fewest uncached plus queued tokens, ties to the shorter queue.
+  int32_t PickCached(int64_t r) {
+    int32_t best = -1;
+    double best_score = 0;
+    for (int32_t i : entries_) {
+      const Inst& s = insts_[i];
+      const int64_t cached = s.tree != nullptr ? s.tree->Lookup(CachePrefix(r)).tokens : 0;
+      // As the workers count their queue: waiting prompts and the uncomputed part of running ones.
+      const int64_t queue = s.queued_tokens + s.computing_tokens;
+      const double score = c_.cache_aware_weights.uncached * static_cast<double>(reqs_[r].prompt - cached) +
+                           c_.cache_aware_weights.queued * static_cast<double>(queue);
+      if (best < 0 || score < best_score ||
+          (score == best_score && queue < insts_[best].queued_tokens + insts_[best].computing_tokens)) {
+        best = i;
+        best_score = score;
       }
     }
     return best;
@@ -251,7 +276,7 @@ class Sim {
   }
 
   void OnArrival(int64_t r) {
-    const int32_t i = PickEntry();
+    const int32_t i = PickEntry(r);
     Inst& s = insts_[i];
     s.waiting.push_back(r);
     s.queued_tokens += reqs_[r].prompt;
@@ -325,6 +350,7 @@ class Sim {
       const double t = Contended(s, Lat(s).Prefill(s.spec.par, lens_), /*prefill=*/true) + swap +
                        (s.in_flight == 0 ? Idle(s) : 0.0);
       s.in_flight++;
+      s.computing_tokens += tokens;
       s.next_start = now_ + t / pp;
       Push(now_ + t, kPrefillDone, i, slot);
     }
@@ -337,63 +363,62 @@ class Sim {
                                              : absl::MakeConstSpan(c->tokens).subspan(0, c->tokens.size() - 1);
   }
 
-  // As a worker admits a request: its cached prefix pinned and swapped in
-  // (the host part's blocks added to `swap_blocks`), a hit counted; returns
-  // the cached tokens (0 when the device cannot take the swap).
+  // As a worker admits a request (prefill::PrefillScheduler::Admit): its
+  // cached prefix pinned, room made for every block the prompt fills but
+  // its cached device ones (unpinned leaves evicted), the host part swapped
+  // in (its blocks added to `swap_blocks`) and the rest allocated, a hit
+  // counted; returns the cached tokens. A prompt that finds no room is
+  // computed uncached and kept out of the tree (the worker would wait).
   int64_t AcquireCached(Inst& s, int64_t r, int64_t* swap_blocks) {
     SimResult::Cache& st = out_.cache;
     st.query_tokens += reqs_[r].prompt;
     const PromptTokens* in = in_[static_cast<size_t>(r)].content;
     if (in == nullptr || in->tokens.empty()) return 0;
     st.doc_tokens += in->doc_end - in->doc_begin;
+    const int64_t bs = c_.cache.block_size;
+    const int64_t all = (static_cast<int64_t>(in->tokens.size()) + bs - 1) / bs;
     kvcache::Match m = s.tree->Acquire(CachePrefix(r), /*hit=*/false);
-    const int64_t copied = s.store->copied_in;
-    absl::StatusOr<std::vector<int32_t>> blocks = s.tree->SwapIn(m);
-    if (!blocks.ok()) {
+    const int64_t need = all - m.device_tokens / bs;
+    if (s.store->free_device() < need) s.tree->Evict(kvcache::Tier::kDevice, need - s.store->free_device());
+    if (s.store->free_device() < need) {
       s.tree->Release(m);
       return 0;
     }
+    const int64_t copied = s.store->copied_in;
+    std::vector<int32_t> blocks = s.tree->SwapIn(m).value();  // room was made above
     s.tree->Hit(m);
-    s.store->RefDevice(*blocks);  // the sequence's, until its blocks join the tree
+    s.store->RefDevice(blocks);  // the sequence's, until its blocks join the tree
     *swap_blocks += s.store->copied_in - copied;
-    cached_[r] = Cached{.match = m, .blocks = std::move(*blocks)};
+    std::vector<int32_t> fresh = s.store->AllocateDevice(all - m.tokens / bs).value();
+    blocks.insert(blocks.end(), fresh.begin(), fresh.end());
+    cached_[r] = Cached{.match = m, .blocks = std::move(blocks)};
     st.hit_device += m.device_tokens;
     st.hit_host += m.tokens - m.device_tokens;
     st.doc_hits += std::clamp<int64_t>(m.tokens - in->doc_begin, 0, in->doc_end - in->doc_begin);
+    out_.requests[r].cached = m.tokens;
     return m.tokens;
   }
 
-  // As a worker completes a prompt: its full blocks join the tree (fresh
-  // blocks for those after the cached prefix, as many as the tier can free),
-  // and the pin ends.
+  // As a worker completes a prompt: its full blocks join the tree, the
+  // sequence's references end (the partial last block's with them: the
+  // worker keeps it until decode has pulled it) and so does the pin.
   void InsertComputed(Inst& s, int64_t r) {
-    const PromptTokens* in = in_[static_cast<size_t>(r)].content;
-    if (in == nullptr || in->tokens.empty()) return;
-    Cached q;  // nothing cached when the swap-in found no room
-    if (auto it = cached_.find(r); it != cached_.end()) {
-      q = std::move(it->second);
-      cached_.erase(it);
-    }
-    const int64_t bs = c_.cache.block_size;
-    const int64_t have = static_cast<int64_t>(q.blocks.size());
-    const int64_t need = static_cast<int64_t>(in->tokens.size()) / bs - have;
-    if (need > s.store->free_device()) s.tree->Evict(kvcache::Tier::kDevice, need - s.store->free_device());
-    std::vector<int32_t> blocks = std::move(q.blocks);
-    const int64_t got = std::min(need, s.store->free_device());
-    if (got > 0) {
-      std::vector<int32_t> fresh = s.store->AllocateDevice(got).value();
-      blocks.insert(blocks.end(), fresh.begin(), fresh.end());
-    }
-    s.tree->Insert(
-        absl::MakeConstSpan(in->tokens).subspan(0, static_cast<size_t>((have + std::max<int64_t>(got, 0)) * bs)),
-        blocks, in->boundaries);
-    s.store->UnrefDevice(blocks);
-    s.tree->Release(q.match);  // the root (nothing pinned) when it had no match
+    auto it = cached_.find(r);
+    if (it == cached_.end()) return;  // no content, or no room at admission
+    const Cached q = std::move(it->second);
+    cached_.erase(it);
+    const PromptTokens& in = *in_[static_cast<size_t>(r)].content;
+    const size_t full = in.tokens.size() / static_cast<size_t>(c_.cache.block_size);
+    s.tree->Insert(absl::MakeConstSpan(in.tokens).subspan(0, full * static_cast<size_t>(c_.cache.block_size)),
+                   absl::MakeConstSpan(q.blocks).subspan(0, full), in.boundaries);
+    s.store->UnrefDevice(q.blocks);
+    s.tree->Release(q.match);
   }
 
   void OnPrefillDone(int32_t i, int slot) {
     Inst& s = insts_[i];
     s.in_flight--;
+    for (int64_t r : s.batches[slot]) s.computing_tokens -= reqs_[r].prompt - out_.requests[r].cached;
     last_end_ = now_;
     if (s.tree != nullptr) {
       for (int64_t r : s.batches[slot]) InsertComputed(s, r);

@@ -74,7 +74,8 @@ struct ClusterSpec {
   std::vector<InstanceSpec> instances;
   PrefixCacheSpec cache;  // prefill instances
   double kv_link_bytes_per_s = 0;  // prefill -> decode; 0: instantaneous
-  std::string policy = "least_loaded";  // least_loaded | round_robin
+  std::string policy = "least_loaded";  // least_loaded | round_robin | cache_aware (prefill, by the caches)
+  CacheAwareWeights cache_aware_weights;  // the router's default
   bool chunked_prefill = false;         // colocated
   int64_t chunk_tokens = 512;
   // Instances sharing one host's memory bandwidth (CPU workers on one
@@ -92,6 +93,7 @@ struct RequestOutcome {
   double first_token = -1;
   double finish = -1;
   int64_t output = 1;
+  int64_t cached = 0;  // prompt tokens its prefill instance's prefix cache supplied
   double ttft() const { return first_token - arrival; }
   double tpot() const { return output > 1 ? (finish - first_token) / static_cast<double>(output - 1) : 0.0; }
   double queue_wait() const { return prefill_start - arrival; }

@@ -124,5 +124,46 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
   }
 }
 
+TEST_CASE("cache_aware sends a request to the prefill instance holding its document; least_loaded to the idlest",
+          "[placement]") {
+  const ModelSpec m = ModelPreset("opt-13b").value();
+  auto lat = LoadLatencyModel(kFit, m);
+  REQUIRE(lat.ok());
+  // Two documents, A and B, each prompt 16 blocks on instances that hold
+  // one prompt: A and B arrive together (one per instance), then alternate,
+  // each after the last has finished.
+  std::deque<PromptTokens> prompts;
+  auto request = [&](double at, int doc, int question) {
+    PromptTokens& q = prompts.emplace_back();
+    for (int i = 0; i < 32; ++i) q.tokens.push_back(100 + i);
+    q.doc_begin = 32;
+    for (int i = 0; i < 200; ++i) q.tokens.push_back(1000 * doc + i);
+    q.doc_end = static_cast<int64_t>(q.tokens.size());
+    for (int i = 0; i < 20; ++i) q.tokens.push_back(50000 + 100 * question + i);
+    q.boundaries = {32, q.doc_end};
+    return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 2, .content = &q};
+  };
+  std::vector<SimRequest> w = {request(0, 1, 0), request(0, 2, 1)};
+  for (int k = 2; k < 12; ++k) w.push_back(request(100.0 * k, 1 + k % 2, k));
+  ClusterSpec c;
+  c.instances = {{.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                 {.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                 {.role = InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
+  c.cache = {.device_blocks = 16, .block_size = 16};
+  c.policy = "cache_aware";
+  const SimResult aware = Simulate(c, m, **lat, w);
+  // Each of the 10 later requests finds its document's 12 full blocks after
+  // the system prompt's 2 (and its own partial block is computed).
+  CHECK(aware.cache.hit_device == 10 * 224);
+  CHECK(aware.cache.doc_hits == 10 * 192);
+  c.policy = "least_loaded";
+  const SimResult idlest = Simulate(c, m, **lat, w);
+  // All to the first instance (the second of the first two waits there:
+  // least_loaded counts waiting prompts alone), where A and B evict each
+  // other: only the system prompt is found.
+  CHECK(idlest.cache.hit_device == 11 * 32);
+  CHECK(idlest.cache.doc_hits == 0);
+}
+
 }  // namespace
 }  // namespace duet::placement

@@ -372,6 +372,24 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
     }
   }
   r.spec.mutable_prompt_ids()->Assign(ids.begin(), ids.end());
+  // duet's extension for clients that tokenize their own RAG prompts: where
+  // each document (and what follows them) starts, as chat `documents` mark.
+  if (const Json* b = Field(body, "cache_boundaries"); b != nullptr && !b->is_null()) {
+    if (!b->is_array()) {
+      return ParamError("cache_boundaries",
+                        absl::StrCat("'cache_boundaries' must be an array of token positions, got ", Describe(*b)));
+    }
+    int64_t last = 0;
+    for (const Json& e : *b) {
+      if (!e.is_number_integer() || e.get<int64_t>() <= last || e.get<int64_t>() > static_cast<int64_t>(ids.size())) {
+        return ParamError("cache_boundaries",
+                          absl::StrCat("'cache_boundaries' must rise within the prompt's ", ids.size(),
+                                       " tokens, got ", Describe(e), " after ", last));
+      }
+      last = e.get<int64_t>();
+      r.spec.add_cache_boundaries(static_cast<int32_t>(last));
+    }
+  }
   r.spec.mutable_sampling()->set_logprobs(logprobs < 0 ? 0 : static_cast<int32_t>(logprobs));
   r.logprobs = static_cast<int>(logprobs);
   return r;

@@ -257,6 +257,28 @@ ServedModel LongContext() {
   return m;
 }
 
+TEST_CASE("completions: cache_boundaries of a tokenized prompt reach the spec, checked against the prompt") {
+  auto r = ParseCompletionRequest(R"({"model": "tiny", "prompt": [5, 6, 7, 8, 9, 10], "cache_boundaries": [2, 5]})",
+                                  LongContext(), 5);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  REQUIRE(r->spec.cache_boundaries_size() == 2);
+  CHECK(r->spec.cache_boundaries(0) == 2);
+  CHECK(r->spec.cache_boundaries(1) == 5);
+  for (const char* body : {
+           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": 2})",
+           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [2, 2]})",
+           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [0]})",
+           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [4]})",
+           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": ["1"]})",
+       }) {
+    INFO(body);
+    auto bad = ParseCompletionRequest(body, LongContext(), 5);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(ErrorParam(bad.status()) == "cache_boundaries");
+  }
+}
+
 TEST_CASE("chat documents: rendered after the system message, the prefix cache's boundaries where each starts") {
   auto r = ParseChatRequest(
       R"({"model": "tiny", "messages": [{"role": "system", "content": "Docs."},

@@ -39,6 +39,7 @@ struct WorkerRegistry::Worker {
   uint64_t charge_epoch = 0;  // Heartbeats that reset the charges.
   int64_t charged_blocks = 0;
   int64_t charged_requests = 0;
+  int64_t dispatched = 0;  // Attempts assigned to it since it registered.
 };
 
 struct WorkerRegistry::Life {
@@ -420,7 +421,8 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
                                  .metrics_port = w->reg.metrics_port(),
                                  .max_model_len = w->reg.max_model_len(),
                                  .stats = w->stats,
-                                 .stats_time = w->stats_time});
+                                 .stats_time = w->stats_time,
+                                 .dispatched = w->dispatched});
   }
   return out;
 }
@@ -433,6 +435,7 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
            .tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens,
            .epoch = it->second->charge_epoch};
     it->second->charged_tokens += out.tokens;
+    it->second->dispatched += 1;
   }
   if (auto it = workers_.find(a.decode_id); it != workers_.end()) {
     const int64_t block = std::max<int64_t>(1, it->second->reg.layout().block_size() > 0
@@ -440,6 +443,7 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
                                                    : 16);
     it->second->charged_blocks += (tokens + 1 + block - 1) / block;  // With room for the first token.
     it->second->charged_requests += 1;
+    if (a.decode_id != a.prefill_id) it->second->dispatched += 1;
   }
   return out;
 }

@@ -82,6 +82,7 @@ struct WorkerSnapshot {
   int64_t max_model_len = 0;
   proto::WorkerStats stats;  // Latest heartbeat or WorkerStats reply.
   absl::Time stats_time;
+  int64_t dispatched = 0;    // Attempts the router assigned to it since it registered.
 };
 
 absl::string_view RoleName(proto::Role role);  // "prefill", "decode", "colocated"

@@ -216,6 +216,11 @@ TEST_CASE("heartbeats set loads; dispatch charges count until the next heartbeat
   // Done after the heartbeat counted it: nothing to take back.
   fx.registry->Uncharge(late);
   CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 100);
+  // Every charge counted a dispatch on both workers (heartbeats do not reset it).
+  for (const WorkerSnapshot& w : fx.registry->Snapshot()) {
+    INFO(w.id);
+    CHECK(w.dispatched == 3);
+  }
 }
 
 TEST_CASE("a worker silent for three heartbeat intervals is removed") {

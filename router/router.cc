@@ -64,8 +64,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(dispatcher_, NewDispatcher(options_.policy, {.index = &cache_index_,
-                                                                  .uncached_weight = options_.cache_aware_weights[0],
-                                                                  .queued_weight = options_.cache_aware_weights[1]}));
+                                                                  .uncached_weight = options_.cache_aware_weights.uncached,
+                                                                  .queued_weight = options_.cache_aware_weights.queued}));
   }
 
   MetricsRegistry& m = MetricsRegistry::Default();
@@ -165,7 +165,7 @@ void AddRouterFlags(FlagSet& f) {
   f.String("policy", "least_loaded",
            "dispatch policy: least_loaded | round_robin | cache_aware (the prefill whose prefix cache holds most of "
            "the prompt, weighed against its queue)");
-  f.String("cache-aware-weights", "1,1",
+  f.String("cache-aware-weights", CacheAwareWeights{}.ToString(),
            "cache_aware: U,Q, a prefill's score = U x prompt tokens its cache lacks + Q x its queued prefill tokens");
   f.Int("heartbeat-ms", 500, "heartbeat interval workers are held to");
   f.Int("missed-heartbeats", 10, "heartbeats a worker may miss before it is dropped");
@@ -191,15 +191,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   ASSIGN_OR_RETURN(o.policy, ParseDispatchPolicy(f.GetString("policy")));
   RETURN_IF_ERROR(f.RefuseUnless(o.policy == DispatchPolicy::kCacheAware, {"cache-aware-weights"},
                                  "unless --policy cache_aware"));
-  {
-    const std::vector<std::string> parts = absl::StrSplit(f.GetString("cache-aware-weights"), ',');
-    if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &o.cache_aware_weights[0]) ||
-        !absl::SimpleAtod(parts[1], &o.cache_aware_weights[1]) || o.cache_aware_weights[0] < 0 ||
-        o.cache_aware_weights[1] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--cache-aware-weights must be U,Q with U, Q >= 0, got \"",
-                                                     f.GetString("cache-aware-weights"), "\""));
-    }
-  }
+  ASSIGN_OR_RETURN(o.cache_aware_weights, ParseCacheAwareWeights(f.GetString("cache-aware-weights")));
   if (f.GetInt("heartbeat-ms") < 1) return absl::InvalidArgumentError("--heartbeat-ms must be >= 1");
   o.heartbeat_interval = absl::Milliseconds(f.GetInt("heartbeat-ms"));
   if (f.GetInt("missed-heartbeats") < 1) return absl::InvalidArgumentError("--missed-heartbeats must be >= 1");

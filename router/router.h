@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/serving_defaults.h"
 #include "base/clock.h"
 #include "base/flags.h"
 #include "http/server.h"
@@ -58,7 +59,7 @@ struct RouterOptions {
   DispatchPolicy policy = DispatchPolicy::kLeastLoaded;
   // cache_aware: the weights of a prompt's uncached tokens and of queued
   // prefill tokens in a prefill's score.
-  double cache_aware_weights[2] = {1, 1};
+  CacheAwareWeights cache_aware_weights;
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // A worker silent for this many intervals is dropped. Generous, because a
   // loaded machine delays heartbeats; a dead process is noticed sooner, by

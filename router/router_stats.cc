@@ -58,6 +58,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
     j["preemptions"] = s.preemptions();
     j["leased_blocks"] = s.leased_blocks();
     j["prefix_cache_blocks"] = s.prefix_cache_blocks();
+    j["requests_dispatched"] = w.dispatched;  // Attempts, re-dispatches included.
     j["cache_index_blocks"] = cache_index_.blocks(w.id);  // The router's view of its cache.
     j["fresh"] = q->fresh.count(w.id) > 0;  // false: from the last heartbeat.
     j["stats_age_ms"] = absl::ToInt64Milliseconds(now - w.stats_time);

@@ -129,7 +129,8 @@ TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on dev
   // Rounds of 8 requests of up to 7 blocks each (about 30 distinct full
   // blocks) on 16 device blocks for prefill (12 colocated, 1 request at a
   // time, so that none is preempted): the tree's nodes move to the 48-block
-  // host tier and come back.
+  // host tier (in GiB on the colocated worker, in blocks on the prefill)
+  // and come back.
   const std::string host_gib = absl::StrCat(48.0 * kTinyBlockBytes / (1 << 30));
   const std::string worker = colocated ? "colocated-0" : "prefill-0";
   if (colocated) {
@@ -137,7 +138,7 @@ TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on dev
                           {"--kv-blocks", "12", "--max-running", "1", "--kv-host-memory", host_gib}).ok());
     REQUIRE(c.WaitForWorkers(1).ok());
   } else {
-    REQUIRE(c.StartWorker("prefill", worker, {"--kv-blocks", "16", "--kv-host-memory", host_gib}).ok());
+    REQUIRE(c.StartWorker("prefill", worker, {"--kv-blocks", "16", "--kv-host-blocks", "48"}).ok());
     REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
     REQUIRE(c.WaitForWorkers(2).ok());
   }

@@ -130,8 +130,13 @@ TEST_CASE("a flag the chosen mode ignores is an error naming it", "[sim]") {
       {"sim --cache-host-blocks 10", "--cache-host-blocks has no effect without --cache-blocks"},
       {"sim --lengths rag --cache-blocks 10 --host-link-gbps 5", "--host-link-gbps has no effect without --cache-host-blocks"},
       {"sim --colocated 1 --cache-blocks 10", "--cache-blocks has no effect with --colocated"},
+      {"sim --policy cache_aware", "--policy cache_aware needs --cache-blocks"},
+      {"sim --cache-aware-weights 1,2", "--cache-aware-weights has no effect unless --policy cache_aware"},
+      {"sim --lengths rag --cache-blocks 10 --policy cache_aware --cache-aware-weights 1", "--cache-aware-weights must be U,Q"},
+      {"sim --policy fastest", "--policy must be least_loaded, round_robin or cache_aware, got \"fastest\""},
       // The workers' prefix-cache flags, where the cache is not.
       {"decode --kv-host-memory 1", "--kv-host-memory has no effect on a decode worker"},
+      {"prefill --no-prefix-cache --kv-host-blocks 8", "--kv-host-blocks has no effect with --no-prefix-cache"},
       {"worker --reorder-window 2", "--reorder-window has no effect outside the prefill role"},
       {"prefill --no-prefix-cache --kv-cache-policy lru", "--kv-cache-policy has no effect with --no-prefix-cache"},
       {"prefill --kv-cache-cost-profile " + Tmp("missing.json"), "the prefix cache's cost profile"},

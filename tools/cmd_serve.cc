@@ -139,6 +139,7 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
          "prefill/colocated: compute every prompt whole (default: reuse the KV of cached block-aligned prefixes, "
          "the knowledge tree)");
   f.Double("kv-host-memory", 0, "prefill/colocated: GiB of host memory for the prefix cache's second tier (0: none)");
+  f.Int("kv-host-blocks", 0, "prefill/colocated: the second tier's size in blocks (ignores --kv-host-memory when set)");
   f.String("kv-cache-policy", "pgdsf", "prefill/colocated: the prefix cache's replacement, pgdsf | gdsf | lru | lfu");
   f.String("kv-cache-cost-profile", "",
            "prefill/colocated: a latency profile (duet profile --out) of this model whose prefill times are PGDSF's "
@@ -179,16 +180,18 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   const bool cache = !f.GetBool("no-prefix-cache");
   for (absl::Status st :
        {f.RefuseUnless(role != "decode",
-                       {"no-prefix-cache", "kv-host-memory", "kv-cache-policy", "kv-cache-cost-profile"},
+                       {"no-prefix-cache", "kv-host-memory", "kv-host-blocks", "kv-cache-policy", "kv-cache-cost-profile"},
                        "on a decode worker (it reuses no prefixes)"),
         f.RefuseUnless(role == "prefill", {"reorder-window"}, "outside the prefill role"),
-        f.RefuseUnless(cache, {"kv-host-memory", "kv-cache-policy", "kv-cache-cost-profile", "reorder-window"},
+        f.RefuseUnless(cache, {"kv-host-memory", "kv-host-blocks", "kv-cache-policy", "kv-cache-cost-profile", "reorder-window"},
                        "with --no-prefix-cache")}) {
     if (!st.ok()) return UsageError(cmd, st);
   }
   auto policy = kvcache::ParsePolicy(f.GetString("kv-cache-policy"));
   if (!policy.ok()) return UsageError(cmd, policy.status());
-  if (f.GetDouble("kv-host-memory") < 0) return UsageError(cmd, absl::InvalidArgumentError("--kv-host-memory must be >= 0"));
+  if (f.GetDouble("kv-host-memory") < 0 || f.GetInt("kv-host-blocks") < 0) {
+    return UsageError(cmd, absl::InvalidArgumentError("--kv-host-memory and --kv-host-blocks must be >= 0"));
+  }
   auto dir = ModelDir(f);
   if (!dir.ok()) return UsageError(cmd, dir.status());
   const std::string name = ServedName(f, *dir);
@@ -203,6 +206,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   const worker::PrefixCacheOptions cache_options{
       .enabled = cache,
       .host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30)),
+      .host_blocks = f.GetInt("kv-host-blocks"),
       .policy = *policy,
       .cost_profile = f.GetString("kv-cache-cost-profile")};
 

@@ -47,7 +47,12 @@ void AddSimFlags(FlagSet& f) {
   f.String("gpu", "a100-80g", "GPU of the instances: KV capacity from its memory, link bandwidths, roofline");
   f.Double("kv-capacity-tokens", 0, "KV tokens per instance (0: from the GPUs' memory after the weights)");
   f.Double("link-gbps", 0, "prefill -> decode KV bandwidth, GB/s (0: the GPU's node link)");
-  f.String("policy", "least_loaded", "dispatch: least_loaded | round_robin");
+  f.String("policy", "least_loaded",
+           "dispatch: least_loaded | round_robin | cache_aware (with --cache-blocks: the prefill whose cache lacks "
+           "the fewest tokens, plus its queue)");
+  f.String("cache-aware-weights", CacheAwareWeights{}.ToString(),
+           "cache_aware: U,Q, a prefill's score = U x prompt tokens its cache lacks + Q x its queued prefill tokens "
+           "(the router's flag)");
   f.Bool("chunked-prefill", "colocated: chunked prefill (decode and prompt chunks in one step)");
   f.Double("interference-prefill", 0,
            "instances share one host's memory bus: a prefill batch started while another instance computes "
@@ -97,6 +102,7 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
   };
   auto common = [&](ClusterSpec& c) {
     c.policy = f.GetString("policy");
+    c.cache_aware_weights = ParseCacheAwareWeights(f.GetString("cache-aware-weights")).value();  // checked above
     c.interference_prefill = f.GetDouble("interference-prefill");
     c.interference_decode = f.GetDouble("interference-decode");
     c.chunked_prefill = f.GetBool("chunked-prefill");
@@ -228,6 +234,16 @@ absl::Status CheckSimFlags(const FlagSet& f) {
                                  {"cache-host-blocks", "cache-policy", "cache-block-size", "host-link-gbps"},
                                  "without --cache-blocks"));
   RETURN_IF_ERROR(f.RefuseUnless(f.GetInt("cache-host-blocks") > 0, {"host-link-gbps"}, "without --cache-host-blocks"));
+  const std::string policy = f.GetString("policy");
+  if (policy != "least_loaded" && policy != "round_robin" && policy != "cache_aware") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--policy must be least_loaded, round_robin or cache_aware, got \"", policy, "\""));
+  }
+  if (policy == "cache_aware" && f.GetInt("cache-blocks") <= 0) {
+    return absl::InvalidArgumentError("--policy cache_aware needs --cache-blocks (the caches it reads)");
+  }
+  RETURN_IF_ERROR(f.RefuseUnless(policy == "cache_aware", {"cache-aware-weights"}, "unless --policy cache_aware"));
+  RETURN_IF_ERROR(ParseCacheAwareWeights(f.GetString("cache-aware-weights")).status());
   RETURN_IF_ERROR(f.RefuseUnless(!colocated, {"cache-blocks"}, "with --colocated (the cache is simulated in prefill "
                                                                "instances)"));
   return absl::OkStatus();

@@ -39,8 +39,8 @@ namespace duet::worker {
 
 struct PrefixCacheOptions {
   bool enabled = true;  // Reuse of cached prompt prefixes; off: every prompt is computed whole.
-  int64_t host_blocks = 0;        // The host tier in blocks (wins when > 0) ...
-  int64_t host_memory_bytes = 0;  // ... or in bytes; 0 and 0: no host tier.
+  int64_t host_memory_bytes = 0;  // The host tier in bytes ...
+  int64_t host_blocks = 0;        // ... or in blocks (wins when > 0); 0 and 0: no host tier.
   kvcache::Policy policy = kvcache::Policy::kPgdsf;
   std::string cost_profile;  // A latency profile file for PGDSF's cost; empty: the model's FLOPs.
 };

@@ -17,24 +17,61 @@
 // PGDSF over LRU, against its target (RAGCache: PGDSF 6-62% above LRU; here
 // at least LRU everywhere and 1.05x at 5%).
 //
-// Not yet here: the real-cluster runs (TTFT with and without the cache, the
-// real hit rate beside the simulator's, cache_aware against least_loaded).
+// Real clusters of duet processes on the `bench` model (--sim-only skips
+// them), each serving the first 400 requests of the same workload (the
+// ranking reshuffled at request 200): 100 warm-up requests one at a time,
+// then 300 measured at Poisson arrivals of 60% of the no-cache cluster's
+// prefill capacity (1 / its mean warm-up TTFT), measured in the same run.
+//   - One prefill (2 threads, both cores) + one decode (1 thread): no cache,
+//     then PGDSF at the 20% size with the host tier (device blocks =
+//     the prefill's KV pool, host blocks = --kv-host-blocks, PGDSF's cost
+//     from a `duet profile` of this machine, run first): TTFT p50 / p90 of
+//     the measured requests, their real document hit rate (from each
+//     response's usage.prompt_tokens_details.cached_tokens) beside duet
+//     sim's for the same requests at the times they were sent, and the
+//     warm-up's TTFT (concurrency 1) beside the no-cache TTFT x (1 - that
+//     request's cached share).
+//   - Two prefills (1 thread each, cores 0 and 1, the same cache split in
+//     half between them) + one decode: least_loaded, then cache_aware
+//     (the router's default weights), on the same requests
+//     (warm-up two at a time): hit rate, each prefill's share of the
+//     measured requests (the router's requests_dispatched), TTFT p90.
+// Targets: sim and real within 2 pp; TTFT p50 1.5x lower with the cache;
+// cache_aware 5 pp above least_loaded, no prefill above 65%, p90 no worse.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/flags.h"
+#include "base/serving_defaults.h"
+#include "base/status_macros.h"
+#include "base/subprocess.h"
+#include "engine/testing/model_maker.h"
 #include "kvcache/prefix_tree.h"
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/sim.h"
 #include "placement/workload.h"
+#include "tools/bench/serve_common.h"
 
+namespace duet::bench {
 namespace {
 
-using namespace duet;
+namespace fs = std::filesystem;
 
 // The Zipf exponent at which the top `share_of` of `n` ranks draw `share`.
 double ZipfFor(int64_t n, double share_of, double share) {
@@ -56,85 +93,371 @@ double ZipfFor(int64_t n, double share_of, double share) {
   return 0.5 * (lo + hi);
 }
 
-}  // namespace
-
-int main() {
-  const auto start = std::chrono::steady_clock::now();
-  const placement::ModelSpec model = placement::ModelPreset("opt-13b").value();
-  auto latency = placement::LoadLatencyModel("placement/testdata/distserve-a100-80g.json", model);
-  if (!latency.ok()) {
-    std::fprintf(stderr, "%s\n", latency.status().ToString().c_str());
-    return 1;
-  }
+// The workload every part runs: RAGCache's shape, `n` requests at 2 req/s.
+absl::StatusOr<placement::Workload> RagWorkload(int64_t n, const placement::ModelSpec& model) {
   placement::RagOptions rag{.documents = 1000, .shift_at = 0.5, .docs_per_request = 2, .doc_min = 100,
                             .doc_max = 300, .system_tokens = 32, .question_min = 16, .question_max = 32,
                             .output = 8};
   rag.zipf = ZipfFor(rag.documents, 0.03, 0.60);
-  auto w = placement::MakeWorkload(
-      {.rate = 2, .lengths = "rag", .rag = rag, .num_requests = 10000, .max_context = model.max_context, .seed = 1});
-  if (!w.ok()) {
-    std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
-    return 1;
+  return placement::MakeWorkload(
+      {.rate = 2, .lengths = "rag", .rag = rag, .num_requests = n, .max_context = model.max_context, .seed = 1});
+}
+
+// Document tokens reused / requested over requests [from, to), given each
+// request's cached prompt tokens.
+double DocHitRate(const placement::Workload& w, const std::vector<int64_t>& cached, size_t from, size_t to) {
+  int64_t hit = 0, all = 0;
+  for (size_t i = from; i < to; ++i) {
+    const placement::PromptTokens& q = *w.requests[i].content;
+    all += q.doc_end - q.doc_begin;
+    hit += std::clamp<int64_t>(cached[i] - q.doc_begin, 0, q.doc_end - q.doc_begin);
   }
+  return all > 0 ? static_cast<double>(hit) / static_cast<double>(all) : 0;
+}
+
+struct SimTable {
+  int64_t corpus = 0;             // document tokens drawn at least once
+  int64_t blocks_20 = 0;          // the 20% cache, in blocks (device + host)
+  bool ok = true;
+};
+
+// The simulator table: every policy at 5/10/20%, with and without host.
+absl::StatusOr<SimTable> PrintSimTable() {
+  const placement::ModelSpec model = placement::ModelPreset("opt-13b").value();
+  ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> latency,
+                   placement::LoadLatencyModel("placement/testdata/distserve-a100-80g.json", model));
+  ASSIGN_OR_RETURN(placement::Workload w, RagWorkload(10000, model));
+  SimTable out;
   // All document tokens: the corpus is the documents any request drew,
   // counted once (a document's tokens are the same in every request).
-  int64_t corpus = 0;
   {
     std::vector<std::vector<int32_t>> seen;
-    for (const placement::SimRequest& q : w->requests) {
+    for (const placement::SimRequest& q : w.requests) {
       const placement::PromptTokens& r = *q.content;
       for (size_t d = 0; d + 1 < r.boundaries.size(); ++d) {
-        std::vector<int32_t> doc(r.tokens.begin() + r.boundaries[d], r.tokens.begin() + r.boundaries[d + 1]);
-        seen.push_back(std::move(doc));
+        seen.emplace_back(r.tokens.begin() + r.boundaries[d], r.tokens.begin() + r.boundaries[d + 1]);
       }
     }
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (const auto& d : seen) corpus += static_cast<int64_t>(d.size());
+    for (const auto& d : seen) out.corpus += static_cast<int64_t>(d.size());
   }
-  std::printf("duet RAG bench: %zu requests, %lld documents of %lld-%lld tokens (%lld document tokens drawn at "
-              "least once), Zipf %.3f (top 3%% of documents: 60%% of draws), ranking reshuffled at half, %lld per "
-              "request, system %lld, question %lld-%lld, max_tokens %lld; OPT-13B, 1 prefill + 1 decode, DistServe's "
-              "A100 fit, 2 requests/s\n\n",
-              w->requests.size(), static_cast<long long>(rag.documents), static_cast<long long>(rag.doc_min),
-              static_cast<long long>(rag.doc_max), static_cast<long long>(corpus), rag.zipf,
-              static_cast<long long>(rag.docs_per_request), static_cast<long long>(rag.system_tokens),
-              static_cast<long long>(rag.question_min), static_cast<long long>(rag.question_max),
-              static_cast<long long>(rag.output));
+  std::printf("workload: 1000 documents of 100-300 tokens (%lld document tokens drawn at least once), Zipf %.3f "
+              "(top 3%% of documents: 60%% of draws), ranking reshuffled at half, 2 per request, system 32, "
+              "question 16-32, max_tokens 8\n\n",
+              static_cast<long long>(out.corpus), ZipfFor(1000, 0.03, 0.60));
   const kvcache::Policy policies[4] = {kvcache::Policy::kPgdsf, kvcache::Policy::kGdsf, kvcache::Policy::kLru,
                                        kvcache::Policy::kLfu};
   const double sizes[3] = {0.05, 0.10, 0.20};
-  std::printf("simulator: document-token hit rate (duet sim, the workers' kvcache code)\n");
+  std::printf("simulator: document-token hit rate of %zu requests at 2 req/s on OPT-13B, 1 prefill + 1 decode "
+              "(DistServe's A100 fit; duet sim, the workers' kvcache code)\n",
+              w.requests.size());
   std::printf("%-8s %-10s %12s %8s %8s %8s %8s   %-22s %s\n", "size", "tiers", "blocks", "pgdsf", "gdsf", "lru",
               "lfu", "pgdsf / lru (target)", "TTFT p50 ms pgdsf / none");
-  int rc = 0;
   placement::ClusterSpec base;
   base.instances = {{.role = placement::InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
                     {.role = placement::InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
-  const double none_ttft = placement::Simulate(base, model, **latency, w->requests).Percentile(0.5, false);
+  const double none_ttft = placement::Simulate(base, model, *latency, w.requests).Percentile(0.5, false);
   for (double size : sizes) {
-    const int64_t blocks = static_cast<int64_t>(size * static_cast<double>(corpus) / 16);
+    const int64_t blocks = static_cast<int64_t>(size * static_cast<double>(out.corpus) / 16);
+    if (size == 0.20) out.blocks_20 = blocks;
     for (bool host : {true, false}) {
       double rate[4] = {0, 0, 0, 0}, ttft = 0;
       for (int k = 0; k < 4; ++k) {
-        std::fprintf(stderr, "[ragcache] %.0f%% %s %s\n", 100 * size, host ? "device+host" : "device",
-                     kvcache::PolicyName(policies[k]));
+        Progress(absl::StrFormat("sim %.0f%% %s %s", 100 * size, host ? "device+host" : "device",
+                                 kvcache::PolicyName(policies[k])));
         placement::ClusterSpec c = base;
         c.cache = {.device_blocks = blocks / 4, .host_blocks = host ? blocks - blocks / 4 : 0, .policy = policies[k]};
-        const placement::SimResult r = placement::Simulate(c, model, **latency, w->requests);
+        const placement::SimResult r = placement::Simulate(c, model, *latency, w.requests);
         rate[k] = r.cache.doc_hit_rate();
         if (k == 0) ttft = r.Percentile(0.5, false);
       }
       const double ratio = rate[2] > 0 ? rate[0] / rate[2] : 0;
       const double target = size == 0.05 ? 1.05 : 1.0;
       const bool ok = ratio >= target;
-      if (!ok) rc = 1;
+      out.ok = out.ok && ok;
       std::printf("%-8s %-10s %12lld %7.1f%% %7.1f%% %7.1f%% %7.1f%%   %6.3f (>= %.2f) %-5s %8.1f / %.1f\n",
                   (std::to_string(static_cast<int>(size * 100)) + "%").c_str(), host ? "dev+host" : "device",
                   static_cast<long long>(host ? blocks : blocks / 4), 100 * rate[0], 100 * rate[1], 100 * rate[2],
                   100 * rate[3], ratio, target, ok ? "ok" : "MISS", 1e3 * ttft, 1e3 * none_ttft);
     }
   }
-  std::printf("\n(%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return rc;
+  std::fflush(stdout);
+  return out;
+}
+
+// --- The real clusters
+
+struct ClusterRun {
+  RunResult warm, measured;
+  double rate = 0;                 // the measured requests' arrival rate
+  std::map<std::string, int64_t> dispatched;  // prefill id -> measured requests the router gave it
+};
+
+std::vector<int64_t> CachedTokens(const ClusterRun& r) {
+  std::vector<int64_t> out;
+  for (const RunResult* p : {&r.warm, &r.measured}) {
+    for (const Outcome& o : p->outcomes) out.push_back(std::max<int64_t>(0, o.cached_tokens));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> Dispatched(cluster::LocalCluster& c) {
+  ASSIGN_OR_RETURN(Json s, c.Stats());
+  std::map<std::string, int64_t> out;
+  for (auto& [id, w] : s["workers"].items()) {
+    if (w.value("role", "") == "prefill") out[id] = w.value("requests_dispatched", int64_t{0});
+  }
+  return out;
+}
+
+absl::Status CheckOutcomes(const std::string& name, const RunResult& r) {
+  for (const Outcome& o : r.outcomes) {
+    if (!o.ok()) return absl::InternalError(absl::StrCat(name, ": a request failed: ", o.error));
+    if (o.cached_tokens < 0) return absl::InternalError(absl::StrCat(name, ": a response had no usage chunk"));
+  }
+  return absl::OkStatus();
+}
+
+// Starts the cluster, runs the warm-up (`warm_concurrency` at a time), then
+// the measured requests at `rate` (<= 0: `load` x 1 / the warm-up's mean
+// TTFT), and stops it.
+absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string& run_dir,
+                                      const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
+                                      const std::string& policy, const std::vector<BenchRequest>& reqs,
+                                      size_t warm_n, int warm_concurrency, double rate, double load,
+                                      const FlagSet& f) {
+  const std::string model_name = testing::ModelBaseName(model_dir);
+  const double timeout_s = f.GetDouble("timeout-s");
+  Progress(absl::StrCat(name, ": starting the cluster"));
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> c,
+                   StartCluster(run_dir + "/" + name, model_dir, workers, f.GetDouble("kv-memory"),
+                                f.GetInt("heartbeat-ms"), "", policy));
+  ClusterRun out;
+  const std::vector<BenchRequest> warm(reqs.begin(), reqs.begin() + static_cast<long>(warm_n));
+  Progress(absl::StrCat(name, ": ", warm.size(), " warm-up requests, ", warm_concurrency, " at a time"));
+  out.warm = ReplayClosed(c->http_port(), model_name, warm, warm_concurrency, timeout_s);
+  RETURN_IF_ERROR(CheckOutcomes(name, out.warm));
+  if (rate <= 0) {
+    double sum = 0;
+    for (const Outcome& o : out.warm.outcomes) sum += o.ttft();
+    rate = load / (sum / static_cast<double>(warm.size()));
+  }
+  out.rate = rate;
+  // The measured requests keep the workload's Poisson gaps, rescaled to `rate`.
+  std::vector<BenchRequest> measured(reqs.begin() + static_cast<long>(warm_n), reqs.end());
+  const double first = measured.front().arrival_s;
+  for (BenchRequest& r : measured) r.arrival_s = (r.arrival_s - first) * 2.0 / rate;
+  ASSIGN_OR_RETURN(const auto before, Dispatched(*c));
+  Progress(absl::StrFormat("%s: %zu measured requests at %.2f req/s (~%.0f s)", name, measured.size(), rate,
+                           measured.back().arrival_s));
+  out.measured = Replay(c->http_port(), model_name, measured, timeout_s);
+  RETURN_IF_ERROR(CheckOutcomes(name, out.measured));
+  RETURN_IF_ERROR(c->CheckAlive());
+  ASSIGN_OR_RETURN(const auto after, Dispatched(*c));
+  for (const auto& [id, n] : after) out.dispatched[id] = n - (before.count(id) ? before.at(id) : 0);
+  c->Stop();
+  return out;
+}
+
+std::vector<double> Ttfts(const RunResult& r) {
+  std::vector<double> v;
+  for (const Outcome& o : r.outcomes) v.push_back(o.ttft());
+  return v;
+}
+
+absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
+  if (std::thread::hardware_concurrency() < 2) {
+    return absl::FailedPreconditionError("the real clusters pin workers to cores 0 and 1; the machine has fewer");
+  }
+  std::string model_dir = f.GetString("model");
+  if (model_dir.empty()) {
+    Progress("making or finding the cached bench model (the first time takes a while)");
+    ASSIGN_OR_RETURN(model_dir, testing::EnsureCachedModel("bench", "llama"));
+  }
+  ASSIGN_OR_RETURN(const placement::ModelSpec spec, placement::ModelFromConfig(model_dir));
+  const size_t warm_n = static_cast<size_t>(f.GetInt("warmup")), n = warm_n + static_cast<size_t>(f.GetInt("requests"));
+  ASSIGN_OR_RETURN(const placement::Workload w, RagWorkload(static_cast<int64_t>(n), spec));
+  std::vector<BenchRequest> reqs;
+  for (const placement::SimRequest& q : w.requests) {
+    const placement::PromptTokens& p = *q.content;
+    // Where each document and the question start: the simulator's tree gets the same.
+    reqs.push_back({.arrival_s = q.arrival, .prompt = p.tokens, .max_tokens = q.output,
+                    .cache_boundaries = {p.boundaries.begin(), p.boundaries.end()}});
+  }
+  const std::string run_dir = absl::StrCat(fs::temp_directory_path().string(), "/duet-ragcache-bench-", getpid());
+  fs::create_directories(run_dir);
+
+  // PGDSF's cost, and duet sim's latencies: the engine on this machine.
+  const std::string profile = run_dir + "/profile.json";
+  Progress("profiling the bench model (2 threads) for PGDSF's cost and duet sim");
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p,
+                     Subprocess::Start({fs::absolute("tools/duet").string(), "profile", "--model", model_dir,
+                                        "--threads", "2", "--max-context", "1024", "--max-batch", "4", "--reps", "1",
+                                        "--idle-gaps", "", "--out", profile},
+                                       {}, profile + ".log"));
+    const int status = p->Wait();
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(status), "; see ", profile, ".log"));
+    }
+  }
+  const int64_t device = cache_blocks / 4, host = cache_blocks - device;
+  const std::vector<std::string> cache_args = {"--kv-blocks", absl::StrCat(device), "--kv-host-blocks",
+                                               absl::StrCat(host), "--kv-cache-policy", "pgdsf",
+                                               "--kv-cache-cost-profile", profile};
+  const std::vector<std::string> none_args = {"--kv-blocks", absl::StrCat(device), "--no-prefix-cache"};
+  auto one = [](const std::vector<std::string>& args) {
+    return std::vector<cluster::WorkerSpec>{{.role = "prefill", .threads = 2, .args = args},
+                                            {.role = "decode", .threads = 1}};
+  };
+  const double load = f.GetDouble("load");
+  ASSIGN_OR_RETURN(const ClusterRun none,
+                   RunCluster("no-cache", run_dir, model_dir, one(none_args), "least_loaded", reqs, warm_n, 1, 0,
+                              load, f));
+  ASSIGN_OR_RETURN(const ClusterRun pgdsf,
+                   RunCluster("pgdsf", run_dir, model_dir, one(cache_args), "least_loaded", reqs, warm_n, 1,
+                              none.rate, load, f));
+  // The two prefills share the same 20%: half each, device:host 1:3.
+  const int64_t half = cache_blocks / 2, half_device = half / 4, half_host = half - half_device;
+  const std::vector<std::string> half_args = {"--kv-blocks", absl::StrCat(half_device), "--kv-host-blocks",
+                                              absl::StrCat(half_host), "--kv-cache-policy", "pgdsf",
+                                              "--kv-cache-cost-profile", profile};
+  auto two = [&] {
+    return std::vector<cluster::WorkerSpec>{{.role = "prefill", .threads = 1, .cpus = {0}, .args = half_args},
+                                            {.role = "prefill", .threads = 1, .cpus = {1}, .args = half_args},
+                                            {.role = "decode", .threads = 1}};
+  };
+  ASSIGN_OR_RETURN(const ClusterRun ll, RunCluster("two-prefill-least_loaded", run_dir, model_dir, two(),
+                                                   "least_loaded", reqs, warm_n, 2, none.rate, load, f));
+  ASSIGN_OR_RETURN(const ClusterRun ca, RunCluster("two-prefill-cache_aware", run_dir, model_dir, two(),
+                                                   "cache_aware", reqs, warm_n, 2, none.rate, load, f));
+
+  // duet sim of the pgdsf cluster, the same requests sent when they were.
+  ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
+  std::vector<placement::SimRequest> sent = w.requests;
+  for (size_t i = 0; i < n; ++i) {
+    const RunResult& r = i < warm_n ? pgdsf.warm : pgdsf.measured;
+    const Outcome& o = r.outcomes[i < warm_n ? i : i - warm_n];
+    sent[i].arrival = Seconds(r.t0 - pgdsf.warm.t0) + o.send_s;
+  }
+  std::stable_sort(sent.begin(), sent.end(), [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+  placement::ClusterSpec cs;
+  cs.instances = {{.role = placement::InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                  {.role = placement::InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
+  cs.cache = {.device_blocks = device, .host_blocks = host, .policy = kvcache::Policy::kPgdsf};
+  const placement::SimResult sim = placement::Simulate(cs, spec, *lat, sent);
+  // Back in workload order (open-loop sends may swap by microseconds).
+  std::vector<int64_t> sim_cached(n, 0);
+  std::map<const placement::PromptTokens*, size_t> index;
+  for (size_t i = 0; i < n; ++i) index[w.requests[i].content] = i;
+  for (size_t i = 0; i < n; ++i) sim_cached[index.at(sent[i].content)] = sim.requests[i].cached;
+
+  const double real_hit = DocHitRate(w, CachedTokens(pgdsf), warm_n, n);
+  const double sim_hit = DocHitRate(w, sim_cached, warm_n, n);
+  const double none_p50 = Percentile(Ttfts(none.measured), 0.5), none_p90 = Percentile(Ttfts(none.measured), 0.9);
+  const double pg_p50 = Percentile(Ttfts(pgdsf.measured), 0.5), pg_p90 = Percentile(Ttfts(pgdsf.measured), 0.9);
+  // Concurrency 1: each warm-up request's no-cache TTFT x its uncached share.
+  double real_c1 = 0, pred_c1 = 0, none_c1 = 0;
+  const std::vector<int64_t> pg_cached = CachedTokens(pgdsf);
+  for (size_t i = 0; i < warm_n; ++i) {
+    real_c1 += pgdsf.warm.outcomes[i].ttft();
+    none_c1 += none.warm.outcomes[i].ttft();
+    pred_c1 += none.warm.outcomes[i].ttft() *
+               (1.0 - static_cast<double>(pg_cached[i]) / static_cast<double>(w.requests[i].prompt));
+  }
+  real_c1 /= static_cast<double>(warm_n);
+  pred_c1 /= static_cast<double>(warm_n);
+  none_c1 /= static_cast<double>(warm_n);
+
+  std::printf("\nreal clusters: the bench model (%s), the first %zu requests of the workload (ranking reshuffled at "
+              "request %zu); %zu warm-up, then %zu measured at Poisson %.2f req/s = %.0f%% of the no-cache prefill's "
+              "capacity (1 / its mean warm-up TTFT, %.0f ms); cache: PGDSF, %lld device blocks (the prefill's KV "
+              "pool) + %lld host blocks (20%% of the document tokens, 1:3), cost from duet profile\n",
+              model_dir.c_str(), n, n / 2, warm_n, n - warm_n, none.rate, 100 * load, 1e3 * load / none.rate,
+              static_cast<long long>(device), static_cast<long long>(host));
+  std::printf("one prefill (2 threads) + one decode (1 thread)\n");
+  std::printf("%-34s %12s %12s %8s   %s\n", "figure", "pgdsf", "no cache", "ratio", "target");
+  const bool ttft_ok = none_p50 >= 1.5 * pg_p50;
+  std::printf("%-34s %12.0f %12.0f %8.2f   none / pgdsf >= 1.50 %s\n", "TTFT p50 ms", 1e3 * pg_p50, 1e3 * none_p50,
+              none_p50 / pg_p50, ttft_ok ? "ok" : "MISS");
+  std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p90 ms", 1e3 * pg_p90, 1e3 * none_p90, none_p90 / pg_p90);
+  std::printf("%-34s %12.0f %12.0f %8.2f   (1 - hit) predicts %.0f ms: real / predicted %.2f\n",
+              "TTFT mean ms, warm-up (conc. 1)", 1e3 * real_c1, 1e3 * none_c1, none_c1 / real_c1, 1e3 * pred_c1,
+              real_c1 / pred_c1);
+  const bool sim_ok = std::abs(real_hit - sim_hit) <= 0.02;
+  std::printf("%-34s %11.1f%% %11.1f%%   %7s   |real - sim| <= 2.0 pp: %.1f pp %s\n",
+              "document hit rate, real / duet sim", 100 * real_hit, 100 * sim_hit, "", 100 * std::abs(real_hit - sim_hit),
+              sim_ok ? "ok" : "MISS");
+
+  const double ll_hit = DocHitRate(w, CachedTokens(ll), warm_n, n), ca_hit = DocHitRate(w, CachedTokens(ca), warm_n, n);
+  auto max_share = [&](const ClusterRun& r) {
+    int64_t all = 0, most = 0;
+    for (const auto& [id, k] : r.dispatched) {
+      all += k;
+      most = std::max(most, k);
+    }
+    return all > 0 ? static_cast<double>(most) / static_cast<double>(all) : 1.0;
+  };
+  auto shares = [&](const ClusterRun& r) {
+    std::string s;
+    int64_t all = 0;
+    for (const auto& [id, k] : r.dispatched) all += k;
+    for (const auto& [id, k] : r.dispatched) {
+      absl::StrAppend(&s, s.empty() ? "" : " / ", absl::StrFormat("%.0f%%", 100.0 * k / std::max<int64_t>(1, all)));
+    }
+    return s;
+  };
+  const double ll_p90 = Percentile(Ttfts(ll.measured), 0.9), ca_p90 = Percentile(Ttfts(ca.measured), 0.9);
+  const bool hit_ok = ca_hit >= ll_hit + 0.05, share_ok = max_share(ca) <= 0.65 && max_share(ll) <= 0.65,
+             p90_ok = ca_p90 <= ll_p90;
+  std::printf("\ntwo prefills (1 thread each, cores 0 and 1) + one decode, the same cache split: %lld device + %lld "
+              "host blocks each; the same measured rate; cache_aware weights %s (the router's default)\n",
+              static_cast<long long>(half_device), static_cast<long long>(half_host),
+              CacheAwareWeights{}.ToString().c_str());
+  std::printf("%-34s %12s %12s %8s   %s\n", "figure", "cache_aware", "least_loaded", "", "target");
+  std::printf("%-34s %11.1f%% %11.1f%% %+7.1f   >= +5.0 pp %s\n", "document hit rate", 100 * ca_hit, 100 * ll_hit,
+              100 * (ca_hit - ll_hit), hit_ok ? "ok" : "MISS");
+  std::printf("%-34s %12s %12s %8s   each <= 65%% %s\n", "requests per prefill", shares(ca).c_str(),
+              shares(ll).c_str(), "", share_ok ? "ok" : "MISS");
+  std::printf("%-34s %12.0f %12.0f %8.2f   cache_aware <= least_loaded %s\n", "TTFT p90 ms", 1e3 * ca_p90,
+              1e3 * ll_p90, ca_p90 / ll_p90, p90_ok ? "ok" : "MISS");
+  std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p50 ms", 1e3 * Percentile(Ttfts(ca.measured), 0.5),
+              1e3 * Percentile(Ttfts(ll.measured), 0.5),
+              Percentile(Ttfts(ca.measured), 0.5) / Percentile(Ttfts(ll.measured), 0.5));
+  *ok = ttft_ok && sim_ok && hit_ok && share_ok && p90_ok;
+  std::error_code ec;
+  fs::remove_all(run_dir, ec);
+  return absl::OkStatus();
+}
+
+absl::Status Run(const FlagSet& f) {
+  const Clock::time_point start = Clock::now();
+  SetProgressName("ragcache");
+  std::printf("duet RAG bench\n");
+  ASSIGN_OR_RETURN(const SimTable table, PrintSimTable());
+  bool real_ok = true;
+  if (!f.GetBool("sim-only")) RETURN_IF_ERROR(RunReal(f, table.blocks_20, &real_ok));
+  std::printf("\n(%.1f s)\n", Seconds(Clock::now() - start));
+  if (!table.ok || !real_ok) return absl::InternalError("a target was missed (MISS above)");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace duet::bench
+
+int main(int argc, char** argv) {
+  duet::FlagSet f("ragcache",
+                  "The knowledge tree on RAGCache's workload: every policy's document hit rate in duet sim,\n"
+                  "then real clusters of the bench model with and without the cache, and two prefills under\n"
+                  "cache_aware and least_loaded dispatch.");
+  f.Bool("sim-only", "print the simulator table alone (seconds; the real clusters take ~20 minutes)");
+  f.Int("warmup", 100, "real clusters: warm-up requests");
+  f.Int("requests", 300, "real clusters: measured requests");
+  f.Double("load", 0.6, "real clusters: the measured arrival rate as a fraction of the no-cache prefill's capacity");
+  f.String("model", "", "model directory (default: the cached bench model, made on first use)");
+  f.Double("kv-memory", 0.5, "the decode worker's KV cache in GiB");
+  f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers");
+  f.Double("timeout-s", 300, "a request not done after this long fails the bench");
+  return duet::RunWithFlags(f, argc, argv, duet::bench::Run, "ragcache bench");
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -140,6 +141,11 @@ Outcome StreamCompletion(int port, const std::string& body, Clock::time_point t0
                                 o.error = absl::StrCat("bad SSE data: ", data.substr(0, 200));
                               } else if (j.contains("error")) {
                                 o.error = j["error"].dump();
+                              } else if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+                                o.cached_tokens = 0;
+                                if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+                                  o.cached_tokens = d->value("cached_tokens", int64_t{0});
+                                }
                               } else if (j.contains("choices") && !j["choices"].empty() &&
                                          j["choices"][0].contains("token_ids")) {
                                 const int64_t k = static_cast<int64_t>(j["choices"][0]["token_ids"].size());
@@ -165,9 +171,11 @@ Outcome StreamCompletion(int port, const std::string& body, Clock::time_point t0
 }
 
 std::string CompletionBody(const std::string& model, const BenchRequest& r) {
-  return Json{{"model", model},           {"prompt", r.prompt}, {"max_tokens", r.max_tokens},
-              {"temperature", 0},         {"stream", true},     {"ignore_eos", true}}
-      .dump();
+  Json body{{"model", model},     {"prompt", r.prompt}, {"max_tokens", r.max_tokens},
+            {"temperature", 0},   {"stream", true},     {"stream_options", {{"include_usage", true}}},
+            {"ignore_eos", true}};
+  if (!r.cache_boundaries.empty()) body["cache_boundaries"] = r.cache_boundaries;
+  return body.dump();
 }
 
 absl::StatusOr<BenchInputs> LoadBenchInputs(const FlagSet& f) {
@@ -255,6 +263,25 @@ RunResult Replay(int port, const std::string& model, const std::vector<BenchRequ
     });
   }
   for (auto& t : threads) t.join();
+  for (const Outcome& o : r.outcomes) r.wall_s = std::max(r.wall_s, o.last_token_s);
+  return r;
+}
+
+RunResult ReplayClosed(int port, const std::string& model, const std::vector<BenchRequest>& reqs, int concurrency,
+                       double timeout_s) {
+  RunResult r;
+  r.outcomes.resize(reqs.size());
+  r.t0 = Clock::now();
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < concurrency; ++c) {
+    clients.emplace_back([&] {
+      for (size_t i = next++; i < reqs.size(); i = next++) {
+        r.outcomes[i] = StreamCompletion(port, CompletionBody(model, reqs[i]), r.t0, timeout_s);
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
   for (const Outcome& o : r.outcomes) r.wall_s = std::max(r.wall_s, o.last_token_s);
   return r;
 }

@@ -59,6 +59,7 @@ struct BenchRequest {
   double arrival_s;  // From the start of the run.
   std::vector<int32_t> prompt;
   int64_t max_tokens;
+  std::vector<int64_t> cache_boundaries;  // Where the prefix cache starts nodes (the RAG bench's documents).
 };
 // Gaps keep the trace's pattern (its bursts and lulls) with their mean
 // rescaled to 1 / rate; lengths are scaled and clamped to the context.
@@ -86,6 +87,7 @@ struct Outcome {
   double send_s = 0;  // From the start of the run.
   double first_token_s = -1, last_token_s = -1;
   int64_t tokens = 0;
+  int64_t cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens; -1: no usage chunk.
   bool ok() const { return error.empty(); }
   double ttft() const { return first_token_s - send_s; }
   double tpot() const { return tokens > 1 ? (last_token_s - first_token_s) / static_cast<double>(tokens - 1) : 0; }
@@ -94,7 +96,8 @@ struct Outcome {
 // `on_first_token` runs when the first token arrives.
 Outcome StreamCompletion(int port, const std::string& body, Clock::time_point t0, double timeout_s,
                          const std::function<void()>& on_first_token = {});
-// Greedy, streamed, ignore_eos, max_tokens from the request.
+// Greedy, streamed with a usage chunk, ignore_eos, max_tokens and
+// cache_boundaries from the request.
 std::string CompletionBody(const std::string& model, const BenchRequest& r);
 
 // --- Clusters
@@ -121,6 +124,10 @@ struct RunResult {
 };
 // Every request on its own thread, sent at its arrival time (open loop).
 RunResult Replay(int port, const std::string& model, const std::vector<BenchRequest>& reqs, double timeout_s);
+// The requests in order on `concurrency` clients, each sending its next as
+// soon as its last has finished (closed loop; arrival times unused).
+RunResult ReplayClosed(int port, const std::string& model, const std::vector<BenchRequest>& reqs, int concurrency,
+                       double timeout_s);
 
 // Linear between order statistics; NaN for an empty set.
 double Percentile(std::vector<double> v, double q);
