@@ -33,8 +33,9 @@
 //     request's cached share).
 //   - Two prefills (1 thread each, cores 0 and 1, the same cache split in
 //     half between them) + one decode: least_loaded, then cache_aware
-//     (the router's default weights), on the same requests
-//     (warm-up two at a time): hit rate, each prefill's share of the
+//     (the router's default weights), on the same requests (warm-up two
+//     at a time; measured at `load` of the least_loaded cluster's capacity
+//     from that warm-up): hit rate, each prefill's share of the
 //     measured requests (the router's requests_dispatched), TTFT p90.
 // Targets: sim and real within 2 pp; TTFT p50 1.5x lower with the cache;
 // cache_aware 5 pp above least_loaded, no prefill above 65%, p90 no worse.
@@ -219,9 +220,10 @@ absl::Status CheckOutcomes(const std::string& name, const RunResult& r) {
   return absl::OkStatus();
 }
 
-// Starts the cluster, runs the warm-up (`warm_concurrency` at a time), then
-// the measured requests at `rate` (<= 0: `load` x 1 / the warm-up's mean
-// TTFT), and stops it.
+// Starts the cluster, runs the warm-up (`warm_concurrency` at a time, as
+// many as it has prefills), then the measured requests at `rate` (<= 0:
+// `load` x its capacity, warm_concurrency / the warm-up's mean TTFT), and
+// stops it.
 absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string& run_dir,
                                       const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
                                       const std::string& policy, const std::vector<BenchRequest>& reqs,
@@ -241,7 +243,7 @@ absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string
   if (rate <= 0) {
     double sum = 0;
     for (const Outcome& o : out.warm.outcomes) sum += o.ttft();
-    rate = load / (sum / static_cast<double>(warm.size()));
+    rate = load * warm_concurrency / (sum / static_cast<double>(warm.size()));
   }
   out.rate = rate;
   // The measured requests keep the workload's Poisson gaps, rescaled to `rate`.
@@ -328,10 +330,13 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
                                             {.role = "prefill", .threads = 1, .cpus = {1}, .args = half_args},
                                             {.role = "decode", .threads = 1}};
   };
+  // Their rate: `load` x the least_loaded cluster's capacity from its
+  // warm-up (two at a time, one per prefill; its few hits make it an
+  // upper bound), the same for cache_aware.
   ASSIGN_OR_RETURN(const ClusterRun ll, RunCluster("two-prefill-least_loaded", run_dir, model_dir, two(),
-                                                   "least_loaded", reqs, warm_n, 2, none.rate, load, f));
+                                                   "least_loaded", reqs, warm_n, 2, 0, load, f));
   ASSIGN_OR_RETURN(const ClusterRun ca, RunCluster("two-prefill-cache_aware", run_dir, model_dir, two(),
-                                                   "cache_aware", reqs, warm_n, 2, none.rate, load, f));
+                                                   "cache_aware", reqs, warm_n, 2, ll.rate, load, f));
 
   // duet sim of the pgdsf cluster, the same requests sent when they were.
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
@@ -353,6 +358,27 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   for (size_t i = 0; i < n; ++i) index[w.requests[i].content] = i;
   for (size_t i = 0; i < n; ++i) sim_cached[index.at(sent[i].content)] = sim.requests[i].cached;
 
+  if (const std::string csv = f.GetString("csv"); !csv.empty()) {
+    // One row per request: each run's time to first token and cached tokens, and duet sim's.
+    std::FILE* out = std::fopen(csv.c_str(), "w");
+    if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write ", csv));
+    std::fprintf(out, "request,measured,prompt,doc_begin,doc_end");
+    const std::pair<const char*, const ClusterRun*> runs[4] = {
+        {"none", &none}, {"pgdsf", &pgdsf}, {"least_loaded", &ll}, {"cache_aware", &ca}};
+    for (const auto& [name, r] : runs) std::fprintf(out, ",%s_send_s,%s_ttft_s,%s_cached", name, name, name);
+    std::fprintf(out, ",sim_cached\n");
+    for (size_t i = 0; i < n; ++i) {
+      const placement::PromptTokens& q = *w.requests[i].content;
+      std::fprintf(out, "%zu,%d,%lld,%lld,%lld", i, i >= warm_n ? 1 : 0, static_cast<long long>(w.requests[i].prompt),
+                   static_cast<long long>(q.doc_begin), static_cast<long long>(q.doc_end));
+      for (const auto& [name, r] : runs) {
+        const Outcome& o = i < warm_n ? r->warm.outcomes[i] : r->measured.outcomes[i - warm_n];
+        std::fprintf(out, ",%.6f,%.6f,%lld", o.send_s, o.ttft(), static_cast<long long>(o.cached_tokens));
+      }
+      std::fprintf(out, ",%lld\n", static_cast<long long>(sim_cached[i]));
+    }
+    std::fclose(out);
+  }
   const double real_hit = DocHitRate(w, CachedTokens(pgdsf), warm_n, n);
   const double sim_hit = DocHitRate(w, sim_cached, warm_n, n);
   const double none_p50 = Percentile(Ttfts(none.measured), 0.5), none_p90 = Percentile(Ttfts(none.measured), 0.9);
@@ -386,9 +412,13 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
               "TTFT mean ms, warm-up (conc. 1)", 1e3 * real_c1, 1e3 * none_c1, none_c1 / real_c1, 1e3 * pred_c1,
               real_c1 / pred_c1);
   const bool sim_ok = std::abs(real_hit - sim_hit) <= 0.02;
+  int64_t differ = 0;
+  for (size_t i = warm_n; i < n; ++i) differ += pg_cached[i] != sim_cached[i] ? 1 : 0;
   std::printf("%-34s %11.1f%% %11.1f%%   %7s   |real - sim| <= 2.0 pp: %.1f pp %s\n",
               "document hit rate, real / duet sim", 100 * real_hit, 100 * sim_hit, "", 100 * std::abs(real_hit - sim_hit),
               sim_ok ? "ok" : "MISS");
+  std::printf("%-34s %12lld of %zu\n", "  requests whose cached tokens differ", static_cast<long long>(differ),
+              n - warm_n);
 
   const double ll_hit = DocHitRate(w, CachedTokens(ll), warm_n, n), ca_hit = DocHitRate(w, CachedTokens(ca), warm_n, n);
   auto max_share = [&](const ClusterRun& r) {
@@ -412,12 +442,21 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   const bool hit_ok = ca_hit >= ll_hit + 0.05, share_ok = max_share(ca) <= 0.65 && max_share(ll) <= 0.65,
              p90_ok = ca_p90 <= ll_p90;
   std::printf("\ntwo prefills (1 thread each, cores 0 and 1) + one decode, the same cache split: %lld device + %lld "
-              "host blocks each; the same measured rate; cache_aware weights %s (the router's default)\n",
-              static_cast<long long>(half_device), static_cast<long long>(half_host),
-              CacheAwareWeights{}.ToString().c_str());
+              "host blocks each; measured at Poisson %.2f req/s = %.0f%% of the least_loaded cluster's capacity from its "
+              "warm-up (2 at a time: %.0f ms mean TTFT); cache_aware weights %s (the router's default)\n",
+              static_cast<long long>(half_device), static_cast<long long>(half_host), ll.rate, 100 * load,
+              2e3 * load / ll.rate, CacheAwareWeights{}.ToString().c_str());
   std::printf("%-34s %12s %12s %8s   %s\n", "figure", "cache_aware", "least_loaded", "", "target");
   std::printf("%-34s %11.1f%% %11.1f%% %+7.1f   >= +5.0 pp %s\n", "document hit rate", 100 * ca_hit, 100 * ll_hit,
               100 * (ca_hit - ll_hit), hit_ok ? "ok" : "MISS");
+  // The bound: one prefill holding the whole cache (the pgdsf run).
+  int64_t found_less = 0;
+  {
+    const std::vector<int64_t> whole = CachedTokens(pgdsf), aware = CachedTokens(ca);
+    for (size_t i = warm_n; i < n; ++i) found_less += aware[i] < whole[i] ? 1 : 0;
+  }
+  std::printf("%-34s %11.1f%%   (requests cache_aware found less of: %lld of %zu)\n",
+              "  one prefill with the whole cache", 100 * real_hit, static_cast<long long>(found_less), n - warm_n);
   std::printf("%-34s %12s %12s %8s   each <= 65%% %s\n", "requests per prefill", shares(ca).c_str(),
               shares(ll).c_str(), "", share_ok ? "ok" : "MISS");
   std::printf("%-34s %12.0f %12.0f %8.2f   cache_aware <= least_loaded %s\n", "TTFT p90 ms", 1e3 * ca_p90,
@@ -456,6 +495,7 @@ int main(int argc, char** argv) {
   f.Int("requests", 300, "real clusters: measured requests");
   f.Double("load", 0.6, "real clusters: the measured arrival rate as a fraction of the no-cache prefill's capacity");
   f.String("model", "", "model directory (default: the cached bench model, made on first use)");
+  f.String("csv", "", "real clusters: write each request's TTFT and cached tokens in every run, and duet sim's, here");
   f.Double("kv-memory", 0.5, "the decode worker's KV cache in GiB");
   f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers");
   f.Double("timeout-s", 300, "a request not done after this long fails the bench");

@@ -35,7 +35,8 @@ std::string& ProgressName() {
 void SetProgressName(const std::string& name) { ProgressName() = name; }
 
 void Progress(const std::string& line) {
-  std::fprintf(stderr, "[%s] %s\n", ProgressName().c_str(), line.c_str());
+  static const Clock::time_point start = Clock::now();  // the first line's time
+  std::fprintf(stderr, "[%s %4.0f s] %s\n", ProgressName().c_str(), Seconds(Clock::now() - start), line.c_str());
   std::fflush(stderr);
 }
 

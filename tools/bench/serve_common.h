@@ -32,7 +32,7 @@ using Json = nlohmann::json;
 
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// "[<name>] line" on stderr; the name is the bench's.
+// "[<name> <seconds since the first line>] line" on stderr; the name is the bench's.
 void SetProgressName(const std::string& name);
 void Progress(const std::string& line);
 
