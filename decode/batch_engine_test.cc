@@ -360,8 +360,8 @@ TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", 
     h.RunToEnd();
     h.CheckAgainstGenerate();
     REQUIRE(h.out[1].finish->kind == FinishKind::kLength);
-    // Sampled at positions context-4 .. context: the last is never fed.
-    REQUIRE(h.out[1].tokens.size() == 5);
+    // Sampled at positions context-4 .. context-1: prompt + completion = context.
+    REQUIRE(h.out[1].tokens.size() == 4);
   }
 }
 

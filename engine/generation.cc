@@ -23,8 +23,10 @@ FinishDecision FinishAfter(const GenerationParams& p, const ModelConfig& config,
   const bool eos = !p.ignore_eos && config.IsEos(token) && generated >= p.min_tokens;
   if (eos || stop_id) return FinishDecision::kStop;
   if (generated >= p.max_tokens) return FinishDecision::kLength;
-  // Feeding the token needs its position inside the context.
-  if (position + 1 > config.max_position_embeddings) return FinishDecision::kLength;
+  // The context is a hard limit on prompt + completion: a token sampled at
+  // the context's last position fills it, and no position is left for
+  // another (feeding this one would only sample past the limit).
+  if (position + 1 >= config.max_position_embeddings) return FinishDecision::kLength;
   return FinishDecision::kContinue;
 }
 

@@ -110,10 +110,11 @@ TEST_CASE("first-token end rules follow Generate, min_tokens and resume_ids", "[
   r.add_resume_ids(41);
   REQUIRE(end(50) == engine::FinishDecision::kLength);
 
-  // Context: 15 tokens leave room for token 1 at position 15; 16 do not.
+  // Context 16: after 14 prompt tokens, token 1 (position 14) leaves room
+  // for one more; after 15 it fills the context.
   r = Valid();
   r.mutable_spec()->set_max_tokens(100);
-  for (int i = 0; i < 10; ++i) r.mutable_spec()->add_prompt_ids(1);
+  for (int i = 0; i < 9; ++i) r.mutable_spec()->add_prompt_ids(1);
   REQUIRE(end(50) == engine::FinishDecision::kContinue);
   r.mutable_spec()->add_prompt_ids(1);
   REQUIRE(end(50) == engine::FinishDecision::kLength);

@@ -149,8 +149,9 @@ TEST_CASE("every entry point ends a request at the same token for the same reaso
   add("one short of max_tokens continues", Params(3), 5, 1, 0, FinishDecision::kContinue);
   add("max_tokens 1 ends at the first token", Params(1), 5, 0, 0, FinishDecision::kLength);
   add("min_tokens = max_tokens: EOS at the last stops", Params(2, 2), 5, 1, eos, FinishDecision::kStop);
-  add("a token at the context's last position is length", Params(100), context - 1, 1, 0, FinishDecision::kLength);
-  add("one position earlier continues", Params(100), context - 2, 1, 0, FinishDecision::kContinue);
+  // Sampled at position prompt + generated: at context - 1 it fills the context.
+  add("a token at the context's last position is length", Params(100), context - 2, 1, 0, FinishDecision::kLength);
+  add("one position earlier continues", Params(100), context - 3, 1, 0, FinishDecision::kContinue);
 
   // Each row's chain: first -> generated... -> next.
   std::map<int32_t, int32_t> successor;

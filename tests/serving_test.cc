@@ -72,6 +72,32 @@ nlohmann::json WaitIdle(Cluster& c) {
   return last;
 }
 
+// The context is a hard limit: prompt + completion never exceed it, and a
+// prompt that leaves no room is a 400 naming the lengths.
+void CheckContextLimit(Cluster& c, const std::string& model) {
+  const int64_t context = 1024;  // the tiny model's
+  auto ask = [&](int64_t prompt) {
+    const nlohmann::json body = {{"model", model}, {"prompt", std::vector<int32_t>(static_cast<size_t>(prompt), 7)},
+                                 {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+    auto r = c.Post("/v1/completions", body.dump());
+    REQUIRE(r.ok());
+    return std::make_pair(r->status, nlohmann::json::parse(r->body));
+  };
+  // Finished by prefill (the first token fills the context) and by decode.
+  for (const int64_t prompt : {context - 1, context - 4}) {
+    INFO("prompt " << prompt);
+    const auto [status, j] = ask(prompt);
+    REQUIRE(status == 200);
+    CHECK(j["usage"]["completion_tokens"] == context - prompt);
+    CHECK(j["usage"]["total_tokens"] == context);
+    CHECK(j["choices"][0]["finish_reason"] == "length");
+  }
+  const auto [status, j] = ask(context);
+  CHECK(status == 400);
+  CHECK_THAT(j["error"]["message"].get<std::string>(),
+             Catch::Contains("maximum context length is 1024 tokens, but the prompt has 1024 tokens"));
+}
+
 TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", "[serving]") {
   Cluster c;
   const std::string model_dir = TinyModelDir("llama");
@@ -102,6 +128,7 @@ TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", 
   int64_t prompt_tokens = 0;
   for (const auto& r : reqs) prompt_tokens += r.prompt.size();
   REQUIRE(prefill_prompt == prompt_tokens);  // Each prompt prefilled exactly once.
+  CheckContextLimit(c, model);
 }
 
 // A worker's counter from its /metrics, summed over the series that carry `label`.
@@ -295,6 +322,7 @@ TEST_CASE("colocated workers pass the same correctness test", "[serving]") {
   REQUIRE(c.WaitForWorkers(2).ok());
   const std::string model = std::filesystem::path(model_dir).filename().string();
   RunAndCheck(c, MixedRequests(200, 1000, 120, 24, 43), model);
+  CheckContextLimit(c, model);
   WaitIdle(c);
 }
 
