@@ -109,6 +109,35 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseAddress(const std::string&
 
 }  // namespace
 
+std::string TargetPath(absl::string_view target) {
+  if (const size_t scheme = target.find("://");
+      scheme != absl::string_view::npos && target.substr(0, 1) != "/") {
+    const size_t slash = target.find('/', scheme + 3);
+    target = slash == absl::string_view::npos ? absl::string_view("/") : target.substr(slash);
+  }
+  return std::string(target.substr(0, target.find('?')));
+}
+
+std::string PercentDecode(absl::string_view s) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 std::string OpenAiErrorJson(std::string_view message, std::string_view type) {
   nlohmann::json j = {{"error",
                        {{"message", std::string(message)},
@@ -336,7 +365,7 @@ class Session : public std::enable_shared_from_this<Session> {
     HttpRequest req;
     req.method = std::string(View(msg.method_string()));
     req.target = std::string(View(msg.target()));
-    req.path = req.target.substr(0, req.target.find('?'));
+    req.path = TargetPath(req.target);
     for (const auto& field : msg) {
       std::string name = absl::AsciiStrToLower(View(field.name_string()));
       absl::string_view value = View(field.value());

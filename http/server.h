@@ -40,6 +40,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -47,10 +48,17 @@ namespace duet::http {
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
+// The path of a request target: origin-form "/p?q" or absolute-form
+// "http://host:port/p?q" -> "/p" (an absolute target with no path: "/").
+std::string TargetPath(absl::string_view target);
+// %XX escapes decoded (a malformed one is kept as is); '+' stays '+'.
+std::string PercentDecode(absl::string_view s);
+
 struct HttpRequest {
   std::string method;                          // As sent: "GET", "POST", ...
-  std::string target;                          // Path and query, as sent: "/v1/models?x=1".
-  std::string path;                            // target up to '?'.
+  std::string target;                          // As sent: "/v1/models?x=1", or absolute-form
+                                               // "http://host:8000/v1/models?x=1" (RFC 9112 3.2.2).
+  std::string path;                            // The target's path: "/v1/models" for both.
   std::map<std::string, std::string> headers;  // Lower-case names; repeats joined by ", ".
   std::string body;
   std::string peer;  // "IP:PORT" of the client.

@@ -642,6 +642,25 @@ TEST_CASE("Expect: 100-continue, HEAD and HTTP/1.0", "[http]") {
   }
 }
 
+TEST_CASE("a target's path: origin-form and absolute-form (RFC 9112); percent-decoding", "[http]") {
+  CHECK(TargetPath("/v1/models?x=1") == "/v1/models");
+  CHECK(TargetPath("http://host:8000/v1/models?x=1") == "/v1/models");
+  CHECK(TargetPath("https://host") == "/");
+  CHECK(TargetPath("/a/http://b") == "/a/http://b");  // origin-form, whatever it contains
+  CHECK(PercentDecode("org%2Fname%20x") == "org/name x");
+  CHECK(PercentDecode("a%2") == "a%2");
+  CHECK(PercentDecode("%zz+") == "%zz+");
+  // Over a socket: the handler sees the path of an absolute target.
+  IoThread io;
+  auto server = StartServer(io, EchoHandler());
+  RawClient c(server->port());
+  c.Send(absl::StrCat("GET http://127.0.0.1:", server->port(), "/abs?q=2 HTTP/1.1\r\nHost: t\r\n\r\n"));
+  auto r = c.ReadResponse();
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  CHECK(nlohmann::json::parse(r->body)["path"] == "/abs");
+}
+
 TEST_CASE("OpenAiErrorJson has OpenAI's shape and survives bad UTF-8", "[http]") {
   RequireOpenAiError(OpenAiErrorJson("bad \"model\"\n"), "invalid_request_error", "bad \"model\"\n");
   RequireOpenAiError(OpenAiErrorJson("x", "server_error"), "server_error", "x");

@@ -114,11 +114,28 @@ bool IsTokenArray(const Json& v) {
   return true;
 }
 
+// The context is a hard limit: a prompt must leave room for one token.
+absl::Status CheckLength(size_t prompt_tokens, const ServedModel& model) {
+  if (static_cast<int64_t>(prompt_tokens) >= model.max_model_len) {
+    return ParamError("prompt", absl::StrCat("this model's maximum context length is ", model.max_model_len,
+                                              " tokens, but the prompt has ", prompt_tokens,
+                                              " tokens (at least one must be left for the completion)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int32_t>> PromptIds(const Json& body, const ServedModel& model) {
   const Json* p = Field(body, "prompt");
   if (p == nullptr) return ParamError("prompt", "'prompt' is required");
   const Json* prompt = p;
   if (p->is_array() && !p->empty() && !IsTokenArray(*p)) {
+    const bool any_id = std::any_of(p->begin(), p->end(), [](const Json& e) { return e.is_number(); });
+    const bool any_other = std::any_of(p->begin(), p->end(), [](const Json& e) { return !e.is_number(); });
+    if (any_id && any_other) {
+      return ParamError("prompt",
+                        "'prompt' mixes strings (or lists) and token ids; send a string, a list of token ids, or a "
+                        "list of either");
+    }
     // A list of prompts (strings or token lists): one is fine, more is a batch.
     if (p->size() > 1) {
       return ParamError("prompt", absl::StrCat("a batch of ", p->size(),
@@ -147,11 +164,7 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const Json& body, const ServedMod
                                              Describe(*prompt)));
   }
   if (ids.empty()) return ParamError("prompt", "the prompt is empty");
-  if (static_cast<int64_t>(ids.size()) >= model.max_model_len) {
-    return ParamError("prompt", absl::StrCat("this model's maximum context length is ", model.max_model_len,
-                                             " tokens, but the prompt has ", ids.size(),
-                                             " tokens (at least one must be left for the completion)"));
-  }
+  RETURN_IF_ERROR(CheckLength(ids.size(), model));
   return ids;
 }
 
@@ -333,15 +346,6 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, uint64_t de
   spec.set_min_tokens(static_cast<int32_t>(min_tokens));
   spec.set_choice_index(0);
   r.n = static_cast<int>(n);
-  return absl::OkStatus();
-}
-
-absl::Status CheckLength(size_t prompt_tokens, const ServedModel& model) {
-  if (static_cast<int64_t>(prompt_tokens) >= model.max_model_len) {
-    return ParamError("prompt" , absl::StrCat("this model's maximum context length is ", model.max_model_len,
-                                              " tokens, but the prompt has ", prompt_tokens,
-                                              " tokens (at least one must be left for the completion)"));
-  }
   return absl::OkStatus();
 }
 

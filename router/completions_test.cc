@@ -257,6 +257,16 @@ ServedModel LongContext() {
   return m;
 }
 
+TEST_CASE("completions: a prompt list that mixes strings and token ids is an error that says so") {
+  for (const char* body : {R"({"model": "tiny", "prompt": ["abc", 5]})", R"({"model": "tiny", "prompt": [5, [6, 7]]})"}) {
+    INFO(body);
+    auto r = ParseCompletionRequest(body, LongContext(), 5);
+    REQUIRE_FALSE(r.ok());
+    CHECK(ErrorParam(r.status()) == "prompt");
+    CHECK_THAT(std::string(r.status().message()), Catch::Contains("mixes strings (or lists) and token ids"));
+  }
+}
+
 TEST_CASE("completions: cache_boundaries of a tokenized prompt reach the spec, checked against the prompt") {
   auto r = ParseCompletionRequest(R"({"model": "tiny", "prompt": [5, 6, 7, 8, 9, 10], "cache_boundaries": [2, 5]})",
                                   LongContext(), 5);

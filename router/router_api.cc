@@ -6,22 +6,26 @@ namespace duet::router {
 
 void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
   const std::string& path = req.path;
-  auto method_is = [&](const char* m) {
-    if (req.method == m) return true;
+  auto method_is = [&](const char* m, const char* also = nullptr) {
+    if (req.method == m || (also != nullptr && req.method == also)) return true;
     ex->Reply(JsonResponse(405, ErrorJson(absl::InvalidArgumentError(
                                     absl::StrCat("method ", req.method, " is not allowed on ", path)))));
     return false;
   };
+  constexpr absl::string_view kModel = "/v1/models/";
   if (path == "/v1/completions") {
     if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kCompletion);
   } else if (path == "/v1/chat/completions") {
     if (method_is("POST") && Authorized(req, ex)) HandleCompletion(std::move(req), std::move(ex), ApiKind::kChat);
   } else if (path == "/v1/models") {
     if (method_is("GET") && Authorized(req, ex)) HandleModels(std::move(ex));
+  } else if (absl::StartsWith(path, kModel)) {
+    // The SDK's models.retrieve: the id percent-encoded ("org%2Fname").
+    if (method_is("GET") && Authorized(req, ex)) HandleModel(http::PercentDecode(path.substr(kModel.size())), std::move(ex));
   } else if (path == "/reset_prefix_cache") {
     if (method_is("POST") && Authorized(req, ex)) HandleResetPrefixCache(std::move(ex));
   } else if (path == "/health") {
-    if (method_is("GET")) HandleHealth(std::move(ex));
+    if (method_is("GET", "HEAD")) HandleHealth(std::move(ex));  // HEAD: the status, no body
   } else if (path == "/stats") {
     if (method_is("GET")) HandleStats(std::move(ex));
   } else if (path == "/metrics") {
@@ -76,17 +80,31 @@ bool Router::Impl::Authorized(const http::HttpRequest& req, const http::HttpExch
   return false;
 }
 
-void Router::Impl::HandleModels(http::HttpExchangePtr ex) {
+Json Router::Impl::ModelJson() const {
   Json model;
   model["id"] = options_.served_model_name;
   model["object"] = "model";
   model["created"] = created_;
   model["owned_by"] = "duet";
   model["max_model_len"] = served_.max_model_len;
+  return model;
+}
+
+void Router::Impl::HandleModels(http::HttpExchangePtr ex) {
   Json out;
   out["object"] = "list";
-  out["data"] = Json::array({std::move(model)});
+  out["data"] = Json::array({ModelJson()});
   ex->Reply(JsonResponse(200, out.dump()));
+}
+
+void Router::Impl::HandleModel(const std::string& id, http::HttpExchangePtr ex) {
+  if (id != options_.served_model_name) {
+    absl::Status s = WithCode(absl::NotFoundError(absl::StrCat("The model `", id, "` does not exist")),
+                              "model_not_found");
+    ex->Reply(JsonResponse(404, ErrorJson(s)));
+    return;
+  }
+  ex->Reply(JsonResponse(200, ModelJson().dump()));
 }
 
 void Router::Impl::HandleHealth(http::HttpExchangePtr ex) {

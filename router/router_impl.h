@@ -222,7 +222,9 @@ class Router::Impl : public RegistryListener {
   void HandleStats(http::HttpExchangePtr ex);
   void HandleResetPrefixCache(http::HttpExchangePtr ex);
   void HandleHealth(http::HttpExchangePtr ex);
+  Json ModelJson() const;  // The served model, as /v1/models lists it.
   void HandleModels(http::HttpExchangePtr ex);
+  void HandleModel(const std::string& id, http::HttpExchangePtr ex);  // GET /v1/models/{id}
   void OnClientGone(uint64_t seq);
 
   // State machine; all under mu_.

@@ -651,6 +651,32 @@ TEST_CASE("health, models, metrics") {
   r = Call(port, "GET", "/health");
   CHECK(r.status == 200);
   CHECK(r.body == R"({"status":"ok"})");
+  {
+    // HEAD: the status and length, no body (the next response follows at once).
+    Client c(port);
+    c.Request("HEAD", "/health");
+    Client::Head h = c.ReadHead();
+    CHECK(h.status == 200);
+    CHECK(h.headers["content-length"] == std::to_string(std::string(R"({"status":"ok"})").size()));
+    c.Request("GET", "/health");
+    CHECK(c.ReadHead().status == 200);
+    CHECK(c.ReadBody() == R"({"status":"ok"})");
+  }
+
+  // One model (the SDK's models.retrieve), its id percent-decoded; an
+  // absolute-form target (RFC 9112) reaches the same route.
+  r = Call(port, "GET", "/v1/models/tiny");
+  REQUIRE(r.status == 200);
+  CHECK(Json::parse(r.body)["id"] == "tiny");
+  CHECK(Json::parse(r.body)["object"] == "model");
+  CHECK(Call(port, "GET", "/v1/models/t%69ny").status == 200);
+  r = Call(port, "GET", "/v1/models/org%2Fother");
+  CHECK(r.status == 404);
+  CHECK(Json::parse(r.body)["error"]["code"] == "model_not_found");
+  CHECK(Json::parse(r.body)["error"]["message"] == "The model `org/other` does not exist");
+  r = Call(port, "GET", absl::StrCat("http://127.0.0.1:", port, "/v1/models/tiny?x=1"));
+  CHECK(r.status == 200);
+  CHECK(Json::parse(r.body)["id"] == "tiny");
 
   r = Call(port, "GET", "/v1/models");
   REQUIRE(r.status == 200);

@@ -59,6 +59,11 @@ async function main() {
   // Models.
   const models = await client.models.list();
   assert.deepEqual(models.data.map((m) => m.id), [model]);
+  const one = await client.models.retrieve(model);
+  assert.equal(one.id, model);
+  assert.equal(one.object, 'model');
+  const missing = await expectError(client.models.retrieve('no/such-model'), OpenAI.NotFoundError, 404, 'unknown model');
+  assert.equal(missing.code, 'model_not_found');
 
   // Completions: the stream and the body say the same, greedy.
   const prompt = 'Once upon a time';
