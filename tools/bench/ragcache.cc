@@ -473,6 +473,10 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
 absl::Status Run(const FlagSet& f) {
   const Clock::time_point start = Clock::now();
   SetProgressName("ragcache");
+  if (f.GetInt("warmup") < 1 || f.GetInt("requests") < 1 || !(f.GetDouble("load") > 0 && f.GetDouble("load") <= 1) ||
+      !(f.GetDouble("timeout-s") > 0)) {
+    return absl::InvalidArgumentError("--warmup and --requests must be >= 1, --load in (0, 1], --timeout-s > 0");
+  }
   std::printf("duet RAG bench\n");
   ASSIGN_OR_RETURN(const SimTable table, PrintSimTable());
   bool real_ok = true;
