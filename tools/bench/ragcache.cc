@@ -193,12 +193,16 @@ struct ClusterRun {
   RunResult warm, measured;
   double rate = 0;                 // the measured requests' arrival rate
   std::map<std::string, int64_t> dispatched;  // prefill id -> measured requests the router gave it
+  // Request i of the workload: warm-up first, then measured.
+  const Outcome& at(size_t i) const {
+    return i < warm.outcomes.size() ? warm.outcomes[i] : measured.outcomes[i - warm.outcomes.size()];
+  }
 };
 
 std::vector<int64_t> CachedTokens(const ClusterRun& r) {
   std::vector<int64_t> out;
-  for (const RunResult* p : {&r.warm, &r.measured}) {
-    for (const Outcome& o : p->outcomes) out.push_back(std::max<int64_t>(0, o.cached_tokens));
+  for (size_t i = 0; i < r.warm.outcomes.size() + r.measured.outcomes.size(); ++i) {
+    out.push_back(std::max<int64_t>(0, r.at(i).cached_tokens));
   }
   return out;
 }
@@ -304,10 +308,14 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
       return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(status), "; see ", profile, ".log"));
     }
   }
+  // A prefill's flags for a cache of `blocks`, device:host 1:3.
+  auto cache_flags = [&profile](int64_t blocks) {
+    return std::vector<std::string>{"--kv-blocks", absl::StrCat(blocks / 4), "--kv-host-blocks",
+                                    absl::StrCat(blocks - blocks / 4), "--kv-cache-policy", "pgdsf",
+                                    "--kv-cache-cost-profile", profile};
+  };
   const int64_t device = cache_blocks / 4, host = cache_blocks - device;
-  const std::vector<std::string> cache_args = {"--kv-blocks", absl::StrCat(device), "--kv-host-blocks",
-                                               absl::StrCat(host), "--kv-cache-policy", "pgdsf",
-                                               "--kv-cache-cost-profile", profile};
+  const std::vector<std::string> cache_args = cache_flags(cache_blocks);
   const std::vector<std::string> none_args = {"--kv-blocks", absl::StrCat(device), "--no-prefix-cache"};
   auto one = [](const std::vector<std::string>& args) {
     return std::vector<cluster::WorkerSpec>{{.role = "prefill", .threads = 2, .args = args},
@@ -322,9 +330,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
                               none.rate, load, f));
   // The two prefills share the same 20%: half each, device:host 1:3.
   const int64_t half = cache_blocks / 2, half_device = half / 4, half_host = half - half_device;
-  const std::vector<std::string> half_args = {"--kv-blocks", absl::StrCat(half_device), "--kv-host-blocks",
-                                              absl::StrCat(half_host), "--kv-cache-policy", "pgdsf",
-                                              "--kv-cache-cost-profile", profile};
+  const std::vector<std::string> half_args = cache_flags(half);
   auto two = [&] {
     return std::vector<cluster::WorkerSpec>{{.role = "prefill", .threads = 1, .cpus = {0}, .args = half_args},
                                             {.role = "prefill", .threads = 1, .cpus = {1}, .args = half_args},
@@ -340,23 +346,26 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
 
   // duet sim of the pgdsf cluster, the same requests sent when they were.
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
-  std::vector<placement::SimRequest> sent = w.requests;
+  // In the order they were sent (open-loop sends may swap by microseconds).
+  std::vector<double> sent_at(n);
   for (size_t i = 0; i < n; ++i) {
-    const RunResult& r = i < warm_n ? pgdsf.warm : pgdsf.measured;
-    const Outcome& o = r.outcomes[i < warm_n ? i : i - warm_n];
-    sent[i].arrival = Seconds(r.t0 - pgdsf.warm.t0) + o.send_s;
+    sent_at[i] = Seconds((i < warm_n ? pgdsf.warm : pgdsf.measured).t0 - pgdsf.warm.t0) + pgdsf.at(i).send_s;
   }
-  std::stable_sort(sent.begin(), sent.end(), [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sent_at[a] < sent_at[b]; });
+  std::vector<placement::SimRequest> sent;
+  for (size_t i : order) {
+    sent.push_back(w.requests[i]);
+    sent.back().arrival = sent_at[i];
+  }
   placement::ClusterSpec cs;
   cs.instances = {{.role = placement::InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
                   {.role = placement::InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
   cs.cache = {.device_blocks = device, .host_blocks = host, .policy = kvcache::Policy::kPgdsf};
   const placement::SimResult sim = placement::Simulate(cs, spec, *lat, sent);
-  // Back in workload order (open-loop sends may swap by microseconds).
-  std::vector<int64_t> sim_cached(n, 0);
-  std::map<const placement::PromptTokens*, size_t> index;
-  for (size_t i = 0; i < n; ++i) index[w.requests[i].content] = i;
-  for (size_t i = 0; i < n; ++i) sim_cached[index.at(sent[i].content)] = sim.requests[i].cached;
+  std::vector<int64_t> sim_cached(n, 0);  // back in workload order
+  for (size_t k = 0; k < n; ++k) sim_cached[order[k]] = sim.requests[k].cached;
 
   if (const std::string csv = f.GetString("csv"); !csv.empty()) {
     // One row per request: each run's time to first token and cached tokens, and duet sim's.
@@ -372,7 +381,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
       std::fprintf(out, "%zu,%d,%lld,%lld,%lld", i, i >= warm_n ? 1 : 0, static_cast<long long>(w.requests[i].prompt),
                    static_cast<long long>(q.doc_begin), static_cast<long long>(q.doc_end));
       for (const auto& [name, r] : runs) {
-        const Outcome& o = i < warm_n ? r->warm.outcomes[i] : r->measured.outcomes[i - warm_n];
+        const Outcome& o = r->at(i);
         std::fprintf(out, ",%.6f,%.6f,%lld", o.send_s, o.ttft(), static_cast<long long>(o.cached_tokens));
       }
       std::fprintf(out, ",%lld\n", static_cast<long long>(sim_cached[i]));
@@ -438,7 +447,9 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
     }
     return s;
   };
-  const double ll_p90 = Percentile(Ttfts(ll.measured), 0.9), ca_p90 = Percentile(Ttfts(ca.measured), 0.9);
+  const std::vector<double> ll_ttft = Ttfts(ll.measured), ca_ttft = Ttfts(ca.measured);
+  const double ll_p90 = Percentile(ll_ttft, 0.9), ca_p90 = Percentile(ca_ttft, 0.9);
+  const double ll_p50 = Percentile(ll_ttft, 0.5), ca_p50 = Percentile(ca_ttft, 0.5);
   const bool hit_ok = ca_hit >= ll_hit + 0.05, share_ok = max_share(ca) <= 0.65 && max_share(ll) <= 0.65,
              p90_ok = ca_p90 <= ll_p90;
   std::printf("\ntwo prefills (1 thread each, cores 0 and 1) + one decode, the same cache split: %lld device + %lld "
@@ -461,9 +472,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
               shares(ll).c_str(), "", share_ok ? "ok" : "MISS");
   std::printf("%-34s %12.0f %12.0f %8.2f   cache_aware <= least_loaded %s\n", "TTFT p90 ms", 1e3 * ca_p90,
               1e3 * ll_p90, ca_p90 / ll_p90, p90_ok ? "ok" : "MISS");
-  std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p50 ms", 1e3 * Percentile(Ttfts(ca.measured), 0.5),
-              1e3 * Percentile(Ttfts(ll.measured), 0.5),
-              Percentile(Ttfts(ca.measured), 0.5) / Percentile(Ttfts(ll.measured), 0.5));
+  std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p50 ms", 1e3 * ca_p50, 1e3 * ll_p50, ca_p50 / ll_p50);
   *ok = ttft_ok && sim_ok && hit_ok && share_ok && p90_ok;
   std::error_code ec;
   fs::remove_all(run_dir, ec);
