@@ -61,6 +61,7 @@ BatchEngine::BatchEngine(engine::Model* model, engine::BlockPool* pool, KvImport
 BatchEngine::~BatchEngine() { DropAll(); }
 
 absl::Status BatchEngine::Add(SequenceRequest r) {
+  last_request_id_ = std::max(last_request_id_, r.request_id);  // Taken in, queued or refused.
   if (seqs_.count(r.request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", r.request_id, " is already here"));
   }
@@ -111,6 +112,7 @@ void BatchEngine::DropAll() {
   ids.reserve(seqs_.size());
   for (const auto& [id, s] : seqs_) ids.push_back(id);
   for (uint64_t id : ids) Remove(seqs_.at(id).get());
+  last_request_id_ = 0;  // A new router numbers its requests afresh.
 }
 
 void BatchEngine::Remove(Seq* s) {
@@ -167,6 +169,7 @@ EngineCounts BatchEngine::counts() const {
   }
   c.prompt_tokens_computed = prompt_tokens_computed_;
   c.preemptions = preemptions_;
+  c.last_request_id = last_request_id_;
   c.cache_query_tokens = cache_query_tokens_;
   c.cache_hit_tokens[0] = cache_hit_tokens_[0];
   c.cache_hit_tokens[1] = cache_hit_tokens_[1];

@@ -105,6 +105,7 @@ struct EngineCounts {
   int64_t queued_prefill_tokens = 0;   // Still to prefill, waiting and prefilling.
   int64_t prompt_tokens_computed = 0;  // Prefilled here (prompts, resumes, recomputes).
   int64_t preemptions = 0;
+  uint64_t last_request_id = 0;        // The highest id Add has taken since DropAll.
   // Prompt tokens of admitted prefills looked up in the cache (all, with no
   // cache), and found on device and on host.
   int64_t cache_query_tokens = 0;
@@ -176,6 +177,7 @@ class BatchEngine {
   std::map<uint64_t, Seq*> active_;  // By arrival: oldest first.
   int64_t prompt_tokens_computed_ = 0;
   int64_t preemptions_ = 0;
+  uint64_t last_request_id_ = 0;
   int64_t cache_query_tokens_ = 0;
   int64_t cache_hit_tokens_[2] = {0, 0};
   // Ids cancelled before they arrived, oldest first (bounded).

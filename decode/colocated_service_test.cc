@@ -152,6 +152,7 @@ TEST_CASE("colocated: cancel, invalid requests, router loss", "[colocated]") {
   REQUIRE(s.kv_blocks_free() == 80);
   REQUIRE(s.running_requests() == 0);
   REQUIRE(s.queued_requests() == 0);
+  REQUIRE(s.last_request_id() == 2);  // What the router's charges compare with.
 
   // Refused with the field named; nothing queued.
   proto::GenerationSpec bad = TestSpec({5, 2000}, 5, true);  // 2000 is outside the vocabulary.
@@ -171,6 +172,7 @@ TEST_CASE("colocated: cancel, invalid requests, router loss", "[colocated]") {
   REQUIRE(c.sink.router().size() == frames + 2);
   REQUIRE(!out[1].finish.has_value());
   REQUIRE(out.count(2) == 0);
+  REQUIRE(c.service->Stats().last_request_id() == 5);  // Taken in, though refused.
 
   // The router goes away mid-request: everything is dropped, silently.
   c.Send(6, TestSpec(TestPrompt(10, 6), kUntilContextEnd, true));
@@ -183,6 +185,7 @@ TEST_CASE("colocated: cancel, invalid requests, router loss", "[colocated]") {
   c.service->OnRouterLost();
   c.service->Sync();
   REQUIRE(c.service->Stats().kv_blocks_free() == 80);
+  REQUIRE(c.service->Stats().last_request_id() == 0);
   REQUIRE(CountFinishes(c.sink.router()) == 2);
 
   worker::RegistrationInfo r = c.service->Registration();

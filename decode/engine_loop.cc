@@ -165,6 +165,7 @@ proto::WorkerStats EngineLoop::Stats() const {
   s.set_queued_prefill_tokens(c.queued_prefill_tokens);
   s.set_prompt_tokens_computed(c.prompt_tokens_computed);
   s.set_preemptions(c.preemptions);
+  s.set_last_request_id(c.last_request_id);
   return s;
 }
 

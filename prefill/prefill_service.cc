@@ -239,6 +239,7 @@ void PrefillService::Handle(Event& e) {
   switch (e.kind) {
     case Event::Kind::kRequest: {
       const uint64_t id = e.request_id;
+      last_request_id_ = std::max(last_request_id_, id);  // Taken in, queued or refused.
       absl::Status s = scheduler_->Enqueue(std::move(e.request));
       if (!s.ok()) {
         LOG(WARNING) << "request " << id << " rejected: " << s;
@@ -279,6 +280,7 @@ void PrefillService::Handle(Event& e) {
       return;
     case Event::Kind::kRouterLost: {
       const auto dropped = scheduler_->DropUnleased();
+      last_request_id_ = 0;  // A new router numbers its requests afresh.
       if (!dropped.empty()) LOG(WARNING) << "router lost: dropped " << dropped.size() << " requests";
       return;
     }
@@ -433,6 +435,7 @@ void PrefillService::PublishStats() {
   s.set_kv_blocks_transferred(kv_blocks_transferred_);
   s.set_leased_blocks(scheduler_->leased_blocks());
   s.set_prefix_cache_blocks(cache_->device_blocks());
+  s.set_last_request_id(last_request_id_);
   cache_->Publish(scheduler_->cache_query_tokens(), scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),
                   scheduler_->cache_hit_tokens(kvcache::Tier::kHost));
   // The router's index of where prefixes are cached.

@@ -135,6 +135,7 @@ class PrefillService : public worker::WorkerService {
   absl::Mutex stats_mu_;
   proto::WorkerStats stats_ ABSL_GUARDED_BY(stats_mu_);
   uint64_t kv_bytes_moved_ = 0;         // Engine thread only.
+  uint64_t last_request_id_ = 0;        // Engine thread only: WorkerStats.last_request_id.
   int64_t kv_blocks_transferred_ = 0;   // Engine thread only.
 };
 

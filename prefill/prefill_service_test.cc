@@ -389,6 +389,7 @@ TEST_CASE("prefill: requests wait for leased blocks; a full queue rejects; cance
   h.Send(Request(42, Prompt(10, 6)));  // Waits for a block.
   REQUIRE(h.svc->WaitForStats([](const proto::WorkerStats& s) { return s.queued_requests() == 1; }, kWait));
   REQUIRE(h.svc->Stats().queued_prefill_tokens() == 10);
+  REQUIRE(h.svc->Stats().last_request_id() == 42);  // The router's charges up to 42 are in these numbers.
   h.Send(Request(43, Prompt(5, 7)));  // The queue is full.
   auto fin = h.sink.WaitRouter(43, proto::Frame::kFinish);
   REQUIRE(fin.has_value());
@@ -445,9 +446,11 @@ TEST_CASE("prefill: router loss drops queued work; leases stay until released", 
   REQUIRE(h.sink.WaitOffer(71).has_value());
   h.Send(Request(72, Prompt(10, 12)));
   REQUIRE(h.svc->WaitForStats([](const proto::WorkerStats& s) { return s.queued_requests() == 1; }, kWait));
+  REQUIRE(h.svc->Stats().last_request_id() == 72);
   h.svc->OnRouterLost();
   REQUIRE(h.svc->WaitForStats(
       [](const proto::WorkerStats& s) { return s.queued_requests() == 0 && s.leased_blocks() == 4; }, kWait));
+  REQUIRE(h.svc->Stats().last_request_id() == 0);  // The next router's ids start afresh.
   h.Send(Released(71));
   REQUIRE(h.WaitAllFree());
   REQUIRE(h.sink.CountFor(72) == 0);

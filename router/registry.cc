@@ -2,6 +2,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,11 +35,8 @@ struct WorkerRegistry::Worker {
   proto::WorkerStats stats;
   absl::Time stats_time;
   absl::Time last_heartbeat;
-  // Dispatched since the last heartbeat, which cannot reflect them yet.
-  int64_t charged_tokens = 0;
-  uint64_t charge_epoch = 0;  // Heartbeats that reset the charges.
-  int64_t charged_blocks = 0;
-  int64_t charged_requests = 0;
+  // Dispatches its stats do not count yet, oldest first.
+  std::deque<PendingCharge> charges;
   int64_t dispatched = 0;  // Attempts assigned to it since it registered.
 };
 
@@ -193,8 +191,13 @@ void WorkerRegistry::OnRegistrationFrame(const rpc::ConnectionPtr& conn, proto::
       Worker& w = *it->second;
       w.stats = frame.heartbeat().stats();
       w.stats_time = w.last_heartbeat = options_.clock->Now();
-      w.charged_tokens = w.charged_blocks = w.charged_requests = 0;
-      ++w.charge_epoch;
+      // A prefill (or colocated) worker says which dispatches its numbers
+      // include; a decode worker hears of requests from prefills, so its
+      // heartbeat is the newest the router knows of them.
+      const bool decode = w.reg.role() == proto::ROLE_DECODE;
+      while (!w.charges.empty() && (decode || w.charges.front().request_id <= w.stats.last_request_id())) {
+        w.charges.pop_front();
+      }
     }
     listener_->OnHeartbeat(conn->tag, frame.heartbeat().stats());
     return;
@@ -398,14 +401,20 @@ std::vector<WorkerLoad> WorkerRegistry::LiveLoads() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, w] : workers_) {
     if (!w->live) continue;
-    out.push_back(WorkerLoad{
+    WorkerLoad load{
         .id = id,
         .role = w->reg.role(),
         .control_address = w->reg.control_address(),
-        .queued_prefill_tokens = w->stats.queued_prefill_tokens() + w->charged_tokens,
-        .kv_blocks_free = w->stats.kv_blocks_free() - w->charged_blocks,
-        .running_requests = w->stats.running_requests() + w->charged_requests,
-    });
+        .queued_prefill_tokens = w->stats.queued_prefill_tokens(),
+        .kv_blocks_free = w->stats.kv_blocks_free(),
+        .running_requests = w->stats.running_requests(),
+    };
+    for (const PendingCharge& c : w->charges) {
+      load.queued_prefill_tokens += c.tokens;
+      load.kv_blocks_free -= c.blocks;
+      load.running_requests += c.requests;
+    }
+    out.push_back(std::move(load));
   }
   return out;
 }
@@ -427,23 +436,24 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
   return out;
 }
 
-WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t tokens) {
+WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t tokens, uint64_t request_id) {
   absl::MutexLock lock(&mu_);
   Charged out;
   if (auto it = workers_.find(a.prefill_id); it != workers_.end()) {
-    out = {.prefill_id = a.prefill_id,
-           .tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens,
-           .epoch = it->second->charge_epoch};
-    it->second->charged_tokens += out.tokens;
+    out = {.prefill_id = a.prefill_id, .request_id = request_id};
+    it->second->charges.push_back(
+        {.request_id = request_id, .tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens});
     it->second->dispatched += 1;
   }
   if (auto it = workers_.find(a.decode_id); it != workers_.end()) {
-    const int64_t block = std::max<int64_t>(1, it->second->reg.layout().block_size() > 0
-                                                   ? it->second->reg.layout().block_size()
-                                                   : 16);
-    it->second->charged_blocks += (tokens + 1 + block - 1) / block;  // With room for the first token.
-    it->second->charged_requests += 1;
-    if (a.decode_id != a.prefill_id) it->second->dispatched += 1;
+    Worker& w = *it->second;
+    const int64_t block = std::max<int64_t>(1, w.reg.layout().block_size() > 0 ? w.reg.layout().block_size() : 16);
+    if (a.decode_id != a.prefill_id) {
+      w.charges.push_back({.request_id = request_id});
+      w.dispatched += 1;
+    }
+    w.charges.back().blocks = (tokens + 1 + block - 1) / block;  // With room for the first token.
+    w.charges.back().requests = 1;
   }
   return out;
 }
@@ -451,8 +461,10 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
 void WorkerRegistry::Uncharge(const Charged& c) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(c.prefill_id);
-  if (it == workers_.end() || it->second->charge_epoch != c.epoch) return;  // a heartbeat has counted it
-  it->second->charged_tokens = std::max<int64_t>(0, it->second->charged_tokens - c.tokens);
+  if (it == workers_.end()) return;
+  for (PendingCharge& charge : it->second->charges) {
+    if (charge.request_id == c.request_id) charge.tokens = 0;  // Computed; its blocks stay until counted.
+  }
 }
 
 void WorkerRegistry::CheckHeartbeats() {

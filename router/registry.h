@@ -107,20 +107,20 @@ class WorkerRegistry {
 
   std::vector<WorkerLoad> LiveLoads() const;
   std::vector<WorkerSnapshot> Snapshot() const;
-  // Counts a dispatch of `tokens` (prompt + resumed) against the workers'
-  // loads until their next heartbeat: the tokens the prefill computes
-  // (assignment.prefill_tokens when the policy knows them, else all), and
-  // on the decode the blocks all of them fill (its block size) and one
-  // request.
+  // Counts a dispatch of `tokens` (prompt + resumed), sent as `request_id`,
+  // against the workers' loads until their heartbeats count it: the tokens
+  // the prefill computes (assignment.prefill_tokens when the policy knows
+  // them, else all), and on the decode the blocks all of them fill (its
+  // block size) and one request. A prefill's heartbeat counts the requests
+  // up to its stats' last_request_id (those still in flight to it, or
+  // waiting for its engine loop, stay charged); a decode's counts them all.
   // Returns what to hand Uncharge once the prefill is done (its first
-  // token), so a finished prefill no longer counts until the next heartbeat
-  // (which replaces the charges with the worker's own queue).
+  // token), so a finished prefill's tokens no longer count.
   struct Charged {
     std::string prefill_id;
-    int64_t tokens = 0;
-    uint64_t epoch = 0;  // The prefill's charges since this heartbeat.
+    uint64_t request_id = 0;
   };
-  Charged Charge(const Assignment& assignment, int64_t tokens);
+  Charged Charge(const Assignment& assignment, int64_t tokens, uint64_t request_id);
   void Uncharge(const Charged& charged);
 
   // Drops every live worker silent for missed_heartbeats intervals. The
@@ -129,6 +129,12 @@ class WorkerRegistry {
 
  private:
   struct Worker;
+  struct PendingCharge {  // One dispatch on one worker.
+    uint64_t request_id = 0;
+    int64_t tokens = 0;
+    int64_t blocks = 0;
+    int64_t requests = 0;
+  };
   using WorkerPtr = std::shared_ptr<Worker>;
 
   void OnAccepted(rpc::ConnectionPtr conn);

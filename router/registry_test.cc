@@ -172,7 +172,7 @@ TEST_CASE("registration: greeting on the worker's port, then the reply; events f
   CHECK(frame.first_token().token().id() == 99);
 }
 
-TEST_CASE("heartbeats set loads; dispatch charges count until the next heartbeat") {
+TEST_CASE("heartbeats set loads; a dispatch counts until the worker's heartbeat includes it") {
   Fixture fx;
   FakeWorker p(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny"});
   FakeWorker d(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
@@ -189,7 +189,7 @@ TEST_CASE("heartbeats set loads; dispatch charges count until the next heartbeat
   d.Heartbeat(ds);
   REQUIRE(fx.recorder.WaitHeartbeats(2));
 
-  fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 40);  // 41 tokens -> 3 blocks of 16.
+  fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 40, 1);  // 41 tokens -> 3 blocks of 16.
   auto loads = fx.registry->LiveLoads();
   REQUIRE(loads.size() == 2);
   CHECK(loads[0].id == "d0");
@@ -199,23 +199,35 @@ TEST_CASE("heartbeats set loads; dispatch charges count until the next heartbeat
   CHECK(loads[1].queued_prefill_tokens == 140);
 
   // Its prefill done (first token) before any heartbeat: taken back.
-  const WorkerRegistry::Charged done = fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 30);
+  const WorkerRegistry::Charged done = fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 30, 2);
   CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 170);
   fx.registry->Uncharge(done);
   CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 140);
   // A policy that knows the cached part charges only what is computed.
   const WorkerRegistry::Charged late =
-      fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0", .prefill_tokens = 8}, 30);
+      fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0", .prefill_tokens = 8}, 30, 3);
   CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 148);
 
-  p.Heartbeat(ps);  // The worker's own numbers now include those requests.
+  // Stats taken before request 3 reached the worker's engine (a long step,
+  // say): requests 1 and 2 are in its numbers now, 3 still counts.
+  ps.set_queued_prefill_tokens(125);
+  ps.set_last_request_id(2);
+  p.Heartbeat(ps);
   REQUIRE(fx.recorder.WaitHeartbeats(3));
   loads = fx.registry->LiveLoads();
-  CHECK(loads[1].queued_prefill_tokens == 100);
+  CHECK(loads[1].queued_prefill_tokens == 125 + 8);
   CHECK(loads[0].kv_blocks_free == 47 - 2 - 2);  // d0 has not heartbeaten since.
+  ps.set_last_request_id(3);
+  p.Heartbeat(ps);
+  REQUIRE(fx.recorder.WaitHeartbeats(4));
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 125);
   // Done after the heartbeat counted it: nothing to take back.
   fx.registry->Uncharge(late);
-  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 100);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 125);
+  // A decode worker hears of requests from prefills: its heartbeat counts them all.
+  d.Heartbeat(ds);
+  REQUIRE(fx.recorder.WaitHeartbeats(5));
+  CHECK(fx.registry->LiveLoads()[0].kv_blocks_free == 50);
   // Every charge counted a dispatch on both workers (heartbeats do not reset it).
   for (const WorkerSnapshot& w : fx.registry->Snapshot()) {
     INFO(w.id);

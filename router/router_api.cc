@@ -167,7 +167,7 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
     if (!s.ok()) {
       for (const RequestPtr& r : g->choices) {
         if (r->attempts > 0) SendCancel(r, "");
-        attempts_.erase(r->attempt_id);
+        Forget(r);
       }
       ++n_rejected_;
       total_rejected_->Increment();
@@ -201,7 +201,8 @@ void Router::Impl::DropGroup(const GroupPtr& g) {
   for (const RequestPtr& r : g->choices) {
     if (r->done) continue;
     r->done = true;
-    if (attempts_.erase(r->attempt_id) > 0) SendCancel(r, "");
+    if (attempts_.count(r->attempt_id) > 0) SendCancel(r, "");
+    Forget(r);
   }
   requests_.erase(g->seq);
 }

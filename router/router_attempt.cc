@@ -30,7 +30,7 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
     pr->set_decode_worker_id(a->decode_id);
     pr->set_decode_address(a->decode_address);
     if (!registry_->Send(a->prefill_id, f)) continue;
-    r->charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()));
+    r->charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()), id);
     r->attempts++;
     r->attempt_id = id;
     r->prefill_id = a->prefill_id;
@@ -60,7 +60,7 @@ absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
     pr->set_decode_worker_id(a->decode_id);
     pr->set_decode_address(a->decode_address);
     if (!registry_->Send(a->prefill_id, f)) continue;
-    const WorkerRegistry::Charged charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()));
+    const WorkerRegistry::Charged charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()), ids[0]);
     for (size_t i = 0; i < ids.size(); ++i) {
       const RequestPtr& r = g->choices[i];
       r->charged = i == 0 ? charged : WorkerRegistry::Charged{};  // The prompt is computed once.
@@ -79,7 +79,7 @@ absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
 }
 
 void Router::Impl::Redispatch(const RequestPtr& r, const std::string& reason, Pending& p) {
-  attempts_.erase(r->attempt_id);
+  Forget(r);
   r->last_failure = reason;
   if (static_cast<int64_t>(r->builder->token_ids().size()) >= r->spec.max_tokens()) {
     Complete(r, proto::FINISH_LENGTH, p);  // Nothing is left to generate.
@@ -139,7 +139,11 @@ void Router::Impl::SendCancel(const RequestPtr& r, const std::string& except) {
   if (r->decode_id != except && r->decode_id != r->prefill_id) registry_->Send(r->decode_id, f);
 }
 
-void Router::Impl::Forget(const RequestPtr& r) { attempts_.erase(r->attempt_id); }
+void Router::Impl::Forget(const RequestPtr& r) {
+  attempts_.erase(r->attempt_id);
+  registry_->Uncharge(r->charged);  // Its prefill will not compute it (or has).
+  r->charged = {};
+}
 
 void Router::Impl::Complete(const RequestPtr& r, proto::FinishReason reason, Pending& p) {
   Forget(r);
