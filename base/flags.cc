@@ -142,7 +142,7 @@ absl::Status FlagSet::RefuseUnless(bool applies, std::initializer_list<const cha
 
 std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    std::fprintf(stderr, "%s: %s\n", flags.command().c_str(), std::string(s.message()).c_str());
     return 2;
   }
   if (flags.help_requested()) {

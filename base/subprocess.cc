@@ -293,9 +293,9 @@ absl::StatusOr<int> Subprocess::WaitFor(absl::Duration timeout) {
   }
 }
 
-int Subprocess::Terminate(absl::Duration grace) {
+int Subprocess::Terminate(absl::Duration grace, int sig) {
   if (exited_) return status_;
-  kill(pid_, SIGTERM);
+  kill(pid_, sig);
   if (absl::StatusOr<int> st = WaitFor(grace); st.ok()) return *st;
   kill(pid_, SIGKILL);
   return Wait();

@@ -25,6 +25,7 @@
 
 #include <sys/types.h>
 
+#include <csignal>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,8 +82,9 @@ class Subprocess {
   // Up to `timeout` for the child to exit: its raw waitpid status, or
   // DeadlineExceeded (it goes on running).
   absl::StatusOr<int> WaitFor(absl::Duration timeout);
-  // SIGTERM, up to `grace` for it to exit, then SIGKILL; returns the status.
-  int Terminate(absl::Duration grace);
+  // `sig` (SIGTERM unless told), up to `grace` for it to exit, then
+  // SIGKILL; returns the status.
+  int Terminate(absl::Duration grace, int sig = SIGTERM);
   bool running() const { return !exited_; }
 
  private:

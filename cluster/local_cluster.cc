@@ -4,6 +4,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -31,7 +32,8 @@ LocalCluster::LocalCluster(ClusterOptions options) : options_(std::move(options)
 LocalCluster::~LocalCluster() { Stop(); }
 
 void LocalCluster::Stop() {
-  for (auto it = order_.rbegin(); it != order_.rend(); ++it) procs_[*it]->Terminate(absl::Seconds(5));
+  // SIGINT: the whole cluster stops, so no worker drains (SIGTERM would).
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) procs_[*it]->Terminate(absl::Seconds(5), SIGINT);
 }
 
 std::string LocalCluster::LogTail(const std::string& id, size_t max_bytes) const {
@@ -57,7 +59,58 @@ absl::Status LocalCluster::Launch(const std::string& id, std::vector<std::string
   p->set_name(id);
   procs_[id] = std::move(p);
   order_.push_back(id);
+  launches_[id] = LaunchSpec{.argv = std::move(args), .env = env, .cpus = cpus, .started = absl::Now()};
   return absl::OkStatus();
+}
+
+int LocalCluster::restarts(const std::string& id) const {
+  auto it = launches_.find(id);
+  return it == launches_.end() ? 0 : it->second.restarts;
+}
+
+bool LocalCluster::Supervise(const std::function<void(const std::string&)>& log) {
+  bool became_ready = false;
+  const absl::Time now = absl::Now();
+  for (const std::string& id : order_) {
+    Subprocess& p = *procs_[id];
+    LaunchSpec& l = launches_[id];
+    if (std::optional<int> st = p.TryWait()) {
+      if (!l.reported) {
+        l.reported = true;
+        if (now - l.started >= kStableRun) l.backoff = kRestartBackoff;
+        l.restart_at = now + l.backoff;
+        log(absl::StrCat(id, " (pid ", p.pid(), ") ", DescribeExit(*st), "; restarting it in ",
+                         absl::FormatDuration(l.backoff), " (log: ", p.log_path(), ")"));
+        l.backoff = std::min(l.backoff * 2, kMaxRestartBackoff);
+      }
+      if (now < l.restart_at) continue;
+      std::error_code ec;
+      std::filesystem::remove(ReadyPath(id), ec);
+      auto next = Subprocess::Start(l.argv, l.env, p.log_path(), l.cpus);
+      if (!next.ok()) {
+        log(absl::StrCat("cannot restart ", id, ": ", next.status().message()));
+        l.restart_at = now + l.backoff;
+        continue;
+      }
+      (*next)->set_name(id);
+      procs_[id] = std::move(*next);
+      l.started = now;
+      l.reported = false;
+      l.awaiting_ready = true;
+      ++l.restarts;
+      log(absl::StrCat("restarted ", id, " (pid ", procs_[id]->pid(), ", restart ", l.restarts, ")"));
+      continue;
+    }
+    if (!l.awaiting_ready) continue;
+    std::ifstream in(ReadyPath(id));
+    if (!in) continue;
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded()) continue;  // Half written: the next pass reads it.
+    ready_[id] = j;
+    l.awaiting_ready = false;
+    became_ready = true;
+  }
+  return became_ready;
 }
 
 // Waits on inotify for the run folder, so the wait wakes when the file is
@@ -120,6 +173,16 @@ absl::Status LocalCluster::StartRouter(const std::string& model_dir, const std::
   }
   control_ = r["control"];
   http_port_ = r["http_port"];
+  // A restarted router must come back where clients and workers look.
+  std::vector<std::string>& again = launches_["router"].argv;
+  for (size_t i = 0; i + 1 < again.size(); ++i) {
+    if (again[i] == "--listen") {
+      const std::string host = again[i + 1].substr(0, again[i + 1].rfind(':'));
+      again[i + 1] = absl::StrCat(host, ":", http_port_);
+    } else if (again[i] == "--control-listen") {
+      again[i + 1] = control_;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -143,6 +206,7 @@ absl::StatusOr<std::string> LocalCluster::LaunchWorker(WorkerSpec spec) {
   }
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   argv.insert(argv.end(), spec.args.begin(), spec.args.end());
+  argv.insert(argv.begin(), spec.wrap.begin(), spec.wrap.end());
   RETURN_IF_ERROR(Launch(id, argv, spec.env, spec.cpus));
   worker_ids_.push_back(id);
   return id;

@@ -11,7 +11,16 @@
 // Ready files (--ready-file) say when each process listens, the router's
 // /stats when it lists the workers; a process that exits while being waited
 // for fails the wait with its exit status and the tail of its log. The
-// destructor stops the workers, then the router (SIGTERM, SIGKILL after 5 s).
+// destructor stops the workers, then the router (SIGINT, so no worker drains;
+// SIGKILL after 5 s).
+//
+// Supervision (duet up's; tests that need a process to stay dead leave it
+// off): the owner calls Supervise() often, and each call relaunches, with
+// its own flags, every process that has exited, after a backoff that
+// doubles per restart (kRestartBackoff up to kMaxRestartBackoff, reset once
+// it has run kStableRun). The router comes back on the same HTTP and control
+// ports, so the workers' reconnection loops find it; a worker re-registers
+// under its id, and the router counts the restart.
 // Not thread-safe: one owner drives it.
 #ifndef DUET_CLUSTER_LOCAL_CLUSTER_H_
 #define DUET_CLUSTER_LOCAL_CLUSTER_H_
@@ -54,6 +63,9 @@ struct WorkerSpec {
   std::vector<int> cpus;          // Cores to pin it to; empty: not pinned.
   std::vector<std::string> args;  // Its own flags.
   std::vector<std::string> env;   // NAME=value, added to the environment.
+  // Run under this command, e.g. {"ip", "netns", "exec", "NS"}: it must exec
+  // duet in its own process, so signals reach the worker.
+  std::vector<std::string> wrap;
 };
 
 class LocalCluster {
@@ -82,6 +94,18 @@ class LocalCluster {
 
   // Unavailable naming the first process that has exited, with its log's tail.
   absl::Status CheckAlive();
+
+  static constexpr absl::Duration kRestartBackoff = absl::Milliseconds(250);
+  static constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(8);
+  static constexpr absl::Duration kStableRun = absl::Seconds(30);
+  // One supervision pass; never blocks long. A process found exited is
+  // reported (`log` gets a line naming it and its exit status) and
+  // relaunched once its backoff has passed; a relaunched process's ready
+  // file is read when it appears. Returns true when a restarted process
+  // became ready in this pass (its ports, e.g. metrics_port, may differ).
+  bool Supervise(const std::function<void(const std::string&)>& log);
+  // Times each process was restarted by Supervise.
+  int restarts(const std::string& id) const;
   // Stops every process: workers in reverse start order, then the router.
   void Stop();
 
@@ -116,6 +140,18 @@ class LocalCluster {
   std::string control_;
   int http_port_ = 0;
   std::map<std::string, std::unique_ptr<Subprocess>> procs_;
+  // How each process was started, for Supervise to start it again.
+  struct LaunchSpec {
+    std::vector<std::string> argv, env;
+    std::vector<int> cpus;
+    absl::Time started;
+    int restarts = 0;
+    absl::Duration backoff = kRestartBackoff;
+    absl::Time restart_at;    // Exited; relaunch then.
+    bool reported = false;    // Its exit is logged.
+    bool awaiting_ready = false;
+  };
+  std::map<std::string, LaunchSpec> launches_;
   std::vector<std::string> order_;  // Start order.
   std::vector<std::string> worker_ids_;
   std::map<std::string, int> role_counts_;

@@ -96,8 +96,10 @@ std::optional<absl::Status> KvPuller::Poll(uint64_t request_id) {
   // must connect afresh.
   if (r->state == kvtransfer::TransferState::kPeerLost) peers_.erase(handle.data_address());
   Release(request_id, handle, /*pulled=*/false);
-  return absl::UnavailableError(
+  absl::Status failed = absl::UnavailableError(
       absl::StrCat("KV pull failed: ", kvtransfer::TransferStateName(r->state), ": ", r->detail));
+  LOG(WARNING) << "request " << request_id << ": " << failed.message();
+  return failed;
 }
 
 void KvPuller::Abandon(uint64_t request_id) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 
 namespace duet::router {
@@ -124,10 +125,40 @@ absl::Status CheckLength(size_t prompt_tokens, const ServedModel& model) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptIds(const Json& body, const ServedModel& model) {
+// One prompt of "prompt" (`where` names it in errors): a string or a list
+// of token ids.
+absl::StatusOr<std::vector<int32_t>> OnePrompt(const Json& prompt, const ServedModel& model, const std::string& where) {
+  std::vector<int32_t> ids;
+  if (prompt.is_string()) {
+    auto encoded = model.tokenizer->Encode(model.format->CompletionPrefix() + prompt.get<std::string>());
+    if (!encoded.ok()) return ParamError("prompt", encoded.status().message());
+    ids = std::move(*encoded);
+  } else if (IsTokenArray(prompt)) {
+    const int64_t vocab = VocabSize(model);
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const Json& e = prompt[i];
+      const bool negative = e.is_number_integer() && !e.is_number_unsigned() && e.get<int64_t>() < 0;
+      if (negative || e.get<uint64_t>() >= static_cast<uint64_t>(vocab)) {
+        return ParamError("prompt", absl::StrCat(where, "[", i, "] = ", Describe(e),
+                                                 " is not a token id (the vocabulary has ", vocab, ")"));
+      }
+      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+  } else {
+    return ParamError("prompt", absl::StrCat("'", where, "' must be a string or an array of token ids, got ",
+                                             Describe(prompt)));
+  }
+  if (ids.empty()) return ParamError("prompt", absl::StrCat(where == "prompt" ? "the prompt" : where, " is empty"));
+  RETURN_IF_ERROR(CheckLength(ids.size(), model));
+  return ids;
+}
+
+// "prompt": one prompt, or a list of them (a batch).
+absl::StatusOr<std::vector<CompletionRequest::Prompt>> Prompts(const Json& body, const ServedModel& model,
+                                                               bool echo) {
   const Json* p = Field(body, "prompt");
   if (p == nullptr) return ParamError("prompt", "'prompt' is required");
-  const Json* prompt = p;
+  std::vector<const Json*> prompts = {p};
   if (p->is_array() && !p->empty() && !IsTokenArray(*p)) {
     const bool any_id = std::any_of(p->begin(), p->end(), [](const Json& e) { return e.is_number(); });
     const bool any_other = std::any_of(p->begin(), p->end(), [](const Json& e) { return !e.is_number(); });
@@ -136,36 +167,29 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const Json& body, const ServedMod
                         "'prompt' mixes strings (or lists) and token ids; send a string, a list of token ids, or a "
                         "list of either");
     }
-    // A list of prompts (strings or token lists): one is fine, more is a batch.
-    if (p->size() > 1) {
-      return ParamError("prompt", absl::StrCat("a batch of ", p->size(),
-                                               " prompts is not supported; send one prompt per request"));
+    if (p->size() > static_cast<size_t>(kMaxPrompts)) {
+      return ParamError("prompt", absl::StrCat("a batch of ", p->size(), " prompts is more than the ", kMaxPrompts,
+                                               " one request may hold"));
     }
-    prompt = &(*p)[0];
+    prompts.clear();
+    for (const Json& e : *p) prompts.push_back(&e);
   }
-  std::vector<int32_t> ids;
-  if (prompt->is_string()) {
-    auto encoded = model.tokenizer->Encode(model.format->CompletionPrefix() + prompt->get<std::string>());
-    if (!encoded.ok()) return ParamError("prompt", encoded.status().message());
-    ids = std::move(*encoded);
-  } else if (IsTokenArray(*prompt)) {
-    const int64_t vocab = VocabSize(model);
-    for (size_t i = 0; i < prompt->size(); ++i) {
-      const Json& e = (*prompt)[i];
-      const bool negative = e.is_number_integer() && !e.is_number_unsigned() && e.get<int64_t>() < 0;
-      if (negative || e.get<uint64_t>() >= static_cast<uint64_t>(vocab)) {
-        return ParamError("prompt", absl::StrCat("prompt[", i, "] = ", Describe(e),
-                                                 " is not a token id (the vocabulary has ", vocab, ")"));
+  std::vector<CompletionRequest::Prompt> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string where = prompts.size() == 1 && prompts[0] == p ? "prompt" : absl::StrCat("prompt[", i, "]");
+    CompletionRequest::Prompt one;
+    ASSIGN_OR_RETURN(one.ids, OnePrompt(*prompts[i], model, where));
+    if (echo) {
+      if (prompts[i]->is_string()) {
+        one.echo_text = prompts[i]->get<std::string>();
+      } else {
+        auto decoded = model.tokenizer->Decode(one.ids, /*skip_special=*/true);
+        one.echo_text = decoded.ok() ? *decoded : "";
       }
-      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
     }
-  } else {
-    return ParamError("prompt", absl::StrCat("'prompt' must be a string or an array of token ids, got ",
-                                             Describe(*prompt)));
+    out.push_back(std::move(one));
   }
-  if (ids.empty()) return ParamError("prompt", "the prompt is empty");
-  RETURN_IF_ERROR(CheckLength(ids.size(), model));
-  return ids;
+  return out;
 }
 
 }  // namespace
@@ -364,21 +388,21 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
   if (r.echo && logprobs >= 0) {
     return ParamError("echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
   }
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(body, model));
-  if (r.echo) {
-    const Json* p = Field(body, "prompt");
-    const Json& one = p->is_array() && !p->empty() && (*p)[0].is_string() ? (*p)[0] : *p;
-    if (one.is_string()) {
-      r.echo_text = one.get<std::string>();
-    } else {
-      auto decoded = model.tokenizer->Decode(ids, /*skip_special=*/true);
-      r.echo_text = decoded.ok() ? *decoded : "";
-    }
+  ASSIGN_OR_RETURN(std::vector<CompletionRequest::Prompt> prompts, Prompts(body, model, r.echo));
+  if (static_cast<int64_t>(prompts.size()) * r.n > kMaxBatchChoices) {
+    return ParamError("n", absl::StrCat(prompts.size(), " prompts x n = ", r.n, " is more than the ",
+                                        kMaxBatchChoices, " choices one request may hold"));
   }
+  const std::vector<int32_t> ids = prompts[0].ids;
+  r.echo_text = std::move(prompts[0].echo_text);
   r.spec.mutable_prompt_ids()->Assign(ids.begin(), ids.end());
+  r.more_prompts.assign(std::make_move_iterator(prompts.begin() + 1), std::make_move_iterator(prompts.end()));
   // duet's extension for clients that tokenize their own RAG prompts: where
   // each document (and what follows them) starts, as chat `documents` mark.
   if (const Json* b = Field(body, "cache_boundaries"); b != nullptr && !b->is_null()) {
+    if (!r.more_prompts.empty()) {
+      return ParamError("cache_boundaries", "'cache_boundaries' marks one prompt; send a batch without it");
+    }
     if (!b->is_array()) {
       return ParamError("cache_boundaries",
                         absl::StrCat("'cache_boundaries' must be an array of token positions, got ", Describe(*b)));
@@ -521,19 +545,28 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
 
 // ---------------------------------------------------------------- responses
 
-ChoiceBuilder::ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index)
+ChoiceBuilder::ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index,
+                             const std::string& echo_text)
     : tokenizer_(tokenizer),
       kind_(params.kind),
       index_(index),
       logprobs_(params.logprobs),
       stop_(params.stop),
-      echo_text_(params.echo ? params.echo_text : ""),
+      echo_text_(params.echo ? echo_text : ""),
       detok_(tokenizer, /*skip_special=*/true),
       text_chars_(CountChars(echo_text_)) {}
 
-std::string ChoiceBuilder::TokenText(int32_t id) const {
-  auto text = tokenizer_->Decode(absl::MakeConstSpan(&id, 1));
-  return text.ok() ? *text : "";
+ChoiceBuilder::LpEntry ChoiceBuilder::Entry(int32_t id, float logprob) const {
+  LpEntry e{.id = id, .logprob = logprob};
+  auto bytes = tokenizer_->DecodeBytes(absl::MakeConstSpan(&id, 1));
+  if (bytes.ok()) e.bytes = std::move(*bytes);
+  if (engine::IsValidUtf8(e.bytes)) {
+    e.text = e.bytes;
+  } else {  // Part of a character: its bytes, as OpenAI shows such tokens.
+    e.text = "bytes:";
+    for (unsigned char c : e.bytes) absl::StrAppendFormat(&e.text, "\\x%02x", c);
+  }
+  return e;
 }
 
 std::string ChoiceBuilder::Release(const std::string& piece) {
@@ -575,15 +608,11 @@ std::string ChoiceBuilder::AddToken(const proto::Token& token, const ResponseEnv
   ids_.push_back(id);
   const size_t lp_index = lp_tokens_.size();
   if (logprobs_ >= 0) {
-    lp_tokens_.push_back(TokenText(id));
-    lp_values_.push_back(token.logprob());
-    std::vector<std::pair<std::string, float>> top;
+    lp_tokens_.push_back(Entry(id, token.logprob()));
+    std::vector<LpEntry> top;
     for (const proto::TopLogprob& t : token.top()) {
       if (static_cast<int>(top.size()) >= logprobs_) break;
-      std::string key = TokenText(t.id());
-      bool seen = false;
-      for (const auto& [k, v] : top) seen |= k == key;
-      if (!seen) top.emplace_back(std::move(key), t.logprob());
+      top.push_back(Entry(t.id(), t.logprob()));
     }
     lp_top_.push_back(std::move(top));
     lp_offsets_.push_back(offset);
@@ -617,15 +646,13 @@ nlohmann::ordered_json ChoiceBuilder::LogprobsJson(size_t begin, size_t end) con
       return b;
     };
     Json content = Json::array();
+    auto entry = [&](const LpEntry& t) {
+      return Json{{"token", t.text}, {"logprob", FloatJson(t.logprob)}, {"bytes", bytes(t.bytes)}};
+    };
     for (size_t i = begin; i < end; ++i) {
-      Json e;
-      e["token"] = lp_tokens_[i];
-      e["logprob"] = FloatJson(lp_values_[i]);
-      e["bytes"] = bytes(lp_tokens_[i]);
+      Json e = entry(lp_tokens_[i]);
       Json top = Json::array();
-      for (const auto& [k, v] : lp_top_[i]) {
-        top.push_back(Json{{"token", k}, {"logprob", FloatJson(v)}, {"bytes", bytes(k)}});
-      }
+      for (const LpEntry& t : lp_top_[i]) top.push_back(entry(t));
       e["top_logprobs"] = std::move(top);
       content.push_back(std::move(e));
     }
@@ -636,10 +663,14 @@ nlohmann::ordered_json ChoiceBuilder::LogprobsJson(size_t begin, size_t end) con
     lp["top_logprobs"] = Json::array();
     lp["text_offset"] = Json::array();
     for (size_t i = begin; i < end; ++i) {
-      lp["tokens"].push_back(lp_tokens_[i]);
-      lp["token_logprobs"].push_back(FloatJson(lp_values_[i]));
+      lp["tokens"].push_back(lp_tokens_[i].text);
+      lp["token_logprobs"].push_back(FloatJson(lp_tokens_[i].logprob));
+      // Keyed by text: two tokens of one text (an added token that spells
+      // a vocabulary one) would collide, so a repeat is keyed by its id.
       Json top = Json::object();
-      for (const auto& [k, v] : lp_top_[i]) top[k] = FloatJson(v);
+      for (const LpEntry& t : lp_top_[i]) {
+        top[top.contains(t.text) ? absl::StrCat("token_id:", t.id) : t.text] = FloatJson(t.logprob);
+      }
       lp["top_logprobs"].push_back(std::move(top));
       lp["text_offset"].push_back(lp_offsets_[i]);
     }

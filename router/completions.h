@@ -65,11 +65,22 @@ struct CompletionRequest {
   std::vector<std::string> stop;  // Stop strings, at most kMaxStop.
   std::string echo_text;          // Completions with "echo": the prompt's text.
   bool echo = false;
+  // A batch of prompts (completions): those after the first, which spec and
+  // echo_text hold. Prompt i's choice j is choice i x n + j, as OpenAI
+  // numbers them.
+  struct Prompt {
+    std::vector<int32_t> ids;
+    std::string echo_text;  // With "echo".
+  };
+  std::vector<Prompt> more_prompts;
+  int prompts() const { return 1 + static_cast<int>(more_prompts.size()); }
 };
 
 inline constexpr int kDefaultMaxTokens = 16;
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr int kMaxChoices = 16;
+inline constexpr int kMaxPrompts = 64;         // Prompts in one completions batch.
+inline constexpr int kMaxBatchChoices = 256;  // Prompts x n.
 inline constexpr int kMaxStop = 4;
 inline constexpr int kMaxStopBytes = 256;
 
@@ -103,7 +114,9 @@ struct ResponseEnvelope {
 // Accumulates one choice's tokens and renders its parts.
 class ChoiceBuilder {
  public:
-  ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index);
+  // `echo_text`: the prompt's text when params.echo.
+  ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index,
+                const std::string& echo_text);
 
   // Adds a generated token. Returns its SSE chunk's JSON when `chunk` (with
   // the text it makes safe to show; the first chunk of a chat choice also
@@ -124,6 +137,12 @@ class ChoiceBuilder {
   std::string FullText();
 
  private:
+  struct LpEntry {
+    int32_t id = 0;
+    std::string text;   // Its text; "bytes:\xNN..." when its bytes are not UTF-8 on their own.
+    std::string bytes;  // The token's own bytes.
+    float logprob = 0;
+  };
   friend std::string RenderResponse(const ResponseEnvelope&, const std::vector<ChoiceBuilder*>&,
                                     const std::vector<std::string>&, int64_t, int64_t);
   // Text shown from this token on: held-back text and stop strings applied.
@@ -131,7 +150,7 @@ class ChoiceBuilder {
   std::string ChunkJson(const ResponseEnvelope& env, const std::string& text, const std::vector<int32_t>& ids,
                         size_t lp_begin, size_t lp_end, std::optional<absl::string_view> finish_reason);
   nlohmann::ordered_json LogprobsJson(size_t begin, size_t end) const;  // null when off
-  std::string TokenText(int32_t id) const;
+  LpEntry Entry(int32_t id, float logprob) const;
 
   const engine::Tokenizer* tokenizer_;
   const ApiKind kind_;
@@ -148,9 +167,8 @@ class ChoiceBuilder {
   bool stopped_ = false;
   std::vector<int32_t> ids_;
   // Logprobs, one entry per token.
-  std::vector<std::string> lp_tokens_;
-  std::vector<float> lp_values_;
-  std::vector<std::vector<std::pair<std::string, float>>> lp_top_;
+  std::vector<LpEntry> lp_tokens_;
+  std::vector<std::vector<LpEntry>> lp_top_;  // Distinct tokens, best first.
   std::vector<int64_t> lp_offsets_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,10 @@ TEST_CASE("bad request bodies are 400 (or 404) naming the parameter") {
       {R"({"model": "tiny", "prompt": [1, "a"]})", 400, "prompt"},
       {R"({"model": "tiny", "prompt": [-1]})", 400, "prompt"},
       {R"({"model": "tiny", "prompt": [100000]})", 400, "prompt"},
-      {R"({"model": "tiny", "prompt": ["a", "b"]})", 400, "prompt"},
+      {R"({"model": "tiny", "prompt": [[1, 2], []]})", 400, "prompt"},
+      {R"({"model": "tiny", "prompt": [[1, 2], [100000]]})", 400, "prompt"},
+      {R"({"model": "tiny", "prompt": [[1, 2], 5]})", 400, "prompt"},
+      {R"({"model": "tiny", "prompt": [[1], [2]], "cache_boundaries": [1]})", 400, "cache_boundaries"},
       {R"({"model": "tiny", "prompt": {"text": "a"}})", 400, "prompt"},
       {R"({"model": "tiny", "prompt": )" + ids64 + "}", 400, "prompt"},  // Fills the whole context.
       {R"({"model": "tiny", "prompt": "hi", "max_tokens": "abc"})", 400, "max_tokens"},
@@ -183,8 +187,8 @@ TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprob
   params.logprobs = 2;
   const ResponseEnvelope env{.kind = ApiKind::kCompletion, .id = "cmpl-x", .created = 1700000000,
                              .model = "tiny", .system_fingerprint = "fp_t"};
-  ChoiceBuilder stream(&tok, params, 0);
-  ChoiceBuilder whole(&tok, params, 0);
+  ChoiceBuilder stream(&tok, params, 0, params.echo_text);
+  ChoiceBuilder whole(&tok, params, 0, params.echo_text);
   std::string streamed;
   std::vector<int32_t> streamed_ids;
   for (int32_t id : ids) {
@@ -241,7 +245,7 @@ TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprob
 TEST_CASE("no logprobs requested: logprobs is null") {
   CompletionRequest params;
   const ResponseEnvelope env{.id = "cmpl-y", .created = 1, .model = "tiny"};
-  ChoiceBuilder b(M().tok.get(), params, 0);
+  ChoiceBuilder b(M().tok.get(), params, 0, params.echo_text);
   json chunk = json::parse(b.AddToken(Tok(40, -0.1f), env, true));
   CHECK(chunk["choices"][0]["logprobs"].is_null());
   json body = json::parse(RenderResponse(env, {&b}, {"stop"}, 3));
@@ -264,6 +268,85 @@ TEST_CASE("completions: a prompt list that mixes strings and token ids is an err
     REQUIRE_FALSE(r.ok());
     CHECK(ErrorParam(r.status()) == "prompt");
     CHECK_THAT(std::string(r.status().message()), Catch::Contains("mixes strings (or lists) and token ids"));
+  }
+}
+
+TEST_CASE("completions: a prompt batch keeps every prompt, in order, each with its echo text") {
+  auto r = ParseCompletionRequest(R"({"model": "tiny", "prompt": ["Once upon", [5, 6, 7], "a"], "n": 2,
+                                      "echo": true})",
+                                  LongContext(), 5);
+  REQUIRE(r.ok());
+  CHECK(r->prompts() == 3);
+  CHECK(r->n == 2);
+  CHECK(std::vector<int32_t>(r->spec.prompt_ids().begin(), r->spec.prompt_ids().end()) ==
+        M().tok->Encode(M().format.CompletionPrefix() + "Once upon").value());
+  CHECK(r->echo_text == "Once upon");
+  REQUIRE(r->more_prompts.size() == 2);
+  CHECK(r->more_prompts[0].ids == std::vector<int32_t>{5, 6, 7});
+  CHECK(r->more_prompts[0].echo_text == M().tok->Decode({5, 6, 7}, true).value());
+  CHECK(r->more_prompts[1].ids == M().tok->Encode(M().format.CompletionPrefix() + "a").value());
+  CHECK(r->more_prompts[1].echo_text == "a");
+  // One prompt in a list is no batch.
+  auto one = ParseCompletionRequest(R"({"model": "tiny", "prompt": [[5, 6]]})", LongContext(), 5);
+  REQUIRE(one.ok());
+  CHECK(one->prompts() == 1);
+  // Errors name the prompt; the sizes are bounded.
+  auto bad = ParseCompletionRequest(R"({"model": "tiny", "prompt": [[1, 2], [3, 100000]]})", LongContext(), 5);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("prompt[1][1] = 100000"));
+  json many = {{"model", "tiny"}, {"prompt", json::array()}};
+  for (int i = 0; i <= kMaxPrompts; ++i) many["prompt"].push_back("x");
+  auto too_many = ParseCompletionRequest(many.dump(), LongContext(), 5);
+  REQUIRE_FALSE(too_many.ok());
+  CHECK(ErrorParam(too_many.status()) == "prompt");
+  many["prompt"].erase(many["prompt"].begin());
+  many["n"] = kMaxBatchChoices / kMaxPrompts + 1;
+  auto too_wide = ParseCompletionRequest(many.dump(), LongContext(), 5);
+  REQUIRE_FALSE(too_wide.ok());
+  CHECK(ErrorParam(too_wide.status()) == "n");
+}
+
+TEST_CASE("top_logprobs: that many distinct tokens, each with its own bytes, also when they are parts of a character") {
+  // Byte tokens that are no character on their own: each decodes to U+FFFD.
+  const engine::Tokenizer& tok = *M().tok;
+  std::vector<int32_t> partial;
+  for (int32_t id = 0; id < tok.vocab_size() && partial.size() < 3; ++id) {
+    auto b = tok.DecodeBytes({id});
+    if (b.ok() && b->size() == 1 && static_cast<unsigned char>((*b)[0]) >= 0x80) partial.push_back(id);
+  }
+  REQUIRE(partial.size() == 3);
+  REQUIRE(tok.Decode({partial[0]}).value() == tok.Decode({partial[1]}).value());
+  const proto::Token t = Tok(partial[0], -0.5f, {{partial[0], -0.5f}, {partial[1], -1.0f}, {partial[2], -2.0f}});
+  auto raw = [&](int32_t id) { return static_cast<int>(static_cast<unsigned char>(tok.DecodeBytes({id}).value()[0])); };
+  auto shown = [&](int32_t id) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "bytes:\\x%02x", raw(id));
+    return std::string(buf);
+  };
+  for (ApiKind kind : {ApiKind::kCompletion, ApiKind::kChat}) {
+    CompletionRequest params;
+    params.kind = kind;
+    params.logprobs = 3;
+    const ResponseEnvelope env{.kind = kind, .id = "x", .model = "tiny"};
+    ChoiceBuilder b(&tok, params, 0, params.echo_text);
+    b.AddToken(t, env, false);
+    json body = json::parse(RenderResponse(env, {&b}, {"length"}, 1));
+    const json& lp = body["choices"][0]["logprobs"];
+    if (kind == ApiKind::kChat) {
+      const json& e = lp["content"][0];
+      CHECK(e["token"] == shown(partial[0]));
+      CHECK(e["bytes"] == json::array({raw(partial[0])}));
+      REQUIRE(e["top_logprobs"].size() == 3);
+      for (int i = 0; i < 3; ++i) {
+        CHECK(e["top_logprobs"][i]["token"] == shown(partial[i]));
+        CHECK(e["top_logprobs"][i]["bytes"] == json::array({raw(partial[i])}));
+      }
+      CHECK(e["top_logprobs"][1]["logprob"] == -1.0);
+    } else {
+      CHECK(lp["tokens"][0] == shown(partial[0]));
+      REQUIRE(lp["top_logprobs"][0].size() == 3);
+      CHECK(lp["top_logprobs"][0][shown(partial[2])] == -2.0);
+    }
   }
 }
 
@@ -389,7 +472,8 @@ TEST_CASE("chat requests: messages rendered with the chat template, chat-only fi
 std::pair<std::string, std::string> StreamText(const std::string& text, const CompletionRequest& params,
                                                bool* stopped, int64_t* tokens) {
   const ResponseEnvelope env{.id = "c", .model = "tiny"};
-  ChoiceBuilder stream(M().tok.get(), params, 0), whole(M().tok.get(), params, 0);
+  ChoiceBuilder stream(M().tok.get(), params, 0, params.echo_text);
+  ChoiceBuilder whole(M().tok.get(), params, 0, params.echo_text);
   std::string streamed;
   const std::vector<int32_t> ids = M().tok->Encode(text).value();
   for (int32_t id : ids) {
@@ -438,7 +522,7 @@ TEST_CASE("n choices render in order with their finish reasons; usage sums them;
   params.logprobs = 1;
   const ResponseEnvelope env{.kind = ApiKind::kChat, .id = "chatcmpl-1", .created = 2, .model = "tiny",
                              .system_fingerprint = "fp_x"};
-  ChoiceBuilder a(M().tok.get(), params, 0), b(M().tok.get(), params, 1);
+  ChoiceBuilder a(M().tok.get(), params, 0, params.echo_text), b(M().tok.get(), params, 1, params.echo_text);
   const std::vector<int32_t> ids = M().tok->Encode("Good day").value();
   json first = json::parse(a.AddToken(Tok(ids[0], -0.25f, {{ids[0], -0.25f}}), env, true));
   CHECK(first["object"] == "chat.completion.chunk");
@@ -470,7 +554,7 @@ TEST_CASE("echo puts the prompt's text before the completion") {
   REQUIRE(r.ok());
   CHECK(r->echo_text == "Once upon");
   const ResponseEnvelope env{.id = "c", .model = "tiny"};
-  ChoiceBuilder s(M().tok.get(), *r, 0), w(M().tok.get(), *r, 0);
+  ChoiceBuilder s(M().tok.get(), *r, 0, r->echo_text), w(M().tok.get(), *r, 0, r->echo_text);
   const int32_t id = M().tok->Encode(" a time").value()[0];
   json chunk = json::parse(s.AddToken(Tok(id, -0.1f), env, true));
   w.AddToken(Tok(id, -0.1f), env, false);
@@ -487,7 +571,7 @@ TEST_CASE("stream chunks are the bytes a JSON library writes, quotes and control
     params.kind = kind;
     const ResponseEnvelope env{.kind = kind, .id = "id-\"1\"", .created = 17, .model = "m\\x",
                                .system_fingerprint = "fp"};
-    ChoiceBuilder b(M().tok.get(), params, 3);
+    ChoiceBuilder b(M().tok.get(), params, 3, params.echo_text);
     // The first chat chunk (role) takes the general path; the second the direct one.
     if (kind == ApiKind::kChat) b.AddToken(Tok(40, -0.1f), env, true);
     // A token whose text is `text`: feed ids of it one by one, then compare
@@ -529,7 +613,7 @@ TEST_CASE("stream chunks are the bytes a JSON library writes, quotes and control
   // And the text across all chunks is the text.
   CompletionRequest params;
   const ResponseEnvelope env{.id = "c", .model = "tiny"};
-  ChoiceBuilder b(M().tok.get(), params, 0);
+  ChoiceBuilder b(M().tok.get(), params, 0, params.echo_text);
   std::string all;
   const std::vector<int32_t> ids = M().tok->Encode(text).value();
   for (int32_t id : ids) all += json::parse(b.AddToken(Tok(id, -0.1f), env, true))["choices"][0]["text"].get<std::string>();

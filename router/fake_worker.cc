@@ -140,6 +140,7 @@ absl::StatusOr<proto::RegisterReply> FakeWorker::Register(const std::string& rou
   r->set_model(s.options.model);
   r->set_control_address(s.options.control_address.empty() ? s.address : s.options.control_address);
   r->set_kv_blocks_total(s.options.kv_blocks_total);
+  r->set_incarnation(s.options.incarnation);
   r->mutable_layout()->set_block_size(16);
   r->set_max_model_len(1024);
   (*conn)->Send(reg);

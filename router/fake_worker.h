@@ -35,6 +35,7 @@ struct FakeWorkerOptions {
   uint32_t protocol_version = proto::PROTOCOL_VERSION_CURRENT;
   int64_t kv_blocks_total = 100;
   std::string control_address;  // Default: the address it listens on.
+  uint64_t incarnation = 0;     // Register's (0: unknown).
 };
 
 inline constexpr absl::Duration kWaitLimit = absl::Seconds(20);

@@ -38,6 +38,8 @@ struct WorkerRegistry::Worker {
   // Dispatches its stats do not count yet, oldest first.
   std::deque<PendingCharge> charges;
   int64_t dispatched = 0;  // Attempts assigned to it since it registered.
+  bool restarted = false;  // Its id registered before, from another process.
+  bool draining = false;   // Its last heartbeat said so: nothing new goes to it.
 };
 
 struct WorkerRegistry::Life {
@@ -191,6 +193,8 @@ void WorkerRegistry::OnRegistrationFrame(const rpc::ConnectionPtr& conn, proto::
       Worker& w = *it->second;
       w.stats = frame.heartbeat().stats();
       w.stats_time = w.last_heartbeat = options_.clock->Now();
+      if (w.stats.draining() && !w.draining) LOG(INFO) << "worker " << w.reg.worker_id() << " is draining";
+      w.draining = w.stats.draining();
       // A prefill (or colocated) worker says which dispatches its numbers
       // include; a decode worker hears of requests from prefills, so its
       // heartbeat is the newest the router knows of them.
@@ -256,6 +260,9 @@ void WorkerRegistry::OnRegister(const rpc::ConnectionPtr& conn, const proto::Reg
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     w->generation = next_generation_++;
+    auto [known, fresh] = incarnations_.try_emplace(reg.worker_id(), reg.incarnation());
+    w->restarted = !fresh && known->second != reg.incarnation();
+    known->second = reg.incarnation();
     workers_[reg.worker_id()] = w;
     connect_queue_.push_back(w);
   }
@@ -340,7 +347,7 @@ void WorkerRegistry::FinishConnect(const WorkerPtr& w) {
   w->reg_conn->Send(greeting);
   LOG(INFO) << "worker " << id << " (" << RoleName(w->reg.role()) << ") is live at "
             << w->reg.control_address();
-  listener_->OnWorkerLive(id, w->reg.role());
+  listener_->OnWorkerLive(id, w->reg.role(), w->restarted);
 }
 
 void WorkerRegistry::OnWorkerConnFrame(const WorkerPtr& w, proto::Frame frame) {
@@ -400,7 +407,7 @@ std::vector<WorkerLoad> WorkerRegistry::LiveLoads() const {
   std::vector<WorkerLoad> out;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, w] : workers_) {
-    if (!w->live) continue;
+    if (!w->live || w->draining) continue;
     WorkerLoad load{
         .id = id,
         .role = w->reg.role(),
@@ -431,7 +438,8 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
                                  .max_model_len = w->reg.max_model_len(),
                                  .stats = w->stats,
                                  .stats_time = w->stats_time,
-                                 .dispatched = w->dispatched});
+                                 .dispatched = w->dispatched,
+                                 .draining = w->draining});
   }
   return out;
 }

@@ -51,7 +51,9 @@ namespace duet::router {
 class RegistryListener {
  public:
   virtual ~RegistryListener() = default;
-  virtual void OnWorkerLive(const std::string& worker_id, proto::Role role) = 0;
+  // `restarted`: the id was live before, in another process (Register's
+  // incarnation).
+  virtual void OnWorkerLive(const std::string& worker_id, proto::Role role, bool restarted) = 0;
   // Called once per live worker that is removed, for any reason.
   virtual void OnWorkerLost(const std::string& worker_id, proto::Role role,
                             const std::string& reason) = 0;
@@ -83,6 +85,7 @@ struct WorkerSnapshot {
   proto::WorkerStats stats;  // Latest heartbeat or WorkerStats reply.
   absl::Time stats_time;
   int64_t dispatched = 0;    // Attempts the router assigned to it since it registered.
+  bool draining = false;     // It takes nothing new.
 };
 
 absl::string_view RoleName(proto::Role role);  // "prefill", "decode", "colocated"
@@ -105,6 +108,7 @@ class WorkerRegistry {
   // the worker is not live.
   bool Send(const std::string& worker_id, const proto::Frame& frame);
 
+  // Live workers that take new requests (not draining).
   std::vector<WorkerLoad> LiveLoads() const;
   std::vector<WorkerSnapshot> Snapshot() const;
   // Counts a dispatch of `tokens` (prompt + resumed), sent as `request_id`,
@@ -168,6 +172,8 @@ class WorkerRegistry {
   std::deque<WorkerPtr> connect_queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last Register incarnation of every id that ever registered.
+  std::map<std::string, uint64_t> incarnations_ ABSL_GUARDED_BY(mu_);
   std::thread connector_;
 };
 

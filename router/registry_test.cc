@@ -14,13 +14,19 @@ namespace {
 
 using testing::FakeWorker;
 using testing::kWaitLimit;
+using testing::FakeWorkerOptions;
 
 // Records what the registry tells its listener.
 class Recorder : public RegistryListener {
  public:
-  void OnWorkerLive(const std::string& id, proto::Role) override {
+  void OnWorkerLive(const std::string& id, proto::Role, bool restarted) override {
     absl::MutexLock lock(&mu_);
     live_.push_back(id);
+    restarted_.push_back(restarted);
+  }
+  std::vector<bool> restarted() {
+    absl::MutexLock lock(&mu_);
+    return restarted_;
   }
   void OnWorkerLost(const std::string& id, proto::Role, const std::string& reason) override {
     absl::MutexLock lock(&mu_);
@@ -68,6 +74,7 @@ class Recorder : public RegistryListener {
 
   absl::Mutex mu_;
   std::vector<std::string> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> restarted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, proto::Frame>> frames_ ABSL_GUARDED_BY(mu_);
@@ -301,6 +308,39 @@ TEST_CASE("a worker registering again under its id replaces the old entry") {
   REQUIRE(loads.size() == 1);
   CHECK(loads[0].control_address == new_w.control_address());
   CHECK(old_w.WaitRegistrationClosed());
+}
+
+TEST_CASE("a new incarnation under a known id is a restart; the same one a reconnection") {
+  Fixture fx;
+  std::vector<std::unique_ptr<FakeWorker>> ws;
+  for (uint64_t incarnation : {7, 7, 8}) {
+    ws.push_back(std::make_unique<FakeWorker>(
+        fx.io, FakeWorkerOptions{.id = "p", .role = proto::ROLE_PREFILL, .model = "tiny", .incarnation = incarnation}));
+    REQUIRE(ws.back()->Register(fx.registry->address())->ok());
+    REQUIRE(fx.recorder.WaitLive(ws.size()));
+  }
+  CHECK(fx.recorder.restarted() == std::vector<bool>{false, false, true});
+}
+
+TEST_CASE("a draining worker gets nothing new: it leaves the live loads, and its stats say so") {
+  Fixture fx;
+  FakeWorker p(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny"});
+  FakeWorker d(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
+  REQUIRE(p.Register(fx.registry->address())->ok());
+  REQUIRE(d.Register(fx.registry->address())->ok());
+  REQUIRE(fx.recorder.WaitLive(2));
+  proto::WorkerStats s;
+  s.set_draining(true);
+  d.Heartbeat(s);
+  REQUIRE(fx.recorder.WaitHeartbeats(1));
+  auto loads = fx.registry->LiveLoads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].id == "p0");
+  auto snap = fx.registry->Snapshot();
+  REQUIRE(snap.size() == 2);  // Still live: its requests run on.
+  CHECK(snap[0].id == "d0");
+  CHECK(snap[0].draining);
+  CHECK_FALSE(snap[1].draining);
 }
 
 }  // namespace

@@ -65,13 +65,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Require(r->n >= 1 && r->n <= kMaxChoices, "n out of range", body);
     Require(r->spec.prompt_ids_size() > 0 && r->spec.prompt_ids_size() < m->served.max_model_len, "prompt length",
             body);
+    Require(r->prompts() <= kMaxPrompts && r->prompts() * r->n <= kMaxBatchChoices, "batch size", body);
+    for (const auto& p : r->more_prompts) {
+      Require(!p.ids.empty() && static_cast<int64_t>(p.ids.size()) < m->served.max_model_len, "batch prompt length",
+              body);
+    }
     const ResponseEnvelope env{.kind = kind, .id = "x", .created = 1, .model = "tiny", .system_fingerprint = "fp"};
     std::vector<std::unique_ptr<ChoiceBuilder>> choices;
     std::vector<ChoiceBuilder*> raw;
     std::vector<std::string> reasons;
     const int vocab = m->tokenizer->vocab_size();
     for (int i = 0; i < std::min(r->n, 3); ++i) {
-      choices.push_back(std::make_unique<ChoiceBuilder>(m->tokenizer.get(), *r, i));
+      choices.push_back(std::make_unique<ChoiceBuilder>(m->tokenizer.get(), *r, i, r->echo_text));
       raw.push_back(choices.back().get());
       // Tokens from the input's bytes: arbitrary ids, special ones included.
       for (size_t k = 0; k < std::min<size_t>(size, 48); ++k) {

@@ -40,6 +40,13 @@ absl::StatusOr<ModelShape> ReadModelShape(const std::string& dir) {
 absl::Status Router::Impl::Start(RouterOptions options) {
   if (started_) return absl::FailedPreconditionError("the router is already started");
   options_ = std::move(options);
+  {
+    // Request ids start at the wall clock's microseconds, so a restarted
+    // router's ids lie above every one its predecessor sent: a worker that
+    // still holds state or frames of those can never mistake them for new ones.
+    absl::MutexLock lock(&mu_);
+    next_attempt_id_ = static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixMicros(absl::Now())));
+  }
   if (options_.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   if (options_.served_model_name.empty()) {
     std::filesystem::path p(options_.model_dir);
@@ -96,6 +103,13 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   total_error_ = m.GetCounter("duet_requests_total", kTotalHelp, {{"status", "error"}});
   total_cancelled_ = m.GetCounter("duet_requests_total", kTotalHelp, {{"status", "cancelled"}});
   total_rejected_ = m.GetCounter("duet_requests_total", kTotalHelp, {{"status", "rejected"}});
+  total_migrated_ = m.GetCounter("duet_request_migrations_total",
+                                 "Requests moved off a lost decode worker (prefilled again, decoded elsewhere)");
+  for (proto::Role role : {proto::ROLE_PREFILL, proto::ROLE_DECODE, proto::ROLE_COLOCATED}) {
+    restarts_total_[std::string(RoleName(role))] = m.GetCounter(
+        "duet_worker_restarts_total", "Workers that registered again from a new process",
+        {{"role", std::string(RoleName(role))}});
+  }
 
   control_io_ = std::make_unique<IoThread>();
   // One thread for both: no hand-off (and no wake-up) between a worker's
@@ -169,7 +183,10 @@ void AddRouterFlags(FlagSet& f) {
            "cache_aware: U,Q, a prefill's score = U x prompt tokens its cache lacks + Q x its queued prefill tokens");
   f.Int("heartbeat-ms", 500, "heartbeat interval workers are held to");
   f.Int("missed-heartbeats", 10, "heartbeats a worker may miss before it is dropped");
-  f.Int("max-attempts", 3, "attempts per request across worker failures");
+  f.Int("max-attempts", 3, "attempts per request across prefill failures");
+  f.Int("max-migrations", 3,
+        "times a request whose decode worker is lost moves on (prefilled again with the tokens it has, decoded "
+        "elsewhere); 0: it ends with an error");
   f.Int("max-model-len", 0, "context in tokens (0: config.json's max_position_embeddings)");
   f.Int("io-threads", 1, "network threads: 1 (HTTP and control plane share one) or 2");
   f.String("api-key", "", "require 'Authorization: Bearer KEY' on /v1/ endpoints (also $DUET_API_KEY)");
@@ -198,6 +215,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   o.missed_heartbeats = static_cast<int>(f.GetInt("missed-heartbeats"));
   if (f.GetInt("max-attempts") < 1) return absl::InvalidArgumentError("--max-attempts must be >= 1");
   o.max_attempts = static_cast<int>(f.GetInt("max-attempts"));
+  if (f.GetInt("max-migrations") < 0) return absl::InvalidArgumentError("--max-migrations must be >= 0");
+  o.max_migrations = static_cast<int>(f.GetInt("max-migrations"));
   if (f.GetInt("max-model-len") < 0) return absl::InvalidArgumentError("--max-model-len must be >= 0");
   o.max_model_len = f.GetInt("max-model-len");
   o.api_key = f.GetString("api-key");

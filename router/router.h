@@ -19,8 +19,10 @@
 // Failures: a lost prefill re-dispatches its attempts that have no first
 // token yet; a decode's Finish{FINISH_ERROR, UNAVAILABLE} (KV pull failed)
 // re-dispatches with resume_ids = every token the client already has; at
-// most max_attempts attempts. A lost decode ends its requests with an error
-// (and cancels their prefill side). A client that disconnects gets its
+// most max_attempts attempts. A lost decode's requests migrate: each is
+// prefilled again on a live prefill with its prompt plus the tokens the
+// client already has, and decoded elsewhere (at most max_migrations times;
+// past that it ends with an error, and its prefill side is cancelled). A client that disconnects gets its
 // attempt cancelled on both workers. Every accepted request ends in a
 // response or an error.
 //
@@ -66,6 +68,8 @@ struct RouterOptions {
   // its closed connections.
   int missed_heartbeats = 10;
   int max_attempts = 3;
+  // Moves of one request off lost decode workers (on top of max_attempts).
+  int max_migrations = 3;
   absl::Duration stats_timeout = absl::Seconds(2);
   absl::Duration connect_timeout = absl::Seconds(2);
   // Context in tokens; 0: config.json's max_position_embeddings.

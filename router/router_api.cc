@@ -139,15 +139,26 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
       .created = absl::ToUnixSeconds(absl::Now()),
       .model = options_.served_model_name,
       .system_fingerprint = system_fingerprint_};
-  for (int i = 0; i < g->params.n; ++i) {
-    auto r = std::make_shared<Request>();
-    r->group = g;
-    r->index = i;
-    r->spec = g->params.spec;
-    r->spec.set_choice_index(static_cast<uint32_t>(i));
-    r->builder = std::make_unique<ChoiceBuilder>(tokenizer_.get(), g->params, i);
-    g->choices.push_back(std::move(r));
+  // Prompt i's choice j is choice i x n + j.
+  for (int i = 0; i < g->params.prompts(); ++i) {
+    const std::string& echo = i == 0 ? g->params.echo_text : g->params.more_prompts[i - 1].echo_text;
+    for (int j = 0; j < g->params.n; ++j) {
+      auto r = std::make_shared<Request>();
+      const int index = i * g->params.n + j;
+      r->group = g;
+      r->index = index;
+      r->spec = g->params.spec;
+      if (i > 0) {
+        const std::vector<int32_t>& ids = g->params.more_prompts[i - 1].ids;
+        r->spec.mutable_prompt_ids()->Assign(ids.begin(), ids.end());
+      }
+      r->spec.set_choice_index(static_cast<uint32_t>(index));
+      r->builder = std::make_unique<ChoiceBuilder>(tokenizer_.get(), g->params, index, echo);
+      g->prompt_tokens += j == 0 ? r->spec.prompt_ids_size() : 0;
+      g->choices.push_back(std::move(r));
+    }
   }
+  g->cached_tokens.assign(g->params.prompts(), 0);
   g->finish.assign(g->choices.size(), "");
   g->remaining = static_cast<int>(g->choices.size());
   uint64_t seq = 0;

@@ -10,7 +10,7 @@ Router::Impl::RequestPtr Router::Impl::FindAttempt(uint64_t id) {
 }
 
 absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
-  if (r->attempts >= options_.max_attempts) {
+  if (r->attempts - r->migrations >= options_.max_attempts) {
     return absl::UnavailableError(absl::StrCat("the request failed after ", r->attempts,
                                                " attempts; the last failure: ", r->last_failure));
   }
@@ -45,7 +45,15 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
 }
 
 absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
-  const proto::GenerationSpec& spec = g->choices[0]->spec;
+  const size_t n = static_cast<size_t>(g->params.n);
+  for (size_t first = 0; first < g->choices.size(); first += n) {
+    RETURN_IF_ERROR(StartPrompt(g, first, n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Router::Impl::StartPrompt(const GroupPtr& g, size_t first, size_t n) {
+  const proto::GenerationSpec& spec = g->choices[first]->spec;
   const std::vector<int32_t> tokens(spec.prompt_ids().begin(), spec.prompt_ids().end());
   for (int tries = 0; tries < 3; ++tries) {
     auto a = dispatcher_->Pick(registry_->LiveLoads(), {.prompt = tokens});
@@ -53,16 +61,16 @@ absl::Status Router::Impl::StartGroup(const GroupPtr& g) {
     proto::Frame f = NewFrame();
     proto::PrefillRequest* pr = f.mutable_prefill();
     std::vector<uint64_t> ids;
-    for (size_t i = 0; i < g->choices.size(); ++i) ids.push_back(next_attempt_id_++);
+    for (size_t i = 0; i < n; ++i) ids.push_back(next_attempt_id_++);
     pr->set_request_id(ids[0]);
-    *pr->mutable_spec() = g->choices[0]->spec;
+    *pr->mutable_spec() = spec;
     for (size_t i = 1; i < ids.size(); ++i) pr->add_sibling_request_ids(ids[i]);
     pr->set_decode_worker_id(a->decode_id);
     pr->set_decode_address(a->decode_address);
     if (!registry_->Send(a->prefill_id, f)) continue;
     const WorkerRegistry::Charged charged = registry_->Charge(*a, static_cast<int64_t>(tokens.size()), ids[0]);
     for (size_t i = 0; i < ids.size(); ++i) {
-      const RequestPtr& r = g->choices[i];
+      const RequestPtr& r = g->choices[first + i];
       r->charged = i == 0 ? charged : WorkerRegistry::Charged{};  // The prompt is computed once.
       r->attempts = 1;
       r->attempt_id = ids[i];
@@ -165,19 +173,21 @@ void Router::Impl::Complete(const RequestPtr& r, proto::FinishReason reason, Pen
   ++n_ok_;
   total_ok_->Increment();
   e2e_->Observe(absl::ToDoubleSeconds(options_.clock->Now() - g->arrival));
-  const int64_t prompt = g->params.spec.prompt_ids_size();
+  const int64_t prompt = g->prompt_tokens;
+  int64_t cached = 0;
+  for (int64_t c : g->cached_tokens) cached += c;
   if (g->params.stream) {
     if (g->params.include_usage) {
       int64_t completion = 0;
       for (const RequestPtr& c : g->choices) completion += c->builder->completion_tokens();
-      g->out->Event(RenderUsageChunk(g->env, prompt, completion, g->cached_tokens));
+      g->out->Event(RenderUsageChunk(g->env, prompt, completion, cached));
     }
     g->out->Event("[DONE]");
     g->out->EndStream();
   } else {
     std::vector<ChoiceBuilder*> builders;
     for (const RequestPtr& c : g->choices) builders.push_back(c->builder.get());
-    g->out->Reply(JsonResponse(200, RenderResponse(g->env, builders, g->finish, prompt, g->cached_tokens)));
+    g->out->Reply(JsonResponse(200, RenderResponse(g->env, builders, g->finish, prompt, cached)));
   }
 }
 
@@ -240,7 +250,10 @@ void Router::Impl::OnFirstToken(const std::string& from, const proto::FirstToken
   r->first_token = true;
   registry_->Uncharge(r->charged);
   r->charged = {};
-  if (GroupPtr g = r->group.lock()) g->cached_tokens = std::max(g->cached_tokens, ft.cached_tokens());
+  if (GroupPtr g = r->group.lock()) {
+    int64_t& cached = g->cached_tokens[r->index / g->params.n];
+    cached = std::max(cached, ft.cached_tokens());
+  }
   Deliver(r, ft.token(), p);
   std::vector<std::variant<proto::Token, proto::Finish>> held;
   held.swap(r->held);
@@ -335,7 +348,13 @@ void Router::Impl::HandleFrame(const std::string& worker_id, proto::Frame& frame
   }
 }
 
-void Router::Impl::OnWorkerLive(const std::string& worker_id, proto::Role role) {
+void Router::Impl::OnWorkerLive(const std::string& worker_id, proto::Role role, bool restarted) {
+  if (restarted) {
+    LOG(INFO) << "worker " << worker_id << " is back after a restart";
+    absl::MutexLock lock(&mu_);
+    ++n_restarts_[std::string(RoleName(role))];
+    if (Counter* c = restarts_total_[std::string(RoleName(role))]) c->Increment();
+  }
   if (role != proto::ROLE_PREFILL && role != proto::ROLE_COLOCATED) return;
   // Its prefix cache's whole set, to start the index from.
   proto::Frame ask = NewFrame();
@@ -364,7 +383,19 @@ void Router::Impl::OnWorkerLost(const std::string& worker_id, proto::Role role, 
       Redispatch(r, absl::StrCat("prefill worker ", worker_id, " was lost (", reason, ")"), p);
     } else if (r->decode_id == worker_id) {
       SendCancel(r, worker_id);
-      Fail(r, absl::UnavailableError(absl::StrCat("decode worker ", worker_id, " was lost (", reason, ")")), p);
+      const std::string lost = absl::StrCat("decode worker ", worker_id, " was lost (", reason, ")");
+      if (r->migrations >= options_.max_migrations) {
+        Fail(r, absl::UnavailableError(absl::StrCat(lost, "; the request has moved ", r->migrations,
+                                                    " times, its limit (--max-migrations)")),
+             p);
+        continue;
+      }
+      // Migrate: prefill the prompt and the tokens the client has again,
+      // then decode elsewhere; the client's stream goes on.
+      ++r->migrations;
+      ++n_migrated_;
+      total_migrated_->Increment();
+      Redispatch(r, lost, p);
     }
   }
   for (auto it = stats_queries_.begin(); it != stats_queries_.end();) {

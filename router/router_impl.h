@@ -153,7 +153,7 @@ class Router::Impl : public RegistryListener {
   const std::string& served_model_name() const { return options_.served_model_name; }
 
   // RegistryListener.
-  void OnWorkerLive(const std::string& worker_id, proto::Role role) override;
+  void OnWorkerLive(const std::string& worker_id, proto::Role role, bool restarted) override;
   void OnWorkerLost(const std::string& worker_id, proto::Role role, const std::string& reason) override;
   void OnWorkerFrame(const std::string& worker_id, proto::Frame frame) override;
   void HandleFrame(const std::string& worker_id, proto::Frame& frame, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,6 +172,7 @@ class Router::Impl : public RegistryListener {
     std::unique_ptr<ChoiceBuilder> builder;
     bool done = false;               // Finished (its finish reason is in the group).
     int attempts = 0;
+    int migrations = 0;  // Attempts started because a decode was lost.
     // The current attempt.
     uint64_t attempt_id = 0;
     std::string prefill_id, decode_id;
@@ -190,7 +191,8 @@ class Router::Impl : public RegistryListener {
   };
   using RequestPtr = std::shared_ptr<Request>;
 
-  // One client request: n choices and the client's answer channel.
+  // One client request: n choices of each of its prompts and the client's
+  // answer channel.
   struct Group {
     uint64_t seq = 0;
     CompletionRequest params;
@@ -202,7 +204,10 @@ class Router::Impl : public RegistryListener {
     bool ended = false;
     absl::Time arrival;
     bool any_token = false;
-    int64_t cached_tokens = 0;  // Prompt tokens a prefill cache supplied (the most any attempt reported).
+    int64_t prompt_tokens = 0;  // Over its prompts.
+    // Per prompt: the tokens a prefill cache supplied (the most any attempt
+    // reported).
+    std::vector<int64_t> cached_tokens;
     // The router's own time on this request before the workers had it.
     absl::Duration inbound;
   };
@@ -229,9 +234,12 @@ class Router::Impl : public RegistryListener {
 
   // State machine; all under mu_.
   absl::Status StartAttempt(const RequestPtr& r, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The first attempt of every choice of a new request: one PrefillRequest
-  // whose sibling ids name choices 2..n, so the prompt is computed once.
+  // The first attempt of every choice of a new request: per prompt, one
+  // PrefillRequest whose sibling ids name its choices 2..n, so each prompt
+  // is computed once.
   absl::Status StartGroup(const GroupPtr& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Choices first..first+n-1 of `g`, one prompt's.
+  absl::Status StartPrompt(const GroupPtr& g, size_t first, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Redispatch(const RequestPtr& r, const std::string& reason, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(const RequestPtr& r, const proto::Token& token, Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyFinish(const RequestPtr& r, const proto::Finish& fin, const std::string& from, Pending& p)
@@ -274,13 +282,15 @@ class Router::Impl : public RegistryListener {
   Counter* total_error_ = nullptr;
   Counter* total_cancelled_ = nullptr;
   Counter* total_rejected_ = nullptr;
+  Counter* total_migrated_ = nullptr;
+  std::map<std::string, Counter*> restarts_total_;  // By role name.
 
   absl::Mutex mu_;
   // Where the workers' prefix caches hold which prefixes (from their
   // CacheEvents), and the policy that reads it.
   CacheIndex cache_index_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_attempt_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_attempt_id_ ABSL_GUARDED_BY(mu_) = 1;  // Set by Start.
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, RequestPtr> attempts_ ABSL_GUARDED_BY(mu_);  // By attempt (request_id).
   std::map<uint64_t, GroupPtr> requests_ ABSL_GUARDED_BY(mu_);  // By client sequence number.
@@ -289,6 +299,8 @@ class Router::Impl : public RegistryListener {
   int64_t n_ok_ ABSL_GUARDED_BY(mu_) = 0, n_error_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_cancelled_ ABSL_GUARDED_BY(mu_) = 0, n_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_redispatched_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t n_migrated_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> n_restarts_ ABSL_GUARDED_BY(mu_);  // By role name.
   // What the frame being handled delivered: first tokens (with their
   // requests' inbound time) and later tokens.
   std::vector<absl::Duration> frame_firsts_ ABSL_GUARDED_BY(mu_);

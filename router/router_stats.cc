@@ -59,6 +59,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
     j["leased_blocks"] = s.leased_blocks();
     j["prefix_cache_blocks"] = s.prefix_cache_blocks();
     j["requests_dispatched"] = w.dispatched;  // Attempts, re-dispatches included.
+    j["draining"] = w.draining;
     j["cache_index_blocks"] = cache_index_.blocks(w.id);  // The router's view of its cache.
     j["fresh"] = q->fresh.count(w.id) > 0;  // false: from the last heartbeat.
     j["stats_age_ms"] = absl::ToInt64Milliseconds(now - w.stats_time);
@@ -73,6 +74,13 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
   router["requests_cancelled"] = n_cancelled_;
   router["requests_rejected"] = n_rejected_;
   router["redispatches"] = n_redispatched_;
+  router["migrations"] = n_migrated_;
+  Json restarts = Json::object();
+  for (proto::Role role : {proto::ROLE_PREFILL, proto::ROLE_DECODE, proto::ROLE_COLOCATED}) {
+    auto it = n_restarts_.find(std::string(RoleName(role)));
+    restarts[std::string(RoleName(role))] = it == n_restarts_.end() ? 0 : it->second;
+  }
+  router["worker_restarts"] = std::move(restarts);
   router["live_workers"] = static_cast<int64_t>(workers.size());
   router["policy"] = std::string(DispatchPolicyName(options_.policy));
   router["cache_index_workers"] = static_cast<int64_t>(cache_index_.workers());

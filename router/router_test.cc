@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "engine/chat_template.h"
@@ -384,7 +385,13 @@ TEST_CASE("stream completion: one chunk per token, a final chunk, then [DONE]") 
   for (size_t i = 0; i < out.size(); ++i) {
     std::string delta = detok.Push(out[i]).value();
     Json lp;
-    lp["tokens"] = Json::array({fx.tok->Decode({out[i]}).value()});
+    const std::string raw = fx.tok->DecodeBytes({out[i]}).value();
+    std::string shown = raw;
+    if (!engine::IsValidUtf8(raw)) {
+      shown = "bytes:";
+      for (unsigned char ch : raw) shown += absl::StrFormat("\\x%02x", ch);
+    }
+    lp["tokens"] = Json::array({shown});
     lp["token_logprobs"] = Json::array({i == 0 ? -0.25 : -0.5});
     lp["top_logprobs"] = Json::array({Json::object()});
     lp["text_offset"] = Json::array({chars});
@@ -448,48 +455,89 @@ TEST_CASE("a worker dying mid-stream ends the stream with an error, then [DONE]"
   CHECK_FALSE(c.NextEvent().has_value());
 }
 
-TEST_CASE("decode lost: its request fails with 503, the prefill gets Cancel, others are unaffected") {
+TEST_CASE("decode lost mid-stream: its request migrates (prefilled again with the tokens the client has, decoded "
+          "elsewhere) as one stream; others are unaffected") {
   Fixture fx;
-  std::vector<int32_t> out = fx.Encode(" ok then");
-  // p0 sends the first token; the decodes send nothing (d0 dies, d1 finishes).
-  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {.tokens = out, .hold_after = 1});
+  std::vector<int32_t> out = fx.Encode(" ok then we go");
+  REQUIRE(out.size() >= 4);
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {});
+  // The prefill's first token continues after whatever was resumed.
+  p0->on_frame = [out](FakeWorker& w, const proto::Frame& f) {
+    if (f.has_prefill()) w.Send(FirstTokenFrame(f.prefill().request_id(), out[f.prefill().resume_ids_size()], "p0"));
+    return false;
+  };
   auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
   auto d1 = fx.AddWorker("d1", proto::ROLE_DECODE, {});
-  auto run = [&](Client& c) {
-    c.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 9})");
-    auto pf = p0->NextFrame();
-    REQUIRE(pf.ok());
-    return pf->prefill();
-  };
+  const std::string body =
+      absl::StrCat(R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": )", out.size(), "}");
   // Least-loaded: the first request goes to d0 (tie, id order), the second to
   // d1 (d0 now has a request charged).
-  Client a(fx.router.http_port());
-  proto::PrefillRequest pa = run(a);
-  Client b(fx.router.http_port());
-  proto::PrefillRequest pb = run(b);
-  REQUIRE(pa.decode_worker_id() == "d0");
-  REQUIRE(pb.decode_worker_id() == "d1");
-  CHECK(pa.request_id() != pb.request_id());
+  Client a(fx.router.http_port()), b(fx.router.http_port());
+  a.Request("POST", "/v1/completions", body);
+  auto pa = p0->NextFrame();
+  REQUIRE(pa.ok());
+  b.Request("POST", "/v1/completions", body);
+  auto pb = p0->NextFrame();
+  REQUIRE(pb.ok());
+  REQUIRE(pa->prefill().decode_worker_id() == "d0");
+  REQUIRE(pb->prefill().decode_worker_id() == "d1");
+  const uint64_t id1 = pa->prefill().request_id();
+  REQUIRE(a.ReadHead().status == 200);
+  REQUIRE(a.NextEvent().has_value());  // Token 1, from the prefill.
+  d0->Send(TokenFrame(id1, out[1]));  // Token 2 from d0, which then dies.
+  REQUIRE(a.NextEvent().has_value());
+  d0->Kill();
+  // The prefill hears Cancel for the lost attempt, then the migrated one:
+  // the prompt plus both tokens, to d1.
+  auto cancel = p0->WaitFor([&](const proto::Frame& f) { return f.has_cancel() && f.cancel().request_id() == id1; });
+  CHECK(cancel.ok());
+  auto moved = p0->WaitFor([&](const proto::Frame& f) { return f.has_prefill() && f.prefill().request_id() > id1 + 1; });
+  REQUIRE(moved.ok());
+  const proto::PrefillRequest& p = moved->prefill();
+  CHECK(Resume(p) == std::vector<int32_t>{out[0], out[1]});
+  CHECK(Ids(p) == Ids(pa->prefill()));
+  CHECK(p.decode_worker_id() == "d1");
+  for (size_t i = 3; i < out.size(); ++i) d1->Send(TokenFrame(p.request_id(), out[i]));
+  d1->Send(FinishFrame(p.request_id(), proto::FINISH_LENGTH));
+  std::vector<std::string> events = a.AllEvents();
+  REQUIRE(!events.empty());
+  CHECK(events.back() == "[DONE]");
+  std::vector<int32_t> rest;
+  for (const std::string& e : events) {
+    if (e == "[DONE]") continue;
+    Json j = Json::parse(e);
+    for (const auto& t : j["choices"][0]["token_ids"]) rest.push_back(t.get<int32_t>());
+  }
+  CHECK(rest == std::vector<int32_t>(out.begin() + 2, out.end()));  // Each token once, in order.
 
+  // b carries on on d1.
+  const uint64_t idb = pb->prefill().request_id();
+  for (size_t i = 1; i < out.size(); ++i) d1->Send(TokenFrame(idb, out[i]));
+  d1->Send(FinishFrame(idb, proto::FINISH_LENGTH));
+  REQUIRE(b.ReadHead().status == 200);
+  CHECK(b.AllEvents().back() == "[DONE]");
+}
+
+TEST_CASE("decode lost with the migration limit at 0: its request fails with 503, the prefill gets Cancel") {
+  Fixture fx([](RouterOptions& o) { o.max_migrations = 0; });
+  std::vector<int32_t> out = fx.Encode(" ok then");
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {.tokens = out, .hold_after = 1});
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  Client a(fx.router.http_port());
+  a.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 9})");
+  auto pf = p0->NextFrame();
+  REQUIRE(pf.ok());
   d0->Kill();
   Client::Head ha = a.ReadHead();
   CHECK(ha.status == 503);
   Json err = Json::parse(a.ReadBody());
-  CHECK(absl::StrContains(err["error"]["message"].get<std::string>(), "decode worker d0 was lost"));
+  const std::string msg = err["error"]["message"].get<std::string>();
+  CHECK(absl::StrContains(msg, "decode worker d0 was lost"));
+  CHECK(absl::StrContains(msg, "--max-migrations"));
   CHECK(err["error"]["type"] == "server_error");
-  auto cancel = p0->WaitFor([&](const proto::Frame& f) {
-    return f.has_cancel() && f.cancel().request_id() == pa.request_id();
-  });
-  CHECK(cancel.ok());
-
-  // b carries on: its decode sends the rest.
-  for (size_t i = 1; i < out.size(); ++i) d1->Send(TokenFrame(pb.request_id(), out[i]));
-  d1->Send(FinishFrame(pb.request_id(), proto::FINISH_STOP));
-  Client::Head hb = b.ReadHead();
-  REQUIRE(hb.status == 200);
-  Json body = Json::parse(b.ReadBody());
-  CHECK(body["choices"][0]["token_ids"] == Json(out));
-  CHECK(body["choices"][0]["text"] == " ok then");
+  CHECK(p0->WaitFor([&](const proto::Frame& f) {
+              return f.has_cancel() && f.cancel().request_id() == pf->prefill().request_id();
+            }).ok());
 }
 
 TEST_CASE("prefill lost before its first token: re-dispatched elsewhere under a new id") {

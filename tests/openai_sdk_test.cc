@@ -52,6 +52,7 @@ TEST_CASE("the OpenAI Node SDK: every API feature, its error classes, and an abo
   nlohmann::json summary = nlohmann::json::parse(lines.back(), nullptr, false);
   REQUIRE(summary.is_object());
   CHECK(summary["completion_tokens"] == 24);
+  CHECK(summary["batch"] == 4);  // Two prompts x n = 2.
   CHECK(summary["aborted_after_chunks"].get<int>() >= 3);
   CHECK(summary["aborted_after_chunks"].get<int>() < 4000);
 

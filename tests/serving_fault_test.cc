@@ -1,5 +1,5 @@
 // Faults with real processes: a prefill or decode worker SIGKILLed under
-// load, a client that disconnects mid-stream, malformed and oversized
+// load (a decode's requests migrate), a client that disconnects mid-stream, malformed and oversized
 // control frames. Every accepted request ends in a response or an error,
 // and every KV block returns to its pool.
 #include <arpa/inet.h>
@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/subprocess.h"
+#include "http/client.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 #include "engine/testing/tiny_model.h"
@@ -24,32 +27,16 @@ namespace {
 
 std::string ModelName(const std::string& dir) { return std::filesystem::path(dir).filename().string(); }
 
-// Polls /stats until pred holds; fails the test after `timeout`.
+// PollStats, failing the test on its deadline.
+nlohmann::json WaitStats(int port, const std::function<bool(const nlohmann::json&)>& pred,
+                         absl::Duration timeout = absl::Seconds(30)) {
+  auto s = PollStats(port, pred, timeout);
+  if (!s.ok()) FAIL(s.status().message());
+  return *s;
+}
 nlohmann::json WaitStats(Cluster& c, const std::function<bool(const nlohmann::json&)>& pred,
                          absl::Duration timeout = absl::Seconds(30)) {
-  nlohmann::json last;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    auto s = c.Stats();
-    if (s.ok()) {
-      last = *s;
-      if (pred(last)) return last;
-    }
-  }
-  FAIL("condition not reached; last /stats: " << last.dump());
-  return last;
-}
-
-// Idle: no request or lease anywhere, and every block free (blocks only the
-// prefix cache holds count as free).
-bool AllIdle(const nlohmann::json& s) {
-  for (auto& [id, w] : s["workers"].items()) {
-    if (w["kv_blocks_free"] != w["kv_blocks_total"] ||
-        w["queued_requests"] != 0 || w["running_requests"] != 0 || w.value("leased_blocks", 0) != 0) {
-      return false;
-    }
-  }
-  return true;
+  return WaitStats(c.http_port(), pred, timeout);
 }
 
 // A TCP connection to HOST:PORT, or -1.
@@ -85,18 +72,7 @@ bool SendAndExpectClose(const std::string& address, const std::string& bytes) {
 }
 
 std::vector<ParsedCompletion> SendAll(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
-  std::vector<ParsedCompletion> got(reqs.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    threads.emplace_back([&, i] {
-      auto r = c.Post("/v1/completions", CompletionBody(reqs[i], model));
-      if (!r.ok()) got[i].error = r.status().ToString();
-      else if (r->status != 200) got[i].error = absl::StrCat("HTTP ", r->status, ": ", r->body);
-      else got[i] = ParseCompletion(r->body, reqs[i].stream);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return got;
+  return SendAll(c.http_port(), reqs, model);
 }
 
 TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere, unchanged", "[faults]") {
@@ -241,11 +217,14 @@ TEST_CASE("cache-aware dispatch sends a prompt where its prefix is cached; a kil
   for (int p = 0; p < 2; ++p) CHECK(cached(post(p)) == 80);
 }
 
-TEST_CASE("SIGKILL of a decode worker: its requests fail clearly, others finish, leases reclaim blocks",
+TEST_CASE("SIGKILL of a decode worker mid-stream: its requests migrate and finish unchanged, or, past the "
+          "migration limit, fail clearly; leases reclaim blocks",
           "[faults]") {
+  const int max_migrations = GENERATE(3, 0);  // The default; none.
+  INFO("--max-migrations " << max_migrations);
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir).ok());
+  REQUIRE(c.StartRouter(dir, {"--max-migrations", std::to_string(max_migrations)}).ok());
   REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}).ok());
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
   REQUIRE(c.StartWorker("decode", "decode-1", {"--kv-blocks", "1024"}).ok());
@@ -264,7 +243,9 @@ TEST_CASE("SIGKILL of a decode worker: its requests fail clearly, others finish,
     if (!got[i].error.empty()) {
       ++failed;
       INFO("request " << i << " error: " << got[i].error);
-      REQUIRE(got[i].error.find("decode") != std::string::npos);
+      REQUIRE(max_migrations == 0);
+      REQUIRE(got[i].error.find("decode worker decode-0 was lost") != std::string::npos);
+      REQUIRE(got[i].error.find("--max-migrations") != std::string::npos);
     } else {
       std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
       INFO("request " << i << ": " << diff);
@@ -272,11 +253,64 @@ TEST_CASE("SIGKILL of a decode worker: its requests fail clearly, others finish,
       ++ok;
     }
   }
-  REQUIRE(failed > 0);
-  REQUIRE(ok > 0);
   // Whatever prefill offered to the dead decode comes back when leases expire.
   auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
+  if (max_migrations == 0) {
+    REQUIRE(failed > 0);
+    REQUIRE(ok > 0);
+    CHECK(s["router"]["migrations"] == 0);
+  } else {
+    REQUIRE(ok == static_cast<int>(reqs.size()));
+    CHECK(s["router"]["migrations"].get<int>() >= 3);  // decode-0 ran more than 2.
+    CHECK(s["router"]["requests_error"] == 0);
+  }
+}
+
+TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, new ones go elsewhere, it exits 0",
+          "[faults]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-1", {"--kv-blocks", "1024"}).ok());
+  REQUIRE(c.WaitForWorkers(3).ok());
+  auto reqs = MixedRequests(30, 1000, 40, 10, 13);
+  for (auto& r : reqs) r.max_tokens = 300;
+  auto want = ReferenceOutputs(dir, reqs);
+  std::vector<ParsedCompletion> got;
+  std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
+  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; });
+  REQUIRE(c.process("decode-0").Signal(SIGTERM).ok());
+  // The router hears of it (decode-0 still runs its requests), then what
+  // arrives now is served too.
+  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["decode-0"].value("draining", false); });
+  std::vector<TestRequest> more(reqs.begin(), reqs.begin() + 8);
+  for (auto& r : more) r.max_tokens = 12;
+  auto more_want = ReferenceOutputs(dir, more);
+  auto more_got = SendAll(c, more, ModelName(dir));
+  load.join();
+  Verdicts v;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
+    INFO("request " << i << ": " << diff);
+    REQUIRE(diff.empty());
+  }
+  for (size_t i = 0; i < more.size(); ++i) {
+    std::string diff = Verify(dir, more_got[i], more_want[i], more[i], &v);
+    INFO("later request " << i << ": " << diff);
+    REQUIRE(diff.empty());
+  }
+  // It left on its own once idle: a clean exit, and nothing moved.
+  const int status = c.process("decode-0").Wait();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  INFO(s.dump());
+  CHECK(s["router"]["migrations"] == 0);
+  CHECK(s["router"]["requests_error"] == 0);
+  CHECK(c.LogTail("decode-0").find("drained") != std::string::npos);
 }
 
 TEST_CASE("a client that disconnects mid-stream cancels its request and frees its blocks", "[faults]") {
@@ -336,6 +370,104 @@ TEST_CASE("malformed and oversized frames are refused by every process without h
   REQUIRE(s.ok());
   REQUIRE((*s)["workers"].size() == 2);
   for (const char* id : {"router", "prefill-0", "decode-0"}) REQUIRE(c.process(id).running());
+}
+
+// A process's pid from its ready file in a `duet up` run folder.
+pid_t ReadyPid(const std::string& run_dir, const std::string& id) {
+  std::ifstream in(run_dir + "/" + id + ".json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  return j.is_object() && j.contains("pid") ? j["pid"].get<pid_t>() : -1;
+}
+
+TEST_CASE("a supervised duet up cluster: SIGKILL of each worker role under 64 streams loses nothing, the worker "
+          "comes back and is counted; a killed router comes back where the workers find it",
+          "[faults]") {
+  const std::string dir = TinyModelDir("llama");
+  const std::string run_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/up");
+  auto up = Subprocess::StartWithPipes({std::filesystem::absolute("tools/duet").string(), "up", "--port", "0",
+                                        "--model", dir, "--prefill", "2", "--decode", "2", "--threads", "1",
+                                        "--kv-memory", "0.05", "--run-dir", run_dir});
+  REQUIRE(up.ok());
+  auto line = (*up)->ReadLine(absl::Seconds(120));  // "duet is serving ... at http://127.0.0.1:PORT/v1 ..."
+  REQUIRE(line.ok());
+  const std::string rest = line->substr(line->find("127.0.0.1:") + 10);
+  int port = 0;
+  REQUIRE(absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port));
+  auto reqs = MixedRequests(64, 1000, 60, 40, 19);  // Greedy and seeded.
+  for (auto& r : reqs) {
+    r.max_tokens = std::max(r.max_tokens, 24);
+    r.stream = true;
+  }
+  auto want = ReferenceOutputs(dir, reqs);
+  auto all_match = [&](const std::vector<ParsedCompletion>& got, size_t n) {
+    Verdicts v;
+    for (size_t i = 0; i < n; ++i) {
+      INFO("request " << i << " error: " << got[i].error);
+      REQUIRE(got[i].error.empty());
+      std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
+      INFO("request " << i << ": " << diff);
+      REQUIRE(diff.empty());
+    }
+  };
+  struct Kill {
+    std::string role, id;
+    std::function<bool(const nlohmann::json&)> busy;  // When to kill it.
+  };
+  const std::vector<Kill> kills = {
+      {"prefill", "prefill-0",
+       [](const nlohmann::json& s) {
+         const auto& w = s["workers"]["prefill-0"];
+         return w.value("queued_requests", 0) + w.value("running_requests", 0) + w.value("leased_blocks", 0) > 0;
+       }},
+      {"decode", "decode-0", [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; }},
+  };
+  for (const Kill& k : kills) {
+    INFO("killing " << k.id);
+    const pid_t pid = ReadyPid(run_dir, k.id);
+    REQUIRE(pid > 0);
+    std::vector<ParsedCompletion> got;
+    std::thread load([&] { got = SendAll(port, reqs, ModelName(dir)); });
+    WaitStats(port, [&](const nlohmann::json& s) { return s["workers"].contains(k.id) && k.busy(s); });
+    REQUIRE(kill(pid, SIGKILL) == 0);
+    load.join();
+    all_match(got, reqs.size());
+    // It is back, under its id, from a new process, and counted once.
+    auto s = WaitStats(
+        port,
+        [&](const nlohmann::json& s) {
+          return s["workers"].size() == 4 && s["router"]["worker_restarts"][k.role] == 1 && AllIdle(s);
+        },
+        absl::Seconds(60));
+    CHECK(ReadyPid(run_dir, k.id) != pid);
+    if (k.role == "decode") CHECK(s["router"]["migrations"].get<int>() > 0);
+  }
+  // A dead router comes back on its port, and every worker re-registers.
+  const pid_t router = ReadyPid(run_dir, "router");
+  REQUIRE(router > 0);
+  REQUIRE(kill(router, SIGKILL) == 0);
+  WaitStats(port, [](const nlohmann::json& s) { return s["workers"].size() == 4 && AllIdle(s); }, absl::Seconds(60));
+  CHECK(ReadyPid(run_dir, "router") != router);
+  // The cluster serves on.
+  all_match(SendAll(port, std::vector<TestRequest>(reqs.begin(), reqs.begin() + 20), ModelName(dir)), 20);
+  // The Prometheus targets name the restarted workers' new metrics ports.
+  std::ifstream in(run_dir + "/prometheus_targets.json");
+  const nlohmann::json targets = nlohmann::json::parse(in, nullptr, false);
+  REQUIRE(targets.is_array());
+  CHECK(targets.size() == 5);
+  for (const char* id : {"prefill-0", "decode-0"}) {
+    std::ifstream ready(run_dir + "/" + std::string(id) + ".json");
+    const nlohmann::json r = nlohmann::json::parse(ready, nullptr, false);
+    bool listed = false;
+    for (const auto& t : targets) {
+      listed |= t["labels"]["worker"] == id &&
+                t["targets"][0] == absl::StrCat("127.0.0.1:", r["metrics_port"].get<int>());
+    }
+    CHECK(listed);
+  }
+  REQUIRE((*up)->Signal(SIGTERM).ok());
+  const int status = (*up)->Wait();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 }  // namespace

@@ -26,21 +26,7 @@ namespace {
 // Sends every request at once (one thread each) and checks each output.
 void RunAndCheck(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
   auto want = ReferenceOutputs(c.model_dir(), reqs);
-  std::vector<ParsedCompletion> got(reqs.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    threads.emplace_back([&, i] {
-      auto r = c.Post("/v1/completions", CompletionBody(reqs[i], model));
-      if (!r.ok()) {
-        got[i].error = r.status().ToString();
-      } else if (r->status != 200) {
-        got[i].error = absl::StrCat("HTTP ", r->status, ": ", r->body);
-      } else {
-        got[i] = ParseCompletion(r->body, reqs[i].stream);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<ParsedCompletion> got = SendAll(c.http_port(), reqs, model);
   Verdicts v;
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::string diff = Verify(c.model_dir(), got[i], want[i], reqs[i], &v);
@@ -55,21 +41,9 @@ void RunAndCheck(Cluster& c, const std::vector<TestRequest>& reqs, const std::st
 
 // Waits until no worker holds a block, a lease or a request.
 nlohmann::json WaitIdle(Cluster& c) {
-  nlohmann::json last;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    auto s = c.Stats();
-    REQUIRE(s.ok());
-    last = *s;
-    bool idle = true;
-    for (auto& [id, w] : last["workers"].items()) {
-      idle &= w["kv_blocks_free"] == w["kv_blocks_total"] && w["queued_requests"] == 0 &&
-              w["running_requests"] == 0 && w.value("leased_blocks", 0) == 0;
-    }
-    if (idle) return last;
-  }
-  FAIL("workers did not drain: " << last.dump());
-  return last;
+  auto s = PollStats(c.http_port(), AllIdle, absl::Seconds(30));
+  if (!s.ok()) FAIL("workers did not drain: " << s.status().message());
+  return *s;
 }
 
 // The context is a hard limit: prompt + completion never exceed it, and a
@@ -310,6 +284,69 @@ TEST_CASE("a decode pool too small for the load preempts, and outputs stay the s
   nlohmann::json stats = WaitIdle(c);
   INFO(stats.dump());
   REQUIRE(stats["workers"]["decode-0"]["preemptions"].get<int64_t>() > 0);
+}
+
+// Each request alone, one after another.
+std::vector<ParsedCompletion> SendInTurn(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
+  std::vector<ParsedCompletion> got;
+  for (const TestRequest& r : reqs) {
+    auto res = c.Post("/v1/completions", CompletionBody(r, model));
+    REQUIRE(res.ok());
+    REQUIRE(res->status == 200);
+    got.push_back(ParseCompletion(res->body, r.stream));
+  }
+  return got;
+}
+
+TEST_CASE("reproducible sampling: a seeded request gets the same text alone and among 64 others, with the prefix "
+          "cache on, disaggregated and colocated",
+          "[serving]") {
+  const bool colocated = GENERATE(false, true);
+  INFO((colocated ? "colocated" : "disaggregated"));
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  const std::vector<std::string> roles =
+      colocated ? std::vector<std::string>{"colocated", "colocated"}
+                : std::vector<std::string>{"prefill", "prefill", "decode", "decode"};
+  std::vector<cluster::WorkerSpec> specs;
+  for (const std::string& role : roles) specs.push_back({.role = role, .args = {"--kv-blocks", "2048"}});
+  REQUIRE(c.StartWorkers(specs).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  std::mt19937 rng(71);
+  auto prompt = [&](int lo, int hi) {
+    std::vector<int32_t> p(std::uniform_int_distribution<int>(lo, hi)(rng));
+    for (auto& t : p) t = std::uniform_int_distribution<int32_t>(1, 999)(rng);
+    return p;
+  };
+  std::vector<TestRequest> sampled, greedy, others;
+  for (int i = 0; i < 64; ++i) {
+    sampled.push_back({.prompt = prompt(20, 300), .max_tokens = 64, .temperature = 1.0f, .seed = 1000u + i});
+    greedy.push_back(sampled.back());
+    greedy.back().temperature = 0;
+    // Other lengths, some streamed, some sampled.
+    others.push_back({.prompt = prompt(1, 400), .max_tokens = 8 + i % 50, .temperature = i % 2 ? 0.7f : 0.0f,
+                      .seed = 7u * i, .stream = i % 3 == 0});
+  }
+  const std::vector<ParsedCompletion> alone = SendInTurn(c, sampled, model);
+  // All 64 again, among the 64 others, at once; their prompts are cached now.
+  std::vector<TestRequest> mixed = others;
+  mixed.insert(mixed.begin() + 32, sampled.begin(), sampled.end());
+  const std::vector<ParsedCompletion> together = SendAll(c.http_port(), mixed, model);
+  const std::vector<ParsedCompletion> greedy_text = SendInTurn(c, greedy, model);
+  int differ_from_greedy = 0;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    INFO("request " << i << " (prompt " << sampled[i].prompt.size() << " tokens): " << together[32 + i].error);
+    REQUIRE(alone[i].ids.size() == 64);
+    CHECK(together[32 + i].ids == alone[i].ids);
+    differ_from_greedy += alone[i].ids != greedy_text[i].ids;
+  }
+  CHECK(differ_from_greedy > 0);
+  // The second round found its prompts cached, and the text did not change.
+  int64_t cached_total = 0;
+  for (size_t i = 0; i < sampled.size(); ++i) cached_total += together[32 + i].cached_tokens;
+  CHECK(cached_total > 0);
+  WaitIdle(c);
 }
 
 TEST_CASE("colocated workers pass the same correctness test", "[serving]") {

@@ -4,12 +4,15 @@
 #include <random>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "engine/block_pool.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "http/client.h"
 #include "http/sse.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -83,6 +86,7 @@ ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index
         }
       }
       if (!found) out.error = absl::StrCat("no choice ", index);
+      if (j.contains("usage")) out.cached_tokens = j["usage"]["prompt_tokens_details"].value("cached_tokens", -1);
     }
     return out;
   }
@@ -282,6 +286,51 @@ std::string Verify(const std::string& model_dir, const ParsedCompletion& got, co
   }
   ++v->near_tie;
   return "";
+}
+
+std::vector<ParsedCompletion> SendAll(int port, const std::vector<TestRequest>& reqs, const std::string& model) {
+  std::vector<ParsedCompletion> got(reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto r = http::HttpCall("127.0.0.1", port, "POST", "/v1/completions", CompletionBody(reqs[i], model),
+                              absl::Seconds(120));
+      if (!r.ok()) {
+        got[i].error = r.status().ToString();
+      } else if (r->status != 200) {
+        got[i].error = absl::StrCat("HTTP ", r->status, ": ", r->body);
+      } else {
+        got[i] = ParseCompletion(r->body, reqs[i].stream);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return got;
+}
+
+absl::StatusOr<nlohmann::json> PollStats(int port, const std::function<bool(const nlohmann::json&)>& pred,
+                                         absl::Duration timeout) {
+  nlohmann::json last;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    auto r = http::HttpCall("127.0.0.1", port, "GET", "/stats", "", absl::Seconds(10));
+    if (r.ok() && r->status == 200) {
+      last = nlohmann::json::parse(r->body, nullptr, false);
+      if (!last.is_discarded() && pred(last)) return last;
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat("condition not reached within ", absl::FormatDuration(timeout),
+                                                  "; last /stats: ", last.dump()));
+}
+
+bool AllIdle(const nlohmann::json& stats) {
+  for (auto& [id, w] : stats["workers"].items()) {
+    if (w["kv_blocks_free"] != w["kv_blocks_total"] || w["queued_requests"] != 0 || w["running_requests"] != 0 ||
+        w.value("leased_blocks", 0) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace duet::testing

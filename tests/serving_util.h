@@ -3,12 +3,14 @@
 #ifndef DUET_TESTS_SERVING_UTIL_H_
 #define DUET_TESTS_SERVING_UTIL_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/generator.h"
 
 namespace duet::testing {
@@ -40,6 +42,7 @@ struct ParsedCompletion {
   std::vector<std::vector<double>> top_logprobs;  // Values, any order.
   std::string finish_reason;
   std::string error;  // Non-empty when the response (or a stream event) was an error.
+  int64_t cached_tokens = -1;  // A non-stream response's usage.prompt_tokens_details.cached_tokens.
 };
 // Parses a non-stream JSON body or an SSE stream body: the choice `index`.
 ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index = 0);
@@ -73,6 +76,20 @@ struct Verdicts {
 };
 std::string Verify(const std::string& model_dir, const ParsedCompletion& got, const engine::GenerateResult& want,
                    const TestRequest& r, Verdicts* v);
+
+// Every request at once (a thread each) to the router's API on 127.0.0.1:port;
+// an HTTP or transport error lands in the completion's `error`.
+std::vector<ParsedCompletion> SendAll(int port, const std::vector<TestRequest>& reqs, const std::string& model);
+
+// Polls the router's /stats on 127.0.0.1:port until `pred` holds (each call
+// is a round trip that bounds the rate); DeadlineExceeded with the last
+// /stats after `timeout`.
+absl::StatusOr<nlohmann::json> PollStats(int port, const std::function<bool(const nlohmann::json&)>& pred,
+                                         absl::Duration timeout);
+
+// No request or lease on any worker, and every block free (blocks only the
+// prefix cache holds count as free).
+bool AllIdle(const nlohmann::json& stats);
 
 }  // namespace duet::testing
 

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "base/flags.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -86,12 +87,8 @@ int Router(int argc, char** argv) {
             "tokenizer and config only (no weights). Stops on SIGINT/SIGTERM.");
   router::AddRouterFlags(f);
   f.String("ready-file", "", "write {\"http\", \"control\", \"pid\"} as JSON here once serving");
-  absl::Status s = f.Parse(argc, argv);
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (!s.ok()) return UsageError("router", s);
+  // Flags are checked first, so `--help` after them says whether they parse.
+  if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
   auto opts = router::RouterOptionsFromFlags(f);
   if (!opts.ok()) return UsageError("router", opts.status());
   if (opts->model_dir.empty()) {
@@ -101,7 +98,7 @@ int Router(int argc, char** argv) {
   }
   sigset_t sigs = BlockStopSignals();
   router::Router r;
-  s = r.Start(*opts);
+  absl::Status s = r.Start(*opts);
   if (!s.ok()) {
     std::fprintf(stderr, "duet router: %s\n", s.ToString().c_str());
     return 1;
@@ -151,6 +148,32 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Int("pp", 1, "pipeline parallelism (the CPU backend supports 1)");
   f.String("ready-file", "", "write {\"control\", \"metrics_port\", \"worker_id\", \"pid\"} as JSON once listening");
   f.Int("heartbeat-ms", 500, "heartbeat interval");
+  f.Int("drain-timeout-s", 30,
+        "on SIGTERM, seconds to let running requests finish and leases be pulled (the router sends nothing new "
+        "meanwhile) before stopping; a second SIGTERM or SIGINT stops at once");
+}
+
+// Drains after the first SIGTERM: the router is told, and the worker runs
+// until it holds no request and no lease, `timeout` passes, or a second
+// signal (or a SIGINT) comes. Returns the signal that ends the process.
+int Drain(worker::WorkerRuntime& runtime, worker::WorkerService& service, const sigset_t& sigs, int sig,
+          absl::Duration timeout, const std::string& cmd) {
+  if (sig != SIGTERM || timeout <= absl::ZeroDuration()) return sig;
+  runtime.Drain();
+  std::fprintf(stderr, "duet %s: SIGTERM: draining (up to %s; a second signal stops at once)\n", cmd.c_str(),
+               absl::FormatDuration(timeout).c_str());
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    const proto::WorkerStats s = service.Stats();
+    if (s.queued_requests() == 0 && s.running_requests() == 0 && s.leased_blocks() == 0) {
+      std::fprintf(stderr, "duet %s: drained\n", cmd.c_str());
+      return sig;
+    }
+    const timespec poll{0, 50 * 1000 * 1000};
+    if (int again = sigtimedwait(&sigs, nullptr, &poll); again > 0) return again;
+  }
+  std::fprintf(stderr, "duet %s: still busy after %s; stopping\n", cmd.c_str(), absl::FormatDuration(timeout).c_str());
+  return sig;
 }
 
 // The engine fields the decode and colocated workers share.
@@ -274,7 +297,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
                                                 {"role", role},
                                                 {"pid", getpid()}});
   if (!s.ok()) LOG(ERROR) << s;
-  int sig = WaitForSignal(sigs);
+  int sig = Drain(runtime, *service, sigs, WaitForSignal(sigs), absl::Seconds(f.GetInt("drain-timeout-s")), cmd);
   std::fprintf(stderr, "duet %s: %s, stopping\n", cmd.c_str(), strsignal(sig));
   runtime.Stop();
   service.reset();
@@ -295,12 +318,7 @@ int Worker(const std::string& fixed_role, int argc, char** argv) {
                 : "A worker of any role; --role=colocated runs both phases in one engine (continuous\n"
                   "batching with chunked prefill): the baseline disaggregation must beat.");
   AddWorkerFlags(f, any);
-  absl::Status s = f.Parse(argc, argv);
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (!s.ok()) return UsageError(any ? "worker" : fixed_role, s);
+  if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
   return RunWorkerRole(any ? f.GetString("role") : fixed_role, f);
 }
 

@@ -38,8 +38,9 @@ int RunUp(int argc, char** argv) {
   FlagSet f("duet up",
             "Starts a local cluster serving the OpenAI API: a router and N prefill + M decode\n"
             "workers (or K colocated workers) as child processes, on the embedded tiny model\n"
-            "unless --model is given. Prints the endpoint and a curl example; stops everything on\n"
-            "Ctrl-C or SIGTERM, or when a process dies unexpectedly (showing its log).");
+            "unless --model is given. Prints the endpoint and a curl example. A process that dies\n"
+            "is restarted (with backoff, a line naming it and its exit status) while the others\n"
+            "serve on; --no-supervise stops everything instead. Stops on Ctrl-C or SIGTERM.");
   f.Int("port", 8000, "HTTP port of the OpenAI API");
   f.String("host", "127.0.0.1", "address the API listens on");
   f.String("model", "", "Hugging Face model directory (default: the embedded tiny model)");
@@ -53,6 +54,8 @@ int RunUp(int argc, char** argv) {
   f.String("api-key", "", "require 'Authorization: Bearer KEY' on the API (also $DUET_API_KEY)");
   f.String("api-key-file", "", "read the API key from this file instead");
   f.String("run-dir", "", "folder for logs and ready files (default: a new one under /tmp)");
+  f.Bool("no-supervise",
+         "stop the whole cluster (showing the log) when a process dies, instead of restarting it");
   absl::Status s = f.Parse(argc, argv);
   if (f.help_requested()) {
     std::fputs(f.Usage().c_str(), stdout);
@@ -181,10 +184,18 @@ int RunUp(int argc, char** argv) {
     return stop_all(1);
   }
   const std::string host = f.GetString("host") == "0.0.0.0" ? "127.0.0.1" : f.GetString("host");
-  {
-    std::ofstream sd(run_dir + "/prometheus_targets.json");
-    sd << c.PrometheusTargets(host).dump(2) << "\n";
-  }
+  // Prometheus file-based discovery rereads it on change: written whole,
+  // then renamed over the old one.
+  auto write_targets = [&] {
+    const std::string path = run_dir + "/prometheus_targets.json";
+    {
+      std::ofstream sd(path + ".tmp");
+      sd << c.PrometheusTargets(host).dump(2) << "\n";
+    }
+    std::error_code ec;
+    fs::rename(path + ".tmp", path, ec);
+  };
+  write_targets();
   std::string model_name = cfg.served_model_name.empty() ? testing::ModelBaseName(cfg.model)
                                                          : cfg.served_model_name;
   std::printf(
@@ -194,10 +205,15 @@ int RunUp(int argc, char** argv) {
       model_name.c_str(), host.c_str(), http_port, cfg.instances.size(), run_dir.c_str(), host.c_str(), http_port,
       model_name.c_str());
   std::fflush(stdout);
+  const bool supervise = !f.GetBool("no-supervise");
   while (!g_stop) {
-    if (absl::Status alive = c.CheckAlive(); !alive.ok()) {
-      std::fprintf(stderr, "duet up: %s\n", std::string(alive.message()).c_str());
-      return stop_all(1);
+    if (!supervise) {
+      if (absl::Status alive = c.CheckAlive(); !alive.ok()) {
+        std::fprintf(stderr, "duet up: %s\n", std::string(alive.message()).c_str());
+        return stop_all(1);
+      }
+    } else if (c.Supervise([](const std::string& line) { std::fprintf(stderr, "duet up: %s\n", line.c_str()); })) {
+      write_targets();  // A restarted worker's metrics port is new.
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -74,6 +74,7 @@ void WorkerRuntime::Stop() {
     peers_.clear();
     router = router_conn_;
     router_conn_.reset();
+    registration_conn_.reset();
   }
   if (registration_thread_.joinable()) registration_thread_.join();
   for (auto& p : peers) {
@@ -195,6 +196,26 @@ void WorkerRuntime::SendToPeer(const std::string& address, const proto::Frame& f
   });
 }
 
+void WorkerRuntime::SendHeartbeat(const rpc::ConnectionPtr& conn) {
+  proto::Frame hb = NewFrame();
+  *hb.mutable_heartbeat()->mutable_stats() = service_->Stats();
+  {
+    absl::MutexLock lock(&mu_);
+    hb.mutable_heartbeat()->mutable_stats()->set_draining(draining_);
+  }
+  conn->Send(hb);
+}
+
+void WorkerRuntime::Drain() {
+  rpc::ConnectionPtr conn;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    conn = registration_conn_;
+  }
+  if (conn) SendHeartbeat(conn);
+}
+
 void WorkerRuntime::RegistrationLoop() {
   absl::Duration backoff = absl::Milliseconds(100);
   int failures = 0;
@@ -258,7 +279,12 @@ void WorkerRuntime::RegistrationLoop() {
     r->set_kv_blocks_total(info.kv_blocks_total);
     *r->mutable_layout() = info.layout;
     r->set_max_model_len(info.max_model_len);
+    r->set_incarnation(incarnation_);
     (*conn)->Send(reg);
+    {
+      absl::MutexLock lock(&mu_);
+      registration_conn_ = *conn;
+    }
     // Heartbeats until the connection ends or the worker stops.
     while (true) {
       {
@@ -283,9 +309,11 @@ void WorkerRuntime::RegistrationLoop() {
           return;
         }
       }
-      proto::Frame hb = NewFrame();
-      *hb.mutable_heartbeat()->mutable_stats() = service_->Stats();
-      (*conn)->Send(hb);
+      SendHeartbeat(*conn);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      registration_conn_.reset();
     }
     LOG(WARNING) << "registration connection to the router lost; reconnecting";
   }

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +85,9 @@ class WorkerRuntime : public FrameSink {
   // version, model) is fatal: `on_fatal` gets the reason.
   absl::Status Start(WorkerService* service, std::function<void(absl::Status)> on_fatal);
   void Stop();
+  // From now on every heartbeat says the worker is draining (one is sent at
+  // once), so the router sends it nothing new; what it has runs on.
+  void Drain();
 
   // Sends on the router's connection; dropped (and logged once) when there is none.
   void SendToRouter(const proto::Frame& frame) override;
@@ -104,10 +108,14 @@ class WorkerRuntime : public FrameSink {
 
  private:
   void RegistrationLoop();
+  void SendHeartbeat(const rpc::ConnectionPtr& registration);
   void OnAccepted(rpc::ConnectionPtr conn);
   struct Peer;
 
   const RuntimeOptions options_;
+  // This process's, in every Register: the router tells a restart from a
+  // reconnection by it.
+  const uint64_t incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
   WorkerService* service_ = nullptr;
   std::function<void(absl::Status)> on_fatal_;
   IoThread io_;
@@ -117,6 +125,8 @@ class WorkerRuntime : public FrameSink {
 
   absl::Mutex mu_;
   rpc::ConnectionPtr router_conn_ ABSL_GUARDED_BY(mu_);
+  rpc::ConnectionPtr registration_conn_ ABSL_GUARDED_BY(mu_);  // Where heartbeats go, once registered.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::thread registration_thread_;

@@ -18,9 +18,12 @@ namespace {
 
 class CpuBackend final : public KernelBackend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) { openblas_set_num_threads(1); }
+  CpuBackend(int threads, CpuKernels kernels)
+      : invariant_(kernels == CpuKernels::kBatchInvariant), pool_(threads) {
+    openblas_set_num_threads(1);
+  }
 
-  std::string Name() const override { return "cpu"; }
+  std::string Name() const override { return invariant_ ? "cpu" : "cpu-fastest"; }
 
   // Up to this many rows Gemm dots weight rows itself instead of calling
   // OpenBLAS's GEMM. Measured on the bench model by duet profile, one
@@ -40,7 +43,9 @@ class CpuBackend final : public KernelBackend {
         const int64_t n0 = s * per;
         const int64_t n1 = std::min(n, n0 + per);
         if (n0 >= n1) continue;
-        if (m == 1) {
+        if (invariant_) {
+          simd::DotRows(a, m, w + n0 * k, n1 - n0, k, c + n0, n, accumulate);
+        } else if (m == 1) {
           cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, k, 1.0f, w + n0 * k, k, a, 1, beta,
                       c + n0, 1);
         } else if (m <= kFewRows) {
@@ -154,7 +159,7 @@ class CpuBackend final : public KernelBackend {
       std::vector<float> scratch;
       for (int64_t it = b; it < e; ++it) {
         const Item& item = items[it];
-        if (item.rows >= kGemmMinRows) {
+        if (item.rows >= kGemmMinRows && !invariant_) {
           AttentionTileGemm(a, a.seqs[item.seq], item.first, item.rows, item.kvh, scratch);
         } else {
           for (int32_t r = 0; r < item.rows; ++r) {
@@ -257,14 +262,15 @@ class CpuBackend final : public KernelBackend {
     }
   }
 
+  const bool invariant_;
   ThreadPool pool_;
 };
 
 }  // namespace
 
-KernelBackendPtr NewCpuBackend(int threads) {
+KernelBackendPtr NewCpuBackend(int threads, CpuKernels kernels) {
   if (threads <= 0) threads = AvailableCores();
-  return std::make_unique<CpuBackend>(threads);
+  return std::make_unique<CpuBackend>(threads, kernels);
 }
 
 }  // namespace duet::kernels

@@ -1,12 +1,23 @@
-// The CPU kernel backend: OpenBLAS GEMM, hand-vectorised (AVX2/FMA) ops,
-// threaded over duet's own pool.
+// The CPU kernel backend: hand-vectorised (AVX2/FMA) ops threaded over
+// duet's own pool.
+//
+// Batch invariance (the default, CpuKernels::kBatchInvariant): every row of
+// every op is computed the same way whatever else is in the call, so a
+// request's tokens depend only on its prompt, parameters and seed, never on
+// what it is batched with, how its prompt is chunked or whether its prefix
+// came from the cache. GEMMs are register-tiled dot products
+// (simd::DotRows), each output the bits simd::Dot gives; attention takes the
+// row path for every query row. CpuKernels::kFastest (benchmarks only) is
+// the earlier mix: OpenBLAS GEMV for one row, dots up to kFewRows rows,
+// OpenBLAS GEMM above, and GEMM tiles for prefill attention, whose rounding
+// depends on how many rows share the call.
 //
 //   KernelBackendPtr be = NewCpuBackend(/*threads=*/2);
 //   be->Gemm(x, w, nullptr, y, tokens, out_features, in_features, false);
 //
 // Thread budget: the backend owns a ThreadPool of `threads` and sets OpenBLAS
 // to one thread; GEMMs are split by output columns across the pool, each slice
-// a single-threaded OpenBLAS call. So duet and OpenBLAS together use exactly
+// one single-threaded call. So duet and OpenBLAS together use exactly
 // `threads` cores, and OpenBLAS's spinning workers never compete with the
 // attention and element-wise ops that follow each GEMM.
 #ifndef DUET_KERNELS_CPU_CPU_BACKEND_H_
@@ -16,8 +27,10 @@
 
 namespace duet::kernels {
 
+enum class CpuKernels { kBatchInvariant, kFastest };
+
 // threads <= 0 means every core this process may run on.
-KernelBackendPtr NewCpuBackend(int threads);
+KernelBackendPtr NewCpuBackend(int threads, CpuKernels kernels = CpuKernels::kBatchInvariant);
 
 }  // namespace duet::kernels
 

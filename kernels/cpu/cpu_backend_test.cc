@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -35,7 +36,8 @@ double NormErr(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("Gemm matches the reference for GEMV and GEMM shapes, with bias and accumulate",
           "[kernels]") {
-  auto be = NewCpuBackend(2);
+  const CpuKernels kernels = GENERATE(CpuKernels::kBatchInvariant, CpuKernels::kFastest);
+  auto be = NewCpuBackend(2, kernels);
   for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{
            {1, 1, 1}, {1, 300, 77}, {2, 70, 13}, {5, 129, 64}, {8, 200, 96}, {9, 64, 40},
            {33, 256, 100}, {64, 1000, 32}}) {
@@ -119,7 +121,8 @@ TEST_CASE("Llama-3 rope scaling changes only the low frequencies", "[kernels]") 
 
 TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, window",
           "[kernels]") {
-  auto be = NewCpuBackend(2);
+  const CpuKernels kernels = GENERATE(CpuKernels::kBatchInvariant, CpuKernels::kFastest);
+  auto be = NewCpuBackend(2, kernels);
   KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = 16};
   const int num_blocks = 40;
   auto pool = Random(num_blocks * l.BlockStride(), 11);
@@ -146,7 +149,8 @@ TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, wi
 }
 
 TEST_CASE("PagedAttention tiles long chunks: several tiles, cached prefix, window", "[kernels]") {
-  auto be = NewCpuBackend(2);
+  const CpuKernels kernels = GENERATE(CpuKernels::kBatchInvariant, CpuKernels::kFastest);
+  auto be = NewCpuBackend(2, kernels);
   KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32};
   const int num_blocks = 24;
   auto pool = Random(num_blocks * l.BlockStride(), 21);
@@ -168,6 +172,67 @@ TEST_CASE("PagedAttention tiles long chunks: several tiles, cached prefix, windo
     INFO("window " << window);
     REQUIRE(NormErr(got, want) < 1e-5);
   }
+}
+
+bool SameBits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+TEST_CASE("batch-invariant Gemm: a row's output has the same bits whatever rows share the call", "[kernels]") {
+  auto be = NewCpuBackend(2);
+  for (int k : {128, 67, 7}) {  // 16-wide steps only; an 8-wide step and a tail; a tail only.
+    const int m = 40, n = 70;
+    auto a = Random(m * k, 31), w = Random(n * k, 32), bias = Random(n, 33), c0 = Random(m * n, 34);
+    for (bool acc : {false, true}) {
+      std::vector<float> all = c0;
+      be->Gemm(a.data(), w.data(), bias.data(), all.data(), m, n, k, acc);
+      // The same rows in calls of 1, 2, 3, 8 and 9 rows, starting anywhere.
+      for (auto [first, rows] : std::vector<std::pair<int, int>>{{0, 1}, {39, 1}, {17, 2}, {5, 3}, {10, 8}, {30, 9}}) {
+        std::vector<float> part(c0.begin() + first * n, c0.begin() + (first + rows) * n);
+        be->Gemm(a.data() + first * k, w.data(), bias.data(), part.data(), rows, n, k, acc);
+        INFO("k=" << k << " acc=" << acc << " rows " << first << ".." << first + rows);
+        CHECK(SameBits(part.data(), all.data() + first * n, part.size()));
+      }
+    }
+  }
+}
+
+TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bits however its sequence is chunked "
+          "and whatever else the call holds",
+          "[kernels]") {
+  auto be = NewCpuBackend(2);
+  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32};
+  const int num_blocks = 24;
+  auto pool = Random(num_blocks * l.BlockStride(), 41);
+  std::vector<int32_t> table(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) table[i] = (i * 5) % num_blocks;
+  const int nq = 4, width = nq * 32, total = 300;
+  auto q = Random(total * width, 42);
+  auto run = [&](std::vector<AttentionSeq> seqs, const float* qs, int rows) {
+    std::vector<float> out(rows * width);
+    PagedAttentionArgs args{.q = qs, .out = out.data(), .kv = pool.data(), .layout = l, .layer = 0,
+                            .num_q_heads = nq, .scale = 0.17f, .window = 0, .seqs = seqs.data(),
+                            .num_seqs = static_cast<int64_t>(seqs.size())};
+    be->PagedAttention(args);
+    return out;
+  };
+  // 300 rows after 40 cached positions, in one call.
+  const auto all = run({{.first_row = 0, .num_tokens = total, .start_pos = 40, .block_table = table.data()}},
+                       q.data(), total);
+  // Chunked 130 + 170; one decode-like row; and a chunk batched behind another sequence.
+  const auto head = run({{.first_row = 0, .num_tokens = 130, .start_pos = 40, .block_table = table.data()}},
+                        q.data(), 130);
+  CHECK(SameBits(head.data(), all.data(), head.size()));
+  const auto tail = run({{.first_row = 0, .num_tokens = 170, .start_pos = 170, .block_table = table.data()}},
+                        q.data() + 130 * width, 170);
+  CHECK(SameBits(tail.data(), all.data() + 130 * width, tail.size()));
+  const auto one = run({{.first_row = 0, .num_tokens = 1, .start_pos = 339, .block_table = table.data()}},
+                       q.data() + 299 * width, 1);
+  CHECK(SameBits(one.data(), all.data() + 299 * width, width));
+  std::vector<float> mixed_q(q.begin(), q.begin() + 3 * width);                     // Another sequence's 3 rows,
+  mixed_q.insert(mixed_q.end(), q.begin() + 200 * width, q.begin() + 220 * width);  // then rows 200..219.
+  const auto mixed = run({{.first_row = 0, .num_tokens = 3, .start_pos = 5, .block_table = table.data() + 3},
+                          {.first_row = 3, .num_tokens = 20, .start_pos = 240, .block_table = table.data()}},
+                         mixed_q.data(), 23);
+  CHECK(SameBits(mixed.data() + 3 * width, all.data() + 200 * width, 20 * width));
 }
 
 TEST_CASE("TopK returns the largest values, ties to the lower index", "[kernels]") {

@@ -61,6 +61,17 @@ DUET_AVX2 inline __m256 Exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+// A dot product's end, after its 16-wide steps filled s0 (lanes 0-7) and
+// s1 (lanes 8-15) up to element i: one more 8-wide step when it fits, the
+// lanes summed, then the tail an element at a time. Dot and DotRows share
+// it, so a dot is the same bits whichever computes it.
+DUET_AVX2 inline float FinishDot(__m256 s0, __m256 s1, const float* a, const float* b, int64_t i, int64_t n) {
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = HSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s = std::fma(a[i], b[i], s);
+  return s;
+}
+
 DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -68,10 +79,61 @@ DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
     s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = HSum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+  return FinishDot(s0, s1, a, b, i, n);
+}
+
+// R rows of a against C rows of w: R x C dots, each accumulated exactly as
+// DotAvx2 accumulates it (same lanes, same order), with every loaded vector
+// used C (or R) times.
+template <int R, int C>
+DUET_AVX2 inline void DotTileAvx2(const float* a, const float* w, int64_t k, float* c, int64_t ldc, bool accumulate) {
+  __m256 s0[R][C], s1[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) s0[r][j] = s1[r][j] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m256 wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_loadu_ps(a + r * k + i);
+      for (int j = 0; j < C; ++j) s0[r][j] = _mm256_fmadd_ps(av, wv[j], s0[r][j]);
+    }
+    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_loadu_ps(a + r * k + i + 8);
+      for (int j = 0; j < C; ++j) s1[r][j] = _mm256_fmadd_ps(av, wv[j], s1[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      const float d = FinishDot(s0[r][j], s1[r][j], a + r * k, w + j * k, i, k);
+      float& out = c[r * ldc + j];
+      out = accumulate ? out + d : d;
+    }
+  }
+}
+
+template <int R>
+DUET_AVX2 inline void DotTileColsAvx2(const float* a, const float* w, int64_t cols, int64_t k, float* c,
+                                      int64_t ldc, bool accumulate) {
+  int64_t j = 0;
+  for (; j + 2 <= cols; j += 2) DotTileAvx2<R, 2>(a, w + j * k, k, c + j, ldc, accumulate);
+  if (j < cols) DotTileAvx2<R, 1>(a, w + j * k, k, c + j, ldc, accumulate);
+}
+
+DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
+                           bool accumulate) {
+  // Blocks of weight rows that stay in L2 (about 256 KiB) while every row
+  // of a passes over them, three rows at a time.
+  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t cols = std::min(block, n - j0);
+    int64_t i = 0;
+    for (; i + 3 <= m; i += 3) DotTileColsAvx2<3>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+    if (m - i == 2) DotTileColsAvx2<2>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+    if (m - i == 1) DotTileColsAvx2<1>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+  }
 }
 
 DUET_AVX2 void AxpyAvx2(float a, const float* x, float* y, int64_t n) {
@@ -171,6 +233,18 @@ float Dot(const float* a, const float* b, int64_t n) {
   float s = 0;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
+             bool accumulate) {
+  if (UseAvx2()) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      const float d = Dot(a + i * k, w + j * k, k);
+      float& out = c[i * ldc + j];
+      out = accumulate ? out + d : d;
+    }
+  }
 }
 
 void Axpy(float a, const float* x, float* y, int64_t n) {

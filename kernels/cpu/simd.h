@@ -18,6 +18,11 @@ namespace duet::kernels::simd {
 bool UseAvx2();
 
 float Dot(const float* a, const float* b, int64_t n);
+// c[i * ldc + j] = (c[i * ldc + j] +) Dot(a + i * k, w + j * k, k) for
+// i < m, j < n: each the same bits as that Dot, whatever m and n are (the
+// batch-invariant GEMM), computed in register tiles.
+void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
+             bool accumulate);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
 // y = x * scale * w (element-wise w).

@@ -317,31 +317,53 @@ absl::Status Run(const FlagSet& f) {
   const double sgemm_gflops = gemm_flops / gemm_seconds * 1e-9;
   openblas_set_num_threads(1);
 
-  Progress(absl::StrCat("loading ", dir));
-  auto timed_owner = std::make_unique<TimedBackend>(kernels::NewCpuBackend(threads));
-  TimedBackend& timed = *timed_owner;
-  timed.set_enabled(false);
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir, &timed));
+  // Unless told not to, the fastest mix (whose rounding depends on the
+  // batch) for comparison, then the serving kernels (batch-invariant), last
+  // so that --op-times times them.
+  std::vector<kernels::CpuKernels> modes;
+  if (!f.GetBool("invariant-only")) modes.push_back(kernels::CpuKernels::kFastest);
+  modes.push_back(kernels::CpuKernels::kBatchInvariant);
+  auto mode_name = [](kernels::CpuKernels k) {
+    return std::string(k == kernels::CpuKernels::kBatchInvariant ? "invariant" : "fastest");
+  };
   const std::vector<int64_t> batches = {1, 8, 32};
   const int64_t max_batch = batches.back();
-  const int64_t blocks = (kPrefillTokens + kBlockSize - 1) / kBlockSize +
-                         max_batch * ((kDecodePrompt + kDecodeSteps + 1 + kBlockSize - 1) / kBlockSize);
-  BlockPool pool(model->KvLayoutFor(kBlockSize), blocks);
-
-  Progress(absl::StrCat("prefill ", kPrefillTokens, " tokens: warm-up + best of ", kRepeats));
-  ASSIGN_OR_RETURN(PrefillResult prefill, BenchPrefill(*model, pool, kRepeats));
+  struct Measured {
+    PrefillResult prefill;
+    std::vector<DecodeResult> decode;
+  };
+  std::vector<Measured> measured;
+  std::unique_ptr<TimedBackend> timed_owner;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<BlockPool> pool;
+  DecodeSet set;
+  for (kernels::CpuKernels mode : modes) {
+    Progress(absl::StrCat("loading ", dir, " (", mode_name(mode), " kernels)"));
+    set = DecodeSet{};  // Its blocks go back to the pool, the pool goes, then the model and its backend.
+    pool.reset();
+    model.reset();
+    timed_owner = std::make_unique<TimedBackend>(kernels::NewCpuBackend(threads, mode));
+    timed_owner->set_enabled(false);
+    ASSIGN_OR_RETURN(model, Model::Load(dir, timed_owner.get()));
+    const int64_t blocks = (kPrefillTokens + kBlockSize - 1) / kBlockSize +
+                           max_batch * ((kDecodePrompt + kDecodeSteps + 1 + kBlockSize - 1) / kBlockSize);
+    pool = std::make_unique<BlockPool>(model->KvLayoutFor(kBlockSize), blocks);
+    Measured m;
+    Progress(absl::StrCat("prefill ", kPrefillTokens, " tokens: warm-up + best of ", kRepeats));
+    ASSIGN_OR_RETURN(m.prefill, BenchPrefill(*model, *pool, kRepeats));
+    Progress(absl::StrCat("prefilling ", max_batch, " x ", kDecodePrompt, "-token prompts for decode"));
+    RETURN_IF_ERROR(PrefillDecodeSet(*model, *pool, max_batch, set));
+    for (int64_t b : batches) {
+      Progress(absl::StrCat("decode batch ", b, ": ", kDecodeSteps, " steps, best of ", kRepeats));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, kRepeats));
+      m.decode.push_back(d);
+    }
+    measured.push_back(std::move(m));
+  }
+  const Measured& serving = measured.back();
+  const PrefillResult& prefill = serving.prefill;
   const double prefill_flops = PrefillFlops(cfg, kPrefillTokens);
   const double prefill_roof = sgemm_gflops * 1e9 / prefill_flops * kPrefillTokens;
-
-  Progress(absl::StrCat("prefilling ", max_batch, " x ", kDecodePrompt, "-token prompts for decode"));
-  DecodeSet set;
-  RETURN_IF_ERROR(PrefillDecodeSet(*model, pool, max_batch, set));
-  std::vector<DecodeResult> decode;
-  for (int64_t b : batches) {
-    Progress(absl::StrCat("decode batch ", b, ": ", kDecodeSteps, " steps, best of ", kRepeats));
-    ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, pool, set, b, kRepeats));
-    decode.push_back(d);
-  }
 
   const double bw = stream.triad_gb_per_s * 1e9;
   std::printf("duet engine bench: %s, %d threads, %lld layers, hidden %lld, vocab %lld, F32 weights\n",
@@ -357,10 +379,20 @@ absl::Status Run(const FlagSet& f) {
   PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s"), prefill.tokens_per_s, prefill_roof,
            "(SGEMM roofline)", ">= 0.50");
   for (size_t i = 0; i < batches.size(); ++i) {
-    const DecodeResult& d = decode[i];
+    const DecodeResult& d = serving.decode[i];
     const double roof = batches[i] * kDecodeSteps / (d.bytes / bw);
     PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), d.tokens_per_s, roof,
              "(STREAM roofline)", i == 0 ? ">= 0.60" : "-");
+  }
+  // What batch invariance costs: the serving kernels against the fastest mix.
+  for (size_t k = 0; k + 1 < measured.size(); ++k) {
+    const std::string fast = absl::StrCat("(", mode_name(modes[k]), " kernels)");
+    PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s"), prefill.tokens_per_s,
+             measured[k].prefill.tokens_per_s, fast, "-");
+    for (size_t i = 0; i < batches.size(); ++i) {
+      PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), serving.decode[i].tokens_per_s,
+               measured[k].decode[i].tokens_per_s, fast, "-");
+    }
   }
   if (mbw.ok) {
     const double mbw_copy = MbwAsStreamCopyGbPerS(mbw);
@@ -375,14 +407,15 @@ absl::Status Run(const FlagSet& f) {
 
   if (f.GetBool("op-times")) {
     Progress("op times: one prefill and decode steps with per-op timing");
+    TimedBackend& timed = *timed_owner;
     timed.set_enabled(true);
     {
-      ASSIGN_OR_RETURN(PrefillResult p, BenchPrefill(*model, pool, kRepeats, &timed));
+      ASSIGN_OR_RETURN(PrefillResult p, BenchPrefill(*model, *pool, kRepeats, &timed));
       PrintOpTimes(timed, p.total_seconds,
                    absl::StrCat("prefill ", kPrefillTokens, " tokens, ", kRepeats, " forwards"));
     }
     for (int64_t b : {int64_t{1}, int64_t{32}}) {
-      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, pool, set, b, 1, &timed));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, &timed));
       PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
     }
     timed.set_enabled(false);
@@ -402,5 +435,8 @@ int main(int argc, char** argv) {
   f.Int("threads", duet::AvailableCores(), "threads for the engine, STREAM and OpenBLAS");
   f.String("model", "", "model directory (default: the cached bench model, made on first use)");
   f.Bool("op-times", "also print where the time goes, per op class (prefill, decode b=1 and b=32)");
+  f.Bool("invariant-only",
+         "measure only the serving (batch-invariant) kernels, not also the fastest mix whose rounding depends on "
+         "the batch");
   return duet::RunWithFlags(f, argc, argv, duet::bench::Run, "engine bench");
 }

@@ -87,6 +87,23 @@ async function main() {
   assert.equal(usageChunk.usage.completion_tokens, 24);
   summary.completion_tokens = whole.usage.completion_tokens;
 
+  // A prompt batch: prompt i's choice j is choice i x n + j, each the text
+  // its prompt gets alone; usage sums the prompts.
+  const other = { ...base, prompt: 'The sky is' };
+  const otherText = (await client.completions.create(other)).choices[0].text;
+  const otherUsage = (await client.completions.create(other)).usage;
+  const batch = await client.completions.create({ ...base, prompt: [prompt, other.prompt], n: 2 });
+  assert.deepEqual(batch.choices.map((c) => c.index), [0, 1, 2, 3]);
+  assert.deepEqual(batch.choices.map((c) => c.text), [text, text, otherText, otherText]);
+  assert.equal(batch.usage.prompt_tokens, whole.usage.prompt_tokens + otherUsage.prompt_tokens);
+  assert.equal(batch.usage.completion_tokens, 4 * 24);
+  const batchStream = await collect(await client.completions.create({ ...base, prompt: [prompt, other.prompt],
+                                                                      stream: true }));
+  const byIndex = ['', ''];
+  for (const chunk of batchStream) for (const c of chunk.choices) byIndex[c.index] += c.text;
+  assert.deepEqual(byIndex, [text, otherText], 'a streamed batch');
+  summary.batch = batch.choices.length;
+
   // Echo.
   const echoed = await client.completions.create({ ...base, echo: true });
   assert.equal(echoed.choices[0].text, prompt + text);

@@ -1,0 +1,190 @@
+// A cluster across Linux network namespaces that this test creates and
+// removes: the router and two prefill and two decode workers each in its
+// own namespace, joined by veth links to a bridge in a hub namespace, each
+// with an address from 198.18.0.0/15 (the range set aside for benchmarking
+// networks) and no route out. Workers speak UCX over TCP only
+// (UCX_TLS=tcp), so every control connection and KV pull crosses a real
+// interface. The test itself runs in the router's namespace. Needs root
+// (ip netns); tagged local, so Bazel runs it outside its sandbox.
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/subprocess.h"
+#include "engine/testing/tiny_model.h"
+#include "tests/cluster.h"
+#include "tests/serving_util.h"
+
+namespace duet::testing {
+namespace {
+
+// `tool ARGS...` (ip, tc); fails the test unless it exits 0.
+std::string Run(const std::string& tool, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {tool};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = RunCommand(argv, absl::Seconds(30));
+  INFO(absl::StrJoin(argv, " "));
+  REQUIRE(r.ok());
+  REQUIRE(WIFEXITED(r->status));
+  REQUIRE(WEXITSTATUS(r->status) == 0);
+  return r->output;
+}
+std::string Ip(const std::vector<std::string>& args) { return Run("ip", args); }
+
+// The namespaces and links, removed (with every interface in them) when it
+// goes; the calling thread is moved into `home` and back.
+class Netns {
+ public:
+  explicit Netns(const std::vector<std::string>& nodes) : prefix_(absl::StrCat("duet", getpid(), "-")) {
+    original_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    REQUIRE(original_ >= 0);
+    Ip({"netns", "add", Name("hub")});
+    Ip({"-n", Name("hub"), "link", "add", "br0", "type", "bridge"});
+    Ip({"-n", Name("hub"), "link", "set", "br0", "up"});
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const std::string ns = Name(nodes[i]), hub_end = absl::StrCat("v", i);
+      Ip({"netns", "add", ns});
+      Ip({"-n", Name("hub"), "link", "add", hub_end, "type", "veth", "peer", "name", "eth0", "netns", ns});
+      Ip({"-n", Name("hub"), "link", "set", hub_end, "master", "br0", "up"});
+      Ip({"-n", ns, "addr", "add", absl::StrCat(Address(i), "/24"), "dev", "eth0"});
+      Ip({"-n", ns, "link", "set", "eth0", "up"});
+      Ip({"-n", ns, "link", "set", "lo", "up"});
+      addresses_[nodes[i]] = Address(i);
+    }
+  }
+  ~Netns() {
+    if (original_ >= 0) {
+      setns(original_, CLONE_NEWNET);
+      close(original_);
+    }
+    for (const auto& [node, addr] : addresses_) RunCommand({"ip", "netns", "del", Name(node)}, absl::Seconds(30));
+    RunCommand({"ip", "netns", "del", Name("hub")}, absl::Seconds(30));
+  }
+  std::string Name(const std::string& node) const { return prefix_ + node; }
+  const std::string& address(const std::string& node) const { return addresses_.at(node); }
+  // Moves the calling thread (and the processes it starts) into `node`'s namespace.
+  void Enter(const std::string& node) {
+    const int fd = open(("/run/netns/" + Name(node)).c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(setns(fd, CLONE_NEWNET) == 0);
+    close(fd);
+  }
+  // eth0's transmitted bytes in `node`'s namespace.
+  int64_t TxBytes(const std::string& node) {
+    const nlohmann::json j = nlohmann::json::parse(Ip({"-n", Name(node), "-s", "-j", "link", "show", "eth0"}));
+    return j[0]["stats64"]["tx"]["bytes"].get<int64_t>();
+  }
+
+ private:
+  static std::string Address(size_t i) { return absl::StrCat("198.18.0.", i + 1); }
+  std::string prefix_;
+  int original_ = -1;
+  std::map<std::string, std::string> addresses_;
+};
+
+nlohmann::json WaitStats(Cluster& c, const std::function<bool(const nlohmann::json&)>& pred,
+                         absl::Duration timeout = absl::Seconds(60)) {
+  auto s = PollStats(c.http_port(), pred, timeout);
+  if (!s.ok()) FAIL(s.status().message());
+  return *s;
+}
+
+TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on the wire, and a cut link migrates "
+          "its requests without leaking a block",
+          "[netns]") {
+  const std::vector<std::string> workers = {"prefill-0", "prefill-1", "decode-0", "decode-1"};
+  std::vector<std::string> nodes = {"router"};
+  nodes.insert(nodes.end(), workers.begin(), workers.end());
+  Netns net(nodes);
+  net.Enter("router");  // This test's clients, and the router it starts, live there.
+  const std::string dir = TinyModelDir("llama");
+  const std::string model = std::filesystem::path(dir).filename().string();
+  Cluster c;
+  REQUIRE(c.StartRouter(dir, {"--control-listen", net.address("router") + ":0", "--missed-heartbeats", "5"},
+                        {}, "127.0.0.1:0")
+              .ok());
+  CHECK(c.control_address().rfind(net.address("router") + ":", 0) == 0);
+  std::vector<cluster::WorkerSpec> specs;
+  for (const std::string& id : workers) {
+    const bool prefill = id.rfind("prefill", 0) == 0;
+    specs.push_back({.role = prefill ? "prefill" : "decode",
+                     .id = id,
+                     .args = {"--listen", net.address(id) + ":0", "--kv-blocks", "1024", "--lease-ms",
+                              prefill ? "3000" : "60000"},
+                     .env = {"UCX_TLS=tcp", "UCX_NET_DEVICES=eth0"},
+                     .wrap = {"ip", "netns", "exec", net.Name(id)}});
+  }
+  REQUIRE(c.StartWorkers(specs).ok());
+  for (const std::string& id : workers) {
+    CHECK(c.ready(id)["control"].get<std::string>().rfind(net.address(id) + ":", 0) == 0);
+  }
+
+  // Greedy requests: the outputs one host gives, token for token.
+  auto reqs = MixedRequests(40, 1000, 200, 24, 23);
+  for (auto& r : reqs) r.temperature = 0;
+  const int64_t tx_before = net.TxBytes("prefill-0") + net.TxBytes("prefill-1");
+  auto want = ReferenceOutputs(dir, reqs);
+  auto got = SendAll(c.http_port(), reqs, model);
+  Verdicts v;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
+    INFO("request " << i << ": " << diff);
+    REQUIRE(diff.empty());
+  }
+  CHECK(v.exact == static_cast<int>(reqs.size()));
+  // Every pulled KV byte left a prefill's namespace through its veth.
+  auto s = WaitStats(c, AllIdle);
+  int64_t pulled = 0;
+  for (const char* d : {"decode-0", "decode-1"}) pulled += s["workers"][d]["kv_bytes_moved"].get<int64_t>();
+  const int64_t tx = net.TxBytes("prefill-0") + net.TxBytes("prefill-1") - tx_before;
+  INFO("KV pulled " << pulled << " bytes; the prefills' veths sent " << tx);
+  CHECK(pulled > 0);
+  CHECK(tx >= pulled);
+
+  // Slow decode-0's link (so a pull is in flight), then cut it.
+  Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
+  Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "up"});
+  Run("tc", {"-n", net.Name("decode-0"), "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "2mbit", "burst", "16kbit",
+      "latency", "2s"});
+  auto slow = MixedRequests(24, 1000, 400, 48, 29);
+  for (auto& r : slow) {
+    r.temperature = 0;
+    r.max_tokens = 48;
+    r.prompt.resize(std::max<size_t>(r.prompt.size(), 300), 17);  // Some KV to pull.
+  }
+  auto slow_want = ReferenceOutputs(dir, slow);
+  std::vector<ParsedCompletion> slow_got;
+  std::thread load([&] { slow_got = SendAll(c.http_port(), slow, model); });
+  WaitStats(c, [](const nlohmann::json& s) {
+    return s["workers"]["decode-0"]["queued_requests"].get<int>() > 0;  // Waiting for, or in, a pull.
+  });
+  Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
+  load.join();
+  for (size_t i = 0; i < slow.size(); ++i) {
+    INFO("request " << i << " error: " << slow_got[i].error);
+    REQUIRE(slow_got[i].error.empty());
+    std::string diff = Verify(dir, slow_got[i], slow_want[i], slow[i], &v);
+    INFO("request " << i << ": " << diff);
+    REQUIRE(diff.empty());
+  }
+  // The router dropped decode-0 and moved its requests; the prefills' leases
+  // for it came back.
+  s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 3 && AllIdle(s); });
+  INFO(s.dump());
+  CHECK(s["router"]["migrations"].get<int>() > 0);
+  CHECK(s["router"]["requests_error"] == 0);
+}
+
+}  // namespace
+}  // namespace duet::testing
