@@ -168,8 +168,11 @@ void WorkerRuntime::SendToPeer(const std::string& address, const proto::Frame& f
         peer->conn = *conn;
         peer->conn->Start({
             .on_frame = [this](const rpc::ConnectionPtr& c, proto::Frame f) { service_->OnFrame(c, std::move(f)); },
+            // Weak: the peer holds the connection, which holds this handler.
             .on_close =
-                [this, address, peer](const rpc::ConnectionPtr&, const absl::Status& st) {
+                [this, address, weak = std::weak_ptr<Peer>(peer)](const rpc::ConnectionPtr&, const absl::Status& st) {
+                  std::shared_ptr<Peer> peer = weak.lock();
+                  if (!peer) return;
                   std::vector<std::function<void(absl::Status)>> errs;
                   {
                     absl::MutexLock lock(&mu_);
