@@ -8,6 +8,7 @@ TransferMetrics::TransferMetrics(const std::string& transport) {
   bytes_total_ = m.GetCounter("duet_kv_transfer_bytes_total", "KV cache bytes moved", labels);
   seconds_ = m.GetHistogram("duet_kv_transfer_seconds", "Duration of completed KV pulls", labels,
                             TransferBucketsSeconds());
+  in_flight_ = m.GetGauge("duet_kv_transfers_in_flight", "KV pulls issued and not yet ended", labels);
   for (TransferState s : {TransferState::kPeerLost, TransferState::kLeaseExpired, TransferState::kTimedOut,
                           TransferState::kCancelled}) {
     failures_[s] = m.GetCounter("duet_kv_transfer_failures_total", "KV pulls that did not complete",
@@ -15,7 +16,11 @@ TransferMetrics::TransferMetrics(const std::string& transport) {
   }
 }
 
+void TransferMetrics::Started() { in_flight_->Increment(); }
+void TransferMetrics::Withdrawn() { in_flight_->Decrement(); }
+
 void TransferMetrics::Record(const TransferResult& r) {
+  in_flight_->Decrement();
   if (r.state == TransferState::kDone) {
     bytes_total_->Increment(static_cast<double>(r.bytes));
     seconds_->Observe(absl::ToDoubleSeconds(r.duration));

@@ -5,7 +5,7 @@
 // its mechanism's fields.
 //
 //   Transfer& t = transfers_[id];
-//   t.Begin(request, total_bytes);
+//   t.Begin(request, total_bytes, metrics);
 //   ...
 //   t.End(TransferState::kDone, "", metrics_);
 //   return EraseIdleRegion(regions_, transfers_, region, "cuda_ipc");  // DeregisterRegion
@@ -53,8 +53,10 @@ struct TransferRecord {
   uint64_t bytes = 0;  // What the pull moves when it completes.
   absl::Time start, deadline;
 
-  // Starts now, for `request`'s timeout, moving `total_bytes`.
-  void Begin(const PullRequest& request, uint64_t total_bytes) {
+  // Starts now, for `request`'s timeout, moving `total_bytes`; counted in
+  // flight in `metrics` until End.
+  void Begin(const PullRequest& request, uint64_t total_bytes, TransferMetrics& metrics) {
+    metrics.Started();
     peer = request.peer;
     local_region = request.local_region;
     block_epochs = request.block_epochs;

@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <fstream>
+#include <functional>
+#include <iostream>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "absl/time/time.h"
 #include "base/subprocess.h"
 #include "engine/testing/tiny_model.h"
+#include "tests/catch_util.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 
@@ -61,6 +63,7 @@ class Netns {
       Ip({"-n", ns, "link", "set", "eth0", "up"});
       Ip({"-n", ns, "link", "set", "lo", "up"});
       addresses_[nodes[i]] = Address(i);
+      hub_ends_[nodes[i]] = hub_end;
     }
   }
   ~Netns() {
@@ -68,11 +71,13 @@ class Netns {
       setns(original_, CLONE_NEWNET);
       close(original_);
     }
-    for (const auto& [node, addr] : addresses_) RunCommand({"ip", "netns", "del", Name(node)}, absl::Seconds(30));
-    RunCommand({"ip", "netns", "del", Name("hub")}, absl::Seconds(30));
+    for (const auto& [node, addr] : addresses_) Remove(Name(node));
+    Remove(Name("hub"));
   }
   std::string Name(const std::string& node) const { return prefix_ + node; }
   const std::string& address(const std::string& node) const { return addresses_.at(node); }
+  // The interface in the hub's namespace that `node`'s eth0 is paired with.
+  const std::string& HubEnd(const std::string& node) const { return hub_ends_.at(node); }
   // Moves the calling thread (and the processes it starts) into `node`'s namespace.
   void Enter(const std::string& node) {
     const int fd = open(("/run/netns/" + Name(node)).c_str(), O_RDONLY | O_CLOEXEC);
@@ -88,17 +93,18 @@ class Netns {
 
  private:
   static std::string Address(size_t i) { return absl::StrCat("198.18.0.", i + 1); }
+  // Deletes namespace `ns` (with its interfaces); a failure is only reported,
+  // from a destructor.
+  static void Remove(const std::string& ns) {
+    auto r = RunCommand({"ip", "netns", "del", ns}, absl::Seconds(30));
+    if (!r.ok() || !WIFEXITED(r->status) || WEXITSTATUS(r->status) != 0) {
+      std::cerr << "could not delete network namespace " << ns << "\n";
+    }
+  }
   std::string prefix_;
   int original_ = -1;
-  std::map<std::string, std::string> addresses_;
+  std::map<std::string, std::string> addresses_, hub_ends_;
 };
-
-nlohmann::json WaitStats(Cluster& c, const std::function<bool(const nlohmann::json&)>& pred,
-                         absl::Duration timeout = absl::Seconds(60)) {
-  auto s = PollStats(c.http_port(), pred, timeout);
-  if (!s.ok()) FAIL(s.status().message());
-  return *s;
-}
 
 TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on the wire, and a cut link migrates "
           "its requests without leaking a block",
@@ -120,8 +126,8 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
     const bool prefill = id.rfind("prefill", 0) == 0;
     specs.push_back({.role = prefill ? "prefill" : "decode",
                      .id = id,
-                     .args = {"--listen", net.address(id) + ":0", "--kv-blocks", "1024", "--lease-ms",
-                              prefill ? "3000" : "60000"},
+                     .args = {"--listen", net.address(id) + ":0", "--kv-blocks", "1024",
+                              prefill ? "--lease-ms" : "--pull-timeout-ms", prefill ? "10000" : "30000"},
                      .env = {"UCX_TLS=tcp", "UCX_NET_DEVICES=eth0"},
                      .wrap = {"ip", "netns", "exec", net.Name(id)}});
   }
@@ -144,7 +150,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   }
   CHECK(v.exact == static_cast<int>(reqs.size()));
   // Every pulled KV byte left a prefill's namespace through its veth.
-  auto s = WaitStats(c, AllIdle);
+  auto s = WaitStats(c.http_port(), AllIdle);
   int64_t pulled = 0;
   for (const char* d : {"decode-0", "decode-1"}) pulled += s["workers"][d]["kv_bytes_moved"].get<int64_t>();
   const int64_t tx = net.TxBytes("prefill-0") + net.TxBytes("prefill-1") - tx_before;
@@ -152,11 +158,10 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   CHECK(pulled > 0);
   CHECK(tx >= pulled);
 
-  // Slow decode-0's link (so a pull is in flight), then cut it.
-  Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
-  Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "up"});
-  Run("tc", {"-n", net.Name("decode-0"), "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "2mbit", "burst", "16kbit",
-      "latency", "2s"});
+  // Slow the KV flowing to decode-0 (its veth's hub end sends it), so pulls
+  // are in flight, then cut decode-0's link.
+  Run("tc", {"-n", net.Name("hub"), "qdisc", "add", "dev", net.HubEnd("decode-0"), "root", "tbf", "rate", "8mbit",
+             "burst", "16kbit", "latency", "2s"});
   auto slow = MixedRequests(24, 1000, 400, 48, 29);
   for (auto& r : slow) {
     r.temperature = 0;
@@ -165,12 +170,39 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   }
   auto slow_want = ReferenceOutputs(dir, slow);
   std::vector<ParsedCompletion> slow_got;
+  // decode-0's metrics listen on loopback in its namespace, which this
+  // thread visits once the load's threads have started from the router's.
+  const int metrics_port = c.ready("decode-0")["metrics_port"].get<int>();
   std::thread load([&] { slow_got = SendAll(c.http_port(), slow, model); });
-  WaitStats(c, [](const nlohmann::json& s) {
-    return s["workers"]["decode-0"]["queued_requests"].get<int>() > 0;  // Waiting for, or in, a pull.
-  });
+  net.Enter("decode-0");
+  // Polls decode-0's transfer metrics (each scrape a round trip) until `done`
+  // holds or `timeout` passes.
+  auto poll = [&](const std::function<bool()>& done, absl::Duration timeout) {
+    for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+      if (done()) return true;
+    }
+    return false;
+  };
+  // A pull in flight: cut the link.
+  CHECK(poll([&] { return MetricValue(metrics_port, "duet_kv_transfers_in_flight", "") > 0; }, absl::Seconds(60)));
   Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
+  const absl::Time cut = absl::Now();
+  // The pulls in flight end as peer lost when the transport's keepalives
+  // give up on the link (UCX's TCP probes: about 4 s), not at the pull
+  // timeout these decodes run with (30 s).
+  double lost = 0, timed_out = 0;
+  poll([&] {
+    lost = MetricValue(metrics_port, "duet_kv_transfer_failures_total", "reason=\"peer_lost\"");
+    timed_out = MetricValue(metrics_port, "duet_kv_transfer_failures_total", "reason=\"timed_out\"");
+    return lost + timed_out > 0;
+  }, absl::Seconds(60));
+  const absl::Duration detected = absl::Now() - cut;
+  net.Enter("router");
   load.join();
+  WARN("decode-0's pulls failed " << absl::FormatDuration(detected) << " after its link was cut: " << lost
+                                 << " peer lost, " << timed_out << " timed out");
+  CHECK(lost > 0);
+  CHECK(timed_out == 0);
   for (size_t i = 0; i < slow.size(); ++i) {
     INFO("request " << i << " error: " << slow_got[i].error);
     REQUIRE(slow_got[i].error.empty());
@@ -180,7 +212,8 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   }
   // The router dropped decode-0 and moved its requests; the prefills' leases
   // for it came back.
-  s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 3 && AllIdle(s); });
+  s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 3 && AllIdle(s); },
+                absl::Seconds(60));
   INFO(s.dump());
   CHECK(s["router"]["migrations"].get<int>() > 0);
   CHECK(s["router"]["requests_error"] == 0);

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "base/subprocess.h"
 #include "http/client.h"
+#include "tests/catch_util.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 #include "engine/testing/tiny_model.h"
@@ -26,18 +27,6 @@ namespace duet::testing {
 namespace {
 
 std::string ModelName(const std::string& dir) { return std::filesystem::path(dir).filename().string(); }
-
-// PollStats, failing the test on its deadline.
-nlohmann::json WaitStats(int port, const std::function<bool(const nlohmann::json&)>& pred,
-                         absl::Duration timeout = absl::Seconds(30)) {
-  auto s = PollStats(port, pred, timeout);
-  if (!s.ok()) FAIL(s.status().message());
-  return *s;
-}
-nlohmann::json WaitStats(Cluster& c, const std::function<bool(const nlohmann::json&)>& pred,
-                         absl::Duration timeout = absl::Seconds(30)) {
-  return WaitStats(c.http_port(), pred, timeout);
-}
 
 // A TCP connection to HOST:PORT, or -1.
 int Dial(const std::string& address) {
@@ -71,10 +60,6 @@ bool SendAndExpectClose(const std::string& address, const std::string& bytes) {
   return n == 0;
 }
 
-std::vector<ParsedCompletion> SendAll(Cluster& c, const std::vector<TestRequest>& reqs, const std::string& model) {
-  return SendAll(c.http_port(), reqs, model);
-}
-
 TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere, unchanged", "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
@@ -89,9 +74,9 @@ TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere
   for (auto& r : reqs) r.max_tokens = std::max(r.max_tokens, 20);
   auto want = ReferenceOutputs(dir, reqs);
   std::vector<ParsedCompletion> got;
-  std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
+  std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
   // Kill prefill-0 once it holds offered KV that decode has not pulled.
-  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
+  WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
   REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
   load.join();
   Verdicts v;
@@ -101,7 +86,7 @@ TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere
     REQUIRE(diff.empty());
   }
   WARN(v.exact << " exact, " << v.near_tie << " near-tie outputs");
-  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
   REQUIRE(s["router"]["redispatches"].get<int64_t>() > 0);
 }
@@ -127,11 +112,11 @@ TEST_CASE("SIGKILL of a prefill worker holding cached, leased blocks loses only 
   auto want = ReferenceOutputs(dir, reqs);
   for (int round = 0; round < 2; ++round) {
     std::vector<ParsedCompletion> got;
-    std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
+    std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
     if (round == 1) {
       // Kill prefill-0 once it holds offered KV that decode has not pulled:
       // its cached prefix blocks are among them.
-      WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
+      WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
       REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
     }
     load.join();
@@ -142,7 +127,7 @@ TEST_CASE("SIGKILL of a prefill worker holding cached, leased blocks loses only 
       REQUIRE(diff.empty());
     }
   }
-  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
   CHECK(s["router"]["redispatches"].get<int64_t>() > 0);
   // The survivor kept its cache through the fault.
@@ -160,7 +145,7 @@ TEST_CASE("cache-aware dispatch sends a prompt where its prefix is cached; a kil
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
   REQUIRE(c.WaitForWorkers(3).ok());
   // Both prefill workers answered the router's snapshot request.
-  WaitStats(c, [](const nlohmann::json& s) { return s["router"]["cache_index_workers"] == 2; });
+  WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["router"]["cache_index_workers"] == 2; });
   // Two 96-token prompts, sent together: the second goes to the other
   // worker (the first's tokens are charged to its queue).
   std::vector<std::vector<int32_t>> prompts(2);
@@ -193,7 +178,7 @@ TEST_CASE("cache-aware dispatch sends a prompt where its prefix is cached; a kil
     first[1] = check(second);
   }
   // The index learns where each prompt's 6 full blocks are.
-  WaitStats(c, [](const nlohmann::json& s) {
+  WaitStats(c.http_port(), [](const nlohmann::json& s) {
     return s["workers"]["prefill-0"]["cache_index_blocks"] >= 6 && s["workers"]["prefill-1"]["cache_index_blocks"] >= 6;
   });
   // Every repeat finds its prompt's prefix (5 blocks: the last token is
@@ -208,7 +193,7 @@ TEST_CASE("cache-aware dispatch sends a prompt where its prefix is cached; a kil
     }
   }
   REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
-  auto s = WaitStats(c, [](const nlohmann::json& s) {
+  auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) {
     return s["workers"].size() == 2 && s["router"]["cache_index_workers"] == 1;
   });
   INFO(s.dump());
@@ -233,8 +218,8 @@ TEST_CASE("SIGKILL of a decode worker mid-stream: its requests migrate and finis
   for (auto& r : reqs) r.max_tokens = 300;  // Long enough to be mid-decode at the kill.
   auto want = ReferenceOutputs(dir, reqs);
   std::vector<ParsedCompletion> got;
-  std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
-  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; });
+  std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
+  WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; });
   REQUIRE(c.process("decode-0").Signal(SIGKILL).ok());
   load.join();
   int ok = 0, failed = 0;
@@ -254,7 +239,7 @@ TEST_CASE("SIGKILL of a decode worker mid-stream: its requests migrate and finis
     }
   }
   // Whatever prefill offered to the dead decode comes back when leases expire.
-  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
   if (max_migrations == 0) {
     REQUIRE(failed > 0);
@@ -282,16 +267,16 @@ TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, ne
   for (auto& r : reqs) r.max_tokens = 300;
   auto want = ReferenceOutputs(dir, reqs);
   std::vector<ParsedCompletion> got;
-  std::thread load([&] { got = SendAll(c, reqs, ModelName(dir)); });
-  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; });
+  std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
+  WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 2; });
   REQUIRE(c.process("decode-0").Signal(SIGTERM).ok());
   // The router hears of it (decode-0 still runs its requests), then what
   // arrives now is served too.
-  WaitStats(c, [](const nlohmann::json& s) { return s["workers"]["decode-0"].value("draining", false); });
+  WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["decode-0"].value("draining", false); });
   std::vector<TestRequest> more(reqs.begin(), reqs.begin() + 8);
   for (auto& r : more) r.max_tokens = 12;
   auto more_want = ReferenceOutputs(dir, more);
-  auto more_got = SendAll(c, more, ModelName(dir));
+  auto more_got = SendAll(c.http_port(), more, ModelName(dir));
   load.join();
   Verdicts v;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -308,7 +293,7 @@ TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, ne
   const int status = c.process("decode-0").Wait();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  auto s = WaitStats(c, [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
   CHECK(s["router"]["requests_error"] == 0);
   CHECK(c.LogTail("decode-0", 1 << 20).find("drained") != std::string::npos);
@@ -342,7 +327,7 @@ TEST_CASE("a client that disconnects mid-stream cancels its request and frees it
     seen.append(buf, n);
   }
   close(fd);
-  auto s = WaitStats(c, AllIdle);
+  auto s = WaitStats(c.http_port(), AllIdle);
   INFO(s.dump());
   REQUIRE(s["router"]["requests_cancelled"].get<int64_t>() == 1);
 }
@@ -368,7 +353,7 @@ TEST_CASE("malformed and oversized frames are refused by every process without h
   r.prompt = {1, 2, 3, 4, 5};
   r.max_tokens = 6;
   auto want = ReferenceOutputs(dir, {r});
-  auto got = SendAll(c, {r}, ModelName(dir));
+  auto got = SendAll(c.http_port(), {r}, ModelName(dir));
   Verdicts v;
   REQUIRE(Verify(dir, got[0], want[0], r, &v) == "");
   auto s = c.Stats();

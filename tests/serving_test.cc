@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "http/client.h"
+#include "tests/catch_util.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 #include "engine/chat_template.h"
@@ -105,20 +106,6 @@ TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", 
   CheckContextLimit(c, model);
 }
 
-// A worker's counter from its /metrics, summed over the series that carry `label`.
-double MetricValue(Cluster& c, const std::string& worker, const std::string& name, const std::string& label) {
-  auto r = http::HttpCall("127.0.0.1", c.ready(worker)["metrics_port"].get<int>(), "GET", "/metrics");
-  REQUIRE(r.ok());
-  double sum = 0;
-  std::istringstream in(r->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos) {
-      sum += std::stod(line.substr(line.rfind(' ') + 1));
-    }
-  }
-  return sum;
-}
-
 TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on device and on host give duet "
           "generate's outputs, disaggregated and colocated",
           "[serving]") {
@@ -166,9 +153,9 @@ TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on dev
     round.push_back(r);
   }
   for (int k = 0; k < 3; ++k) RunAndCheck(c, round, model);  // misses, then hits
-  const double query = MetricValue(c, worker, "duet_prefix_cache_query_tokens_total", "tier=\"device\"");
-  const double device = MetricValue(c, worker, "duet_prefix_cache_hit_tokens_total", "tier=\"device\"");
-  const double host = MetricValue(c, worker, "duet_prefix_cache_hit_tokens_total", "tier=\"host\"");
+  const double query = MetricValue(c.ready(worker)["metrics_port"].get<int>(), "duet_prefix_cache_query_tokens_total", "tier=\"device\"");
+  const double device = MetricValue(c.ready(worker)["metrics_port"].get<int>(), "duet_prefix_cache_hit_tokens_total", "tier=\"device\"");
+  const double host = MetricValue(c.ready(worker)["metrics_port"].get<int>(), "duet_prefix_cache_hit_tokens_total", "tier=\"host\"");
   INFO("query " << query << ", device hits " << device << ", host hits " << host);
   int64_t prompt_tokens = 0;
   for (const auto& r : round) prompt_tokens += static_cast<int64_t>(r.prompt.size());

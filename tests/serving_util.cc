@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 #include <map>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -321,6 +323,24 @@ absl::StatusOr<nlohmann::json> PollStats(int port, const std::function<bool(cons
   }
   return absl::DeadlineExceededError(absl::StrCat("condition not reached within ", absl::FormatDuration(timeout),
                                                   "; last /stats: ", last.dump()));
+}
+
+absl::StatusOr<double> ScrapeMetric(int port, const std::string& name, const std::string& label) {
+  auto r = http::HttpCall("127.0.0.1", port, "GET", "/metrics", "", absl::Seconds(10));
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return absl::UnavailableError(absl::StrCat("GET /metrics: HTTP ", r->status));
+  double sum = 0;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if ((line.rfind(name + "{", 0) == 0 || line.rfind(name + " ", 0) == 0) && line.find(label) != std::string::npos) {
+      double v = 0;
+      if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
+        return absl::InvalidArgumentError(absl::StrCat("bad sample: ", line));
+      }
+      sum += v;
+    }
+  }
+  return sum;
 }
 
 bool AllIdle(const nlohmann::json& stats) {

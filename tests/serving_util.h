@@ -87,6 +87,11 @@ std::vector<ParsedCompletion> SendAll(int port, const std::vector<TestRequest>& 
 absl::StatusOr<nlohmann::json> PollStats(int port, const std::function<bool(const nlohmann::json&)>& pred,
                                          absl::Duration timeout);
 
+// The sum of `name`'s samples whose labels contain `label` (e.g.
+// `reason="peer_lost"`; "" for all) in the Prometheus text that 127.0.0.1:port
+// serves at /metrics; 0 when it has none.
+absl::StatusOr<double> ScrapeMetric(int port, const std::string& name, const std::string& label);
+
 // No request or lease on any worker, and every block free (blocks only the
 // prefix cache holds count as free).
 bool AllIdle(const nlohmann::json& stats);

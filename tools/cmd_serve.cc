@@ -132,6 +132,8 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Int("max-batch-tokens", kDefaultMaxBatchTokens, "tokens per engine step (prefill chunks and decodes)");
   f.Int("max-running", 256, "decode/colocated: most requests in the running batch");
   f.Int("lease-ms", 60000, "prefill: how long offered KV blocks wait for decode to pull them");
+  f.Int("pull-timeout-ms", 5000,
+        "decode: how long one KV pull may take before it fails (a dead peer is found sooner, by keepalives)");
   f.Bool("no-prefix-cache",
          "prefill/colocated: compute every prompt whole (default: reuse the KV of cached block-aligned prefixes, "
          "the knowledge tree)");
@@ -197,6 +199,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
                                "--tp and --pp above 1 need the CUDA backend; the CPU backend runs TP=1, PP=1"));
   }
   if (f.GetInt("block-size") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--block-size must be > 0"));
+  if (f.GetInt("pull-timeout-ms") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--pull-timeout-ms must be > 0"));
   if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {
     return UsageError(cmd, absl::InvalidArgumentError("--kv-blocks must be >= 0 and --kv-memory > 0"));
   }
@@ -206,6 +209,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
                        {"no-prefix-cache", "kv-host-memory", "kv-host-blocks", "kv-cache-policy", "kv-cache-cost-profile"},
                        "on a decode worker (it reuses no prefixes)"),
         f.RefuseUnless(role == "prefill", {"reorder-window"}, "outside the prefill role"),
+        f.RefuseUnless(role == "decode", {"pull-timeout-ms"}, "outside the decode role"),
         f.RefuseUnless(cache, {"kv-host-memory", "kv-host-blocks", "kv-cache-policy", "kv-cache-cost-profile", "reorder-window"},
                        "with --no-prefix-cache")}) {
     if (!st.ok()) return UsageError(cmd, st);
@@ -261,6 +265,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
     } else {
       decode::DecodeOptions o;
       FillBatchEngineOptions(f, *dir, name, kv_bytes, o);
+      o.pull_timeout = absl::Milliseconds(f.GetInt("pull-timeout-ms"));
       o.transport = std::move(*transport);
       auto svc = decode::DecodeService::Create(std::move(o), &runtime);
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);

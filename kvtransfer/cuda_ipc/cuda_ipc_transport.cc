@@ -274,7 +274,7 @@ class CudaIpcKvTransport final : public KvTransport {
 
     TransferId id = next_transfer_++;
     Transfer& t = transfers_[id];
-    t.Begin(request, total);
+    t.Begin(request, total, metrics_);
 
     if (!peer.same_process && !ProcessAlive(peer.address.pid)) {
       SetResult(t, TransferState::kPeerLost,
@@ -301,6 +301,7 @@ class CudaIpcKvTransport final : public KvTransport {
 
     absl::StatusOr<cudaEvent_t> event = TakeEvent();
     if (!event.ok()) {
+      metrics_.Withdrawn();
       transfers_.erase(id);
       return event.status();
     }

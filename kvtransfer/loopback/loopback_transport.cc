@@ -251,6 +251,7 @@ class LoopbackKvTransport : public KvTransport {
 
   TransferId Finish(TransferResult r, absl::Time start) {
     r.duration = absl::Now() - start;
+    metrics_.Started();  // A loopback pull is copied in the call: it starts and ends here.
     metrics_.Record(r);
     absl::MutexLock lock(&mu_);
     TransferId id = next_transfer_++;

@@ -449,7 +449,7 @@ class NcclKvTransport final : public KvTransport {
                      CheckPullBounds(request, remote->bytes, local.bytes, remote->num_epoch_blocks));
     TransferId id = next_transfer_++;
     Transfer& t = transfers_[id];
-    t.Begin(request, total);
+    t.Begin(request, total, metrics_);
     t.remote_region_id = remote->region_id;
     t.dst_base = local.base;
     t.segments = request.segments;

@@ -36,13 +36,38 @@ bool TlsAllowsSameHost(absl::string_view tls) {
   return exclude ? !named : named;
 }
 
+bool TlsIsTcpOnly(absl::string_view tls) {
+  if (tls.empty() || tls[0] == '^') return false;
+  for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipWhitespace())) {
+    if (t != "tcp") return false;
+  }
+  return true;
+}
+
 absl::Status UcxKvTransport::Init() {
+  std::string tls;  // UCX_TLS as this transport's UCX sees it.
+  if (const char* env = std::getenv("UCX_TLS")) tls = env;
+  for (const auto& [name, value] : options_.ucx_config) {
+    if (name == "TLS") tls = value;
+  }
+  // Over TCP alone, TCP's probes replace UCX's keepalive, whose messages to
+  // a peer whose link is cut sit unacknowledged in the socket (and a socket
+  // with unacknowledged data sends no probes). UCX reads its TCP settings
+  // from the environment when it opens an interface (ucp_config_modify does
+  // not reach them), so they go there, where a variable already set wins.
+  auto micros = [](absl::Duration d) { return absl::StrCat(absl::ToInt64Microseconds(d), "us"); };
+  const bool tcp_only = TlsIsTcpOnly(tls);
+  if (tcp_only) {
+    setenv("UCX_TCP_KEEPIDLE", micros(options_.tcp_keepalive_idle).c_str(), 0);
+    setenv("UCX_TCP_KEEPINTVL", micros(options_.tcp_keepalive_interval).c_str(), 0);
+    setenv("UCX_TCP_KEEPCNT", absl::StrCat(options_.tcp_keepalive_count).c_str(), 0);
+  }
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxError(st, "ucp_config_read");
   absl::Status status;
   if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
-    std::string v = absl::StrCat(absl::ToInt64Microseconds(options_.keepalive_interval), "us");
+    std::string v = tcp_only ? "inf" : micros(options_.keepalive_interval);
     st = ucp_config_modify(config, "KEEPALIVE_INTERVAL", v.c_str());
     if (st != UCS_OK) status = UcxError(st, "ucp_config_modify KEEPALIVE_INTERVAL");
   }
@@ -78,11 +103,6 @@ absl::Status UcxKvTransport::Init() {
   std::random_device rd;
   while (probe_word_ == 0) probe_word_ = (uint64_t{rd()} << 32) ^ rd();
   host_ = OwnHost(&probe_word_);
-  std::string tls;
-  if (const char* env = std::getenv("UCX_TLS")) tls = env;
-  for (const auto& [name, value] : options_.ucx_config) {
-    if (name == "TLS") tls = value;
-  }
   same_host_lane_ = options_.same_host_lane && host_.has_value() && TlsAllowsSameHost(tls);
   address_ = EncodeAddress(addr, addr_len, host_);
   ucp_worker_release_address(worker_, addr);
@@ -903,6 +923,7 @@ absl::StatusOr<TransferId> UcxKvTransport::Pull(const PullRequest& request) {
   Transfer* raw = t.get();
   transfers_.emplace(id, std::move(t));
   active_.insert(id);
+  metrics_.Started();
   if (peer->failed) {
     Finalize(raw, TransferState::kPeerLost, peer->failure, raw->start);
   } else {

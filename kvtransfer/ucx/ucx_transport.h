@@ -37,9 +37,13 @@
 // alone costs a concurrent copy tens of microseconds. A step of 1 MiB or
 // more is shared with same_host_copy_threads - 1 helper threads.
 //
-// Failures: endpoints use UCP_ERR_HANDLING_MODE_PEER and a short keepalive
-// (1 s unless UCX_KEEPALIVE_INTERVAL is set), so a dead exporter fails its
-// transfers as kPeerLost well within the default 5 s pull timeout; the
+// Failures: endpoints use UCP_ERR_HANDLING_MODE_PEER and short keepalives
+// (UCX's at 1 s; with UCX_TLS=tcp instead TCP's socket probes after 1 s idle,
+// every 1 s, 3 of them; the environment's UCX_* settings win), so a dead
+// exporter fails its transfers as kPeerLost within the default 5 s pull
+// timeout, and with UCX_TLS=tcp so does one whose link is cut (about 4 s;
+// with other transports too, UCX's keepalive messages stall in the cut
+// socket and stop TCP's probes, and the pull ends kTimedOut); the
 // endpoint is then force-closed and a later Connect to the same address makes
 // a new one. At a deadline (kTimedOut) or Cancel (kCancelled) the transfer's
 // reads are cancelled and drained before it is reported, so its destination is
@@ -56,7 +60,8 @@
 //
 // Metrics (MetricsRegistry::Default(), transport="ucx"):
 // duet_kv_transfer_bytes_total and duet_kv_transfer_seconds for kDone pulls,
-// duet_kv_transfer_failures_total{reason=peer_lost|lease_expired|timed_out|cancelled}.
+// duet_kv_transfer_failures_total{reason=peer_lost|lease_expired|timed_out|cancelled},
+// duet_kv_transfers_in_flight.
 //
 // Poll and Wait of an id that is unknown or already collected return
 // kCancelled with detail "unknown transfer <id>".
@@ -81,8 +86,19 @@ struct UcxTransportOptions {
   // UCX_ prefix, e.g. {{"TLS", "tcp"}}. They win over the environment.
   std::vector<std::pair<std::string, std::string>> ucx_config;
   // UCX keepalive period: a dead peer with no traffic in flight is found in
-  // about two of these. UCX_KEEPALIVE_INTERVAL in the environment wins.
+  // about two of these. Not applied when UCX_TLS is "tcp" (TCP's probes
+  // below find a dead peer or a cut link). UCX_KEEPALIVE_INTERVAL in the
+  // environment wins.
   absl::Duration keepalive_interval = absl::Seconds(1);
+  // TCP keepalive of UCX's tcp transport, applied when UCX_TLS is "tcp"
+  // (UCX_TCP_KEEPIDLE, _KEEPINTVL, _KEEPCNT in the environment win). A peer whose link is cut while our
+  // reads wait on its replies leaves our socket with nothing to send, so
+  // TCP's retransmission never notices; these probes then fail the endpoint
+  // after about idle + count x interval (4 s), inside the default 5 s pull
+  // timeout. UCX's own defaults (10 s, 2 s) would not.
+  absl::Duration tcp_keepalive_idle = absl::Seconds(1);
+  absl::Duration tcp_keepalive_interval = absl::Seconds(1);
+  int tcp_keepalive_count = 3;
   // After a deadline or Cancel, how long outstanding reads may take to drain
   // before their endpoint is force-closed.
   absl::Duration cancel_grace = absl::Milliseconds(200);

@@ -95,6 +95,8 @@ std::optional<HostIdentity> OwnHost(const uint64_t* probe_word);
 // Whether UCX_TLS (as UCX reads it: a list, or "^" and a list to leave out)
 // lets intra-node memory transports run: the same-host lane counts as one.
 bool TlsAllowsSameHost(absl::string_view tls);
+// Whether UCX_TLS names TCP and nothing else ("tcp").
+bool TlsIsTcpOnly(absl::string_view tls);
 // Whether the process behind `pidfd` has exited (or the fd is unusable).
 bool PidExited(int pidfd);
 // Reads the pieces local[i] <- remote[i], i in [begin, end) (all when not

@@ -103,6 +103,8 @@ TEST_CASE("a UCX transport pulls from itself and checks epochs", "[ucx]") {
     Histogram* seconds = MetricsRegistry::Default().GetHistogram(
         "duet_kv_transfer_seconds", "", ucx, TransferBucketsSeconds());
     uint64_t observed_before = seconds->Collect().histogram.sample_count;
+    Gauge* in_flight = MetricsRegistry::Default().GetGauge("duet_kv_transfers_in_flight", "", ucx);
+    const double in_flight_before = in_flight->Value();
     auto id = t.Pull(req);
     REQUIRE(id.ok());
     TransferResult r = t.Wait(*id);
@@ -114,6 +116,7 @@ TEST_CASE("a UCX transport pulls from itself and checks epochs", "[ucx]") {
     REQUIRE(dst.data[kBlock + 1010] == kFill);
     REQUIRE(CounterValue("duet_kv_transfer_bytes_total", ucx) == bytes_before + kBlock + 1000);
     REQUIRE(seconds->Collect().histogram.sample_count == observed_before + 1);
+    REQUIRE(in_flight->Value() == in_flight_before);  // Counted out when it ended.
     // Collected once: a second look finds nothing.
     REQUIRE(t.Poll(*id)->detail.find("unknown transfer") != std::string::npos);
   }
