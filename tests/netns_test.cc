@@ -187,9 +187,10 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   CHECK(poll([&] { return MetricValue(metrics_port, "duet_kv_transfers_in_flight", "") > 0; }, absl::Seconds(60)));
   Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
   const absl::Time cut = absl::Now();
-  // The pulls in flight end as peer lost when the transport's keepalives
-  // give up on the link (UCX's TCP probes: about 4 s), not at the pull
-  // timeout these decodes run with (30 s).
+  // The pulls in flight end: as peer lost when TCP's keepalive probes give
+  // up on the link (about 4 s), or at the pull timeout these decodes run with
+  // (30 s) when the socket held unacknowledged data at the cut (Linux sends
+  // no probes then). Both outcomes are reported; either frees the request.
   double lost = 0, timed_out = 0;
   poll([&] {
     lost = MetricValue(metrics_port, "duet_kv_transfer_failures_total", "reason=\"peer_lost\"");
@@ -201,8 +202,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   load.join();
   WARN("decode-0's pulls failed " << absl::FormatDuration(detected) << " after its link was cut: " << lost
                                  << " peer lost, " << timed_out << " timed out");
-  CHECK(lost > 0);
-  CHECK(timed_out == 0);
+  CHECK(lost + timed_out > 0);
   for (size_t i = 0; i < slow.size(); ++i) {
     INFO("request " << i << " error: " << slow_got[i].error);
     REQUIRE(slow_got[i].error.empty());
