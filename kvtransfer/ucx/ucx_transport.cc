@@ -44,6 +44,37 @@ bool TlsIsTcpOnly(absl::string_view tls) {
   return true;
 }
 
+int BoundKeepaliveSockets() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  int set = 0;
+  while (const dirent* e = readdir(dir)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int on = 0;
+    socklen_t len = sizeof(on);
+    if (getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len) != 0 || on == 0) continue;
+    unsigned timeout_ms = 0;
+    len = sizeof(timeout_ms);  // fails on a socket that is not TCP
+    if (getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, &len) != 0 || timeout_ms != 0) continue;
+    int idle = 0, interval = 0, count = 0;
+    len = sizeof(int);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &len) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, &len) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, &len) != 0) {
+      continue;
+    }
+    timeout_ms = static_cast<unsigned>(idle + count * interval) * 1000u;
+    if (timeout_ms > 0 && setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof(timeout_ms)) == 0) {
+      ++set;
+    }
+  }
+  closedir(dir);
+  return set;
+}
+
 absl::Status UcxKvTransport::Init() {
   std::string tls;  // UCX_TLS as this transport's UCX sees it.
   if (const char* env = std::getenv("UCX_TLS")) tls = env;
@@ -57,6 +88,7 @@ absl::Status UcxKvTransport::Init() {
   // not reach them), so they go there, where a variable already set wins.
   auto micros = [](absl::Duration d) { return absl::StrCat(absl::ToInt64Microseconds(d), "us"); };
   const bool tcp_only = TlsIsTcpOnly(tls);
+  tcp_only_ = tcp_only;
   if (tcp_only) {
     setenv("UCX_TCP_KEEPIDLE", micros(options_.tcp_keepalive_idle).c_str(), 0);
     setenv("UCX_TCP_KEEPINTVL", micros(options_.tcp_keepalive_interval).c_str(), 0);
@@ -206,10 +238,15 @@ void UcxKvTransport::ProgressLoop() {
   bool woken = false;
   bool spin = false;
   bool pid_event = false;
+  absl::Time last_socket_check = absl::InfinitePast();
   std::vector<int> pidfds;
   std::vector<struct pollfd> fds;
   for (;;) {
     absl::Duration wait = absl::ZeroDuration();
+    if (tcp_only_ && absl::Now() - last_socket_check >= kSocketCheck) {
+      BoundKeepaliveSockets();  // outside mu_: it reads /proc
+      last_socket_check = absl::Now();
+    }
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
@@ -827,6 +864,7 @@ absl::StatusOr<PeerId> UcxKvTransport::Connect(const std::string& peer_address) 
   params.err_handler.arg = peer.get();
   ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
   if (st != UCS_OK) return UcxError(st, "Connect: ucp_ep_create");
+  if (tcp_only_) BoundKeepaliveSockets();  // the socket ucp_ep_create opened
   PeerId id = peer->id;
   peer_by_address_[peer_address] = id;
   peers_.emplace(id, std::move(peer));

@@ -39,9 +39,11 @@
 //
 // Failures: endpoints use UCP_ERR_HANDLING_MODE_PEER and short keepalives
 // (UCX's at 1 s; with UCX_TLS=tcp instead TCP's socket probes after 1 s idle,
-// every 1 s, 3 of them; the environment's UCX_* settings win), so a dead
-// exporter fails its transfers as kPeerLost within the default 5 s pull
-// timeout, and with UCX_TLS=tcp so does one whose link is cut (about 4 s;
+// every 1 s, 3 of them, and a TCP_USER_TIMEOUT of the same 4 s for a socket
+// holding unacknowledged data, which gets no probes; the environment's UCX_*
+// settings win), so a dead exporter fails its transfers as kPeerLost within
+// the default 5 s pull timeout, and with UCX_TLS=tcp so does one whose link
+// is cut (about 4 s;
 // with other transports too, UCX's keepalive messages stall in the cut
 // socket and stop TCP's probes, and the pull ends kTimedOut); the
 // endpoint is then force-closed and a later Connect to the same address makes
@@ -95,7 +97,9 @@ struct UcxTransportOptions {
   // reads wait on its replies leaves our socket with nothing to send, so
   // TCP's retransmission never notices; these probes then fail the endpoint
   // after about idle + count x interval (4 s), inside the default 5 s pull
-  // timeout. UCX's own defaults (10 s, 2 s) would not.
+  // timeout. UCX's own defaults (10 s, 2 s) would not. A socket holding
+  // unacknowledged data gets no probes: the transport gives every keepalive
+  // socket a TCP_USER_TIMEOUT of the same bound.
   absl::Duration tcp_keepalive_idle = absl::Seconds(1);
   absl::Duration tcp_keepalive_interval = absl::Seconds(1);
   int tcp_keepalive_count = 3;

@@ -8,8 +8,12 @@
 #define DUET_KVTRANSFER_UCX_UCX_TRANSPORT_IMPL_H_
 
 #include "kvtransfer/ucx/ucx_transport.h"
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -34,6 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -77,6 +82,9 @@ constexpr int kMaxIov = 1024;
 constexpr uint64_t kParallelCopyBytes = 1ull << 20;
 constexpr uint64_t kCopyTaskBytes = 256ull << 10;
 constexpr absl::Duration kPidCheck = absl::Milliseconds(100);
+// Under UCX_TLS=tcp, how often the progress thread gives UCX's new sockets
+// (those it accepted) their TCP_USER_TIMEOUT; Connect does it for its own.
+constexpr absl::Duration kSocketCheck = absl::Milliseconds(250);
 // How long Wait watches a same-host pull that another thread is copying
 // before it sleeps.
 constexpr absl::Duration kWaitSpin = absl::Milliseconds(5);
@@ -97,6 +105,15 @@ std::optional<HostIdentity> OwnHost(const uint64_t* probe_word);
 bool TlsAllowsSameHost(absl::string_view tls);
 // Whether UCX_TLS names TCP and nothing else ("tcp").
 bool TlsIsTcpOnly(absl::string_view tls);
+// Gives every TCP socket of this process that has SO_KEEPALIVE on and no
+// TCP_USER_TIMEOUT a user timeout of its keepalive bound (TCP_KEEPIDLE +
+// TCP_KEEPCNT x TCP_KEEPINTVL): Linux sends no keepalive probes on a socket
+// with unacknowledged data, so without it a link cut while a read request
+// or a reply is unacknowledged goes unnoticed for TCP's retransmission
+// limit (about 15 minutes). UCX 1.13 sets keepalive on its TCP sockets but
+// has no setting for the user timeout; duet's own sockets use no keepalive.
+// Returns how many sockets it set.
+int BoundKeepaliveSockets();
 // Whether the process behind `pidfd` has exited (or the fd is unusable).
 bool PidExited(int pidfd);
 // Reads the pieces local[i] <- remote[i], i in [begin, end) (all when not
@@ -278,6 +295,7 @@ class UcxKvTransport : public KvTransport {
   alignas(64) uint64_t probe_word_ = 0;
   std::optional<HostIdentity> host_;
   bool same_host_lane_ = false;  // this side reads same-host peers directly
+  bool tcp_only_ = false;        // UCX_TLS=tcp: BoundKeepaliveSockets applies
   int worker_fd_ = -1;  // UCX's event fd, -1 when the worker cannot sleep on events
   int wake_fd_ = -1;    // eventfd that wakes the progress thread
 

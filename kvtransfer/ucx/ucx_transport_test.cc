@@ -3,16 +3,27 @@
 // twice: with the environment's UCX transports and with UCX_TLS=tcp.
 #include "kvtransfer/ucx/ucx_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/metrics.h"
 #include "kvtransfer/layout.h"
@@ -349,6 +360,84 @@ TEST_CASE("1,000 random pulls from an exporter process, every byte checked", "[u
   REQUIRE(planned > 100);
   REQUIRE(large > 100);
   REQUIRE(total_bytes > 0);
+  REQUIRE(peer->process->Call("quit").value() == "bye");
+  peer->process->Wait();
+}
+
+// This process's TCP sockets with SO_KEEPALIVE on, each with its
+// TCP_USER_TIMEOUT in milliseconds.
+std::map<int, unsigned> KeepaliveSocketTimeouts() {
+  std::map<int, unsigned> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::atoi(e.path().filename().c_str());
+    int on = 0;
+    unsigned timeout = 0;
+    socklen_t len = sizeof(on);
+    if (getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len) != 0 || on == 0) continue;
+    len = sizeof(timeout);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, &len) == 0) out[fd] = timeout;
+  }
+  return out;
+}
+
+TEST_CASE("with UCX_TLS=tcp, UCX's sockets get a user timeout of their keepalive bound, and no other socket does",
+          "[ucx][process]") {
+  const char* tls = std::getenv("UCX_TLS");
+  const bool tcp_only = tls != nullptr && std::string(tls) == "tcp";
+  // A socket of this process's own, connected on loopback, without keepalive.
+  int listener = socket(AF_INET, SOCK_STREAM, 0), own = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  REQUIRE(own >= 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof(a);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(listen(listener, 1) == 0);
+  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
+  REQUIRE(connect(own, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+
+  auto peer = StartKvPeer(8, 4096, 7);
+  REQUIRE(peer.ok());
+  UcxTransportOptions options;  // keepalive 1 s idle, 1 s apart, 3 probes: 4 s
+  auto made = NewUcxTransport(options);
+  REQUIRE(made.ok());
+  KvTransport& t = **made;
+  Pool dst(4096 * 8);
+  auto dst_region = t.RegisterRegion(dst.data, dst.bytes, 0);
+  REQUIRE(dst_region.ok());
+  auto p = t.Connect(peer->address);
+  REQUIRE(p.ok());
+  PullRequest req{.peer = *p, .remote_region = peer->region, .local_region = *dst_region,
+                  .segments = {{0, 0, 4096 * 8}}, .block_epochs = {{0, 0}}};
+  auto id = t.Pull(req);
+  REQUIRE(id.ok());
+  REQUIRE(t.Wait(*id).state == TransferState::kDone);
+  if (tcp_only) {
+    // Sockets UCX accepts are bounded by its progress thread within 250 ms.
+    std::map<int, unsigned> timeouts;
+    for (const absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until;) {
+      timeouts = KeepaliveSocketTimeouts();
+      if (std::all_of(timeouts.begin(), timeouts.end(), [](const auto& e) { return e.second != 0; })) break;
+      std::this_thread::yield();
+    }
+    REQUIRE(!timeouts.empty());
+    for (const auto& [fd, timeout] : timeouts) {
+      INFO("socket " << fd);
+      CHECK(timeout == 4000);
+    }
+  } else {
+    for (const auto& [fd, timeout] : KeepaliveSocketTimeouts()) {
+      INFO("socket " << fd);
+      CHECK(timeout == 0);
+    }
+  }
+  unsigned own_timeout = 1;
+  socklen_t len = sizeof(own_timeout);
+  REQUIRE(getsockopt(own, IPPROTO_TCP, TCP_USER_TIMEOUT, &own_timeout, &len) == 0);
+  CHECK(own_timeout == 0);
+  close(own);
+  close(listener);
   REQUIRE(peer->process->Call("quit").value() == "bye");
   peer->process->Wait();
 }
