@@ -6,23 +6,14 @@
 // (UCX_TLS=tcp), so every control connection and KV pull crosses a real
 // interface. The test itself runs in the router's namespace. Needs root
 // (ip netns); tagged local, so Bazel runs it outside its sandbox.
-#include <fcntl.h>
-#include <sched.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <functional>
-#include <iostream>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "base/subprocess.h"
+#include "base/netns.h"
 #include "engine/testing/tiny_model.h"
 #include "tests/catch_util.h"
 #include "tests/cluster.h"
@@ -33,78 +24,11 @@ namespace {
 
 // `tool ARGS...` (ip, tc); fails the test unless it exits 0.
 std::string Run(const std::string& tool, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {tool};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto r = RunCommand(argv, absl::Seconds(30));
-  INFO(absl::StrJoin(argv, " "));
-  REQUIRE(r.ok());
-  REQUIRE(WIFEXITED(r->status));
-  REQUIRE(WEXITSTATUS(r->status) == 0);
-  return r->output;
+  auto out = RunTool(tool, args);
+  INFO(out.status());
+  REQUIRE(out.ok());
+  return *out;
 }
-std::string Ip(const std::vector<std::string>& args) { return Run("ip", args); }
-
-// The namespaces and links, removed (with every interface in them) when it
-// goes; the calling thread is moved into `home` and back.
-class Netns {
- public:
-  explicit Netns(const std::vector<std::string>& nodes) : prefix_(absl::StrCat("duet", getpid(), "-")) {
-    original_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    REQUIRE(original_ >= 0);
-    Ip({"netns", "add", Name("hub")});
-    Ip({"-n", Name("hub"), "link", "add", "br0", "type", "bridge"});
-    Ip({"-n", Name("hub"), "link", "set", "br0", "up"});
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const std::string ns = Name(nodes[i]), hub_end = absl::StrCat("v", i);
-      Ip({"netns", "add", ns});
-      Ip({"-n", Name("hub"), "link", "add", hub_end, "type", "veth", "peer", "name", "eth0", "netns", ns});
-      Ip({"-n", Name("hub"), "link", "set", hub_end, "master", "br0", "up"});
-      Ip({"-n", ns, "addr", "add", absl::StrCat(Address(i), "/24"), "dev", "eth0"});
-      Ip({"-n", ns, "link", "set", "eth0", "up"});
-      Ip({"-n", ns, "link", "set", "lo", "up"});
-      addresses_[nodes[i]] = Address(i);
-      hub_ends_[nodes[i]] = hub_end;
-    }
-  }
-  ~Netns() {
-    if (original_ >= 0) {
-      setns(original_, CLONE_NEWNET);
-      close(original_);
-    }
-    for (const auto& [node, addr] : addresses_) Remove(Name(node));
-    Remove(Name("hub"));
-  }
-  std::string Name(const std::string& node) const { return prefix_ + node; }
-  const std::string& address(const std::string& node) const { return addresses_.at(node); }
-  // The interface in the hub's namespace that `node`'s eth0 is paired with.
-  const std::string& HubEnd(const std::string& node) const { return hub_ends_.at(node); }
-  // Moves the calling thread (and the processes it starts) into `node`'s namespace.
-  void Enter(const std::string& node) {
-    const int fd = open(("/run/netns/" + Name(node)).c_str(), O_RDONLY | O_CLOEXEC);
-    REQUIRE(fd >= 0);
-    REQUIRE(setns(fd, CLONE_NEWNET) == 0);
-    close(fd);
-  }
-  // eth0's transmitted bytes in `node`'s namespace.
-  int64_t TxBytes(const std::string& node) {
-    const nlohmann::json j = nlohmann::json::parse(Ip({"-n", Name(node), "-s", "-j", "link", "show", "eth0"}));
-    return j[0]["stats64"]["tx"]["bytes"].get<int64_t>();
-  }
-
- private:
-  static std::string Address(size_t i) { return absl::StrCat("198.18.0.", i + 1); }
-  // Deletes namespace `ns` (with its interfaces); a failure is only reported,
-  // from a destructor.
-  static void Remove(const std::string& ns) {
-    auto r = RunCommand({"ip", "netns", "del", ns}, absl::Seconds(30));
-    if (!r.ok() || !WIFEXITED(r->status) || WEXITSTATUS(r->status) != 0) {
-      std::cerr << "could not delete network namespace " << ns << "\n";
-    }
-  }
-  std::string prefix_;
-  int original_ = -1;
-  std::map<std::string, std::string> addresses_, hub_ends_;
-};
 
 TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on the wire, and a cut link migrates "
           "its requests without leaking a block",
@@ -112,8 +36,22 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   const std::vector<std::string> workers = {"prefill-0", "prefill-1", "decode-0", "decode-1"};
   std::vector<std::string> nodes = {"router"};
   nodes.insert(nodes.end(), workers.begin(), workers.end());
-  Netns net(nodes);
-  net.Enter("router");  // This test's clients, and the router it starts, live there.
+  auto made = Netns::Create(nodes);
+  INFO(made.status());
+  REQUIRE(made.ok());
+  Netns& net = **made;
+  auto enter = [&](const std::string& node) {
+    absl::Status s = net.Enter(node);
+    INFO(s);
+    REQUIRE(s.ok());
+  };
+  auto tx_bytes = [&](const std::string& node) {
+    auto b = net.TxBytes(node);
+    INFO(b.status());
+    REQUIRE(b.ok());
+    return *b;
+  };
+  enter("router");  // This test's clients, and the router it starts, live there.
   const std::string dir = TinyModelDir("llama");
   const std::string model = std::filesystem::path(dir).filename().string();
   Cluster c;
@@ -129,7 +67,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
                      .args = {"--listen", net.address(id) + ":0", "--kv-blocks", "1024",
                               prefill ? "--lease-ms" : "--pull-timeout-ms", prefill ? "10000" : "30000"},
                      .env = {"UCX_TLS=tcp", "UCX_NET_DEVICES=eth0"},
-                     .wrap = {"ip", "netns", "exec", net.Name(id)}});
+                     .wrap = net.Wrap(id, {})});
   }
   REQUIRE(c.StartWorkers(specs).ok());
   for (const std::string& id : workers) {
@@ -139,7 +77,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   // Greedy requests: the outputs one host gives, token for token.
   auto reqs = MixedRequests(40, 1000, 200, 24, 23);
   for (auto& r : reqs) r.temperature = 0;
-  const int64_t tx_before = net.TxBytes("prefill-0") + net.TxBytes("prefill-1");
+  const int64_t tx_before = tx_bytes("prefill-0") + tx_bytes("prefill-1");
   auto want = ReferenceOutputs(dir, reqs);
   auto got = SendAll(c.http_port(), reqs, model);
   Verdicts v;
@@ -153,7 +91,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   auto s = WaitStats(c.http_port(), AllIdle);
   int64_t pulled = 0;
   for (const char* d : {"decode-0", "decode-1"}) pulled += s["workers"][d]["kv_bytes_moved"].get<int64_t>();
-  const int64_t tx = net.TxBytes("prefill-0") + net.TxBytes("prefill-1") - tx_before;
+  const int64_t tx = tx_bytes("prefill-0") + tx_bytes("prefill-1") - tx_before;
   INFO("KV pulled " << pulled << " bytes; the prefills' veths sent " << tx);
   CHECK(pulled > 0);
   CHECK(tx >= pulled);
@@ -174,7 +112,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   // thread visits once the load's threads have started from the router's.
   const int metrics_port = c.ready("decode-0")["metrics_port"].get<int>();
   std::thread load([&] { slow_got = SendAll(c.http_port(), slow, model); });
-  net.Enter("decode-0");
+  enter("decode-0");
   // Polls decode-0's transfer metrics (each scrape a round trip) until `done`
   // holds or `timeout` passes.
   auto poll = [&](const std::function<bool()>& done, absl::Duration timeout) {
@@ -185,7 +123,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
   };
   // A pull in flight: cut the link.
   CHECK(poll([&] { return MetricValue(metrics_port, "duet_kv_transfers_in_flight", "") > 0; }, absl::Seconds(60)));
-  Ip({"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
+  Run("ip", {"-n", net.Name("decode-0"), "link", "set", "eth0", "down"});
   const absl::Time cut = absl::Now();
   // The pulls in flight end as peer lost once TCP gives up on the link:
   // keepalive probes (1 s idle, 1 s apart, 3 of them) or, on a socket that
@@ -199,7 +137,7 @@ TEST_CASE("a cluster across network namespaces: the same outputs, KV bytes on th
     return lost + timed_out > 0;
   }, absl::Seconds(60));
   const absl::Duration detected = absl::Now() - cut;
-  net.Enter("router");
+  enter("router");
   load.join();
   WARN("decode-0's pulls failed " << absl::FormatDuration(detected) << " after its link was cut: " << lost
                                  << " peer lost, " << timed_out << " timed out");

@@ -75,6 +75,7 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/huge_buffer.h"
+#include "base/netns.h"
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "base/thread_pool.h"
@@ -188,13 +189,14 @@ absl::StatusOr<int> FreePort() {
   return port;
 }
 
-// Whether something listens on TCP `port` (ucx_perftest's server prints its
-// readiness into a pipe that stdio buffers, so look at the kernel's table).
-bool Listening(int port) {
+// Whether process `pid` (in its network namespace) has something listening
+// on TCP `port` (ucx_perftest's server prints its readiness into a pipe that
+// stdio buffers, so look at the kernel's table).
+bool Listening(int port, pid_t pid) {
   char hex[8];
   std::snprintf(hex, sizeof(hex), "%04X", port);
-  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(path);
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::ifstream f(absl::StrCat("/proc/", pid, "/net/", table));
     std::string line;
     std::getline(f, line);  // header
     while (std::getline(f, line)) {
@@ -218,8 +220,10 @@ enum class PerftestMode {
 bool IsCma(PerftestMode mode) { return mode == PerftestMode::kCmaPair || mode == PerftestMode::kCmaLoopback; }
 
 // One ucx_perftest -t ucp_get run of `size` bytes per get, one get
-// outstanding (-O 1): what one pull of that size asks of UCX.
-PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const std::string& tls) {
+// outstanding (-O 1): what one pull of that size asks of UCX. With `net`,
+// the server runs in the exporter's namespace and the client (in this
+// thread's, the importer's) reaches it across the veth links.
+PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const std::string& tls, const Netns* net) {
   PerftestResult result;
   // Both sides see duet's UCX_TLS, or for kShm the default transports.
   // Shared memory and CMA runs take UCX's own choice: UCX_TLS removed.
@@ -247,15 +251,17 @@ PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const st
         return result;
       }
       const std::string p = std::to_string(*port);
-      auto started = Subprocess::StartWithPipes({"ucx_perftest", "-p", p}, env, /*merge_stderr=*/true);
+      std::vector<std::string> server_argv = {"ucx_perftest", "-p", p};
+      if (net != nullptr) server_argv = net->Wrap("exporter", server_argv);
+      auto started = Subprocess::StartWithPipes(server_argv, env, /*merge_stderr=*/true);
       if (!started.ok()) {
         result.error = started.status().ToString();
         return result;
       }
       server = std::move(*started);
       const absl::Time until = absl::Now() + absl::Seconds(10);
-      while (!Listening(*port) && absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
-      argv.insert(argv.end(), {"127.0.0.1", "-p", p});
+      while (!Listening(*port, server->pid()) && absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+      argv.insert(argv.end(), {net != nullptr ? net->address("exporter") : "127.0.0.1", "-p", p});
     }
     argv.insert(argv.end(), test.begin(), test.end());
     std::vector<std::string> client_env = env;
@@ -294,9 +300,12 @@ PerftestResult RunPerftest(uint64_t size, int iters, PerftestMode mode, const st
 // ---------------------------------------------------------------------------
 // The exporter process (--exporter) and the lane probe (--probe).
 
+// UCX_TLS for every process of the run: --tls, or tcp across the veth.
+std::string Tls(const FlagSet& f) { return f.GetBool("veth") ? "tcp" : f.GetString("tls"); }
+
 kvtransfer::UcxTransportOptions TransportOptions(const FlagSet& f) {
   kvtransfer::UcxTransportOptions o;
-  if (!f.GetString("tls").empty()) o.ucx_config.push_back({"TLS", f.GetString("tls")});
+  if (!Tls(f).empty()) o.ucx_config.push_back({"TLS", Tls(f)});
   o.busy_poll = f.GetBool("busy-poll");
   if (f.GetInt("spin-us") >= 0) o.spin_window = absl::Microseconds(f.GetInt("spin-us"));
   if (f.GetInt("copy-threads") > 0) o.same_host_copy_threads = static_cast<int>(f.GetInt("copy-threads"));
@@ -482,18 +491,20 @@ std::string LastLevelCache() {
 }
 
 // Runs `pulls` against a fresh exporter process of `pool_blocks` blocks, both
-// transports with this spin window (-1: the transport's default). `lanes`,
-// when given, gets the lanes UCX chose for duet's endpoint.
+// transports with this spin window (-1: the transport's default), the
+// exporter in `net`'s exporter namespace when given. `lanes`, when given,
+// gets the lanes UCX chose for duet's endpoint.
 absl::StatusOr<std::vector<Measured>> MeasurePulls(const FlagSet& f, const std::vector<Pull>& pulls,
                                                    int64_t pool_blocks, int64_t spin_us,
-                                                   std::string* lanes) {
+                                                   std::string* lanes, const Netns* net) {
   const uint64_t pool_bytes = kvtransfer::ShardBlockBytes(BenchLayout()) * static_cast<uint64_t>(pool_blocks);
-  const std::string tls = f.GetString("tls");
+  const std::string tls = Tls(f);
   std::vector<std::string> common;
   if (!tls.empty()) common.push_back("--tls=" + tls);
   common.push_back(absl::StrCat("--spin-us=", spin_us));
   std::vector<std::string> argv = {SelfPath(), "--exporter", absl::StrCat("--pool-blocks=", pool_blocks)};
   argv.insert(argv.end(), common.begin(), common.end());
+  if (net != nullptr) argv = net->Wrap("exporter", argv);
   ASSIGN_OR_RETURN(auto exporter, Subprocess::StartWithPipes(argv, {}, /*merge_stderr=*/false));
   std::string address, remote;
   for (const char* key : {"address", "region", "ready"}) {
@@ -560,7 +571,21 @@ absl::Status Run(const FlagSet& f) {
   // Room for 256 blocks at even ids, and for the largest single segment.
   const int64_t pool_blocks = std::max<int64_t>(
       2 * counts.back() + 2, static_cast<int64_t>((large + block_bytes - 1) / block_bytes));
-  const std::string tls = f.GetString("tls");
+  // Across the veth: the exporter and ucx_perftest's server in one
+  // namespace, this process (the importer, the perftest client) in another,
+  // UCX on TCP over their eth0.
+  std::unique_ptr<Netns> net;
+  if (f.GetBool("veth")) {
+    if (!f.GetString("tls").empty() && f.GetString("tls") != "tcp") {
+      return absl::InvalidArgumentError("--veth runs UCX over TCP only; leave --tls out or give tcp");
+    }
+    ASSIGN_OR_RETURN(net, Netns::Create({"exporter", "importer"}));
+    RETURN_IF_ERROR(net->Enter("importer"));
+    setenv("UCX_NET_DEVICES", "eth0", 1);  // this process and every child
+    Progress(absl::StrCat("network namespaces ", net->Name("exporter"), " (", net->address("exporter"), ") and ",
+                          net->Name("importer"), " (", net->address("importer"), "), veth links to a bridge"));
+  }
+  const std::string tls = Tls(f);
   const char* env_tls = std::getenv("UCX_TLS");
   const std::string tls_note = !tls.empty() ? tls : env_tls != nullptr ? env_tls : "(default)";
   const int64_t spin_us = f.GetInt("spin-us");
@@ -619,14 +644,15 @@ absl::Status Run(const FlagSet& f) {
   std::vector<Pull> main_pulls = pulls;
   main_pulls.insert(main_pulls.end(), lat.begin(), lat.end());
   std::string duet_lanes;
-  ASSIGN_OR_RETURN(std::vector<Measured> duet, MeasurePulls(f, main_pulls, pool_blocks, spin_us, &duet_lanes));
+  ASSIGN_OR_RETURN(std::vector<Measured> duet,
+                   MeasurePulls(f, main_pulls, pool_blocks, spin_us, &duet_lanes, net.get()));
   // duet on its same-host lane is compared with UCX's transport of the same
   // mechanism, UCT's cma get (UCP 1.13 never puts RMA on cma); spinning
   // only matters to UCX's lanes.
   const bool same_host = duet_lanes.find(std::string(kSameHostLane)) != std::string::npos;
   std::vector<Measured> alt(lat.size());
   if (alt_spin_us > 0 && !same_host) {
-    ASSIGN_OR_RETURN(alt, MeasurePulls(f, lat, 4, alt_spin_us, nullptr));
+    ASSIGN_OR_RETURN(alt, MeasurePulls(f, lat, 4, alt_spin_us, nullptr, net.get()));
   }
 
   if (f.GetBool("no-perftest") || !f.GetString("only").empty()) {
@@ -656,17 +682,24 @@ absl::Status Run(const FlagSet& f) {
   for (uint64_t s : sizes) {
     const int iters = static_cast<int>(std::clamp<uint64_t>((128ull << 20) / s, 3, 300));
     Ref& r = ref[s];
+    if (net != nullptr) {
+      // Only the pair crosses the veth: one process reading itself, or
+      // shared memory, would not.
+      Progress(absl::StrCat("ucx_perftest -t ucp_get -s ", s, " -n ", iters, " -O 1 -e: pair across the veth"));
+      r.pair = RunPerftest(s, iters, PerftestMode::kPair, tls, net.get());
+      continue;
+    }
     if (same_host) {
       Progress(absl::StrCat("ucx_perftest -t get -D zcopy -x cma -d memory -s ", s, " -n ", iters,
                             " -O 1: pair, -l; ucx_perftest -t ucp_get pair shm"));
-      r.pair = RunPerftest(s, iters, PerftestMode::kCmaPair, tls);
-      r.loopback = RunPerftest(s, iters, PerftestMode::kCmaLoopback, tls);
+      r.pair = RunPerftest(s, iters, PerftestMode::kCmaPair, tls, nullptr);
+      r.loopback = RunPerftest(s, iters, PerftestMode::kCmaLoopback, tls, nullptr);
     } else {
       Progress(absl::StrCat("ucx_perftest -t ucp_get -s ", s, " -n ", iters, " -O 1: pair -e, -l -e, pair shm"));
-      r.pair = RunPerftest(s, iters, PerftestMode::kPair, tls);
-      r.loopback = RunPerftest(s, iters, PerftestMode::kLoopback, tls);
+      r.pair = RunPerftest(s, iters, PerftestMode::kPair, tls, nullptr);
+      r.loopback = RunPerftest(s, iters, PerftestMode::kLoopback, tls, nullptr);
     }
-    r.shm = RunPerftest(s, iters, PerftestMode::kShm, tls);
+    r.shm = RunPerftest(s, iters, PerftestMode::kShm, tls, nullptr);
   }
   std::string pair_lanes, loopback_lanes, shm_lanes;
   for (const auto& [size, r] : ref) {
@@ -674,10 +707,15 @@ absl::Status Run(const FlagSet& f) {
     if (r.loopback.ok && loopback_lanes.empty()) loopback_lanes = r.loopback.lanes;
     if (r.shm.ok && shm_lanes.empty()) shm_lanes = r.shm.lanes;
   }
+  if (net != nullptr) loopback_lanes = shm_lanes = "(not run: it would not cross the veth)";
 
   std::printf("duet kvtransfer bench: UCX pulls of the bench model's KV (12 layers x 4 KV heads x 16 slots x 64 "
-              "x F32: %s a block, %s a layer) from an exporter process on this host; LLC %s\n",
-              Bytes(block_bytes).c_str(), Bytes(layout.LayerBytes()).c_str(), LastLevelCache().c_str());
+              "x F32: %s a block, %s a layer) from an exporter process %s; LLC %s\n",
+              Bytes(block_bytes).c_str(), Bytes(layout.LayerBytes()).c_str(),
+              net != nullptr ? "in another network namespace, across veth links and a bridge (--veth; only the "
+                               "'pair' reference crosses them)"
+                             : "on this host",
+              LastLevelCache().c_str());
   if (same_host) {
     std::printf("UCX_TLS %s. Lanes: duet %s; references ucx_perftest -t get -D zcopy -x cma -d memory "
                 "(UCT's cma transport: process_vm_readv, the same mechanism); shm: ucx_perftest -t ucp_get "
@@ -739,7 +777,9 @@ absl::Status Run(const FlagSet& f) {
   for (const auto& [size, r] : ref) {
     for (const auto& [name, x] : {std::pair<const char*, const PerftestResult*>{"pair", &r.pair},
                                   {"-l", &r.loopback}, {"shm", &r.shm}}) {
-      if (!x->ok) std::printf("ucx_perftest %s, %s: %s\n", name, Bytes(size).c_str(), x->error.c_str());
+      if (!x->ok && (net == nullptr || x == &r.pair)) {
+        std::printf("ucx_perftest %s, %s: %s\n", name, Bytes(size).c_str(), x->error.c_str());
+      }
     }
   }
   return absl::OkStatus();
@@ -753,6 +793,10 @@ int main(int argc, char** argv) {
                   "duet's UCX KV pull beside ucx_perftest -t ucp_get on the same transports, "
                   "in one table.");
   f.String("tls", "", "UCX_TLS for duet's transports and ucx_perftest (empty: the environment's)");
+  f.Bool("veth",
+         "run the exporter and ucx_perftest's server in one network namespace and this process in another, "
+         "joined by veth links to a bridge, UCX over TCP on their eth0 (needs root; the namespaces are removed "
+         "at the end)");
   f.Int("reps", 7, "at least this many timed pulls per row (median reported)");
   f.Double("min-seconds", 0.25, "and keep pulling a row for at least this long");
   f.Int("large-mib", 1024, "the largest single-segment pull, MiB (also one of half that size)");
