@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 
 namespace duet::engine {
@@ -25,15 +26,6 @@ std::string TokenField(const json& j, const char* name) {
   return "";
 }
 
-// Jinja's `trim`: strips leading and trailing whitespace.
-std::string Trim(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(ws);
-  return s.substr(b, e - b + 1);
-}
-
 }  // namespace
 
 absl::StatusOr<PromptFormat> PromptFormat::FromTokenizerConfig(const std::string& text,
@@ -46,6 +38,18 @@ absl::StatusOr<PromptFormat> PromptFormat::FromTokenizerConfig(const std::string
   pf.source_ = source;
   pf.bos_token_ = TokenField(j, "bos_token");
   pf.eos_token_ = TokenField(j, "eos_token");
+  for (const char* t : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    auto it = j.find(t);
+    if (it != j.end() && !it->is_null()) pf.tokens_.mutable_object().Set(t, jinja::Value::String(TokenField(j, t)));
+  }
+  if (auto it = j.find("added_tokens_decoder"); it != j.end() && it->is_object()) {
+    for (const auto& [id, tok] : it->items()) {
+      if (tok.is_object() && tok.value("special", false) && tok.contains("content") && tok["content"].is_string() &&
+          !tok["content"].get<std::string>().empty()) {
+        pf.special_tokens_.push_back(tok["content"].get<std::string>());
+      }
+    }
+  }
   if (auto it = j.find("add_bos_token"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": field \"add_bos_token\" must be a boolean"));
@@ -78,15 +82,12 @@ absl::StatusOr<PromptFormat> PromptFormat::FromTokenizerConfig(const std::string
   } else {
     return absl::InvalidArgumentError(absl::StrCat(source, ": field \"chat_template\" must be a string or a list"));
   }
-  if (tmpl == kLlama3ChatTemplate) {
-    pf.format_ = ChatFormat::kLlama3;
-  } else if (tmpl == kChatMLChatTemplate) {
-    pf.format_ = ChatFormat::kChatML;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": its \"chat_template\" is not one duet can render (supported: the Llama-3 "
-                "and ChatML/Qwen2 templates; there is no general Jinja engine)"));
+  absl::StatusOr<jinja::Template> parsed = jinja::Template::Parse(tmpl);
+  if (!parsed.ok()) {
+    pf.template_error_ = absl::StrCat(source, ": its \"chat_template\" cannot be rendered: ", parsed.status().message());
+    return pf;
   }
+  pf.template_ = std::make_shared<const jinja::Template>(std::move(*parsed));
   return pf;
 }
 
@@ -104,11 +105,47 @@ absl::StatusOr<PromptFormat> PromptFormat::Load(const std::string& model_dir) {
   return FromTokenizerConfig(ss.str(), path);
 }
 
+bool PromptFormat::StartsWithSpecial(absl::string_view text) const {
+  for (const std::string& t : special_tokens_) {
+    if (absl::StartsWith(text, t)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> PromptFormat::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                                 absl::Span<const ChatDocument> documents) const {
+  jinja::Value ctx = jinja::Value::MakeObject();
+  for (const auto& [k, v] : tokens_.object().items) ctx.mutable_object().Set(k, v);
+  jinja::List list;
+  for (const ChatMessage& m : messages) {
+    jinja::Value msg = jinja::Value::MakeObject();
+    msg.mutable_object().Set("role", jinja::Value::String(m.role));
+    msg.mutable_object().Set("content", jinja::Value::String(m.content));
+    list.push_back(std::move(msg));
+  }
+  ctx.mutable_object().Set("messages", jinja::Value::MakeList(std::move(list)));
+  ctx.mutable_object().Set("add_generation_prompt", jinja::Value::Bool(add_generation_prompt));
+  if (!documents.empty()) {
+    jinja::List docs;
+    for (const ChatDocument& d : documents) {
+      jinja::Value doc = jinja::Value::MakeObject();
+      if (!d.id.empty()) doc.mutable_object().Set("id", jinja::Value::String(d.id));
+      if (!d.title.empty()) doc.mutable_object().Set("title", jinja::Value::String(d.title));
+      doc.mutable_object().Set("text", jinja::Value::String(d.text));
+      docs.push_back(std::move(doc));
+    }
+    ctx.mutable_object().Set("documents", jinja::Value::MakeList(std::move(docs)));
+  }
+  absl::StatusOr<std::string> out = template_->Render(ctx);
+  if (!out.ok()) return absl::InvalidArgumentError(absl::StrCat("the chat template: ", out.status().message()));
+  return out;
+}
+
 absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessage> messages,
                                                      bool add_generation_prompt,
                                                      absl::Span<const ChatDocument> documents,
                                                      std::vector<size_t>* document_starts) const {
-  if (!format_.has_value()) {
+  if (template_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("this model cannot chat: ", template_error_,
                                                       "; use plain completions"));
   }
@@ -121,38 +158,47 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
     }
   }
   if (document_starts != nullptr) document_starts->clear();
-  std::string out;
-  auto turn = [&](const std::string& role, const std::string& content) {
-    switch (*format_) {
-      case ChatFormat::kLlama3:
-        absl::StrAppend(&out, "<|start_header_id|>", role, "<|end_header_id|>\n\n", Trim(content), "<|eot_id|>");
-        break;
-      case ChatFormat::kChatML:
-        absl::StrAppend(&out, "<|im_start|>", role, "\n", content, "<|im_end|>\n");
-        break;
-    }
-  };
-  if (*format_ == ChatFormat::kLlama3) out += bos_token_;
-  size_t next = 0;  // The first message not yet rendered.
-  if (messages[0].role == "system") {
-    turn("system", messages[0].content);
-    next = 1;
-  } else if (*format_ == ChatFormat::kChatML) {
-    turn("system", "You are a helpful assistant.");
-  }
+  std::vector<ChatMessage> all(messages.begin(), messages.end());
+  if (documents.empty() || template_->Reads("documents")) return Render(all, add_generation_prompt, documents);
+
+  // duet's fallback: each document a system message after the leading one.
+  const size_t first = messages[0].role == "system" ? 1 : 0;
+  std::vector<ChatMessage> with_docs(messages.begin(), messages.begin() + first);
   for (size_t d = 0; d < documents.size(); ++d) {
-    if (document_starts != nullptr) document_starts->push_back(out.size());
     const ChatDocument& doc = documents[d];
-    turn("system", absl::StrCat("Document ", doc.id.empty() ? absl::StrCat(d + 1) : doc.id,
-                                doc.title.empty() ? "" : absl::StrCat(": ", doc.title), "\n", doc.text));
+    with_docs.push_back({"system", absl::StrCat("Document ", doc.id.empty() ? absl::StrCat(d + 1) : doc.id,
+                                                doc.title.empty() ? "" : absl::StrCat(": ", doc.title), "\n",
+                                                doc.text)});
   }
-  if (document_starts != nullptr && !documents.empty()) document_starts->push_back(out.size());
-  for (size_t i = next; i < messages.size(); ++i) turn(messages[i].role, messages[i].content);
-  if (add_generation_prompt) {
-    out += *format_ == ChatFormat::kLlama3 ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
-                                           : "<|im_start|>assistant\n";
+  with_docs.insert(with_docs.end(), messages.begin() + first, messages.end());
+  absl::StatusOr<std::string> text = Render(with_docs, add_generation_prompt, {});
+  if (!text.ok()) {
+    // The template takes one system message: the documents join it.
+    std::vector<ChatMessage> joined(messages.begin(), messages.end());
+    if (first == 0) joined.insert(joined.begin(), {"system", ""});
+    for (size_t d = 0; d < documents.size(); ++d) {
+      absl::StrAppend(&joined[0].content, joined[0].content.empty() ? "" : "\n\n", with_docs[first + d].content);
+    }
+    return Render(joined, add_generation_prompt, {});
   }
-  return out;
+  if (document_starts == nullptr) return text;
+  // Each document's turn starts where the text of the messages before it
+  // ends, when that is a prefix of the whole just before a special token.
+  std::vector<size_t> starts;
+  for (size_t k = first; k <= first + documents.size(); ++k) {
+    std::vector<ChatMessage> before(with_docs.begin(), with_docs.begin() + k);
+    absl::StatusOr<std::string> prefix =
+        before.empty() ? absl::StatusOr<std::string>(std::string()) : Render(before, false, {});
+    if (prefix.ok() && prefix->empty()) continue;  // the prompt's own start
+    if (!prefix.ok() || !absl::StartsWith(*text, *prefix) ||
+        !StartsWithSpecial(absl::string_view(*text).substr(prefix->size())) ||
+        (!starts.empty() && prefix->size() <= starts.back())) {
+      return text;  // no starts: the template's turns are not separable here
+    }
+    starts.push_back(prefix->size());
+  }
+  *document_starts = std::move(starts);
+  return text;
 }
 
 }  // namespace duet::engine

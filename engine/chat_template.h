@@ -1,25 +1,27 @@
 // Chat templates: a conversation rendered into the prompt text a model was
-// trained on, as its tokenizer_config.json's "chat_template" says.
+// trained on, by the model's own tokenizer_config.json "chat_template"
+// through duet's Jinja engine (engine/jinja), as transformers renders it.
 //
 //   ASSIGN_OR_RETURN(PromptFormat pf, PromptFormat::Load(model_dir));
 //   ASSIGN_OR_RETURN(std::string text, pf.RenderChat(messages, /*add_generation_prompt=*/true));
 //
-// duet renders two families natively, recognised by their exact template
-// text: Llama-3 (header tokens, <|eot_id|>, BOS in the template) and ChatML
-// (Qwen2: <|im_start|>/<|im_end|>, default system prompt). Any other template
-// is an error naming the file (there is no Jinja engine); a model without a
-// template still serves plain completions, for which BOS is added when
-// tokenizer_config.json's add_bos_token says so.
+// The template sees `messages`, `add_generation_prompt`, the tokens of the
+// config (bos_token, eos_token, unk_token, pad_token) and `documents` when
+// it reads them. A template that uses what the engine does not support is
+// no error at load: the model still serves completions (for which BOS is
+// added when add_bos_token says so), and chat gets an error naming the
+// construct and its line.
 #ifndef DUET_ENGINE_CHAT_TEMPLATE_H_
 #define DUET_ENGINE_CHAT_TEMPLATE_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/chat_templates.h"
+#include "engine/jinja/template.h"
 
 namespace duet::engine {
 
@@ -43,19 +45,27 @@ class PromptFormat {
   static absl::StatusOr<PromptFormat> FromTokenizerConfig(const std::string& json_text,
                                                           const std::string& source);
 
-  bool has_chat_template() const { return format_.has_value(); }
+  bool has_chat_template() const { return template_ != nullptr; }
+  // Why chat is unavailable ("" when it is available).
+  const std::string& chat_unavailable() const { return template_error_; }
   // FailedPrecondition naming the file when there is no chat template (or
-  // the template is not one duet renders); InvalidArgument for an unknown
-  // role or an empty conversation.
+  // one duet cannot render); InvalidArgument for an unknown role, an empty
+  // conversation, or a template's own error (raise_exception, a type error),
+  // with its line.
   //
-  // Documents come after the leading system message (ChatML's default one
-  // when there is none; with Llama-3 and no system message, right after
-  // BOS), in the given order, each a system turn of its own whose content
-  // is "Document <id, or its 1-based index>[: <title>]", a newline and the
-  // text. `document_starts`, when given, receives the offset in the text
-  // where each document's turn starts and one where what follows the last
-  // begins (nothing without documents): each is just before a special
-  // token, so the pieces between them tokenize as they do in the whole.
+  // Documents: a template that reads `documents` gets them as a list of
+  // {"id", "title", "text"} (id and title only when given) and no starts are
+  // reported. Otherwise duet's fallback: each document becomes a system
+  // message whose content is "Document <id, or its 1-based index>[:
+  // <title>]", a newline and the text, after the leading system message
+  // (first when there is none), in order, rendered by the template; if the
+  // template refuses that (it may allow only one system message), the
+  // documents' texts are appended to the leading system message (or make
+  // one). `document_starts`, when given, receives the offset where each
+  // document's turn starts and one where what follows the last begins, when
+  // each is where the template's text of the messages before it ends and
+  // just before one of the config's special tokens (so the pieces between
+  // them tokenize as they do in the whole); else nothing.
   absl::StatusOr<std::string> RenderChat(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
                                          absl::Span<const ChatDocument> documents = {},
                                          std::vector<size_t>* document_starts = nullptr) const;
@@ -66,13 +76,18 @@ class PromptFormat {
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   bool add_bos_token() const { return add_bos_token_; }
-  std::optional<ChatFormat> format() const { return format_; }
 
  private:
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                     absl::Span<const ChatDocument> documents) const;
+  bool StartsWithSpecial(absl::string_view text) const;
+
   std::string source_;
-  std::optional<ChatFormat> format_;
+  std::shared_ptr<const jinja::Template> template_;
   std::string template_error_;  // Why chat is unavailable, when it is.
   std::string bos_token_, eos_token_;
+  jinja::Value tokens_ = jinja::Value::MakeObject();  // the config's tokens, as the template sees them
+  std::vector<std::string> special_tokens_;           // added_tokens_decoder's special ones
   bool add_bos_token_ = false;
 };
 

@@ -1,5 +1,7 @@
 #include "engine/chat_template.h"
 
+#include "engine/chat_templates.h"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -15,9 +17,17 @@ const std::vector<ChatMessage> kConversation = {
     {"user", "And decode?"},
 };
 
+// A tokenizer_config.json with `tmpl`, its BOS and both families' special
+// tokens in added_tokens_decoder.
 std::string Config(const std::string& tmpl, const std::string& bos, bool add_bos) {
   nlohmann::json j = {{"bos_token", bos}, {"eos_token", "<|eot_id|>"}, {"add_bos_token", add_bos},
                       {"chat_template", tmpl}};
+  int id = 100;
+  for (ChatFormat f : {ChatFormat::kLlama3, ChatFormat::kChatML}) {
+    for (const std::string& t : SpecialTokensFor(f)) {
+      j["added_tokens_decoder"][std::to_string(id++)] = {{"content", t}, {"special", true}};
+    }
+  }
   return j.dump();
 }
 
@@ -25,7 +35,7 @@ TEST_CASE("Llama-3: header tokens, trimmed content, BOS once, generation prompt"
   auto pf = PromptFormat::FromTokenizerConfig(Config(kLlama3ChatTemplate, "<|begin_of_text|>", true),
                                               "tokenizer_config.json");
   REQUIRE(pf.ok());
-  REQUIRE(pf->format() == ChatFormat::kLlama3);
+  REQUIRE(pf->has_chat_template());
   // Written out from the template: bos_token before the first message; each
   // message '<|start_header_id|>' + role + '<|end_header_id|>\n\n' +
   // (content | trim) + '<|eot_id|>'; then the assistant header.
@@ -46,7 +56,7 @@ TEST_CASE("Llama-3: header tokens, trimmed content, BOS once, generation prompt"
 TEST_CASE("ChatML: im_start/im_end, default system prompt only without a system message", "[chat]") {
   auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
   REQUIRE(pf.ok());
-  REQUIRE(pf->format() == ChatFormat::kChatML);
+  REQUIRE(pf->has_chat_template());
   const std::string want =
       "<|im_start|>system\nYou answer briefly.<|im_end|>\n"
       "<|im_start|>user\n  What is prefill?\n<|im_end|>\n"
@@ -61,7 +71,8 @@ TEST_CASE("ChatML: im_start/im_end, default system prompt only without a system 
   REQUIRE(pf->CompletionPrefix().empty());
 }
 
-TEST_CASE("documents: system turns after the system message, in order, their starts before special tokens",
+TEST_CASE("documents (duet's fallback): system turns after the system message, in order, their starts before "
+          "special tokens",
           "[chat]") {
   const std::vector<ChatDocument> docs = {{"", "", "Prefill runs the prompt."},
                                           {"kv-7", "On decode", "Decode adds one token a step."}};
@@ -81,25 +92,52 @@ TEST_CASE("documents: system turns after the system message, in order, their sta
         "<|start_header_id|>assistant<|end_header_id|>\n\n";
     CHECK(*got == head + d1 + d2 + tail);
     CHECK(starts == std::vector<size_t>{head.size(), head.size() + d1.size(), head.size() + d1.size() + d2.size()});
-    // Without a system message, the documents come right after BOS.
+    // Without a system message, the documents come first: BOS, then the
+    // first document's turn with the prompt's start, so no start before it.
     auto bare = pf->RenderChat({{"user", "What is decode?"}}, true, docs, &starts);
     REQUIRE(bare.ok());
     CHECK(*bare == "<|begin_of_text|>" + d1 + d2 + tail);
-    CHECK(starts.front() == std::string("<|begin_of_text|>").size());
+    CHECK(starts == std::vector<size_t>{std::string("<|begin_of_text|>").size() + d1.size(),
+                                        std::string("<|begin_of_text|>").size() + d1.size() + d2.size()});
   }
   SECTION("ChatML") {
     auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
     REQUIRE(pf.ok());
     std::vector<size_t> starts;
-    // Without a system message: after the default one.
-    auto got = pf->RenderChat({{"user", "What is decode?"}}, true, docs, &starts);
+    auto got = pf->RenderChat({{"system", "Be brief."}, {"user", "What is decode?"}}, true, docs, &starts);
     REQUIRE(got.ok());
-    const std::string head = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
+    const std::string head = "<|im_start|>system\nBe brief.<|im_end|>\n";
     const std::string d1 = "<|im_start|>system\nDocument 1\nPrefill runs the prompt.<|im_end|>\n";
     const std::string d2 = "<|im_start|>system\nDocument kv-7: On decode\nDecode adds one token a step.<|im_end|>\n";
     const std::string tail = "<|im_start|>user\nWhat is decode?<|im_end|>\n<|im_start|>assistant\n";
     CHECK(*got == head + d1 + d2 + tail);
     CHECK(starts == std::vector<size_t>{head.size(), head.size() + d1.size(), head.size() + d1.size() + d2.size()});
+  }
+  SECTION("a template that reads documents gets them, and reports no starts") {
+    const std::string tmpl =
+        "{% for d in documents %}[{{ d.title or d.id or loop.index }}] {{ d.text }}\n{% endfor %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+    auto pf = PromptFormat::FromTokenizerConfig(Config(tmpl, "", false), "tc.json");
+    REQUIRE(pf.ok());
+    std::vector<size_t> starts = {3};
+    auto got = pf->RenderChat(question, true, docs, &starts);
+    REQUIRE(got.ok());
+    CHECK(*got == "[1] Prefill runs the prompt.\n[On decode] Decode adds one token a step.\n"
+                  "system: Use the documents.\nuser: What is decode?\n");
+    CHECK(starts.empty());
+  }
+  SECTION("a template that allows one system message: the documents join it, no starts") {
+    const std::string tmpl =
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('one system message only') }}{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+    auto pf = PromptFormat::FromTokenizerConfig(Config(tmpl, "", false), "tc.json");
+    REQUIRE(pf.ok());
+    std::vector<size_t> starts;
+    auto got = pf->RenderChat({{"user", "Q?"}}, true, docs, &starts);
+    REQUIRE(got.ok());
+    CHECK(*got == "<system>Document 1\nPrefill runs the prompt.\n\nDocument kv-7: On decode\nDecode adds one token "
+                  "a step.<user>Q?");
+    CHECK(starts.empty());
   }
   SECTION("no documents: the same text as before, no starts") {
     auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
@@ -112,14 +150,32 @@ TEST_CASE("documents: system turns after the system message, in order, their sta
   }
 }
 
-TEST_CASE("unsupported or malformed templates are errors naming the file", "[chat]") {
-  auto pf = PromptFormat::FromTokenizerConfig(Config("{{ messages }}", "<s>", true), "/m/tokenizer_config.json");
-  REQUIRE(pf.status().code() == absl::StatusCode::kInvalidArgument);
-  REQUIRE_THAT(std::string(pf.status().message()), Contains("/m/tokenizer_config.json"));
-  REQUIRE_THAT(std::string(pf.status().message()), Contains("chat_template"));
+TEST_CASE("a template duet cannot render serves completions, chat says why; malformed files are errors",
+          "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(Config("a\n{% extends 'base' %}", "<s>", true), "/m/tokenizer_config.json");
+  REQUIRE(pf.ok());
+  REQUIRE_FALSE(pf->has_chat_template());
+  REQUIRE(pf->CompletionPrefix() == "<s>");
+  auto r = pf->RenderChat(kConversation, true);
+  REQUIRE(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE_THAT(std::string(r.status().message()), Contains("/m/tokenizer_config.json"));
+  REQUIRE_THAT(std::string(r.status().message()), Contains("line 2: unknown or unsupported statement 'extends'"));
   auto bad = PromptFormat::FromTokenizerConfig("{\"chat_template\": ", "/m/tokenizer_config.json");
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
   REQUIRE_THAT(std::string(bad.status().message()), Contains("/m/tokenizer_config.json"));
+}
+
+TEST_CASE("a template's own error is the request's error, with its line", "[chat]") {
+  auto pf = PromptFormat::FromTokenizerConfig(
+      Config("{% if messages[0].role != 'user' %}\n{{ raise_exception('start with a user turn') }}{% endif %}ok", "",
+             false),
+      "tc.json");
+  REQUIRE(pf.ok());
+  auto r = pf->RenderChat(kConversation, true);
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(r.status().message()), Contains("line 2"));
+  REQUIRE_THAT(std::string(r.status().message()), Contains("start with a user turn"));
+  REQUIRE(*pf->RenderChat({{"user", "hi"}}, true) == "ok");
 }
 
 TEST_CASE("no template: completions only, chat is a clear error", "[chat]") {

@@ -514,8 +514,8 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
     }
   }
   if (!model.format->has_chat_template()) {
-    return ParamError("messages", absl::StrCat("the model `", model.name,
-                                               "` has no chat template; use /v1/completions"));
+    return ParamError("messages", absl::StrCat("the model `", model.name, "` cannot chat (",
+                                               model.format->chat_unavailable(), "); use /v1/completions"));
   }
   std::vector<size_t> starts;
   auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts);

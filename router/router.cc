@@ -55,6 +55,10 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   }
   ASSIGN_OR_RETURN(tokenizer_, engine::Tokenizer::Load(options_.model_dir));
   ASSIGN_OR_RETURN(format_, engine::PromptFormat::Load(options_.model_dir));
+  if (!format_.has_chat_template()) {
+    LOG(WARNING) << "chat completions are unavailable (" << format_.chat_unavailable()
+                 << "); serving /v1/completions only";
+  }
   ASSIGN_OR_RETURN(ModelShape shape, ReadModelShape(options_.model_dir));
   const int64_t context = options_.max_model_len > 0 ? options_.max_model_len : shape.max_position_embeddings;
   served_ = ServedModel{.name = options_.served_model_name,

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -682,6 +684,32 @@ TEST_CASE("errors: unknown model 404, bad params 400, no workers 503") {
   r = Call(port, "GET", "/nope");
   CHECK(r.status == 404);
   CHECK(fx.Stats()["router"]["requests_rejected"] == 3);
+}
+
+TEST_CASE("a chat template duet cannot render: completions are served, chat is a 400 that says why") {
+  // The tiny model with a template that includes another file.
+  namespace fs = std::filesystem;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / "include_template";
+  fs::remove_all(dir);
+  fs::copy(duet::testing::TinyModelDir("llama"), dir, fs::copy_options::recursive);
+  {
+    std::ifstream in(dir / "tokenizer_config.json");
+    Json config = Json::parse(in);
+    config["chat_template"] = "{% include 'system.jinja' %}{{ messages }}";
+    std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << config.dump();
+  }
+  Fixture fx([&](RouterOptions& o) { o.model_dir = dir.string(); });
+  const int port = fx.router.http_port();
+  Response r = Call(port, "POST", "/v1/chat/completions",
+                    R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})");
+  CHECK(r.status == 400);
+  const std::string message = Json::parse(r.body)["error"]["message"];
+  CHECK(absl::StrContains(message, "cannot chat"));
+  CHECK(absl::StrContains(message, "line 1: unknown or unsupported statement 'include'"));
+  r = Call(port, "POST", "/v1/completions", R"({"model": "tiny", "prompt": "x"})");
+  CHECK(r.status == 503);  // accepted, and no worker to run it
+  CHECK(Json::parse(r.body)["error"]["message"] == "no live worker");
 }
 
 TEST_CASE("health, models, metrics") {

@@ -9,7 +9,7 @@ PACKAGES=(
   g++ libboost1.74-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libucx-dev ucx-utils libopenblas-dev libopenblas0-pthread prometheus-cpp-dev
   catch2 nlohmann-json3-dev libicu-dev libpcre2-dev
-  mbw python3
+  mbw python3 python3-jinja2
   prometheus
   clang libclang-rt-14-dev
 )
