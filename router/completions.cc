@@ -440,6 +440,20 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
   if (const Json* tools = Field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
     return ParamError("tools", "tool calls are not supported");
   }
+  // Only plain text is produced: a JSON format would need constrained
+  // decoding, which duet does not do, so it is refused rather than ignored.
+  if (const Json* rf = Field(body, "response_format"); rf != nullptr && !rf->is_null()) {
+    const Json* type = rf->is_object() ? Field(*rf, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      return ParamError("response_format", "'response_format' must be an object with a string 'type'");
+    }
+    if (type->get<std::string>() != "text") {
+      return ParamError("response_format",
+                        absl::StrCat("response_format type '", type->get<std::string>(),
+                                     "' is not supported: duet does not enforce JSON output (no constrained "
+                                     "decoding); only 'text'"));
+    }
+  }
   const Json* msgs = Field(body, "messages");
   if (msgs == nullptr) return ParamError("messages", "'messages' is required");
   if (!msgs->is_array() || msgs->empty()) {

@@ -457,7 +457,16 @@ TEST_CASE("chat requests: messages rendered with the chat template, chat-only fi
        "max_completion_tokens"},
       {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
        "tools"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+       "response_format"},
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": "json"})",
+       "response_format"},
   };
+  // A text response_format is what duet produces anyway.
+  CHECK(ParseChatRequest(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "text"}})",
+                         M().served, 1)
+            .ok());
   for (const Case& c : bad) {
     INFO(c.body);
     auto e = ParseChatRequest(c.body, M().served, 1);

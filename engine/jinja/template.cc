@@ -217,12 +217,17 @@ class Interpreter {
   }
 
   // A macro (or a call block's `caller`): a function rendering `n.body` in
-  // a scope of its own under the one it was defined in.
+  // a scope of its own under the one it was defined in. It holds that scope
+  // weakly: the scope holds the macro.
   Value MakeMacro(const Node& n, const FramePtr& defined_in, const std::string& name) {
     const Node* node = &n;
-    return Value::MakeFunction(name, [this, node, defined_in, name](Args& a) -> absl::StatusOr<Value> {
+    std::weak_ptr<Frame> weak = defined_in;
+    return Value::MakeFunction(name, [this, node, weak, name](Args& a) -> absl::StatusOr<Value> {
       auto scope = std::make_shared<Frame>();
-      scope->parent = defined_in;
+      scope->parent = weak.lock();
+      if (scope->parent == nullptr) {
+        return LineError(node->line, absl::StrCat("macro '", name, "' called after the scope it was defined in ended"));
+      }
       const auto& params = node->params;
       if (a.positional.size() > params.size()) {
         return LineError(node->line, absl::StrCat("macro '", name, "' takes at most ", params.size(),

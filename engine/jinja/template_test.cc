@@ -179,6 +179,26 @@ TEST_CASE("malformed or unsupported templates fail at Parse, naming the construc
   CHECK(ParseError("{% endif %}") == "line 1: unknown or unsupported statement 'endif'");
   CHECK(ParseError("{% macro m( %}{% endmacro %}").find("expected a parameter name") != std::string::npos);
   CHECK(ParseError("{% call m %}{% endcall %}") == "line 1: a call block needs a macro call ({% call name(...) %})");
+  CHECK(ParseError("{% call(x) m() %}body") ==
+        "line 1: 'call' is never closed (expected {% endcall %})");
+  CHECK(ParseError("{% macro m() %}body") == "line 1: 'macro' is never closed (expected {% endmacro %})");
+  CHECK(ParseError("{% filter %}x{% endfilter %}") == "line 1: expected a filter name, found '%}'");
+  CHECK(ParseError("{% filter upper %}x") == "line 1: 'filter' is never closed (expected {% endfilter %})");
+  CHECK(ParseError("{% set x %}abc") == "line 1: 'set' is never closed (expected {% endset %})");
+  CHECK(ParseError("{% set a.b %}x{% endset %}") ==
+        "line 1: a block set ({% set x %}...{% endset %}) takes one plain name");
+  CHECK(ParseError("{% generation %}x") == "line 1: 'generation' is never closed (expected {% endgeneration %})");
+  CHECK(ParseError("{% for x in y %}{% else %}{% else %}{% endfor %}") ==
+        "line 1: unknown or unsupported statement 'else'");
+  CHECK(ParseError("{{ x[1:2:3:4] }}") == "line 1: a slice takes at most two ':'");
+  CHECK(ParseError("{{ x is }}") == "line 1: expected a test name after 'is', found '}}'");
+  CHECK(ParseError("{{ f(a=1, 2) }}") == "line 1: a positional argument after a keyword argument");
+  CHECK(ParseError("{{ {'a' 1} }}") == "line 1: expected ':', found '1'");
+  CHECK(ParseError("{{ x.1a }}").find("line 1") != std::string::npos);
+  CHECK(RenderError("{% break %}") == "line 1: break or continue outside a for loop");
+  CHECK(RenderError("{% set ns = namespace(m=none) %}{% for i in [1] %}{% macro inner() %}x{% endmacro %}"
+                    "{% set ns.m = inner %}{% endfor %}{{ ns.m() }}")
+            .find("called after the scope it was defined in ended") != std::string::npos);
 }
 
 TEST_CASE("Reads names the variables a template uses", "[jinja]") {
