@@ -82,11 +82,13 @@ absl::StatusOr<PromptFormat> PromptFormat::FromTokenizerConfig(const std::string
   } else {
     return absl::InvalidArgumentError(absl::StrCat(source, ": field \"chat_template\" must be a string or a list"));
   }
+  pf.template_source_ = tmpl;
   absl::StatusOr<jinja::Template> parsed = jinja::Template::Parse(tmpl);
   if (!parsed.ok()) {
     pf.template_error_ = absl::StrCat(source, ": its \"chat_template\" cannot be rendered: ", parsed.status().message());
     return pf;
   }
+  pf.reads_documents_ = parsed->Reads("documents");
   pf.template_ = std::make_shared<const jinja::Template>(std::move(*parsed));
   return pf;
 }
@@ -112,7 +114,7 @@ bool PromptFormat::StartsWithSpecial(absl::string_view text) const {
   return false;
 }
 
-absl::StatusOr<std::string> PromptFormat::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+absl::StatusOr<std::string> PromptFormat::Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
                                                  absl::Span<const ChatDocument> documents) const {
   jinja::Value ctx = jinja::Value::MakeObject();
   for (const auto& [k, v] : tokens_.object().items) ctx.mutable_object().Set(k, v);
@@ -158,8 +160,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
     }
   }
   if (document_starts != nullptr) document_starts->clear();
-  std::vector<ChatMessage> all(messages.begin(), messages.end());
-  if (documents.empty() || template_->Reads("documents")) return Render(all, add_generation_prompt, documents);
+  if (documents.empty() || reads_documents_) return Render(messages, add_generation_prompt, documents);
 
   // duet's fallback: each document a system message after the leading one.
   const size_t first = messages[0].role == "system" ? 1 : 0;
@@ -186,9 +187,9 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
   // ends, when that is a prefix of the whole just before a special token.
   std::vector<size_t> starts;
   for (size_t k = first; k <= first + documents.size(); ++k) {
-    std::vector<ChatMessage> before(with_docs.begin(), with_docs.begin() + k);
     absl::StatusOr<std::string> prefix =
-        before.empty() ? absl::StatusOr<std::string>(std::string()) : Render(before, false, {});
+        k == 0 ? absl::StatusOr<std::string>(std::string())
+               : Render(absl::MakeConstSpan(with_docs).subspan(0, k), false, {});
     if (prefix.ok() && prefix->empty()) continue;  // the prompt's own start
     if (!prefix.ok() || !absl::StartsWith(*text, *prefix) ||
         !StartsWithSpecial(absl::string_view(*text).substr(prefix->size())) ||

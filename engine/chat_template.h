@@ -73,17 +73,23 @@ class PromptFormat {
   // add_bos_token is true, else nothing.
   std::string CompletionPrefix() const { return add_bos_token_ ? bos_token_ : ""; }
 
+  // The template's source text, and the config's tokens as it sees them
+  // (bos_token, eos_token, unk_token, pad_token, each when set).
+  const std::string& chat_template_source() const { return template_source_; }
+  const jinja::Value& template_tokens() const { return tokens_; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   bool add_bos_token() const { return add_bos_token_; }
 
  private:
-  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
                                      absl::Span<const ChatDocument> documents) const;
   bool StartsWithSpecial(absl::string_view text) const;
 
   std::string source_;
   std::shared_ptr<const jinja::Template> template_;
+  std::string template_source_;
+  bool reads_documents_ = false;  // the template reads `documents` itself
   std::string template_error_;  // Why chat is unavailable, when it is.
   std::string bos_token_, eos_token_;
   jinja::Value tokens_ = jinja::Value::MakeObject();  // the config's tokens, as the template sees them

