@@ -11,6 +11,7 @@
 #ifndef DUET_ENGINE_BPE_BYTE_LEVEL_H_
 #define DUET_ENGINE_BPE_BYTE_LEVEL_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,15 @@ std::string ByteLevelEncode(std::string_view bytes);
 // Inverse of ByteLevelEncode; InvalidArgument on a code point outside the
 // table or malformed UTF-8.
 absl::StatusOr<std::string> ByteLevelDecode(std::string_view text);
+
+// Length of the UTF-8 character that starts with byte `lead` (1 for a
+// continuation byte, so that a scan of malformed text still advances).
+inline size_t Utf8Length(unsigned char lead) {
+  if (lead < 0xC0) return 1;
+  if (lead < 0xE0) return 2;
+  if (lead < 0xF0) return 3;
+  return 4;
+}
 
 }  // namespace duet::engine
 

@@ -1,5 +1,6 @@
 #include "engine/bpe_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <queue>
@@ -32,13 +33,21 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   model->options_ = options;
   for (int b = 0; b < 256; ++b) {
     int32_t id = -1;
-    if (auto it = vocab.find(ByteLevelEncode(std::string(1, static_cast<char>(b))));
+    if (auto it = options.char_level ? vocab.end()
+                                     : vocab.find(ByteLevelEncode(std::string(1, static_cast<char>(b))));
         it != vocab.end()) {
       id = it->second;
     } else if (byte_fallback) {
       if (auto fb = vocab.find(absl::StrFormat("<0x%02X>", b)); fb != vocab.end()) id = fb->second;
     }
     model->byte_ids_[b] = id;
+  }
+  if (options.char_level) {
+    for (const auto& [token, id] : vocab) {
+      if (!token.empty() && Utf8Length(static_cast<unsigned char>(token[0])) == token.size()) {
+        model->char_ids_.emplace(CharKey(token), id);
+      }
+    }
   }
 
   model->merges_.reserve(merges.size());
@@ -66,7 +75,9 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
                                     MergeRule{static_cast<int32_t>(i), result->second});
   }
 
-  if (options.ignore_merges) {
+  if (options.ignore_merges && options.char_level) {
+    model->whole_words_ = vocab;
+  } else if (options.ignore_merges) {
     model->whole_words_.reserve(vocab.size());
     for (const auto& [token, id] : vocab) {
       // Tokens outside the byte-level alphabet can never equal a pre-token.
@@ -83,8 +94,40 @@ const BpeModel::MergeRule* BpeModel::FindMerge(int32_t left, int32_t right) cons
   return it == merges_.end() ? nullptr : &it->second;
 }
 
+uint32_t BpeModel::CharKey(std::string_view c) {
+  uint32_t key = 0;
+  for (char b : c) key = (key << 8) | static_cast<unsigned char>(b);
+  return key;
+}
+
 void BpeModel::InitialSymbols(std::string_view word, std::vector<int32_t>* symbols) const {
   symbols->clear();
+  if (options_.char_level) {
+    // Hugging Face's merge_word: an unknown character's unk is held back
+    // until the next known character (or the end), so that fuse_unk can
+    // join runs; byte-fallback tokens do not release it.
+    bool unk_pending = false;
+    for (size_t i = 0; i < word.size();) {
+      const size_t len = std::min(Utf8Length(static_cast<unsigned char>(word[i])), word.size() - i);
+      const std::string_view c = word.substr(i, len);
+      i += len;
+      if (auto it = char_ids_.find(CharKey(c)); it != char_ids_.end()) {
+        if (unk_pending) symbols->push_back(options_.unk_id);
+        unk_pending = false;
+        symbols->push_back(it->second);
+        continue;
+      }
+      if (std::all_of(c.begin(), c.end(), [&](char b) { return byte_ids_[static_cast<unsigned char>(b)] >= 0; })) {
+        for (char b : c) symbols->push_back(byte_ids_[static_cast<unsigned char>(b)]);
+        continue;
+      }
+      if (options_.unk_id < 0) continue;
+      if (unk_pending && !options_.fuse_unk) symbols->push_back(options_.unk_id);
+      unk_pending = true;
+    }
+    if (unk_pending) symbols->push_back(options_.unk_id);
+    return;
+  }
   bool after_unk = false;
   for (char c : word) {
     const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
@@ -210,7 +253,7 @@ void BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const {
       return;
     }
   }
-  if (word.size() == 1) {
+  if (word.size() == 1 && !options_.char_level) {
     const int32_t id = byte_ids_[static_cast<unsigned char>(word[0])];
     if (id >= 0) {
       ids->push_back(id);

@@ -1,6 +1,8 @@
-// The merge step of byte-level BPE: the raw bytes of one pre-token in, token
-// ids out, merging adjacent pairs by rank exactly as Hugging Face's BPE model
-// does (lowest rank first, leftmost on ties).
+// The merge step of BPE: one pre-token in, token ids out, merging adjacent
+// pairs by rank exactly as Hugging Face's BPE model does (lowest rank first,
+// leftmost on ties). Byte-level vocabularies (GPT-2, Llama-3, Qwen) start
+// from the word's bytes; character-level ones (SentencePiece-style: Llama-2,
+// Gemma, Mistral) from its UTF-8 characters, with byte fallback.
 //
 // Internal to engine:tokenizer, which builds one per loaded vocabulary and
 // feeds it every pre-token; exposed in its own header so tests can pin the
@@ -41,14 +43,19 @@ class BpeModel {
     // Id for a byte that has no token; -1 drops the byte, as Hugging Face
     // does when the model has no unk_token.
     int32_t unk_id = -1;
-    // Consecutive unknown bytes become one unk_id.
+    // Consecutive unknown bytes (characters) become one unk_id.
     bool fuse_unk = false;
+    // Tokens are spelled as the text itself, and a word starts as its
+    // characters: a character with no token becomes the "<0xXX>" tokens of
+    // its bytes when `byte_fallback` (and all of them exist), else unk_id.
+    bool char_level = false;
   };
 
-  // `vocab` maps tokens in byte-level form (ByteLevelEncode) to ids;
-  // `merges` are byte-level pairs in rank order (rank = index). A single byte
-  // b's token is ByteLevelEncode(b), or else Hugging Face's byte-fallback
-  // spelling "<0xXX>" when `byte_fallback`. InvalidArgument when a merge
+  // `vocab` maps tokens to ids, in byte-level form (ByteLevelEncode) unless
+  // char_level; `merges` are pairs in the same form, in rank order (rank =
+  // index). In a byte-level vocabulary a single byte b's token is
+  // ByteLevelEncode(b), or else Hugging Face's byte-fallback spelling
+  // "<0xXX>" when `byte_fallback`. InvalidArgument when a merge
   // names a token, or spells a result, missing from `vocab`; the message
   // starts with describe_merge(index).
   static absl::StatusOr<std::unique_ptr<BpeModel>> Create(
@@ -56,7 +63,8 @@ class BpeModel {
       absl::Span<const std::pair<std::string, std::string>> merges, const Options& options,
       bool byte_fallback, absl::FunctionRef<std::string(size_t)> describe_merge);
 
-  // Appends the ids of `word` (raw bytes, one pre-token) to `ids`.
+  // Appends the ids of `word` (one pre-token: raw bytes, or valid UTF-8 when
+  // char_level) to `ids`.
   void Encode(std::string_view word, std::vector<int32_t>* ids) const;
 
   // The two merge algorithms, which give the same ids: a rescan of a small
@@ -101,10 +109,15 @@ class BpeModel {
   void MergeScan(std::vector<int32_t>* symbols) const;
   void MergeHeap(std::vector<int32_t>* symbols) const;
 
+  // The UTF-8 bytes of one character, packed, as a key of char_ids_.
+  static uint32_t CharKey(std::string_view c);
+
   Options options_;
-  std::array<int32_t, 256> byte_ids_{};  // -1: no token for the byte.
+  // -1: no token for the byte. When char_level, only the <0xXX> tokens.
+  std::array<int32_t, 256> byte_ids_{};
+  absl::flat_hash_map<uint32_t, int32_t> char_ids_;  // char_level: one-character tokens.
   absl::flat_hash_map<uint64_t, MergeRule> merges_;
-  // Raw bytes -> id of every token, for ignore_merges; empty otherwise.
+  // Text -> id of every token, for ignore_merges; empty otherwise.
   absl::flat_hash_map<std::string, int32_t> whole_words_;
   mutable WordCache cache_;
 };

@@ -18,7 +18,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "base/status_macros.h"
 #include "engine/bpe_byte_level.h"
 #include "engine/bpe_model.h"
@@ -242,31 +244,130 @@ class AddedTokenMatcher {
 // ---------------------------------------------------------------------------
 // The tokenizer.
 
+// One normalizer of the chain, applied in order.
+struct NormalizerStep {
+  enum class Kind { kUnicode, kPrepend, kReplace };
+  Kind kind = Kind::kUnicode;
+  const icu::Normalizer2* unicode = nullptr;  // kUnicode: NFC, NFKC, NFD or NFKD.
+  // kUnicode: text whose bytes are all below this is already normalized.
+  unsigned char unchanged_below = 0x80;
+  std::string pattern;  // kReplace: what is replaced (a literal string).
+  std::string content;  // kPrepend: what is put before; kReplace: the replacement.
+};
+
 struct PreTokenizerStep {
-  enum class Kind { kSplit, kByteLevel };
+  enum class Kind { kSplit, kByteLevel, kMetaspace };
+  enum class Prepend { kAlways, kFirst, kNever };
   Kind kind = Kind::kSplit;
-  std::unique_ptr<SplitRegex> regex;  // Null for ByteLevel without use_regex.
+  // Split's pattern; ByteLevel's regex (null without use_regex); Metaspace's
+  // replacement as a literal (null without split).
+  std::unique_ptr<SplitRegex> regex;
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;
   bool add_prefix_space = false;  // ByteLevel only.
+  std::string replacement;        // Metaspace only.
+  Prepend prepend = Prepend::kAlways;  // Metaspace only.
+};
+
+// How ids become text: steps applied to each token's spelling, then (after a
+// Fuse) a strip at the ends of the whole text.
+struct DecoderSpec {
+  struct TokenStep {
+    enum class Kind { kByteLevel, kByteFallback, kReplace, kStrip };
+    Kind kind = Kind::kByteLevel;
+    std::string pattern, content;  // kReplace: pattern -> content; kStrip: content.
+    int start = 0, stop = 0;       // kStrip: how many to strip at each end.
+  };
+  std::vector<TokenStep> per_token;
+  bool fused = false;      // A Fuse seen: later steps see the whole text.
+  std::string strip;       // Stripped from the whole text's ends...
+  int strip_start = 0;     // ... up to this many times at the start
+  int strip_stop = 0;      // ... and at the end.
 };
 
 // Everything a loader gathers; BpeTokenizer::Create checks and indexes it.
 struct TokenizerSpec {
-  absl::flat_hash_map<std::string, int32_t> vocab;  // Byte-level form -> id.
+  // Token -> id, tokens in byte-level form unless model_options.char_level.
+  absl::flat_hash_map<std::string, int32_t> vocab;
   std::vector<std::pair<std::string, std::string>> merges;
   BpeModel::Options model_options;
   bool byte_fallback = false;
   std::vector<AddedTokenSpec> added;
-  bool nfc = false;
+  std::vector<NormalizerStep> normalizer;
   std::vector<PreTokenizerStep> pre_tokenizer;
+  DecoderSpec decoder;
 };
 
 // Per-Encode buffers, so that Encode allocates little and shares nothing.
 struct EncodeScratch {
-  std::string normalized;
+  std::array<std::string, 2> normalized;  // Normalizers alternate between them.
   std::string prefixed;  // ByteLevel's add_prefix_space.
 };
+
+// The number of times `affix` repeats at the start (or, with `at_end`, the
+// end) of `text`, at most `limit`.
+size_t RepeatsAtEnd(std::string_view text, std::string_view affix, int limit, bool at_end) {
+  size_t n = 0;
+  while (static_cast<int>(n) < limit && !affix.empty() && text.size() >= (n + 1) * affix.size() &&
+         text.substr(at_end ? text.size() - (n + 1) * affix.size() : n * affix.size(), affix.size()) == affix) {
+    ++n;
+  }
+  return n * affix.size();
+}
+
+// `text` less up to `start` copies of `affix` at its start and `stop` at its end.
+std::string_view StripAffix(std::string_view text, std::string_view affix, int start, int stop) {
+  const size_t front = RepeatsAtEnd(text, affix, start, /*at_end=*/false);
+  text.remove_prefix(front);
+  text.remove_suffix(RepeatsAtEnd(text, affix, stop, /*at_end=*/true));
+  return text;
+}
+
+// The byte a byte-fallback token "<0xXX>" stands for, or -1.
+int ByteFallbackValue(std::string_view token) {
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
+  int value = 0;
+  for (char c : token.substr(3, 2)) {
+    value <<= 4;
+    if (c >= '0' && c <= '9') {
+      value |= c - '0';
+    } else if (c >= 'A' && c <= 'F') {
+      value |= c - 'A' + 10;
+    } else if (c >= 'a' && c <= 'f') {
+      value |= c - 'a' + 10;
+    } else {
+      return -1;
+    }
+  }
+  return value;
+}
+
+// What one token's spelling decodes to under the per-token steps. Added
+// tokens keep their bytes through the byte-level and byte-fallback steps.
+std::string DecodeToken(std::string_view token, const DecoderSpec& decoder, bool added) {
+  std::string text(token);
+  for (const DecoderSpec::TokenStep& step : decoder.per_token) {
+    switch (step.kind) {
+      case DecoderSpec::TokenStep::Kind::kByteLevel:
+        if (added) break;
+        // A token outside the byte-level alphabet decodes to its own UTF-8,
+        // as Hugging Face's ByteLevel decoder does.
+        if (absl::StatusOr<std::string> raw = ByteLevelDecode(text); raw.ok()) text = *std::move(raw);
+        break;
+      case DecoderSpec::TokenStep::Kind::kByteFallback:
+        if (added) break;
+        if (const int b = ByteFallbackValue(text); b >= 0) text.assign(1, static_cast<char>(b));
+        break;
+      case DecoderSpec::TokenStep::Kind::kReplace:
+        text = absl::StrReplaceAll(text, {{step.pattern, step.content}});
+        break;
+      case DecoderSpec::TokenStep::Kind::kStrip:
+        text = std::string(StripAffix(text, step.content, step.start, step.stop));
+        break;
+    }
+  }
+  return text;
+}
 
 class BpeTokenizer final : public Tokenizer {
  public:
@@ -279,6 +380,7 @@ class BpeTokenizer final : public Tokenizer {
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override;
   absl::StatusOr<std::string> DecodeBytes(absl::Span<const int32_t> ids,
                                           bool skip_special) const override;
+  absl::StatusOr<std::string_view> TokenBytes(int32_t id, bool skip_special) const override;
   int32_t TokenToId(std::string_view token) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   const std::vector<AddedToken>& added_tokens() const override { return added_tokens_; }
@@ -286,15 +388,23 @@ class BpeTokenizer final : public Tokenizer {
  private:
   enum class IdKind : uint8_t { kNone, kModel, kAdded, kSpecial };
 
-  absl::Status EncodeUnmatched(std::string_view text, EncodeScratch& scratch,
+  // `first`: the text starts where the encoded text does (Metaspace's
+  // prepend_scheme "first" looks at it).
+  absl::Status EncodeUnmatched(std::string_view text, bool first, EncodeScratch& scratch,
                                std::vector<int32_t>* ids) const;
-  absl::Status PreTokenize(std::string_view piece, size_t step, EncodeScratch& scratch,
+  absl::Status PreTokenize(std::string_view piece, size_t step, bool first, EncodeScratch& scratch,
                            std::vector<int32_t>* ids) const;
-  absl::StatusOr<std::string_view> Normalize(std::string_view text, std::string* out) const;
+  // The normalized text: `text` itself, or one of the scratch buffers.
+  absl::StatusOr<std::string_view> Normalize(std::string_view text,
+                                             std::array<std::string, 2>& buffers) const;
 
   std::unique_ptr<BpeModel> model_;
+  std::vector<NormalizerStep> normalizer_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
-  const icu::Normalizer2* nfc_ = nullptr;  // Null: no normalizer.
+  // The decoder's strip at the ends of the whole text.
+  std::string strip_;
+  int strip_start_ = 0;
+  int strip_stop_ = 0;
   std::vector<AddedTokenSpec> added_specs_;
   std::vector<AddedToken> added_tokens_;
   // Added tokens matched in the raw text, and those (normalized: true)
@@ -316,23 +426,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer);
   ASSIGN_OR_RETURN(t->model_, BpeModel::Create(spec.vocab, spec.merges, spec.model_options,
                                                spec.byte_fallback, describe_merge));
-  if (spec.nfc) {
-    UErrorCode status = U_ZERO_ERROR;
-    t->nfc_ = icu::Normalizer2::getNFCInstance(status);
-    if (U_FAILURE(status)) {
-      return absl::InternalError(absl::StrCat("ICU NFC normalizer: ", u_errorName(status)));
-    }
-  }
+  t->normalizer_ = std::move(spec.normalizer);
 
   int64_t max_id = -1;
   for (const auto& [token, id] : spec.vocab) max_id = std::max<int64_t>(max_id, id);
   for (const AddedTokenSpec& a : spec.added) max_id = std::max<int64_t>(max_id, a.token.id);
   t->vocab_size_ = max_id + 1;
 
-  // Decoded bytes per id. Added tokens decode to their content; a model
-  // token to its byte-level decoding, or, when it holds characters outside
-  // the byte-level alphabet, to its own UTF-8 (Hugging Face's ByteLevel
-  // decoder does the same).
+  // Decoded bytes per id, through the decoder's per-token steps.
   std::vector<std::string_view> text_of(t->vocab_size_);
   std::vector<IdKind> kinds(t->vocab_size_, IdKind::kNone);
   for (const auto& [token, id] : spec.vocab) {
@@ -347,11 +448,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(
   t->id_offsets_.reserve(t->vocab_size_ + 1);
   t->id_offsets_.push_back(0);
   for (int64_t id = 0; id < t->vocab_size_; ++id) {
-    if (kinds[id] == IdKind::kModel) {
-      absl::StatusOr<std::string> raw = ByteLevelDecode(text_of[id]);
-      t->id_bytes_.append(raw.ok() ? *raw : std::string(text_of[id]));
-    } else {
-      t->id_bytes_.append(text_of[id]);
+    if (kinds[id] != IdKind::kNone) {
+      t->id_bytes_.append(DecodeToken(text_of[id], spec.decoder, /*added=*/kinds[id] != IdKind::kModel));
     }
     if (t->id_bytes_.size() > UINT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": vocabulary too large"));
@@ -363,11 +461,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(
   for (size_t i = 0; i < spec.added.size(); ++i) {
     const AddedTokenSpec& a = spec.added[i];
     t->added_ids_.insert_or_assign(a.token.content, a.token.id);
-    if (!a.normalized || !spec.nfc) {
+    if (!a.normalized || t->normalizer_.empty()) {
       t->raw_matcher_.Add(a.token.content, static_cast<int>(i));
     } else {
-      std::string scratch;
-      ASSIGN_OR_RETURN(std::string_view pattern, t->Normalize(a.token.content, &scratch));
+      // Hugging Face matches these in normalized text, so it normalizes
+      // their content too (Prepend included).
+      std::array<std::string, 2> scratch;
+      ASSIGN_OR_RETURN(std::string_view pattern, t->Normalize(a.token.content, scratch));
       t->normalized_matcher_.Add(pattern, static_cast<int>(i));
     }
     t->added_tokens_.push_back(a.token);
@@ -375,28 +475,49 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(
   t->added_specs_ = std::move(spec.added);
   t->vocab_ = std::move(spec.vocab);
   t->pre_tokenizer_ = std::move(spec.pre_tokenizer);
+  t->strip_ = std::move(spec.decoder.strip);
+  t->strip_start_ = spec.decoder.strip_start;
+  t->strip_stop_ = spec.decoder.strip_stop;
   return std::unique_ptr<Tokenizer>(std::move(t));
 }
 
 absl::StatusOr<std::string_view> BpeTokenizer::Normalize(std::string_view text,
-                                                         std::string* out) const {
-  if (nfc_ == nullptr) return text;
-  // Nothing below U+0300 (lead byte 0xCC) changes or combines under NFC.
-  if (std::all_of(text.begin(), text.end(),
-                  [](char c) { return static_cast<unsigned char>(c) < 0xCC; })) {
-    return text;
+                                                         std::array<std::string, 2>& buffers) const {
+  std::string_view current = text;
+  for (const NormalizerStep& step : normalizer_) {
+    // Each result goes to the buffer `current` is not in.
+    std::string& out = current.data() == buffers[0].data() ? buffers[1] : buffers[0];
+    switch (step.kind) {
+      case NormalizerStep::Kind::kUnicode: {
+        const unsigned char below = step.unchanged_below;
+        if (std::all_of(current.begin(), current.end(),
+                        [below](char c) { return static_cast<unsigned char>(c) < below; })) {
+          continue;
+        }
+        const icu::StringPiece piece(current.data(), static_cast<int32_t>(current.size()));
+        UErrorCode status = U_ZERO_ERROR;
+        if (step.unicode->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) continue;
+        out.clear();
+        icu::StringByteSink<std::string> sink(&out);
+        status = U_ZERO_ERROR;
+        step.unicode->normalizeUTF8(0, piece, sink, nullptr, status);
+        if (U_FAILURE(status)) {
+          return absl::InternalError(absl::StrCat("Unicode normalization failed: ", u_errorName(status)));
+        }
+        break;
+      }
+      case NormalizerStep::Kind::kPrepend:
+        if (current.empty()) continue;  // Hugging Face prepends only to non-empty text.
+        out.assign(step.content).append(current);
+        break;
+      case NormalizerStep::Kind::kReplace:
+        if (current.find(step.pattern) == std::string_view::npos) continue;
+        out = absl::StrReplaceAll(AbslView(current), {{step.pattern, step.content}});
+        break;
+    }
+    current = out;
   }
-  const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
-  UErrorCode status = U_ZERO_ERROR;
-  if (nfc_->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return text;
-  out->clear();
-  icu::StringByteSink<std::string> sink(out);
-  status = U_ZERO_ERROR;
-  nfc_->normalizeUTF8(0, piece, sink, nullptr, status);
-  if (U_FAILURE(status)) {
-    return absl::InternalError(absl::StrCat("NFC normalization failed: ", u_errorName(status)));
-  }
-  return std::string_view(*out);
+  return current;
 }
 
 absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text) const {
@@ -412,7 +533,7 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text)
     if (id >= 0) {
       ids.push_back(id);
     } else {
-      status = EncodeUnmatched(piece, scratch, &ids);
+      status = EncodeUnmatched(piece, /*first=*/piece.data() == text.data(), scratch, &ids);
     }
   });
   RETURN_IF_ERROR(status);
@@ -421,40 +542,48 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text)
 
 // Text between raw-matched added tokens: normalize, find the normalized
 // added tokens, pre-tokenize and merge the rest.
-absl::Status BpeTokenizer::EncodeUnmatched(std::string_view text, EncodeScratch& scratch,
+absl::Status BpeTokenizer::EncodeUnmatched(std::string_view text, bool first, EncodeScratch& scratch,
                                            std::vector<int32_t>* ids) const {
-  ASSIGN_OR_RETURN(std::string_view normalized, Normalize(text, &scratch.normalized));
+  ASSIGN_OR_RETURN(std::string_view normalized, Normalize(text, scratch.normalized));
   absl::Status status;
   normalized_matcher_.Split(normalized, added_specs_, [&](std::string_view piece, int32_t id) {
     if (!status.ok()) return;
     if (id >= 0) {
       ids->push_back(id);
     } else {
-      status = PreTokenize(piece, 0, scratch, ids);
+      status = PreTokenize(piece, 0, first && piece.data() == normalized.data(), scratch, ids);
     }
   });
   return status;
 }
 
-absl::Status BpeTokenizer::PreTokenize(std::string_view piece, size_t step, EncodeScratch& scratch,
-                                       std::vector<int32_t>* ids) const {
+absl::Status BpeTokenizer::PreTokenize(std::string_view piece, size_t step, bool first,
+                                       EncodeScratch& scratch, std::vector<int32_t>* ids) const {
   if (piece.empty()) return absl::OkStatus();
   if (step == pre_tokenizer_.size()) {
     model_->Encode(piece, ids);
     return absl::OkStatus();
   }
   const PreTokenizerStep& s = pre_tokenizer_[step];
+  std::string metaspaced;  // Metaspace's rewrite of the piece.
   if (s.kind == PreTokenizerStep::Kind::kByteLevel) {
     // Safe to reuse one buffer: ByteLevel is the last step (checked on load).
     if (s.add_prefix_space && piece[0] != ' ') {
       scratch.prefixed.assign(1, ' ').append(piece);
       piece = scratch.prefixed;
     }
-    if (s.regex == nullptr) return PreTokenize(piece, step + 1, scratch, ids);
+    if (s.regex == nullptr) return PreTokenize(piece, step + 1, first, scratch, ids);
+  } else if (s.kind == PreTokenizerStep::Kind::kMetaspace) {
+    metaspaced = absl::StrReplaceAll(AbslView(piece), {{" ", s.replacement}});
+    const bool prepend = s.prepend == PreTokenizerStep::Prepend::kAlways ||
+                         (s.prepend == PreTokenizerStep::Prepend::kFirst && first);
+    if (prepend && !absl::StartsWith(metaspaced, s.replacement)) metaspaced.insert(0, s.replacement);
+    piece = metaspaced;
+    if (s.regex == nullptr) return PreTokenize(piece, step + 1, first, scratch, ids);
   }
   absl::Status inner;
   RETURN_IF_ERROR(SplitPieces(*s.regex, piece, s.behavior, s.invert, [&](std::string_view sub) {
-    if (inner.ok()) inner = PreTokenize(sub, step + 1, scratch, ids);
+    if (inner.ok()) inner = PreTokenize(sub, step + 1, first && sub.data() == piece.data(), scratch, ids);
   }));
   return inner;
 }
@@ -464,14 +593,23 @@ absl::StatusOr<std::string> BpeTokenizer::DecodeBytes(absl::Span<const int32_t> 
   std::string out;
   out.reserve(ids.size() * 4);
   for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size_ || id_kinds_[id] == IdKind::kNone) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", id, " is not in the vocabulary (size ", vocab_size_, ")"));
-    }
-    if (skip_special && id_kinds_[id] == IdKind::kSpecial) continue;
-    out.append(id_bytes_, id_offsets_[id], id_offsets_[id + 1] - id_offsets_[id]);
+    ASSIGN_OR_RETURN(std::string_view bytes, TokenBytes(id, skip_special));
+    out.append(bytes);
+  }
+  if (strip_start_ > 0 || strip_stop_ > 0) {
+    const std::string_view kept = StripAffix(out, strip_, strip_start_, strip_stop_);
+    if (kept.size() != out.size()) out = std::string(kept);
   }
   return out;
+}
+
+absl::StatusOr<std::string_view> BpeTokenizer::TokenBytes(int32_t id, bool skip_special) const {
+  if (id < 0 || id >= vocab_size_ || id_kinds_[id] == IdKind::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", id, " is not in the vocabulary (size ", vocab_size_, ")"));
+  }
+  if (skip_special && id_kinds_[id] == IdKind::kSpecial) return std::string_view();
+  return std::string_view(id_bytes_).substr(id_offsets_[id], id_offsets_[id + 1] - id_offsets_[id]);
 }
 
 int32_t BpeTokenizer::TokenToId(std::string_view token) const {
@@ -535,13 +673,30 @@ absl::StatusOr<int32_t> IdValue(const Json& v, const std::string& source,
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
-absl::Status ParseNormalizer(const Json& node, const std::string& source, const std::string& field,
-                             bool* nfc) {
-  ASSIGN_OR_RETURN(std::string type, TypeOf(node, source, field));
-  if (type == "NFC") {
-    *nfc = true;
-    return absl::OkStatus();
+absl::StatusOr<std::string> StringMember(const Json& object, const char* key, const std::string& source,
+                                         const std::string& field) {
+  const Json* v = Member(object, key);
+  if (v == nullptr || !v->is_string()) {
+    return FieldError(source, absl::StrCat(field, ".", key), "is missing or not a string");
   }
+  return v->get<std::string>();
+}
+
+// A Replace's or Split's literal pattern, {"String": s}; a regex one is
+// refused where only literals are supported.
+absl::StatusOr<std::string> StringPattern(const Json& node, const std::string& source, const std::string& field) {
+  const Json* pattern = Member(node, "pattern");
+  const Json* literal = pattern != nullptr && pattern->is_object() ? Member(*pattern, "String") : nullptr;
+  if (literal == nullptr || !literal->is_string() || literal->get_ref<const std::string&>().empty()) {
+    return FieldError(source, field + ".pattern",
+                      "is not {\"String\": non-empty string} (a Regex pattern is not supported here)");
+  }
+  return literal->get<std::string>();
+}
+
+absl::Status ParseNormalizer(const Json& node, const std::string& source, const std::string& field,
+                             std::vector<NormalizerStep>* steps) {
+  ASSIGN_OR_RETURN(std::string type, TypeOf(node, source, field));
   if (type == "Sequence") {
     const Json* list = Member(node, "normalizers");
     if (list == nullptr || !list->is_array()) {
@@ -549,11 +704,49 @@ absl::Status ParseNormalizer(const Json& node, const std::string& source, const 
     }
     for (size_t i = 0; i < list->size(); ++i) {
       RETURN_IF_ERROR(
-          ParseNormalizer((*list)[i], source, absl::StrCat(field, ".normalizers[", i, "]"), nfc));
+          ParseNormalizer((*list)[i], source, absl::StrCat(field, ".normalizers[", i, "]"), steps));
     }
     return absl::OkStatus();
   }
-  return Unsupported(source, field, type);
+  NormalizerStep step;
+  if (type == "NFC" || type == "NFKC" || type == "NFD" || type == "NFKD") {
+    UErrorCode status = U_ZERO_ERROR;
+    step.unicode = type == "NFC"    ? icu::Normalizer2::getNFCInstance(status)
+                   : type == "NFKC" ? icu::Normalizer2::getNFKCInstance(status)
+                   : type == "NFD"  ? icu::Normalizer2::getNFDInstance(status)
+                                    : icu::Normalizer2::getNFKDInstance(status);
+    if (U_FAILURE(status)) {
+      return absl::InternalError(absl::StrCat("ICU ", type, " normalizer: ", u_errorName(status)));
+    }
+    // Nothing below U+0300 (lead byte 0xCC) changes or combines under NFC;
+    // the other forms leave only ASCII alone.
+    step.unchanged_below = type == "NFC" ? 0xCC : 0x80;
+  } else if (type == "Prepend") {
+    step.kind = NormalizerStep::Kind::kPrepend;
+    ASSIGN_OR_RETURN(step.content, StringMember(node, "prepend", source, field));
+  } else if (type == "Replace") {
+    step.kind = NormalizerStep::Kind::kReplace;
+    ASSIGN_OR_RETURN(step.pattern, StringPattern(node, source, field));
+    ASSIGN_OR_RETURN(step.content, StringMember(node, "content", source, field));
+  } else {
+    return Unsupported(source, field, type);
+  }
+  steps->push_back(std::move(step));
+  return absl::OkStatus();
+}
+
+// Metaspace's prepend_scheme, or in older files its add_prefix_space
+// (true: "always"); "always" when neither is given.
+absl::StatusOr<PreTokenizerStep::Prepend> MetaspacePrepend(const Json& node, const std::string& source,
+                                                           const std::string& field) {
+  if (const Json* scheme = Member(node, "prepend_scheme"); scheme != nullptr) {
+    if (*scheme == "always") return PreTokenizerStep::Prepend::kAlways;
+    if (*scheme == "first") return PreTokenizerStep::Prepend::kFirst;
+    if (*scheme == "never") return PreTokenizerStep::Prepend::kNever;
+    return FieldError(source, field + ".prepend_scheme", "is not \"always\", \"first\" or \"never\"");
+  }
+  ASSIGN_OR_RETURN(bool add_prefix_space, BoolMember(node, "add_prefix_space", true, source, field));
+  return add_prefix_space ? PreTokenizerStep::Prepend::kAlways : PreTokenizerStep::Prepend::kNever;
 }
 
 absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
@@ -584,6 +777,18 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
     if (use_regex) {
       ASSIGN_OR_RETURN(step.regex, SplitRegex::Compile(kGpt2SplitRegex));
     }
+  } else if (type == "Metaspace") {
+    step.kind = PreTokenizerStep::Kind::kMetaspace;
+    step.replacement = "\u2581";
+    if (Member(node, "replacement") != nullptr) {
+      ASSIGN_OR_RETURN(step.replacement, StringMember(node, "replacement", source, field));
+    }
+    ASSIGN_OR_RETURN(step.prepend, MetaspacePrepend(node, source, field));
+    ASSIGN_OR_RETURN(bool split, BoolMember(node, "split", true, source, field));
+    if (split) {
+      ASSIGN_OR_RETURN(step.regex, SplitRegex::Compile(step.replacement, /*literal=*/true));
+      step.behavior = SplitBehavior::kMergedWithNext;
+    }
   } else if (type == "Split") {
     const Json* pattern = Member(node, "pattern");
     const Json* regex =
@@ -611,6 +816,12 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
       step.behavior = SplitBehavior::kIsolated;
     } else if (b == "Removed") {
       step.behavior = SplitBehavior::kRemoved;
+    } else if (b == "MergedWithPrevious") {
+      step.behavior = SplitBehavior::kMergedWithPrevious;
+    } else if (b == "MergedWithNext") {
+      step.behavior = SplitBehavior::kMergedWithNext;
+    } else if (b == "Contiguous") {
+      step.behavior = SplitBehavior::kContiguous;
     } else {
       return FieldError(source, absl::StrCat(field, ".behavior \"", b, "\""), "is not supported");
     }
@@ -619,6 +830,86 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
     return Unsupported(source, field, type);
   }
   steps->push_back(std::move(step));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CountMember(const Json& node, const char* key, const std::string& source,
+                                const std::string& field) {
+  const Json* v = Member(node, key);
+  if (v == nullptr) return 0;
+  if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 64) {
+    return FieldError(source, absl::StrCat(field, ".", key), "is not a count in [0, 64]");
+  }
+  return static_cast<int>(v->get<int64_t>());
+}
+
+absl::Status ParseDecoder(const Json& node, const std::string& source, const std::string& field,
+                          DecoderSpec* decoder) {
+  ASSIGN_OR_RETURN(std::string type, TypeOf(node, source, field));
+  if (type == "Sequence") {
+    const Json* list = Member(node, "decoders");
+    if (list == nullptr || !list->is_array()) {
+      return FieldError(source, field + ".decoders", "is missing or not an array");
+    }
+    for (size_t i = 0; i < list->size(); ++i) {
+      RETURN_IF_ERROR(ParseDecoder((*list)[i], source, absl::StrCat(field, ".decoders[", i, "]"), decoder));
+    }
+    return absl::OkStatus();
+  }
+  if (type == "Fuse") {
+    decoder->fused = true;
+    return absl::OkStatus();
+  }
+  using Step = DecoderSpec::TokenStep;
+  Step step;
+  if (type == "Strip") {
+    step.kind = Step::Kind::kStrip;
+    ASSIGN_OR_RETURN(step.content, StringMember(node, "content", source, field));
+    ASSIGN_OR_RETURN(step.start, CountMember(node, "start", source, field));
+    ASSIGN_OR_RETURN(step.stop, CountMember(node, "stop", source, field));
+    if (decoder->fused) {  // The whole text's ends.
+      if (decoder->strip_start > 0 || decoder->strip_stop > 0) {
+        return FieldError(source, field, "is a second Strip after Fuse (not supported)");
+      }
+      decoder->strip = std::move(step.content);
+      decoder->strip_start = step.start;
+      decoder->strip_stop = step.stop;
+      return absl::OkStatus();
+    }
+    decoder->per_token.push_back(std::move(step));
+    return absl::OkStatus();
+  }
+  // The rest work token by token.
+  if (decoder->fused) {
+    return FieldError(source, absl::StrCat(field, ".type \"", type, "\""),
+                      "after a Fuse is not supported (only Strip may follow it)");
+  }
+  if (type == "ByteLevel") {
+    step.kind = Step::Kind::kByteLevel;
+  } else if (type == "ByteFallback") {
+    step.kind = Step::Kind::kByteFallback;
+  } else if (type == "Replace") {
+    step.kind = Step::Kind::kReplace;
+    ASSIGN_OR_RETURN(step.pattern, StringPattern(node, source, field));
+    ASSIGN_OR_RETURN(step.content, StringMember(node, "content", source, field));
+  } else if (type == "Metaspace") {
+    // Its replacement becomes a space, and the text's first token loses
+    // the one its pre-tokenizer put there (transformers' MetaspaceDecoder).
+    step.kind = Step::Kind::kReplace;
+    step.pattern = "\u2581";
+    if (Member(node, "replacement") != nullptr) {
+      ASSIGN_OR_RETURN(step.pattern, StringMember(node, "replacement", source, field));
+    }
+    step.content = " ";
+    ASSIGN_OR_RETURN(PreTokenizerStep::Prepend prepend, MetaspacePrepend(node, source, field));
+    if (prepend != PreTokenizerStep::Prepend::kNever) {
+      decoder->strip = " ";
+      decoder->strip_start = 1;
+    }
+  } else {
+    return Unsupported(source, field, type);
+  }
+  decoder->per_token.push_back(std::move(step));
   return absl::OkStatus();
 }
 
@@ -685,7 +976,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const Json& root, const std:
     const Json* affix = Member(*model, key);
     if (affix != nullptr && !(affix->is_string() && affix->get_ref<const std::string&>().empty())) {
       return FieldError(source, absl::StrCat("model.", key),
-                        "is not supported (byte-level BPE has none)");
+                        "is not supported (only empty or null)");
     }
   }
   if (const Json* unk = Member(*model, "unk_token"); unk != nullptr) {
@@ -726,24 +1017,26 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const Json& root, const std:
   }
 
   if (const Json* normalizer = Member(root, "normalizer"); normalizer != nullptr) {
-    RETURN_IF_ERROR(ParseNormalizer(*normalizer, source, "normalizer", &spec.nfc));
+    RETURN_IF_ERROR(ParseNormalizer(*normalizer, source, "normalizer", &spec.normalizer));
   }
 
   const Json* pre = Member(root, "pre_tokenizer");
   if (pre != nullptr) {
     RETURN_IF_ERROR(ParsePreTokenizer(*pre, source, "pre_tokenizer", &spec.pre_tokenizer));
   }
-  if (spec.pre_tokenizer.empty() ||
-      spec.pre_tokenizer.back().kind != PreTokenizerStep::Kind::kByteLevel) {
-    return FieldError(source, "pre_tokenizer",
-                      "has no ByteLevel step (only byte-level BPE is supported)");
-  }
+  // A ByteLevel pre-tokenizer makes the vocabulary byte-level; without one
+  // it spells the text itself (SentencePiece-style: Llama-2, Gemma, Mistral).
+  const bool byte_level = !spec.pre_tokenizer.empty() &&
+                          spec.pre_tokenizer.back().kind == PreTokenizerStep::Kind::kByteLevel;
+  spec.model_options.char_level = !byte_level;
 
-  // The decoder is always byte-level: the model is, and null leaves the
-  // choice to us.
   if (const Json* decoder = Member(root, "decoder"); decoder != nullptr) {
-    ASSIGN_OR_RETURN(std::string type, TypeOf(*decoder, source, "decoder"));
-    if (type != "ByteLevel") return Unsupported(source, "decoder", type);
+    RETURN_IF_ERROR(ParseDecoder(*decoder, source, "decoder", &spec.decoder));
+  } else if (byte_level) {
+    spec.decoder.per_token.push_back({});  // Byte-level, as the model is.
+  } else {
+    return FieldError(source, "decoder",
+                      "is missing (only a byte-level tokenizer may leave it out: its decoder is implied)");
   }
 
   const auto& merges = spec.merges;
@@ -813,6 +1106,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGpt2Files(
   byte_level.kind = PreTokenizerStep::Kind::kByteLevel;
   ASSIGN_OR_RETURN(byte_level.regex, SplitRegex::Compile(kGpt2SplitRegex));
   spec.pre_tokenizer.push_back(std::move(byte_level));
+  spec.decoder.per_token.push_back({});  // ByteLevel.
   if (auto it = spec.vocab.find("<|endoftext|>"); it != spec.vocab.end()) {
     AddedTokenSpec eot;
     eot.token = {it->second, "<|endoftext|>", /*special=*/true};
@@ -857,7 +1151,7 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer, bool 
     : tokenizer_(tokenizer), skip_special_(skip_special) {}
 
 absl::StatusOr<std::string> IncrementalDetokenizer::Push(int32_t id) {
-  ASSIGN_OR_RETURN(std::string bytes, tokenizer_->DecodeBytes({id}, skip_special_));
+  ASSIGN_OR_RETURN(std::string_view bytes, tokenizer_->TokenBytes(id, skip_special_));
   pending_ += bytes;
   const size_t complete = CompleteUtf8Prefix(pending_);
   std::string out = SanitizeUtf8(std::string_view(pending_).substr(0, complete));

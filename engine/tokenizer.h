@@ -1,21 +1,27 @@
-// Byte-level BPE tokenizers as Hugging Face and GPT-2 define them: text in,
-// token ids out, and back.
+// BPE tokenizers as Hugging Face and GPT-2 define them: text in, token ids
+// out, and back.
 //
 //   ASSIGN_OR_RETURN(auto tok, Tokenizer::Load(model_dir));
 //   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode("Hello, world"));
 //
-// Sources: a Hugging Face `tokenizer.json` (BPE model; normalizer none or NFC;
-// pre-tokenizers ByteLevel and Split with the GPT-2, Llama-3 and Qwen2 regex
-// patterns, alone or in a Sequence; ByteLevel decoder), or GPT-2's own file
-// pair (`vocab.json` + `merges.txt`, or the older `encoder.json` +
-// `vocab.bpe`). Added tokens that appear literally in the text are
-// recognised before pre-tokenization, as Hugging Face does by default
-// (longest match first; single_word, lstrip and rstrip honoured). Encode
-// adds nothing (no BOS, no template tokens). Anything else a file asks for
-// (other normalizers, pre-tokenizers, Split behaviors than Isolated and
-// Removed, decoders, BPE dropout) fails to load with InvalidArgument rather
-// than tokenizing differently. A Tokenizer is immutable after loading and
-// safe to use from many threads.
+// Sources: a Hugging Face `tokenizer.json` with a BPE model, or GPT-2's own
+// file pair (`vocab.json` + `merges.txt`, or the older `encoder.json` +
+// `vocab.bpe`). From tokenizer.json: the normalizers NFC, NFKC, NFD, NFKD,
+// Prepend and Replace (a literal pattern), alone or in a Sequence; the
+// pre-tokenizers ByteLevel, Split (any regex or literal; every behavior) and
+// Metaspace (each prepend_scheme, or the older add_prefix_space), alone or
+// in a Sequence; the decoders ByteLevel, ByteFallback, Replace, Metaspace,
+// Fuse and Strip. A ByteLevel pre-tokenizer makes the model byte-level
+// (GPT-2, Llama-3, Qwen); without one it is character-level with byte
+// fallback and unk as Hugging Face's BPE applies them (SentencePiece-style:
+// Llama-2, Gemma, Mistral). Added tokens that appear literally in the text
+// are recognised before pre-tokenization, as Hugging Face does by default
+// (longest match first; single_word, lstrip, rstrip and normalized
+// honoured). Encode adds nothing (no BOS, no template tokens). Anything else
+// a file asks for (other models, normalizers, pre-tokenizers and decoders,
+// a decoder step after Fuse other than Strip, BPE dropout) fails to load
+// with InvalidArgument rather than tokenizing differently. A Tokenizer is
+// immutable after loading and safe to use from many threads.
 #ifndef DUET_ENGINE_TOKENIZER_H_
 #define DUET_ENGINE_TOKENIZER_H_
 
@@ -55,6 +61,12 @@ class Tokenizer {
   // ids do; InvalidArgument for an id outside the vocabulary.
   virtual absl::StatusOr<std::string> DecodeBytes(absl::Span<const int32_t> ids,
                                                   bool skip_special = false) const = 0;
+  // The bytes one id stands for inside a text (empty for a special token
+  // when skip_special): DecodeBytes is these concatenated, less what the
+  // decoder strips from the text's ends (SentencePiece-style decoders drop
+  // the space their normalizer put before the text, so a streamed
+  // continuation keeps its leading space where the whole text would not).
+  virtual absl::StatusOr<std::string_view> TokenBytes(int32_t id, bool skip_special = false) const = 0;
   // DecodeBytes with invalid UTF-8 sequences replaced by U+FFFD, as Hugging
   // Face's decode does.
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids, bool skip_special = false) const;
@@ -66,8 +78,9 @@ class Tokenizer {
 };
 
 // Streams text for a growing list of ids without ever emitting half a UTF-8
-// character: the concatenation of everything Push and Finish return equals
-// Decode(all ids).
+// character: the concatenation of everything Push and Finish return is the
+// ids' TokenBytes, sanitized as Decode does: Decode(all ids), but for what a
+// decoder strips from the text's ends (see TokenBytes).
 //
 //   IncrementalDetokenizer d(tok.get());
 //   for (int32_t id : ids) out += d.Push(id).value();

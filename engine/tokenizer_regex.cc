@@ -1,9 +1,13 @@
 #include "engine/tokenizer_regex.h"
 
+#include <algorithm>
+#include <vector>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/bpe_byte_level.h"
 
 namespace duet::engine {
 namespace {
@@ -27,14 +31,6 @@ pcre2_match_data* ThreadMatchData() {
   };
   thread_local Holder holder;
   return holder.data;
-}
-
-// Length of the UTF-8 character that starts with byte `lead`.
-size_t Utf8Length(unsigned char lead) {
-  if (lead < 0xC0) return 1;
-  if (lead < 0xE0) return 2;
-  if (lead < 0xF0) return 3;
-  return 4;
 }
 
 }  // namespace
@@ -106,19 +102,65 @@ absl::Status SplitRegex::ForEachMatch(std::string_view subject,
 
 absl::Status SplitPieces(const SplitRegex& re, std::string_view text, SplitBehavior behavior,
                          bool invert, absl::FunctionRef<void(std::string_view)> on_piece) {
-  auto emit = [&](size_t begin, size_t end, bool is_match) {
-    if (begin == end) return;
-    if (behavior == SplitBehavior::kRemoved && is_match != invert) return;
-    on_piece(text.substr(begin, end - begin));
+  auto emit = [&](size_t begin, size_t end) {
+    if (begin < end) on_piece(text.substr(begin, end - begin));
   };
+  if (behavior == SplitBehavior::kIsolated || behavior == SplitBehavior::kRemoved) {
+    auto maybe_emit = [&](size_t begin, size_t end, bool is_match) {
+      if (behavior == SplitBehavior::kRemoved && is_match != invert) return;
+      emit(begin, end);
+    };
+    size_t previous = 0;
+    absl::Status status = re.ForEachMatch(text, [&](size_t begin, size_t end) {
+      maybe_emit(previous, begin, /*is_match=*/false);
+      maybe_emit(begin, end, /*is_match=*/true);
+      previous = end;
+    });
+    if (!status.ok()) return status;
+    maybe_emit(previous, text.size(), /*is_match=*/false);
+    return absl::OkStatus();
+  }
+  // The merging behaviors look at neighbours: gather the cover first, as
+  // Hugging Face's find_matches does (matches and the non-empty gaps).
+  struct Part {
+    size_t begin, end;
+    bool is_match;
+  };
+  std::vector<Part> parts;
   size_t previous = 0;
   absl::Status status = re.ForEachMatch(text, [&](size_t begin, size_t end) {
-    emit(previous, begin, /*is_match=*/false);
-    emit(begin, end, /*is_match=*/true);
+    if (previous < begin) parts.push_back({previous, begin, invert});
+    if (begin < end) parts.push_back({begin, end, !invert});
     previous = end;
   });
   if (!status.ok()) return status;
-  emit(previous, text.size(), /*is_match=*/false);
+  if (previous < text.size()) parts.push_back({previous, text.size(), invert});
+  std::vector<Part> pieces;
+  bool previous_match = false;
+  if (behavior == SplitBehavior::kMergedWithNext) {
+    for (size_t k = parts.size(); k-- > 0;) {
+      const Part& p = parts[k];
+      if (p.is_match && !previous_match && !pieces.empty()) {
+        pieces.back().begin = p.begin;
+      } else {
+        pieces.push_back(p);
+      }
+      previous_match = p.is_match;
+    }
+    std::reverse(pieces.begin(), pieces.end());
+  } else {
+    for (const Part& p : parts) {
+      const bool merge = behavior == SplitBehavior::kMergedWithPrevious ? p.is_match && !previous_match
+                                                                         : p.is_match == previous_match;
+      if (merge && !pieces.empty()) {
+        pieces.back().end = p.end;
+      } else {
+        pieces.push_back(p);
+      }
+      previous_match = p.is_match;
+    }
+  }
+  for (const Part& p : pieces) emit(p.begin, p.end);
   return absl::OkStatus();
 }
 

@@ -50,11 +50,13 @@ class SplitRegex {
   std::unique_ptr<Impl> impl_;
 };
 
-// What Split does with the matches. Hugging Face's MergedWithPrevious,
-// MergedWithNext and Contiguous are not supported.
+// What Split does with the matches, as Hugging Face's SplitDelimiterBehavior.
 enum class SplitBehavior {
-  kIsolated,  // Matches and the gaps between them each become a piece.
-  kRemoved,   // Gaps become pieces; matches are dropped.
+  kIsolated,            // Matches and the gaps between them each become a piece.
+  kRemoved,             // Gaps become pieces; matches are dropped.
+  kMergedWithPrevious,  // A match joins the piece before it ("a " "b").
+  kMergedWithNext,      // A match joins the piece after it ("a" " b").
+  kContiguous,          // Runs of matches, and of gaps, each become a piece.
 };
 
 // Hugging Face's Split pre-tokenizer: cuts `text` at the matches of `re`

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
 #include "engine/bpe_byte_level.h"
 #include "engine/bpe_model.h"
 #include "engine/bpe_trainer.h"
@@ -396,6 +397,150 @@ TEST_CASE("Split pre-tokenizer in a Sequence with ByteLevel") {
   CHECK(Encode(*FromJson(doc), "abc") == Ids{'a', 'b', 'c'});
 }
 
+std::vector<std::string> SplitWith(std::string_view pattern, std::string_view text, SplitBehavior behavior) {
+  auto re = SplitRegex::Compile(pattern, /*literal=*/true);
+  REQUIRE(re.ok());
+  std::vector<std::string> pieces;
+  REQUIRE(SplitPieces(**re, text, behavior, false, [&](std::string_view p) { pieces.emplace_back(p); }).ok());
+  return pieces;
+}
+
+TEST_CASE("Split behaviors cut as Hugging Face's documentation shows") {
+  // The example in Hugging Face's SplitDelimiterBehavior documentation.
+  const std::string text = "the-final--countdown";
+  CHECK(SplitWith("-", text, SplitBehavior::kRemoved) == Strings{"the", "final", "countdown"});
+  CHECK(SplitWith("-", text, SplitBehavior::kIsolated) ==
+        Strings{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(SplitWith("-", text, SplitBehavior::kMergedWithPrevious) ==
+        Strings{"the-", "final-", "-", "countdown"});
+  CHECK(SplitWith("-", text, SplitBehavior::kMergedWithNext) ==
+        Strings{"the", "-final", "-", "-countdown"});
+  CHECK(SplitWith("-", text, SplitBehavior::kContiguous) == Strings{"the", "-", "final", "--", "countdown"});
+  // Matches at the ends.
+  CHECK(SplitWith("-", "-a-", SplitBehavior::kMergedWithPrevious) == Strings{"-", "a-"});
+  CHECK(SplitWith("-", "-a-", SplitBehavior::kMergedWithNext) == Strings{"-a", "-"});
+}
+
+// A SentencePiece-style vocabulary (Llama-2's layout): <unk>, <s>, </s>, the
+// 256 byte-fallback tokens, then characters and merges spelled with U+2581.
+constexpr int kSpUnk = 0, kSpBos = 1;
+constexpr int kSpByte0 = 3;  // <0x00>; <0xXX> is kSpByte0 + 0xXX.
+constexpr int kSpMeta = 259, kSpH = 260, kSpI = 261, kSpMetaH = 262, kSpMetaHi = 263, kSpMetaMeta = 264;
+const std::string kMeta = "\u2581";
+
+Json SentencePieceJson() {
+  Json vocab = {{"<unk>", kSpUnk}, {"<s>", kSpBos}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) vocab[absl::StrFormat("<0x%02X>", b)] = kSpByte0 + b;
+  vocab[kMeta] = kSpMeta;
+  vocab["h"] = kSpH;
+  vocab["i"] = kSpI;
+  vocab[kMeta + "h"] = kSpMetaH;
+  vocab[kMeta + "hi"] = kSpMetaHi;
+  vocab[kMeta + kMeta] = kSpMetaMeta;
+  Json doc;
+  doc["added_tokens"] = Json::array({AddedToken(kSpUnk, "<unk>", true), AddedToken(kSpBos, "<s>", true),
+                                     AddedToken(2, "</s>", true)});
+  for (Json& a : doc["added_tokens"]) a["normalized"] = false;
+  doc["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", Json::array({Json{{"type", "Prepend"}, {"prepend", kMeta}},
+                                                    Json{{"type", "Replace"},
+                                                         {"pattern", {{"String", " "}}},
+                                                         {"content", kMeta}}})}};
+  doc["pre_tokenizer"] = nullptr;
+  doc["decoder"] = {{"type", "Sequence"},
+                    {"decoders", Json::array({Json{{"type", "Replace"}, {"pattern", {{"String", kMeta}}}, {"content", " "}},
+                                              Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}},
+                                              Json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  doc["model"] = {{"type", "BPE"},     {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
+                  {"vocab", vocab},    {"merges", Json::array({Json::array({kMeta, "h"}), Json::array({kMeta + "h", "i"}),
+                                                               Json::array({kMeta, kMeta})})}};
+  return doc;
+}
+
+Ids Fallback(std::string_view bytes) {
+  Ids ids;
+  for (unsigned char c : bytes) ids.push_back(kSpByte0 + c);
+  return ids;
+}
+
+TEST_CASE("SentencePiece-style: Prepend and Replace normalize, characters merge, bytes fall back") {
+  auto tok = FromJson(SentencePieceJson());
+  CHECK(Encode(*tok, "hi") == Ids{kSpMetaHi});
+  CHECK(Encode(*tok, "hi hi") == Ids{kSpMetaHi, kSpMetaHi});
+  // Each piece between added tokens is normalized on its own, so each gets
+  // its U+2581: " hi" becomes "\u2581\u2581hi", where "\u2581 h" (rank 0)
+  // merges before "\u2581 \u2581" (rank 2) can.
+  CHECK(Encode(*tok, "<s>hi</s> hi") == Ids{kSpBos, kSpMetaHi, 2, kSpMeta, kSpMetaHi});
+  // No token for "é": its two UTF-8 bytes' fallback tokens.
+  Ids e = {kSpMeta};
+  for (int id : Fallback("\xC3\xA9")) e.push_back(id);
+  e.push_back(kSpH);
+  CHECK(Encode(*tok, "\xC3\xA9h") == e);
+  // The decoder gives the bytes back, drops the space the normalizer put at
+  // the start, and keeps it inside the text.
+  CHECK(DecodeOk(*tok, e) == "\xC3\xA9h");
+  CHECK(DecodeOk(*tok, {kSpMetaHi, kSpMetaHi}) == "hi hi");
+  CHECK(DecodeOk(*tok, {kSpBos, kSpMetaHi}) == "<s> hi");
+  CHECK(DecodeOk(*tok, {kSpBos, kSpMetaHi}, /*skip_special=*/true) == "hi");
+  auto one = tok->TokenBytes(kSpMetaHi);
+  REQUIRE(one.ok());
+  CHECK(*one == " hi");
+  // Streaming keeps the leading space: a continuation's first word needs it.
+  IncrementalDetokenizer detok(tok.get());
+  std::string streamed;
+  for (int32_t id : {kSpMetaHi, kSpMetaHi}) streamed += detok.Push(id).value();
+  CHECK(streamed == " hi hi");
+}
+
+TEST_CASE("SentencePiece-style: unknown characters without byte fallback become one fused unk") {
+  Json doc = SentencePieceJson();
+  doc["model"]["byte_fallback"] = false;
+  auto fused = FromJson(doc);
+  CHECK(Encode(*fused, "h\xC3\xA9\xC3\xA9h") == Ids{kSpMetaH, kSpUnk, kSpH});
+  doc["model"]["fuse_unk"] = false;
+  auto separate = FromJson(doc);
+  CHECK(Encode(*separate, "h\xC3\xA9\xC3\xA9h") == Ids{kSpMetaH, kSpUnk, kSpUnk, kSpH});
+}
+
+TEST_CASE("Metaspace pre-tokenizer: spaces become U+2581, prepended per scheme, split before each") {
+  Json doc = SentencePieceJson();
+  doc["normalizer"] = nullptr;
+  doc["decoder"] = {{"type", "Metaspace"}, {"prepend_scheme", "first"}};
+  doc["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "always"}};
+  auto always = FromJson(doc);
+  // Split before each U+2581, so the pair never merges across the cut.
+  CHECK(Encode(*always, "hi  hi") == Ids{kSpMetaHi, kSpMeta, kSpMetaHi});
+  CHECK(Encode(*always, "<s>hi") == Ids{kSpBos, kSpMetaHi});
+  doc["pre_tokenizer"]["prepend_scheme"] = "first";
+  auto first = FromJson(doc);
+  CHECK(Encode(*first, "hi") == Ids{kSpMetaHi});
+  CHECK(Encode(*first, "<s>hi") == Ids{kSpBos, kSpH, kSpI});  // Not the text's start.
+  doc["pre_tokenizer"]["prepend_scheme"] = "never";
+  doc["pre_tokenizer"]["split"] = false;
+  auto never = FromJson(doc);
+  // Unsplit, "\u2581 h" (rank 0) wins over "\u2581 \u2581" (rank 2) again.
+  CHECK(Encode(*never, "hi  hi") == Ids{kSpH, kSpI, kSpMeta, kSpMetaHi});
+  // The Metaspace decoder turns U+2581 into spaces and drops the first one.
+  CHECK(DecodeOk(*first, {kSpMetaHi, kSpMeta, kSpMetaHi}) == "hi  hi");
+}
+
+TEST_CASE("NFKC and NFD normalizers, alone and in a sequence") {
+  Json doc = ToyJson();
+  doc["normalizer"] = {{"type", "NFKC"}};
+  auto nfkc = FromJson(doc);
+  // U+FB01 (the fi ligature) and U+00B2 (superscript two) have compatibility
+  // forms; NFC keeps both.
+  CHECK(Encode(*nfkc, "\xEF\xAC\x81\xC2\xB2") == Encode(*FromJson(ToyJson()), "fi2"));
+  doc["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", Json::array({Json{{"type", "NFD"}},
+                                                    Json{{"type", "Replace"},
+                                                         {"pattern", {{"String", "\xCC\x81"}}},
+                                                         {"content", ""}}})}};
+  auto strip_acute = FromJson(doc);
+  // NFD splits é into e + U+0301, which the Replace then removes.
+  CHECK(Encode(*strip_acute, "caf\xC3\xA9") == Encode(*FromJson(ToyJson()), "cafe"));
+}
+
 TEST_CASE("decode(encode(s)) == s on multilingual text") {
   auto tok = FromJson(ToyJson());
   for (const std::string& s : Multilingual()) {
@@ -515,9 +660,9 @@ TEST_CASE("bad tokenizer.json files are InvalidArgument naming file and field") 
     return doc.dump();
   };
   ExpectLoadError(with([](Json& d) {
-                    d["pre_tokenizer"] = {{"type", "Metaspace"}};
+                    d["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}};
                   }),
-                  {"pre_tokenizer.type \"Metaspace\" is not supported"});
+                  {"pre_tokenizer.prepend_scheme", "\"first\""});
   ExpectLoadError(
       with([](Json& d) {
         d["pre_tokenizer"] = Sequence(Json{{"type", "Digits"}}, ByteLevelPre(false, false));
@@ -531,27 +676,41 @@ TEST_CASE("bad tokenizer.json files are InvalidArgument naming file and field") 
       with([](Json& d) {
         d["normalizer"] = {
             {"type", "Sequence"},
-            {"normalizers", Json::array({Json{{"type", "NFC"}}, Json{{"type", "NFKC"}}})}};
+            {"normalizers", Json::array({Json{{"type", "NFKC"}}, Json{{"type", "Lowercase"}}})}};
       }),
-      {"normalizer.normalizers[1].type \"NFKC\""});
+      {"normalizer.normalizers[1].type \"Lowercase\""});
+  ExpectLoadError(with([](Json& d) {
+                    d["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", "_"}};
+                  }),
+                  {"normalizer.pattern", "Regex pattern is not supported"});
+  ExpectLoadError(with([](Json& d) { d["normalizer"] = {{"type", "Prepend"}}; }),
+                  {"normalizer.prepend is missing"});
   ExpectLoadError(with([](Json& d) { d["model"]["type"] = "WordPiece"; }),
                   {"model.type \"WordPiece\" is not supported"});
   ExpectLoadError(with([](Json& d) {
-                    d["decoder"] = {{"type", "Metaspace"}};
+                    d["decoder"] = {{"type", "CTC"}};
                   }),
-                  {"decoder.type \"Metaspace\" is not supported"});
+                  {"decoder.type \"CTC\" is not supported"});
   ExpectLoadError(with([](Json& d) {
-                    d["pre_tokenizer"] = Sequence(SplitPre(kLlama3Regex, "MergedWithPrevious"),
+                    d["decoder"] = {{"type", "Sequence"},
+                                    {"decoders", Json::array({Json{{"type", "Fuse"}}, Json{{"type", "ByteFallback"}}})}};
+                  }),
+                  {"decoder.decoders[1].type \"ByteFallback\" after a Fuse is not supported"});
+  ExpectLoadError(with([](Json& d) {
+                    d["pre_tokenizer"] = Sequence(SplitPre(kLlama3Regex, "MergedSometimes"),
                                                   ByteLevelPre(false, false));
                   }),
-                  {"pre_tokenizer.pretokenizers[0].behavior \"MergedWithPrevious\""});
+                  {"pre_tokenizer.pretokenizers[0].behavior \"MergedSometimes\""});
   ExpectLoadError(with([](Json& d) {
                     d["pre_tokenizer"] =
                         Sequence(SplitPre("(unclosed"), ByteLevelPre(false, false));
                   }),
                   {"pre_tokenizer.pretokenizers[0].pattern.Regex", "cannot compile"});
-  ExpectLoadError(with([](Json& d) { d["pre_tokenizer"] = SplitPre(kLlama3Regex); }),
-                  {"pre_tokenizer", "ByteLevel"});
+  ExpectLoadError(with([](Json& d) {
+                    d["pre_tokenizer"] = SplitPre(kLlama3Regex);
+                    d["decoder"] = nullptr;
+                  }),
+                  {"decoder is missing", "byte-level"});
   ExpectLoadError(with([](Json& d) {
                     d["pre_tokenizer"] =
                         Sequence(ByteLevelPre(false, false), SplitPre(kLlama3Regex));

