@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 #include "engine/bpe_byte_level.h"
 #include "engine/bpe_model.h"
@@ -304,23 +305,16 @@ struct EncodeScratch {
   std::string prefixed;  // ByteLevel's add_prefix_space.
 };
 
-// The number of times `affix` repeats at the start (or, with `at_end`, the
-// end) of `text`, at most `limit`.
-size_t RepeatsAtEnd(std::string_view text, std::string_view affix, int limit, bool at_end) {
-  size_t n = 0;
-  while (static_cast<int>(n) < limit && !affix.empty() && text.size() >= (n + 1) * affix.size() &&
-         text.substr(at_end ? text.size() - (n + 1) * affix.size() : n * affix.size(), affix.size()) == affix) {
-    ++n;
-  }
-  return n * affix.size();
-}
-
 // `text` less up to `start` copies of `affix` at its start and `stop` at its end.
 std::string_view StripAffix(std::string_view text, std::string_view affix, int start, int stop) {
-  const size_t front = RepeatsAtEnd(text, affix, start, /*at_end=*/false);
-  text.remove_prefix(front);
-  text.remove_suffix(RepeatsAtEnd(text, affix, stop, /*at_end=*/true));
-  return text;
+  absl::string_view rest = AbslView(text);
+  if (!affix.empty()) {
+    for (int i = 0; i < start && absl::ConsumePrefix(&rest, AbslView(affix)); ++i) {
+    }
+    for (int i = 0; i < stop && absl::ConsumeSuffix(&rest, AbslView(affix)); ++i) {
+    }
+  }
+  return std::string_view(rest.data(), rest.size());
 }
 
 // The byte a byte-fallback token "<0xXX>" stands for, or -1.
@@ -694,19 +688,26 @@ absl::StatusOr<std::string> StringPattern(const Json& node, const std::string& s
   return literal->get<std::string>();
 }
 
+// A Sequence's member `key`: calls parse(item, "FIELD.KEY[i]") on each item.
+absl::Status ForEachInList(const Json& node, const char* key, const std::string& source, const std::string& field,
+                           absl::FunctionRef<absl::Status(const Json&, const std::string&)> parse) {
+  const Json* list = Member(node, key);
+  if (list == nullptr || !list->is_array()) {
+    return FieldError(source, absl::StrCat(field, ".", key), "is missing or not an array");
+  }
+  for (size_t i = 0; i < list->size(); ++i) {
+    RETURN_IF_ERROR(parse((*list)[i], absl::StrCat(field, ".", key, "[", i, "]")));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseNormalizer(const Json& node, const std::string& source, const std::string& field,
                              std::vector<NormalizerStep>* steps) {
   ASSIGN_OR_RETURN(std::string type, TypeOf(node, source, field));
   if (type == "Sequence") {
-    const Json* list = Member(node, "normalizers");
-    if (list == nullptr || !list->is_array()) {
-      return FieldError(source, field + ".normalizers", "is missing or not an array");
-    }
-    for (size_t i = 0; i < list->size(); ++i) {
-      RETURN_IF_ERROR(
-          ParseNormalizer((*list)[i], source, absl::StrCat(field, ".normalizers[", i, "]"), steps));
-    }
-    return absl::OkStatus();
+    return ForEachInList(node, "normalizers", source, field, [&](const Json& item, const std::string& where) {
+      return ParseNormalizer(item, source, where, steps);
+    });
   }
   NormalizerStep step;
   if (type == "NFC" || type == "NFKC" || type == "NFD" || type == "NFKD") {
@@ -735,18 +736,30 @@ absl::Status ParseNormalizer(const Json& node, const std::string& source, const 
   return absl::OkStatus();
 }
 
-// Metaspace's prepend_scheme, or in older files its add_prefix_space
-// (true: "always"); "always" when neither is given.
-absl::StatusOr<PreTokenizerStep::Prepend> MetaspacePrepend(const Json& node, const std::string& source,
-                                                           const std::string& field) {
+// The fields Metaspace's pre-tokenizer and decoder share: the replacement
+// (U+2581 when left out) and prepend_scheme, or in older files
+// add_prefix_space (true: "always"); "always" when neither is given.
+absl::Status ParseMetaspace(const Json& node, const std::string& source, const std::string& field,
+                            std::string* replacement, PreTokenizerStep::Prepend* prepend) {
+  *replacement = "\u2581";
+  if (Member(node, "replacement") != nullptr) {
+    ASSIGN_OR_RETURN(*replacement, StringMember(node, "replacement", source, field));
+  }
   if (const Json* scheme = Member(node, "prepend_scheme"); scheme != nullptr) {
-    if (*scheme == "always") return PreTokenizerStep::Prepend::kAlways;
-    if (*scheme == "first") return PreTokenizerStep::Prepend::kFirst;
-    if (*scheme == "never") return PreTokenizerStep::Prepend::kNever;
-    return FieldError(source, field + ".prepend_scheme", "is not \"always\", \"first\" or \"never\"");
+    if (*scheme == "always") {
+      *prepend = PreTokenizerStep::Prepend::kAlways;
+    } else if (*scheme == "first") {
+      *prepend = PreTokenizerStep::Prepend::kFirst;
+    } else if (*scheme == "never") {
+      *prepend = PreTokenizerStep::Prepend::kNever;
+    } else {
+      return FieldError(source, field + ".prepend_scheme", "is not \"always\", \"first\" or \"never\"");
+    }
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(bool add_prefix_space, BoolMember(node, "add_prefix_space", true, source, field));
-  return add_prefix_space ? PreTokenizerStep::Prepend::kAlways : PreTokenizerStep::Prepend::kNever;
+  *prepend = add_prefix_space ? PreTokenizerStep::Prepend::kAlways : PreTokenizerStep::Prepend::kNever;
+  return absl::OkStatus();
 }
 
 absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
@@ -757,15 +770,9 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
                       "follows a ByteLevel pre-tokenizer; ByteLevel must be the last one");
   }
   if (type == "Sequence") {
-    const Json* list = Member(node, "pretokenizers");
-    if (list == nullptr || !list->is_array()) {
-      return FieldError(source, field + ".pretokenizers", "is missing or not an array");
-    }
-    for (size_t i = 0; i < list->size(); ++i) {
-      RETURN_IF_ERROR(ParsePreTokenizer((*list)[i], source,
-                                        absl::StrCat(field, ".pretokenizers[", i, "]"), steps));
-    }
-    return absl::OkStatus();
+    return ForEachInList(node, "pretokenizers", source, field, [&](const Json& item, const std::string& where) {
+      return ParsePreTokenizer(item, source, where, steps);
+    });
   }
   PreTokenizerStep step;
   if (type == "ByteLevel") {
@@ -779,11 +786,7 @@ absl::Status ParsePreTokenizer(const Json& node, const std::string& source,
     }
   } else if (type == "Metaspace") {
     step.kind = PreTokenizerStep::Kind::kMetaspace;
-    step.replacement = "\u2581";
-    if (Member(node, "replacement") != nullptr) {
-      ASSIGN_OR_RETURN(step.replacement, StringMember(node, "replacement", source, field));
-    }
-    ASSIGN_OR_RETURN(step.prepend, MetaspacePrepend(node, source, field));
+    RETURN_IF_ERROR(ParseMetaspace(node, source, field, &step.replacement, &step.prepend));
     ASSIGN_OR_RETURN(bool split, BoolMember(node, "split", true, source, field));
     if (split) {
       ASSIGN_OR_RETURN(step.regex, SplitRegex::Compile(step.replacement, /*literal=*/true));
@@ -847,14 +850,9 @@ absl::Status ParseDecoder(const Json& node, const std::string& source, const std
                           DecoderSpec* decoder) {
   ASSIGN_OR_RETURN(std::string type, TypeOf(node, source, field));
   if (type == "Sequence") {
-    const Json* list = Member(node, "decoders");
-    if (list == nullptr || !list->is_array()) {
-      return FieldError(source, field + ".decoders", "is missing or not an array");
-    }
-    for (size_t i = 0; i < list->size(); ++i) {
-      RETURN_IF_ERROR(ParseDecoder((*list)[i], source, absl::StrCat(field, ".decoders[", i, "]"), decoder));
-    }
-    return absl::OkStatus();
+    return ForEachInList(node, "decoders", source, field, [&](const Json& item, const std::string& where) {
+      return ParseDecoder(item, source, where, decoder);
+    });
   }
   if (type == "Fuse") {
     decoder->fused = true;
@@ -896,12 +894,9 @@ absl::Status ParseDecoder(const Json& node, const std::string& source, const std
     // Its replacement becomes a space, and the text's first token loses
     // the one its pre-tokenizer put there (transformers' MetaspaceDecoder).
     step.kind = Step::Kind::kReplace;
-    step.pattern = "\u2581";
-    if (Member(node, "replacement") != nullptr) {
-      ASSIGN_OR_RETURN(step.pattern, StringMember(node, "replacement", source, field));
-    }
+    PreTokenizerStep::Prepend prepend;
+    RETURN_IF_ERROR(ParseMetaspace(node, source, field, &step.pattern, &prepend));
     step.content = " ";
-    ASSIGN_OR_RETURN(PreTokenizerStep::Prepend prepend, MetaspacePrepend(node, source, field));
     if (prepend != PreTokenizerStep::Prepend::kNever) {
       decoder->strip = " ";
       decoder->strip_start = 1;
