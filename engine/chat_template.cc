@@ -89,6 +89,7 @@ absl::StatusOr<PromptFormat> PromptFormat::FromTokenizerConfig(const std::string
     return pf;
   }
   pf.reads_documents_ = parsed->Reads("documents");
+  pf.reads_tools_ = parsed->Reads("tools");
   pf.template_ = std::make_shared<const jinja::Template>(std::move(*parsed));
   return pf;
 }
@@ -115,7 +116,8 @@ bool PromptFormat::StartsWithSpecial(absl::string_view text) const {
 }
 
 absl::StatusOr<std::string> PromptFormat::Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
-                                                 absl::Span<const ChatDocument> documents) const {
+                                                 absl::Span<const ChatDocument> documents,
+                                                 const jinja::Value& tools) const {
   jinja::Value ctx = jinja::Value::MakeObject();
   for (const auto& [k, v] : tokens_.object().items) ctx.mutable_object().Set(k, v);
   jinja::List list;
@@ -123,10 +125,29 @@ absl::StatusOr<std::string> PromptFormat::Render(absl::Span<const ChatMessage> m
     jinja::Value msg = jinja::Value::MakeObject();
     msg.mutable_object().Set("role", jinja::Value::String(m.role));
     msg.mutable_object().Set("content", jinja::Value::String(m.content));
+    if (!m.name.empty()) msg.mutable_object().Set("name", jinja::Value::String(m.name));
+    if (!m.tool_call_id.empty()) msg.mutable_object().Set("tool_call_id", jinja::Value::String(m.tool_call_id));
+    if (!m.tool_calls.empty()) {
+      jinja::List calls;
+      for (const ToolCall& c : m.tool_calls) {
+        jinja::Value fn = jinja::Value::MakeObject();
+        fn.mutable_object().Set("name", jinja::Value::String(c.name));
+        json args = json::parse(c.arguments, nullptr, false);
+        fn.mutable_object().Set("arguments", args.is_discarded() ? jinja::Value::String(c.arguments)
+                                                                 : jinja::Value::FromJson(args));
+        jinja::Value call = jinja::Value::MakeObject();
+        call.mutable_object().Set("id", jinja::Value::String(c.id));
+        call.mutable_object().Set("type", jinja::Value::String("function"));
+        call.mutable_object().Set("function", std::move(fn));
+        calls.push_back(std::move(call));
+      }
+      msg.mutable_object().Set("tool_calls", jinja::Value::MakeList(std::move(calls)));
+    }
     list.push_back(std::move(msg));
   }
   ctx.mutable_object().Set("messages", jinja::Value::MakeList(std::move(list)));
   ctx.mutable_object().Set("add_generation_prompt", jinja::Value::Bool(add_generation_prompt));
+  if (!tools.is_undefined()) ctx.mutable_object().Set("tools", tools);
   if (!documents.empty()) {
     jinja::List docs;
     for (const ChatDocument& d : documents) {
@@ -146,7 +167,8 @@ absl::StatusOr<std::string> PromptFormat::Render(absl::Span<const ChatMessage> m
 absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessage> messages,
                                                      bool add_generation_prompt,
                                                      absl::Span<const ChatDocument> documents,
-                                                     std::vector<size_t>* document_starts) const {
+                                                     std::vector<size_t>* document_starts,
+                                                     const nlohmann::ordered_json& tools_json) const {
   if (template_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("this model cannot chat: ", template_error_,
                                                       "; use plain completions"));
@@ -154,13 +176,14 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
   if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& r = messages[i].role;
-    if (r != "system" && r != "user" && r != "assistant") {
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
       return absl::InvalidArgumentError(absl::StrCat("messages[", i, "].role \"", r,
-                                                     "\" must be system, user or assistant"));
+                                                     "\" must be system, user, assistant or tool"));
     }
   }
+  const jinja::Value tools = tools_json.is_null() ? jinja::Value() : jinja::Value::FromJson(tools_json);
   if (document_starts != nullptr) document_starts->clear();
-  if (documents.empty() || reads_documents_) return Render(messages, add_generation_prompt, documents);
+  if (documents.empty() || reads_documents_) return Render(messages, add_generation_prompt, documents, tools);
 
   // duet's fallback: each document a system message after the leading one.
   const size_t first = messages[0].role == "system" ? 1 : 0;
@@ -172,7 +195,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
                                                 doc.text)});
   }
   with_docs.insert(with_docs.end(), messages.begin() + first, messages.end());
-  absl::StatusOr<std::string> text = Render(with_docs, add_generation_prompt, {});
+  absl::StatusOr<std::string> text = Render(with_docs, add_generation_prompt, {}, tools);
   if (!text.ok()) {
     // The template takes one system message: the documents join it.
     std::vector<ChatMessage> joined(messages.begin(), messages.end());
@@ -180,7 +203,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
     for (size_t d = 0; d < documents.size(); ++d) {
       absl::StrAppend(&joined[0].content, joined[0].content.empty() ? "" : "\n\n", with_docs[first + d].content);
     }
-    return Render(joined, add_generation_prompt, {});
+    return Render(joined, add_generation_prompt, {}, tools);
   }
   if (document_starts == nullptr) return text;
   // Each document's turn starts where the text of the messages before it
@@ -189,7 +212,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
   for (size_t k = first; k <= first + documents.size(); ++k) {
     absl::StatusOr<std::string> prefix =
         k == 0 ? absl::StatusOr<std::string>(std::string())
-               : Render(absl::MakeConstSpan(with_docs).subspan(0, k), false, {});
+               : Render(absl::MakeConstSpan(with_docs).subspan(0, k), false, {}, tools);
     if (prefix.ok() && prefix->empty()) continue;  // the prompt's own start
     if (!prefix.ok() || !absl::StartsWith(*text, *prefix) ||
         !StartsWithSpecial(absl::string_view(*text).substr(prefix->size())) ||

@@ -6,8 +6,12 @@
 //   ASSIGN_OR_RETURN(std::string text, pf.RenderChat(messages, /*add_generation_prompt=*/true));
 //
 // The template sees `messages`, `add_generation_prompt`, the tokens of the
-// config (bos_token, eos_token, unk_token, pad_token) and `documents` when
-// it reads them. A template that uses what the engine does not support is
+// config (bos_token, eos_token, unk_token, pad_token), and `tools` and
+// `documents` when the request has them. A message shows `role` and
+// `content`, and `name`, `tool_call_id` and `tool_calls` when set; each
+// call as {"id", "type": "function", "function": {"name", "arguments"}}
+// with the arguments parsed into a mapping, as vLLM hands them to
+// templates. A template that uses what the engine does not support is
 // no error at load: the model still serves completions (for which BOS is
 // added when add_bos_token says so), and chat gets an error naming the
 // construct and its line.
@@ -15,6 +19,7 @@
 #define DUET_ENGINE_CHAT_TEMPLATE_H_
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,9 +30,19 @@
 
 namespace duet::engine {
 
+// A function call an assistant message made (OpenAI's tool_calls[k]).
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text, as the API carries it
+};
+
 struct ChatMessage {
-  std::string role;  // system | user | assistant
+  std::string role;  // system | user | assistant | tool
   std::string content;
+  std::vector<ToolCall> tool_calls;  // An assistant's calls.
+  std::string tool_call_id;          // A tool message: the call it answers.
+  std::string name;                  // The author's name, when given.
 };
 
 // A retrieved document (vLLM's `documents`): its text, and an id and title
@@ -66,9 +81,12 @@ class PromptFormat {
   // each is where the template's text of the messages before it ends and
   // just before one of the config's special tokens (so the pieces between
   // them tokenize as they do in the whole); else nothing.
+  //
+  // `tools`: the request's tool definitions (a JSON array), or null.
   absl::StatusOr<std::string> RenderChat(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
                                          absl::Span<const ChatDocument> documents = {},
-                                         std::vector<size_t>* document_starts = nullptr) const;
+                                         std::vector<size_t>* document_starts = nullptr,
+                                         const nlohmann::ordered_json& tools = nullptr) const;
   // The text a plain completion prompt starts with: the BOS token when
   // add_bos_token is true, else nothing.
   std::string CompletionPrefix() const { return add_bos_token_ ? bos_token_ : ""; }
@@ -76,6 +94,8 @@ class PromptFormat {
   // The template's source text, and the config's tokens as it sees them
   // (bos_token, eos_token, unk_token, pad_token, each when set).
   const std::string& chat_template_source() const { return template_source_; }
+  // The template reads `tools` (it can show a model the functions it may call).
+  bool reads_tools() const { return reads_tools_; }
   const jinja::Value& template_tokens() const { return tokens_; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
@@ -83,13 +103,14 @@ class PromptFormat {
 
  private:
   absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
-                                     absl::Span<const ChatDocument> documents) const;
+                                     absl::Span<const ChatDocument> documents, const jinja::Value& tools) const;
   bool StartsWithSpecial(absl::string_view text) const;
 
   std::string source_;
   std::shared_ptr<const jinja::Template> template_;
   std::string template_source_;
   bool reads_documents_ = false;  // the template reads `documents` itself
+  bool reads_tools_ = false;
   std::string template_error_;  // Why chat is unavailable, when it is.
   std::string bos_token_, eos_token_;
   jinja::Value tokens_ = jinja::Value::MakeObject();  // the config's tokens, as the template sees them

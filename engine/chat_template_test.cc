@@ -191,7 +191,7 @@ TEST_CASE("no template: completions only, chat is a clear error", "[chat]") {
 TEST_CASE("unknown roles and empty conversations are refused", "[chat]") {
   auto pf = PromptFormat::FromTokenizerConfig(Config(kChatMLChatTemplate, "", false), "tc.json");
   REQUIRE(pf->RenderChat({}, true).status().code() == absl::StatusCode::kInvalidArgument);
-  auto r = pf->RenderChat({{"tool", "x"}}, true);
+  auto r = pf->RenderChat({{"robot", "x"}}, true);
   REQUIRE_THAT(std::string(r.status().message()), Contains("messages[0].role"));
 }
 

@@ -1,5 +1,6 @@
 #include "router/completions.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -373,6 +375,140 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, uint64_t de
   return absl::OkStatus();
 }
 
+// A tool's function name, as OpenAI allows it: 1-64 of [A-Za-z0-9_-].
+bool IsFunctionName(absl::string_view n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (char c : n) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+// "tools", "tool_choice" and "parallel_tool_calls". `tools` gets the
+// definitions the template renders (null when none, or tool_choice "none");
+// r.tool_format the format calls are parsed in. required and a named
+// function are enforced by ending the prompt with the opening of a call
+// (the name too, when named); the arguments are the model's own.
+absl::Status ParseTools(const Json& body, const ServedModel& model, CompletionRequest& r, Json* tools) {
+  const Json* list = Field(body, "tools");
+  std::vector<std::string> names;
+  if (list != nullptr) {
+    if (!list->is_array()) {
+      return ParamError("tools", absl::StrCat("'tools' must be an array of function tools, got ", Describe(*list)));
+    }
+    for (size_t i = 0; i < list->size(); ++i) {
+      const Json& t = (*list)[i];
+      const std::string where = absl::StrCat("tools[", i, "]");
+      const Json* type = t.is_object() ? Field(t, "type") : nullptr;
+      if (type == nullptr || *type != "function") {
+        return ParamError("tools", absl::StrCat(where, " must be {\"type\": \"function\", \"function\": {...}}"));
+      }
+      const Json* fn = Field(t, "function");
+      const Json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+      if (name == nullptr || !name->is_string() || !IsFunctionName(name->get<std::string>())) {
+        return ParamError("tools", absl::StrCat(where, ".function.name must be 1-64 letters, digits, '_' or '-'"));
+      }
+      if (const Json* d = Field(*fn, "description"); d != nullptr && !d->is_string()) {
+        return ParamError("tools", absl::StrCat(where, ".function.description must be a string, got ", Describe(*d)));
+      }
+      if (const Json* p = Field(*fn, "parameters"); p != nullptr && !p->is_object()) {
+        return ParamError("tools", absl::StrCat(where, ".function.parameters must be a JSON Schema object, got ",
+                                                Describe(*p)));
+      }
+      names.push_back(name->get<std::string>());
+    }
+  }
+  bool parallel = true;
+  RETURN_IF_ERROR(GetBool(body, "parallel_tool_calls", &parallel));
+  std::string choice = names.empty() ? "none" : "auto";
+  std::string named;  // The function tool_choice names.
+  if (const Json* c = Field(body, "tool_choice"); c != nullptr) {
+    if (c->is_string()) {
+      choice = c->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required") {
+        return ParamError("tool_choice", absl::StrCat("'tool_choice' must be none, auto, required or a named "
+                                                      "function, got ", Describe(*c)));
+      }
+    } else {
+      const Json* fn = c->is_object() ? Field(*c, "function") : nullptr;
+      const Json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+      if (Field(*c, "type") == nullptr || *Field(*c, "type") != "function" || name == nullptr || !name->is_string()) {
+        return ParamError("tool_choice",
+                          "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": "
+                          "{\"name\": ...}}");
+      }
+      if (std::find(names.begin(), names.end(), name->get<std::string>()) == names.end()) {
+        return ParamError("tool_choice", absl::StrCat("'tool_choice' names the function '", name->get<std::string>(),
+                                                      "', which 'tools' does not define"));
+      }
+      choice = "named";
+      named = name->get<std::string>();
+    }
+  }
+  if (choice == "none") return absl::OkStatus();  // Tools neither shown nor parsed.
+  if (names.empty()) {
+    return ParamError("tool_choice", absl::StrCat("'tool_choice' ", choice, " needs 'tools'"));
+  }
+  if (!model.format->has_chat_template() || !model.format->reads_tools()) {
+    return ParamError("tools", absl::StrCat("the model `", model.name,
+                                            "`'s chat template does not render tools, so the model cannot be "
+                                            "told about them"));
+  }
+  r.tool_format = ToolFormatOf(model.format->chat_template_source());
+  if (r.tool_format == ToolFormat::kNone) {
+    return ParamError("tools", absl::StrCat("the model `", model.name,
+                                            "`'s chat template asks for tool calls in a form duet cannot parse "
+                                            "(it parses Hermes <tool_call> JSON and Llama-3.1's JSON)"));
+  }
+  r.max_tool_calls = parallel ? 0 : 1;
+  if (choice != "auto") r.tool_prefix = ToolCallOpening(r.tool_format, named);  // required: named is "".
+  if (choice == "named") r.max_tool_calls = 1;
+  *tools = *list;
+  return absl::OkStatus();
+}
+
+// A message's "name", a tool message's "tool_call_id" and an assistant's
+// "tool_calls".
+absl::Status ParseMessageExtras(const Json& m, const std::string& role, const std::string& where,
+                                engine::ChatMessage& msg) {
+  if (const Json* n = Field(m, "name"); n != nullptr) {
+    if (!n->is_string()) return ParamError("messages", absl::StrCat(where, ".name must be a string"));
+    msg.name = n->get<std::string>();
+  }
+  if (role == "tool") {
+    const Json* id = Field(m, "tool_call_id");
+    if (id == nullptr || !id->is_string()) {
+      return ParamError("messages", absl::StrCat(where, ".tool_call_id is required (the id of the call it answers)"));
+    }
+    msg.tool_call_id = id->get<std::string>();
+  }
+  const Json* calls = Field(m, "tool_calls");
+  if (calls == nullptr) return absl::OkStatus();
+  if (role != "assistant") return ParamError("messages", absl::StrCat(where, ": only assistant messages carry tool_calls"));
+  if (!calls->is_array()) {
+    return ParamError("messages", absl::StrCat(where, ".tool_calls must be an array, got ", Describe(*calls)));
+  }
+  for (size_t k = 0; k < calls->size(); ++k) {
+    const Json& c = (*calls)[k];
+    const std::string at = absl::StrCat(where, ".tool_calls[", k, "]");
+    const Json* fn = c.is_object() ? Field(c, "function") : nullptr;
+    const Json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+    const Json* args = fn != nullptr && fn->is_object() ? Field(*fn, "arguments") : nullptr;
+    const Json* id = c.is_object() ? Field(c, "id") : nullptr;
+    if (name == nullptr || !name->is_string() || args == nullptr || !args->is_string() ||
+        (id != nullptr && !id->is_string())) {
+      return ParamError("messages", absl::StrCat(at, " must be {\"id\": string, \"type\": \"function\", "
+                                                     "\"function\": {\"name\": string, \"arguments\": string}}"));
+    }
+    if (Json::parse(args->get<std::string>(), nullptr, false).is_discarded()) {
+      return ParamError("messages", absl::StrCat(at, ".function.arguments must be JSON text, got ", Describe(*args)));
+    }
+    msg.tool_calls.push_back({id != nullptr ? id->get<std::string>() : "", name->get<std::string>(),
+                              args->get<std::string>()});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text, const ServedModel& model,
@@ -437,9 +573,8 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
     return ParamError("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
   RETURN_IF_ERROR(ParseCommon(body, model, default_seed, r));
-  if (const Json* tools = Field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return ParamError("tools", "tool calls are not supported");
-  }
+  Json tools;  // null: none rendered
+  RETURN_IF_ERROR(ParseTools(body, model, r, &tools));
   // Only plain text is produced: a JSON format would need constrained
   // decoding, which duet does not do, so it is refused rather than ignored.
   if (const Json* rf = Field(body, "response_format"); rf != nullptr && !rf->is_null()) {
@@ -470,14 +605,16 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
     }
     std::string r_name = role->get<std::string>();
     if (r_name == "developer") r_name = "system";  // OpenAI's newer name for it.
-    if (r_name != "system" && r_name != "user" && r_name != "assistant") {
-      return ParamError("messages", absl::StrCat(where, ".role must be system, user or assistant, got ",
+    if (r_name != "system" && r_name != "user" && r_name != "assistant" && r_name != "tool") {
+      return ParamError("messages", absl::StrCat(where, ".role must be system, user, assistant or tool, got ",
                                                  Describe(*role)));
     }
+    engine::ChatMessage msg;
+    RETURN_IF_ERROR(ParseMessageExtras(m, r_name, where, msg));
     const Json* content = Field(m, "content");
     std::string text;
     if (content == nullptr) {
-      return ParamError("messages", absl::StrCat(where, ".content is required"));
+      if (msg.tool_calls.empty()) return ParamError("messages", absl::StrCat(where, ".content is required"));
     } else if (content->is_string()) {
       text = content->get<std::string>();
     } else if (content->is_array()) {
@@ -497,7 +634,9 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
       return ParamError("messages", absl::StrCat(where, ".content must be a string or an array of text parts, got ",
                                                  Describe(*content)));
     }
-    messages.push_back({std::move(r_name), std::move(text)});
+    msg.role = std::move(r_name);
+    msg.content = std::move(text);
+    messages.push_back(std::move(msg));
   }
   // vLLM's documents: [{"text", "id"?, "title"?}, ...], rendered after the
   // system message; the prefix cache's nodes start where each one does.
@@ -532,8 +671,9 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
                                                model.format->chat_unavailable(), "); use /v1/completions"));
   }
   std::vector<size_t> starts;
-  auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts);
+  auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts, tools);
   if (!rendered.ok()) return ParamError("messages", rendered.status().message());
+  *rendered += r.tool_prefix;
   // Piece by piece between the documents' starts (each before a special
   // token, so the pieces tokenize as the whole does), noting where each begins.
   std::vector<int32_t> all;
@@ -568,7 +708,40 @@ ChoiceBuilder::ChoiceBuilder(const engine::Tokenizer* tokenizer, const Completio
       stop_(params.stop),
       echo_text_(params.echo ? echo_text : ""),
       detok_(tokenizer, /*skip_special=*/true),
-      text_chars_(CountChars(echo_text_)) {}
+      text_chars_(CountChars(echo_text_)) {
+  if (params.tool_format != ToolFormat::kNone) {
+    tools_.emplace(params.tool_format, params.max_tool_calls);
+    tools_->Push(params.tool_prefix);  // The prompt's end, which the output continues: nothing to show.
+  }
+}
+
+std::string ChoiceBuilder::Split(std::string text, bool last) {
+  if (!tools_) return text;
+  ToolCallSplitter::Out o = tools_->Push(text);
+  if (last) {
+    ToolCallSplitter::Out rest = tools_->Finish();
+    o.content += rest.content;
+    o.calls.insert(o.calls.end(), std::make_move_iterator(rest.calls.begin()),
+                   std::make_move_iterator(rest.calls.end()));
+  }
+  calls_.insert(calls_.end(), std::make_move_iterator(o.calls.begin()), std::make_move_iterator(o.calls.end()));
+  return std::move(o.content);
+}
+
+std::string ChoiceBuilder::FinishReason(absl::string_view reason) const {
+  return !calls_.empty() && reason == "stop" ? "tool_calls" : std::string(reason);
+}
+
+nlohmann::ordered_json ChoiceBuilder::CallJson(const ResponseEnvelope& env, size_t k, bool with_index) const {
+  Json j;
+  if (with_index) j["index"] = k;
+  // Unique in the response, and the same in a stream's delta and a retry's.
+  j["id"] = absl::StrFormat("call_%016x",
+                            static_cast<uint64_t>(std::hash<std::string>{}(absl::StrCat(env.id, "/", index_, "/", k))));
+  j["type"] = "function";
+  j["function"] = Json{{"name", calls_[k].name}, {"arguments", calls_[k].arguments}};
+  return j;
+}
 
 ChoiceBuilder::LpEntry ChoiceBuilder::Entry(int32_t id, float logprob) const {
   LpEntry e{.id = id, .logprob = logprob};
@@ -617,7 +790,9 @@ std::string ChoiceBuilder::AddToken(const proto::Token& token, const ResponseEnv
   std::string piece = delta.ok() ? std::move(*delta) : "";
   const int64_t offset = text_chars_;
   text_chars_ += CountChars(piece);
+  const size_t calls_begin = calls_.size();
   std::string shown = Release(piece);
+  shown = Split(std::move(shown), /*last=*/stopped_);
   shown_ += shown;
   ids_.push_back(id);
   const size_t lp_index = lp_tokens_.size();
@@ -633,18 +808,19 @@ std::string ChoiceBuilder::AddToken(const proto::Token& token, const ResponseEnv
   }
   if (!chunk) return "";
   if (first_chunk_ && !echo_text_.empty()) shown = echo_text_ + shown;
-  return ChunkJson(env, shown, {id}, lp_index, lp_tokens_.size(), std::nullopt);
+  return ChunkJson(env, shown, {id}, lp_index, lp_tokens_.size(), std::nullopt, calls_begin);
 }
 
 std::string ChoiceBuilder::FullText() {
   if (!finished_) {
     finished_ = true;
     if (!stopped_) {
-      shown_ += Release(detok_.Finish());
+      std::string rest = Release(detok_.Finish());
       if (!stopped_) {
-        shown_ += held_;  // Nothing more can complete a stop string.
+        rest += held_;  // Nothing more can complete a stop string.
         held_.clear();
       }
+      shown_ += Split(std::move(rest), /*last=*/true);
     }
   }
   return echo_text_ + shown_;
@@ -749,11 +925,12 @@ void AppendJsonString(std::string& out, absl::string_view s) {
 
 std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::string& text,
                                      const std::vector<int32_t>& ids, size_t lp_begin, size_t lp_end,
-                                     std::optional<absl::string_view> finish_reason) {
+                                     std::optional<absl::string_view> finish_reason, size_t calls_begin) {
+  const bool new_calls = calls_begin < calls_.size();
   // The common chunk (a token's text, no logprobs, not the first of a chat
   // choice) written directly: streaming renders one per token per client.
   // The same bytes as the general path below.
-  if (lp_end == lp_begin && !finish_reason && !(kind_ == ApiKind::kChat && first_chunk_) &&
+  if (lp_end == lp_begin && !finish_reason && !new_calls && !(kind_ == ApiKind::kChat && first_chunk_) &&
       engine::IsValidUtf8(text) && engine::IsValidUtf8(env.id) && engine::IsValidUtf8(env.model) &&
       engine::IsValidUtf8(env.system_fingerprint)) {
     std::string out;
@@ -789,7 +966,16 @@ std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::str
   if (kind_ == ApiKind::kChat) {
     Json delta = Json::object();
     if (first_chunk_) delta["role"] = "assistant";
-    if (!text.empty() || first_chunk_) delta["content"] = text;
+    if (!text.empty()) {
+      delta["content"] = text;
+    } else if (first_chunk_) {
+      delta["content"] = new_calls ? Json(nullptr) : Json("");
+    }
+    if (new_calls) {
+      Json calls = Json::array();
+      for (size_t k = calls_begin; k < calls_.size(); ++k) calls.push_back(CallJson(env, k, /*with_index=*/true));
+      delta["tool_calls"] = std::move(calls);
+    }
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = text;
@@ -806,11 +992,12 @@ std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::str
 std::string ChoiceBuilder::FinalChunk(const ResponseEnvelope& env, absl::string_view finish_reason) {
   std::string before = shown_;
   const bool first = first_chunk_;
+  const size_t calls_begin = calls_.size();
   std::string all = FullText();  // Flushes held text (none after a stop).
   std::string rest = shown_.substr(before.size());
   if (first && !echo_text_.empty()) rest = echo_text_ + rest;
   (void)all;
-  return ChunkJson(env, rest, {}, 0, 0, finish_reason);
+  return ChunkJson(env, rest, {}, 0, 0, FinishReason(finish_reason), calls_begin);
 }
 
 std::string RenderUsageChunk(const ResponseEnvelope& env, int64_t prompt_tokens, int64_t completion_tokens,
@@ -833,12 +1020,19 @@ std::string RenderResponse(const ResponseEnvelope& env, const std::vector<Choice
     choice["index"] = c.index();
     const std::string text = c.FullText();
     if (env.kind == ApiKind::kChat) {
-      choice["message"] = Json{{"role", "assistant"}, {"content", text}};
+      Json message{{"role", "assistant"}, {"content", text}};
+      if (!c.calls_.empty()) {
+        if (absl::StripAsciiWhitespace(text).empty()) message["content"] = nullptr;
+        Json calls = Json::array();
+        for (size_t k = 0; k < c.calls_.size(); ++k) calls.push_back(c.CallJson(env, k, /*with_index=*/false));
+        message["tool_calls"] = std::move(calls);
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = text;
     }
     choice["logprobs"] = c.LogprobsJson(0, c.lp_tokens_.size());
-    choice["finish_reason"] = finish_reasons[i];
+    choice["finish_reason"] = c.FinishReason(finish_reasons[i]);
     if (env.kind == ApiKind::kCompletion) choice["token_ids"] = c.token_ids();
     list.push_back(std::move(choice));
     completion += c.completion_tokens();

@@ -35,6 +35,7 @@
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "proto/control.pb.h"
+#include "router/tool_calls.h"
 
 namespace duet::router {
 
@@ -74,6 +75,14 @@ struct CompletionRequest {
   };
   std::vector<Prompt> more_prompts;
   int prompts() const { return 1 + static_cast<int>(more_prompts.size()); }
+  // Chat with tools (tool_choice other than none): the output is parsed
+  // into calls in this format; at most max_tool_calls of them (0: any number).
+  ToolFormat tool_format = ToolFormat::kNone;
+  int max_tool_calls = 0;
+  // tool_choice required or naming a function: the opening of a call in
+  // tool_format (ToolCallOpening), which ends the prompt, so the model's
+  // output continues a call; the output is parsed as if it followed it.
+  std::string tool_prefix;
 };
 
 inline constexpr int kDefaultMaxTokens = 16;
@@ -129,11 +138,15 @@ class ChoiceBuilder {
 
   // A stop string matched: the choice is over, with finish_reason "stop".
   bool stopped() const { return stopped_; }
+  // The finish reason the client sees for the worker's `reason`: a choice
+  // that ended ("stop") having called tools says "tool_calls".
+  std::string FinishReason(absl::string_view reason) const;
   int index() const { return index_; }
   const std::vector<int32_t>& token_ids() const { return ids_; }
   // Tokens the client is charged for (up to the one that completed a stop).
   int64_t completion_tokens() const { return static_cast<int64_t>(ids_.size()); }
-  // The whole text so far, as the non-stream response shows it.
+  // The whole text so far, as the non-stream response shows it (its
+  // content, when tools are parsed).
   std::string FullText();
 
  private:
@@ -147,8 +160,14 @@ class ChoiceBuilder {
                                     const std::vector<std::string>&, int64_t, int64_t);
   // Text shown from this token on: held-back text and stop strings applied.
   std::string Release(const std::string& piece);
+  // Calls from `calls_begin` on are new in this chunk.
   std::string ChunkJson(const ResponseEnvelope& env, const std::string& text, const std::vector<int32_t>& ids,
-                        size_t lp_begin, size_t lp_end, std::optional<absl::string_view> finish_reason);
+                        size_t lp_begin, size_t lp_end, std::optional<absl::string_view> finish_reason,
+                        size_t calls_begin);
+  // Text past stop strings, through the tool-call splitter: content out,
+  // calls into calls_.
+  std::string Split(std::string text, bool last);
+  nlohmann::ordered_json CallJson(const ResponseEnvelope& env, size_t k, bool with_index) const;
   nlohmann::ordered_json LogprobsJson(size_t begin, size_t end) const;  // null when off
   LpEntry Entry(int32_t id, float logprob) const;
 
@@ -170,6 +189,8 @@ class ChoiceBuilder {
   std::vector<LpEntry> lp_tokens_;
   std::vector<std::vector<LpEntry>> lp_top_;  // Distinct tokens, best first.
   std::vector<int64_t> lp_offsets_;
+  std::optional<ToolCallSplitter> tools_;  // Set when tools are parsed.
+  std::vector<ParsedToolCall> calls_;
 };
 
 // The stream_options.include_usage chunk (empty choices, usage).

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "engine/testing/tiny_model.h"
 
 namespace duet::router {
@@ -567,7 +570,7 @@ TEST_CASE("echo puts the prompt's text before the completion") {
   const int32_t id = M().tok->Encode(" a time").value()[0];
   json chunk = json::parse(s.AddToken(Tok(id, -0.1f), env, true));
   w.AddToken(Tok(id, -0.1f), env, false);
-  const std::string piece = M().tok->Decode({id}).value();
+  const std::string piece = M().tok->Decode(std::vector<int32_t>{id}).value();
   CHECK(chunk["choices"][0]["text"] == "Once upon" + piece);
   json body = json::parse(RenderResponse(env, {&w}, {"length"}, 3));
   CHECK(body["choices"][0]["text"] == "Once upon" + piece);
@@ -628,6 +631,200 @@ TEST_CASE("stream chunks are the bytes a JSON library writes, quotes and control
   for (int32_t id : ids) all += json::parse(b.AddToken(Tok(id, -0.1f), env, true))["choices"][0]["text"].get<std::string>();
   all += json::parse(b.FinalChunk(env, "stop"))["choices"][0]["text"].get<std::string>();
   CHECK(all == text);
+}
+
+
+// The tiny model's tokenizer with a Hermes-style template that renders
+// tools, an assistant's calls and tool results (the newline after a block
+// tag is trimmed, as Hugging Face sets Jinja up).
+struct ToolModel {
+  ToolModel() {
+    const std::string tmpl =
+        "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>"
+        "<|im_end|>\n{% endif %}"
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{%- for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+        "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}"
+        "{%- if m.tool_call_id %} (for {{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    format = engine::PromptFormat::FromTokenizerConfig(json{{"chat_template", tmpl}}.dump(), "tools-config").value();
+    served = M().served;
+    served.format = &format;
+    served.max_model_len = 4096;
+  }
+  engine::PromptFormat format;
+  ServedModel served;
+};
+
+std::vector<int32_t> Ids(const std::string& text) { return M().tok->Encode(text).value(); }
+
+std::string PromptText(const CompletionRequest& r) {
+  return M().tok->Decode(absl::MakeConstSpan(r.spec.prompt_ids().data(), r.spec.prompt_ids().size()), false).value();
+}
+
+TEST_CASE("chat tools: definitions, an assistant's calls and tool results render through the template") {
+  ToolModel tm;
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+  auto r = ParseChatRequest(absl::StrCat(R"({"model": "tiny", "tools": )", tools, R"(, "messages": [
+      {"role": "user", "content": "Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]})"),
+                            tm.served, 1);
+  REQUIRE(r.ok());
+  CHECK(r->tool_format == ToolFormat::kHermes);
+  CHECK(r->max_tool_calls == 0);
+  CHECK(PromptText(*r) ==
+        "<|im_start|>system\n<tools>{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"description\": \"Weather.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+        "\"string\"}}}}}</tools><|im_end|>\n<|im_start|>user\nParis?<|im_end|>\n<|im_start|>assistant\n"
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call><|im_end|>\n"
+        "<|im_start|>tool\n18 C (for call_1)<|im_end|>\n<|im_start|>assistant\n");
+
+  // tool_choice none: the tools are neither shown nor parsed.
+  auto none = ParseChatRequest(absl::StrCat(R"({"model": "tiny", "tool_choice": "none", "tools": )", tools,
+                                            R"(, "messages": [{"role": "user", "content": "Paris?"}]})"),
+                               tm.served, 1);
+  REQUIRE(none.ok());
+  CHECK(none->tool_format == ToolFormat::kNone);
+  CHECK(PromptText(*none) == "<|im_start|>user\nParis?<|im_end|>\n<|im_start|>assistant\n");
+  auto one = ParseChatRequest(absl::StrCat(R"({"model": "tiny", "parallel_tool_calls": false, "tools": )", tools,
+                                           R"(, "messages": [{"role": "user", "content": "Paris?"}]})"),
+                              tm.served, 1);
+  REQUIRE(one.ok());
+  CHECK(one->max_tool_calls == 1);
+
+  // tool_choice required ends the prompt with a call's opening; naming the
+  // function, through its name, and one call at most.
+  const std::string asked = "<|im_start|>user\nParis?<|im_end|>\n<|im_start|>assistant\n";
+  auto required = ParseChatRequest(absl::StrCat(R"({"model": "tiny", "tool_choice": "required", "tools": )", tools,
+                                                R"(, "messages": [{"role": "user", "content": "Paris?"}]})"),
+                                   tm.served, 1);
+  REQUIRE(required.ok());
+  CHECK(required->tool_prefix == "<tool_call>\n{\"name\": \"");
+  CHECK(absl::EndsWith(PromptText(*required), asked + required->tool_prefix));
+  CHECK(required->max_tool_calls == 0);
+  auto named = ParseChatRequest(
+      absl::StrCat(R"({"model": "tiny", "tool_choice": {"type": "function", "function": {"name": "get_weather"}},)",
+                   R"( "tools": )", tools, R"(, "messages": [{"role": "user", "content": "Paris?"}]})"),
+      tm.served, 1);
+  REQUIRE(named.ok());
+  CHECK(named->tool_prefix == "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
+  CHECK(absl::EndsWith(PromptText(*named), asked + named->tool_prefix));
+  CHECK(named->max_tool_calls == 1);
+  CHECK(r->tool_prefix.empty());
+
+  struct Case {
+    std::string extra;  // fields after "messages"
+    std::string messages;
+    std::string param;
+    const ServedModel* model;
+  };
+  const std::string user = R"([{"role": "user", "content": "x"}])";
+  const std::vector<Case> bad = {
+      {R"("tools": {"type": "function"})", user, "tools", &tm.served},
+      {R"("tools": [{"type": "function", "function": {"name": "has space"}}])", user, "tools", &tm.served},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])", user, "tools", &tm.served},
+      {R"("tools": [{"type": "code_interpreter"}])", user, "tools", &tm.served},
+      {absl::StrCat(R"("tool_choice": {"type": "function", "name": "get_weather"}, "tools": )", tools), user,
+       "tool_choice", &tm.served},
+      {absl::StrCat(R"("tool_choice": {"type": "function", "function": {"name": "other"}}, "tools": )", tools), user,
+       "tool_choice", &tm.served},
+      {absl::StrCat(R"("tool_choice": "sometimes", "tools": )", tools), user, "tool_choice", &tm.served},
+      {R"("tool_choice": "auto")", user, "tool_choice", &tm.served},
+      {absl::StrCat(R"("parallel_tool_calls": 1, "tools": )", tools), user, "parallel_tool_calls", &tm.served},
+      // The tiny model's own template does not render tools.
+      {absl::StrCat(R"("tools": )", tools), user, "tools", &M().served},
+      {R"("n": 1)", R"([{"role": "tool", "content": "18 C"}])", "messages", &tm.served},
+      {R"("n": 1)", R"([{"role": "user", "content": "x", "tool_calls": []}])", "messages", &tm.served},
+      {R"("n": 1)", R"([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}])", "messages",
+       &tm.served},
+      {R"("n": 1)", R"([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f",
+          "arguments": "{not json"}}]}])", "messages", &tm.served},
+      {R"("n": 1)", R"([{"role": "assistant"}])", "messages", &tm.served},
+      {R"("n": 1)", R"([{"role": "user", "content": "x", "name": 5}])", "messages", &tm.served},
+  };
+  for (const Case& c : bad) {
+    const std::string body = absl::StrCat(R"({"model": "tiny", "messages": )", c.messages, ", ", c.extra, "}");
+    INFO(body);
+    auto e = ParseChatRequest(body, *c.model, 1);
+    REQUIRE_FALSE(e.ok());
+    INFO(e.status().message());
+    CHECK(HttpStatusFor(e.status()) == 400);
+    CHECK(ErrorParam(e.status()) == c.param);
+  }
+}
+
+TEST_CASE("chat tools: the output's calls stream as tool_calls deltas and end with finish_reason tool_calls") {
+  CompletionRequest params;
+  params.kind = ApiKind::kChat;
+  params.tool_format = ToolFormat::kHermes;
+  const ResponseEnvelope env{.kind = ApiKind::kChat, .id = "chatcmpl-7", .created = 2, .model = "tiny"};
+  const std::string text =
+      "On it.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}</tool_call>";
+  ChoiceBuilder stream(M().tok.get(), params, 0, ""), whole(M().tok.get(), params, 0, "");
+  std::string content;
+  json calls = json::array();
+  for (int32_t id : Ids(text)) {
+    json c = json::parse(stream.AddToken(Tok(id, -0.1f), env, true));
+    const json& delta = c["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) content += delta["content"].get<std::string>();
+    if (delta.contains("tool_calls")) {
+      for (const json& t : delta["tool_calls"]) calls.push_back(t);
+    }
+    whole.AddToken(Tok(id, -0.1f), env, false);
+  }
+  json last = json::parse(stream.FinalChunk(env, "stop"));
+  CHECK(last["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(content == "On it.");
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0]["index"] == 0);
+  CHECK(calls[1]["index"] == 1);
+  CHECK(calls[0]["type"] == "function");
+  CHECK(calls[0]["function"] == json{{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}});
+  CHECK(calls[1]["function"] == json{{"name", "get_time"}, {"arguments", "{\"zone\":\"CET\"}"}});
+  CHECK(calls[0]["id"].get<std::string>().rfind("call_", 0) == 0);
+  CHECK(calls[0]["id"] != calls[1]["id"]);
+
+  json body = json::parse(RenderResponse(env, {&whole}, {"stop"}, 3));
+  const json& msg = body["choices"][0]["message"];
+  CHECK(body["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(msg["content"] == "On it.");
+  REQUIRE(msg["tool_calls"].size() == 2);
+  for (size_t k = 0; k < 2; ++k) {  // The same calls, ids included, without the stream's index.
+    json want = calls[k];
+    want.erase("index");
+    CHECK(msg["tool_calls"][k] == want);
+  }
+
+  // Cut off by max_tokens inside a call: "length", and the open call's text is content.
+  ChoiceBuilder cut(M().tok.get(), params, 0, "");
+  for (int32_t id : Ids("<tool_call>{\"name\": \"get_w")) cut.AddToken(Tok(id, -0.1f), env, false);
+  json cut_body = json::parse(RenderResponse(env, {&cut}, {"length"}, 3));
+  CHECK(cut_body["choices"][0]["finish_reason"] == "length");
+  CHECK(cut_body["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "<tool_call>{\"name\": \"get_w"}});
+
+  // A forced opening: the output continues it, and is parsed as such.
+  CompletionRequest forced = params;
+  forced.tool_prefix = ToolCallOpening(ToolFormat::kHermes, "get_weather");
+  ChoiceBuilder cont(M().tok.get(), forced, 0, "");
+  for (int32_t id : Ids("{\"city\": \"Oslo\"}}\n</tool_call>")) cont.AddToken(Tok(id, -0.1f), env, false);
+  json cont_body = json::parse(RenderResponse(env, {&cont}, {"stop"}, 3));
+  CHECK(cont_body["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(cont_body["choices"][0]["message"]["content"].is_null());
+  CHECK(cont_body["choices"][0]["message"]["tool_calls"][0]["function"] ==
+        json{{"name", "get_weather"}, {"arguments", "{\"city\":\"Oslo\"}"}});
+
+  // Only a call: content is null.
+  ChoiceBuilder only(M().tok.get(), params, 0, "");
+  for (int32_t id : Ids("<tool_call>{\"name\": \"f\"}</tool_call>")) {
+    only.AddToken(Tok(id, -0.1f), env, false);
+  }
+  json only_body = json::parse(RenderResponse(env, {&only}, {"stop"}, 3));
+  CHECK(only_body["choices"][0]["message"]["content"].is_null());
+  CHECK(only_body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == "{}");
 }
 
 }  // namespace

@@ -232,4 +232,29 @@ bool FakeWorker::WaitRouterConnectionClosed() {
   return state_->mu.AwaitWithTimeout(absl::Condition(&state_->router_closed), kWaitLimit);
 }
 
+proto::Frame FirstTokenFrame(uint64_t id, int32_t token, const std::string& worker) {
+  proto::Frame f = FakeWorker::NewFrame();
+  f.mutable_first_token()->set_request_id(id);
+  f.mutable_first_token()->mutable_token()->set_id(token);
+  f.mutable_first_token()->mutable_token()->set_logprob(-0.25f);
+  f.mutable_first_token()->set_worker_id(worker);
+  return f;
+}
+proto::Frame TokenFrame(uint64_t id, int32_t token) {
+  proto::Frame f = FakeWorker::NewFrame();
+  auto* ev = f.mutable_tokens()->add_events();
+  ev->set_request_id(id);
+  ev->mutable_token()->set_id(token);
+  ev->mutable_token()->set_logprob(-0.5f);
+  return f;
+}
+proto::Frame FinishFrame(uint64_t id, proto::FinishReason reason, int error_code, std::string error) {
+  proto::Frame f = FakeWorker::NewFrame();
+  f.mutable_finish()->set_request_id(id);
+  f.mutable_finish()->set_reason(reason);
+  f.mutable_finish()->set_error_code(error_code);
+  f.mutable_finish()->set_error(error);
+  return f;
+}
+
 }  // namespace duet::router::testing

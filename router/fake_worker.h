@@ -85,6 +85,12 @@ class FakeWorker {
   std::shared_ptr<State> state_;
 };
 
+// Frames a worker sends about request `id`: its first token (logprob
+// -0.25, from `worker`), one further token (logprob -0.5), and its end.
+proto::Frame FirstTokenFrame(uint64_t id, int32_t token, const std::string& worker);
+proto::Frame TokenFrame(uint64_t id, int32_t token);
+proto::Frame FinishFrame(uint64_t id, proto::FinishReason reason, int error_code = 0, std::string error = "");
+
 }  // namespace duet::router::testing
 
 #endif  // DUET_ROUTER_FAKE_WORKER_H_

@@ -35,6 +35,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using testing::FakeWorker;
+using testing::FinishFrame;
+using testing::FirstTokenFrame;
+using testing::TokenFrame;
 
 // A blocking HTTP/1.1 client; reads give up after 20 s so a broken router
 // fails the test instead of hanging it.
@@ -169,31 +172,6 @@ Response Call(int port, const std::string& method, const std::string& path, cons
   c.Request(method, path, body);
   Client::Head h = c.ReadHead();
   return {h.status, h.headers, c.ReadBody()};
-}
-
-proto::Frame FirstTokenFrame(uint64_t id, int32_t token, const std::string& worker) {
-  proto::Frame f = FakeWorker::NewFrame();
-  f.mutable_first_token()->set_request_id(id);
-  f.mutable_first_token()->mutable_token()->set_id(token);
-  f.mutable_first_token()->mutable_token()->set_logprob(-0.25f);
-  f.mutable_first_token()->set_worker_id(worker);
-  return f;
-}
-proto::Frame TokenFrame(uint64_t id, int32_t token) {
-  proto::Frame f = FakeWorker::NewFrame();
-  auto* ev = f.mutable_tokens()->add_events();
-  ev->set_request_id(id);
-  ev->mutable_token()->set_id(token);
-  ev->mutable_token()->set_logprob(-0.5f);
-  return f;
-}
-proto::Frame FinishFrame(uint64_t id, proto::FinishReason reason, int error_code = 0, std::string error = "") {
-  proto::Frame f = FakeWorker::NewFrame();
-  f.mutable_finish()->set_request_id(id);
-  f.mutable_finish()->set_reason(reason);
-  f.mutable_finish()->set_error_code(error_code);
-  f.mutable_finish()->set_error(error);
-  return f;
 }
 
 // A worker that answers every PrefillRequest with `tokens` (FirstToken, one
