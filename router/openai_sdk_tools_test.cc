@@ -27,11 +27,17 @@
 #include "router/fake_worker.h"
 #include "router/router.h"
 
-namespace duet::testing {
+namespace duet::router {
 namespace {
 
 namespace fs = std::filesystem;
-using router::testing::FakeWorker;
+using duet::testing::FindNodeModules;
+using duet::testing::FreshDir;
+using duet::testing::RunNodeScript;
+using testing::FakeWorker;
+using testing::FinishFrame;
+using testing::FirstTokenFrame;
+using testing::TokenFrame;
 
 constexpr char kScript[] = "engine/testing/npm/openai_sdk_tools_check.js";
 constexpr char kCall[] =
@@ -66,7 +72,7 @@ TEST_CASE("the OpenAI Node SDK: a tool call, its result, and the answer, with Qw
   const std::string dir = QwenDir(*modules);
   std::unique_ptr<engine::Tokenizer> tok = std::move(engine::Tokenizer::Load(dir)).value();
 
-  router::Router r;
+  Router r;
   REQUIRE(r.Start({.model_dir = dir, .served_model_name = "qwen3"}).ok());
   IoThread io;
   FakeWorker w(io, {.id = "c0", .role = proto::ROLE_COLOCATED, .model = "qwen3"});
@@ -83,9 +89,9 @@ TEST_CASE("the OpenAI Node SDK: a tool call, its result, and the answer, with Qw
     const uint64_t rid = f.prefill().request_id();
     const std::vector<int32_t> out = tok->Encode(Reply(prompt)).value();
     for (size_t i = 0; i < out.size(); ++i) {
-      w.Send(i == 0 ? router::testing::FirstTokenFrame(rid, out[i], "c0") : router::testing::TokenFrame(rid, out[i]));
+      w.Send(i == 0 ? FirstTokenFrame(rid, out[i], "c0") : TokenFrame(rid, out[i]));
     }
-    w.Send(router::testing::FinishFrame(rid, proto::FINISH_STOP));
+    w.Send(FinishFrame(rid, proto::FINISH_STOP));
     return true;
   };
   auto reply = w.Register(r.control_address());
@@ -132,4 +138,4 @@ TEST_CASE("the OpenAI Node SDK: a tool call, its result, and the answer, with Qw
 }
 
 }  // namespace
-}  // namespace duet::testing
+}  // namespace duet::router
