@@ -13,7 +13,7 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
   if (sink == nullptr) return absl::InvalidArgumentError("colocated needs a frame sink");
   std::unique_ptr<ColocatedService> s(new ColocatedService());
   ASSIGN_OR_RETURN(s->engine_, LoadEngine(options.model_dir, options.threads, options.kv_blocks,
-                                          options.kv_bytes, options.block_size));
+                                          options.kv_bytes, options.block_size, options.load));
   s->options_ = std::move(options);
   s->sink_ = sink;
   s->layout_ = s->engine_.LayoutProto();

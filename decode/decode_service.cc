@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
   if (sink == nullptr) return absl::InvalidArgumentError("decode needs a frame sink");
   std::unique_ptr<DecodeService> s(new DecodeService());
   ASSIGN_OR_RETURN(s->engine_, LoadEngine(options.model_dir, options.threads, options.kv_blocks,
-                                          options.kv_bytes, options.block_size));
+                                          options.kv_bytes, options.block_size, options.load));
   s->sink_ = sink;
   s->transport_ = std::move(options.transport);
   s->options_ = std::move(options);

@@ -44,6 +44,7 @@ struct DecodeOptions {
   std::string model_dir;
   std::string served_model_name;
   int threads = 0;          // CPU backend threads; <= 0: every core.
+  engine::LoadOptions load;  // The weights' dtype.
   int64_t kv_blocks = 0;    // Pool size in blocks; when 0, from kv_bytes.
   int64_t kv_bytes = 0;
   int64_t block_size = 16;  // Must equal the prefill workers'.

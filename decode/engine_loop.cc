@@ -6,7 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
 #include "worker/generation_spec.h"
 
@@ -53,11 +53,11 @@ proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status) {
 }
 
 absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
-                                           int64_t kv_bytes, int64_t block_size) {
+                                           int64_t kv_bytes, int64_t block_size, const engine::LoadOptions& load) {
   if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
   EngineResources r;
-  r.backend = kernels::NewCpuBackend(threads);
-  ASSIGN_OR_RETURN(r.model, engine::Model::Load(model_dir, r.backend.get()));
+  ASSIGN_OR_RETURN(r.backend, kernels::NewBackend({.threads = threads}));
+  ASSIGN_OR_RETURN(r.model, engine::Model::Load(model_dir, r.backend.get(), load));
   const kernels::KvLayout layout = r.model->KvLayoutFor(block_size);
   const int64_t blocks = kv_blocks > 0 ? kv_blocks : engine::BlockPool::BlocksForBytes(layout, kv_bytes);
   if (blocks <= 0) {

@@ -123,11 +123,11 @@ struct EngineResources {
   proto::KvLayout LayoutProto() const;
 };
 
-// Loads the model on a CPU backend of `threads` and sizes the pool:
-// kv_blocks when > 0, else as many blocks as kv_bytes holds.
-// InvalidArgument when neither gives at least one block.
+// Loads the model (its weights as `load` says) on a CPU backend of
+// `threads` and sizes the pool: kv_blocks when > 0, else as many blocks as
+// kv_bytes holds. InvalidArgument when neither gives at least one block.
 absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
-                                           int64_t kv_bytes, int64_t block_size);
+                                           int64_t kv_bytes, int64_t block_size, const engine::LoadOptions& load);
 
 // Finish{FINISH_ERROR, error_code, error} for `request_id`.
 proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status);

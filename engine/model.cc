@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "engine/gptq.h"
 #include "engine/safetensors.h"
 
 namespace duet::engine {
@@ -27,6 +28,65 @@ absl::Status LoadTensor(const SafetensorsModel& st, const std::string& name,
                                                    ShapeStr(want_shape)));
   }
   return ToFloat32(*t, dst);
+}
+
+// The dtype kernels/dtype.h names a checkpoint's tensor dtype by.
+kernels::DType KernelDType(DType d) {
+  switch (d) {
+    case DType::kF32: return kernels::DType::kF32;
+    case DType::kF16: return kernels::DType::kF16;
+    case DType::kBF16: return kernels::DType::kBF16;
+    case DType::kI32: break;  // Not a float: LoadTensor refuses it first.
+  }
+  return kernels::DType::kF32;
+}
+
+// A weight matrix made of the tensors `parts` ({name, rows}) stacked by
+// rows, each [rows][k], in `dtype` (nullopt: the first part's own).
+struct Part {
+  std::string name;
+  int64_t rows;
+};
+absl::StatusOr<kernels::HostWeights> LoadMatrix(const SafetensorsModel& st, const std::vector<Part>& parts,
+                                                int64_t k, std::optional<kernels::DType> dtype,
+                                                const kernels::KernelBackend& backend) {
+  int64_t n = 0;
+  for (const Part& p : parts) n += p.rows;
+  std::vector<float> dense(n * k);
+  int64_t row = 0;
+  for (const Part& p : parts) {
+    RETURN_IF_ERROR(LoadTensor(st, p.name, {p.rows, k}, dense.data() + row * k));
+    row += p.rows;
+  }
+  if (!dtype) {
+    ASSIGN_OR_RETURN(const TensorView* first, st.Get(parts[0].name));
+    dtype = KernelDType(first->dtype);
+  }
+  if (!backend.Supports(kernels::WeightOp::kGemm, *dtype)) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend.Name(), " backend does not run ",
+                                                 kernels::DTypeName(*dtype), " weights (", parts[0].name, ")"));
+  }
+  return kernels::QuantizeWeights(dense.data(), n, k, *dtype);
+}
+
+// A linear layer made of `parts` stacked by rows: a GPTQ checkpoint's as
+// kQ4Z (each part's base name is its name without ".weight"), else as
+// LoadMatrix loads it.
+absl::StatusOr<kernels::HostWeights> LoadLinear(const SafetensorsModel& st, const ModelConfig& c,
+                                                const std::vector<Part>& parts, int64_t k,
+                                                std::optional<kernels::DType> dtype,
+                                                const kernels::KernelBackend& backend) {
+  if (!c.gptq) return LoadMatrix(st, parts, k, dtype, backend);
+  std::vector<kernels::HostWeights> stacked;
+  for (const Part& p : parts) {
+    const std::string base = p.name.substr(0, p.name.size() - std::string_view(".weight").size());
+    ASSIGN_OR_RETURN(kernels::HostWeights w, LoadGptqLinear(st, base, p.rows, k, *c.gptq));
+    stacked.push_back(std::move(w));
+  }
+  if (!backend.Supports(kernels::WeightOp::kGemm, kernels::DType::kQ4Z)) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend.Name(), " backend does not run q4z weights (GPTQ)"));
+  }
+  return kernels::StackRows(stacked);
 }
 
 // DUET_STEP_LOG=FILE appends one CSV row per forward pass of this process:
@@ -62,8 +122,17 @@ void LogStep(absl::Span<const BatchSeq> batch, std::chrono::steady_clock::time_p
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   kernels::KernelBackend* backend) {
+absl::StatusOr<std::optional<kernels::DType>> ParseWeightDType(std::string_view name) {
+  if (name == "auto") return std::optional<kernels::DType>();
+  if (std::optional<kernels::DType> d = kernels::ParseDType(name)) return d;
+  std::vector<std::string> names = {"auto"};
+  for (kernels::DType d : kernels::kAllDTypes) names.emplace_back(kernels::DTypeName(d));
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight dtype \"", std::string(name), "\" is not one of ", absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kernels::KernelBackend* backend,
+                                                   const LoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   m->backend_ = backend;
@@ -72,23 +141,22 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   if (m->config_.mlp_bias) {
     return absl::UnimplementedError(absl::StrCat(dir, "/config.json: mlp_bias=true is not supported"));
   }
-  RETURN_IF_ERROR(m->LoadWeights());
+  RETURN_IF_ERROR(m->LoadWeights(options));
   m->inv_freq_ = kernels::RopeInvFreq(m->config_.rope);
   return m;
 }
 
-absl::Status Model::LoadWeights() {
+absl::Status Model::LoadWeights(const LoadOptions& options) {
   const ModelConfig& c = config_;
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  embed_.resize(V * H);
-  RETURN_IF_ERROR(LoadTensor(*st, "model.embed_tokens.weight", {V, H}, embed_.data()));
+  const std::optional<kernels::DType> dt = options.weight_dtype;
+  ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, dt, *backend_));
   final_norm_.resize(H);
   RETURN_IF_ERROR(LoadTensor(*st, "model.norm.weight", {H}, final_norm_.data()));
   if (!c.tie_word_embeddings) {
-    lm_head_.resize(V * H);
-    RETURN_IF_ERROR(LoadTensor(*st, "lm_head.weight", {V, H}, lm_head_.data()));
+    ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{"lm_head.weight", V}}, H, dt, *backend_));
   }
   layers_.resize(c.num_layers);
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -98,30 +166,36 @@ absl::Status Model::LoadWeights() {
     L.post_norm.resize(H);
     RETURN_IF_ERROR(LoadTensor(*st, p + "input_layernorm.weight", {H}, L.input_norm.data()));
     RETURN_IF_ERROR(LoadTensor(*st, p + "post_attention_layernorm.weight", {H}, L.post_norm.data()));
-    L.wqkv.resize((qd + 2 * kvd) * H);
-    RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.q_proj.weight", {qd, H}, L.wqkv.data()));
-    RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.k_proj.weight", {kvd, H}, L.wqkv.data() + qd * H));
-    RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.v_proj.weight", {kvd, H},
-                               L.wqkv.data() + (qd + kvd) * H));
+    ASSIGN_OR_RETURN(L.wqkv, LoadLinear(*st, c,
+                                        {{p + "self_attn.q_proj.weight", qd},
+                                         {p + "self_attn.k_proj.weight", kvd},
+                                         {p + "self_attn.v_proj.weight", kvd}},
+                                        H, dt, *backend_));
     if (c.attention_bias) {
       L.bqkv.resize(qd + 2 * kvd);
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.q_proj.bias", {qd}, L.bqkv.data()));
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.k_proj.bias", {kvd}, L.bqkv.data() + qd));
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.v_proj.bias", {kvd}, L.bqkv.data() + qd + kvd));
     }
-    L.wo.resize(H * qd);
-    RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.o_proj.weight", {H, qd}, L.wo.data()));
+    ASSIGN_OR_RETURN(L.wo, LoadLinear(*st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_));
     if (c.o_bias) {
       L.bo.resize(H);
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.o_proj.bias", {H}, L.bo.data()));
     }
-    L.wgu.resize(2 * I * H);
-    RETURN_IF_ERROR(LoadTensor(*st, p + "mlp.gate_proj.weight", {I, H}, L.wgu.data()));
-    RETURN_IF_ERROR(LoadTensor(*st, p + "mlp.up_proj.weight", {I, H}, L.wgu.data() + I * H));
-    L.wdown.resize(H * I);
-    RETURN_IF_ERROR(LoadTensor(*st, p + "mlp.down_proj.weight", {H, I}, L.wdown.data()));
+    ASSIGN_OR_RETURN(L.wgu, LoadLinear(*st, c, {{p + "mlp.gate_proj.weight", I}, {p + "mlp.up_proj.weight", I}},
+                                       H, dt, *backend_));
+    ASSIGN_OR_RETURN(L.wdown, LoadLinear(*st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_));
   }
   return absl::OkStatus();
+}
+
+int64_t Model::weight_bytes() const {
+  int64_t b = embed_.bytes() + lm_head_.bytes() + static_cast<int64_t>(final_norm_.size()) * 4;
+  for (const Layer& L : layers_) {
+    b += L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
+    b += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size() + L.bqkv.size() + L.bo.size()) * 4;
+  }
+  return b;
 }
 
 kernels::KvLayout Model::KvLayoutFor(int64_t block_size) const {
@@ -214,15 +288,15 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   kernels::KernelBackend& be = *backend_;
   float* kv = pool.data();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  be.EmbeddingLookup(embed_.data(), ids.data(), x_.data(), T, H);
+  RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids.data(), x_.data(), T));
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const Layer& L = layers_[li];
     be.RmsNorm(x_.data(), L.input_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
     const float* bq = L.bqkv.empty() ? nullptr : L.bqkv.data();
-    be.Gemm(h_.data(), L.wqkv.data(), bq, q_.data(), T, qd, H, false);
-    be.Gemm(h_.data(), L.wqkv.data() + qd * H, bq ? bq + qd : nullptr, k_.data(), T, kvd, H, false);
-    be.Gemm(h_.data(), L.wqkv.data() + (qd + kvd) * H, bq ? bq + qd + kvd : nullptr, v_.data(), T,
-            kvd, H, false);
+    const kernels::WeightMatrix wqkv = L.wqkv.view();
+    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv.Rows(0, qd), bq, q_.data(), T, false));
+    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv.Rows(qd, kvd), bq ? bq + qd : nullptr, k_.data(), T, false));
+    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv.Rows(qd + kvd, kvd), bq ? bq + qd + kvd : nullptr, v_.data(), T, false));
     be.Rope(q_.data(), positions.data(), inv_freq_.data(), T, nq, hd);
     be.Rope(k_.data(), positions.data(), inv_freq_.data(), T, nkv, hd);
     for (int64_t r = 0; r < T; ++r) {
@@ -238,11 +312,11 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
                                      .window = c.layer_window[li], .seqs = aseqs.data(),
                                      .num_seqs = static_cast<int64_t>(aseqs.size())};
     be.PagedAttention(args);
-    be.Gemm(attn_.data(), L.wo.data(), L.bo.empty() ? nullptr : L.bo.data(), x_.data(), T, H, qd, true);
+    RETURN_IF_ERROR(be.Gemm(attn_.data(), L.wo.view(), L.bo.empty() ? nullptr : L.bo.data(), x_.data(), T, true));
     be.RmsNorm(x_.data(), L.post_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
-    be.Gemm(h_.data(), L.wgu.data(), nullptr, gu_.data(), T, 2 * I, H, false);
+    RETURN_IF_ERROR(be.Gemm(h_.data(), L.wgu.view(), nullptr, gu_.data(), T, false));
     be.SiluMul(gu_.data(), act_.data(), T, I);
-    be.Gemm(act_.data(), L.wdown.data(), nullptr, x_.data(), T, H, I, true);
+    RETURN_IF_ERROR(be.Gemm(act_.data(), L.wdown.view(), nullptr, x_.data(), T, true));
   }
 
   // Final norm and LM head only on the rows whose logits are wanted.
@@ -261,8 +335,8 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   logits.data.resize(R * V);
   if (R > 0) {
     be.RmsNorm(sel.data(), final_norm_.data(), sel.data(), R, H, static_cast<float>(c.rms_norm_eps));
-    const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
-    be.Gemm(sel.data(), head, nullptr, logits.data.data(), R, V, H, false);
+    const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
+    RETURN_IF_ERROR(be.Gemm(sel.data(), head.view(), nullptr, logits.data.data(), R, false));
   }
   LogStep(batch, start);
   return logits;

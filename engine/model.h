@@ -10,13 +10,17 @@
 // token's K and V into the sequence's blocks and returns logits only for the
 // rows the caller asks for. The caller owns the block tables and must have
 // reserved blocks for every position it feeds. Weights are read from
-// safetensors (F32/F16/BF16), converted once to float32 and held by the Model.
+// safetensors (F32/F16/BF16); the linear layers', the embedding's and
+// lm_head's stay in the checkpoint's dtype or are converted at load to the
+// one LoadOptions names (kernels/dtype.h: bf16, f16, q8, q4, q4z), the
+// norms are float32. Activations are float32.
 // Forward is not thread-safe (it reuses scratch buffers): one step at a time.
 #ifndef DUET_ENGINE_MODEL_H_
 #define DUET_ENGINE_MODEL_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +29,7 @@
 #include "engine/block_pool.h"
 #include "engine/model_config.h"
 #include "kernels/backend.h"
+#include "kernels/dtype.h"
 
 namespace duet::engine {
 
@@ -35,6 +40,22 @@ struct BatchSeq {
   // Offsets into `tokens` whose logits are wanted (usually the last).
   std::vector<int32_t> logit_rows;
 };
+
+struct LoadOptions {
+  // The dtype of every weight matrix (nullopt: each tensor's own, F32, F16
+  // or BF16, as the checkpoint stores it). A GPTQ checkpoint's linear
+  // layers load as q4z whatever this says (engine/gptq.h); it applies to
+  // the embedding and lm_head there.
+  std::optional<kernels::DType> weight_dtype;
+};
+
+// --weight-dtype: "auto" (nullopt) or a dtype name (kernels/dtype.h);
+// InvalidArgument listing the choices otherwise. The flag's help:
+inline constexpr char kWeightDTypeHelp[] =
+    "the weights' dtype: auto (as the checkpoint stores them: f32, f16 or bf16) | f32 | bf16 | f16 | q8 | q4 | q4z "
+    "(q8, q4 and q4z quantize at load, in blocks of 32 with an f16 scale, q4z with a zero point; activations and "
+    "the KV cache stay f32)";
+absl::StatusOr<std::optional<kernels::DType>> ParseWeightDType(std::string_view name);
 
 struct Logits {
   int64_t vocab_size = 0;
@@ -48,10 +69,12 @@ class Model {
  public:
   // Reads config.json and the safetensors weights of a Hugging Face model
   // directory. The backend must outlive the model.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
-                                                     kernels::KernelBackend* backend);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, kernels::KernelBackend* backend,
+                                                     const LoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
+  // The bytes of every weight the model holds, as loaded.
+  int64_t weight_bytes() const;
   const std::string& dir() const { return dir_; }
   kernels::KvLayout KvLayoutFor(int64_t block_size) const;
 
@@ -60,20 +83,22 @@ class Model {
  private:
   struct Layer {
     std::vector<float> input_norm, post_norm;
-    std::vector<float> wqkv, bqkv;  // [q|k|v rows][hidden], bias [q|k|v]
-    std::vector<float> wo, bo;      // [hidden][q_dim]
-    std::vector<float> wgu;         // [gate rows | up rows][hidden]
-    std::vector<float> wdown;       // [hidden][inter]
+    kernels::HostWeights wqkv;  // [q|k|v rows][hidden]
+    std::vector<float> bqkv;    // [q|k|v]
+    kernels::HostWeights wo;    // [hidden][q_dim]
+    std::vector<float> bo;
+    kernels::HostWeights wgu;    // [gate rows | up rows][hidden]
+    kernels::HostWeights wdown;  // [hidden][inter]
   };
 
   Model() = default;
-  absl::Status LoadWeights();
+  absl::Status LoadWeights(const LoadOptions& options);
 
   std::string dir_;
   ModelConfig config_;
   kernels::KernelBackend* backend_ = nullptr;
-  std::vector<float> embed_;     // [vocab][hidden]
-  std::vector<float> lm_head_;   // Empty when tied to embed_.
+  kernels::HostWeights embed_;    // [vocab][hidden]
+  kernels::HostWeights lm_head_;  // n = 0 when tied to embed_.
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;

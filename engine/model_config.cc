@@ -157,6 +157,38 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
   ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", false, -1, -1));
   c.bos_token_id = static_cast<int32_t>(bos);
   if (auto d = j.find("torch_dtype"); d != j.end() && d->is_string()) c.torch_dtype = d->get<std::string>();
+  if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
+    if (!q->is_object()) return r.Error("quantization_config", "must be an object");
+    Reader qr(*q, source);
+    const auto method = q->find("quant_method");
+    const std::string m = method != q->end() && method->is_string() ? method->get<std::string>() : "";
+    if (m != "gptq") {
+      return absl::UnimplementedError(absl::StrCat(source, ": quantization_config.quant_method \"", m,
+                                                   "\" is not supported (duet loads GPTQ; AWQ, GGUF and FP8 "
+                                                   "checkpoints are not supported)"));
+    }
+    ASSIGN_OR_RETURN(int64_t bits, qr.Int("bits", true, 0, 1));
+    if (bits != 4) {
+      return absl::UnimplementedError(absl::StrCat(source, ": GPTQ with bits=", bits, " is not supported (4 only)"));
+    }
+    ASSIGN_OR_RETURN(bool desc_act, qr.Bool("desc_act", false));
+    if (desc_act) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": GPTQ with desc_act=true (act-order groups) is not supported; desc_act=false only"));
+    }
+    ASSIGN_OR_RETURN(int64_t group, qr.Int("group_size", true, 0, -1));
+    if (group == 0 || (group != -1 && group % 32 != 0)) {
+      return r.Error("quantization_config.group_size", absl::StrCat("is ", group, "; duet loads -1 or a multiple of 32"));
+    }
+    ModelConfig::Gptq g{.group_size = group};
+    if (auto f = q->find("checkpoint_format"); f != q->end() && f->is_string()) {
+      if (*f != "gptq" && *f != "gptq_v2") {
+        return r.Error("quantization_config.checkpoint_format", absl::StrCat("is ", f->dump(), "; gptq or gptq_v2"));
+      }
+      g.v2_zeros = *f == "gptq_v2";
+    }
+    c.gptq = g;
+  }
   return c;
 }
 

@@ -11,6 +11,7 @@
 #define DUET_ENGINE_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,14 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
   std::string torch_dtype;
+  // quantization_config of a GPTQ checkpoint (4 bits, desc_act false): its
+  // linear layers are stored as qweight/qzeros/scales/g_idx and load as
+  // kernels' kQ4Z. group_size -1 (one group per row) is kept as k.
+  struct Gptq {
+    int64_t group_size = 0;
+    bool v2_zeros = false;  // checkpoint_format "gptq_v2": zeros stored as is, not minus one.
+  };
+  std::optional<Gptq> gptq;
 
   static absl::StatusOr<ModelConfig> FromJson(const std::string& json_text,
                                               const std::string& source_name);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kernels/dtype.h"
 
 namespace duet::engine {
 namespace {
@@ -40,6 +41,7 @@ std::optional<DType> ParseDType(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "I32") return DType::kI32;
   return std::nullopt;
 }
 
@@ -225,6 +227,7 @@ absl::Status WriteValidated(const std::string& path, const std::vector<const Ten
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF32:
+    case DType::kI32:
       return 4;
     case DType::kF16:
     case DType::kBF16:
@@ -242,6 +245,8 @@ const char* DTypeName(DType dtype) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kI32:
+      return "I32";
   }
   CHECK(false) << "bad DType " << static_cast<int>(dtype);
   return "";
@@ -350,7 +355,7 @@ absl::Status SafetensorsFile::Parse() {
     std::optional<DType> dtype = ParseDType(dtype_name);
     if (!dtype) {
       return error("dtype", absl::StrCat("unsupported dtype \"", dtype_name,
-                                         "\" (supported: F32, F16, BF16)"));
+                                         "\" (supported: F32, F16, BF16, and I32 for GPTQ's packed tensors)"));
     }
     view.dtype = *dtype;
 
@@ -494,73 +499,6 @@ std::vector<std::string> SafetensorsModel::Names() const {
 
 // ---------------------------------------------------------------- conversion
 
-float F16ToFloat32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1F;
-  uint32_t mant = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000 | (mant << 13);  // Inf, or NaN with its payload.
-  } else if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {
-      // Subnormal mant * 2^-24: normalize into an F32 normal.
-      exp = 127 - 14;
-      while ((mant & 0x400) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
-    }
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-float BF16ToFloat32(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
-uint16_t Float32ToBF16(float value) {
-  uint32_t b = std::bit_cast<uint32_t>(value);
-  if ((b & 0x7FFFFFFF) > 0x7F800000) {
-    // NaN: truncate, and set the quiet bit so a payload living only in the
-    // low bits does not become inf.
-    return static_cast<uint16_t>((b >> 16) | 0x0040);
-  }
-  // Round to nearest even on the 16 dropped bits; a carry into the exponent is
-  // the correct result, up to inf.
-  b += 0x7FFF + ((b >> 16) & 1);
-  return static_cast<uint16_t>(b >> 16);
-}
-
-uint16_t Float32ToF16(float value) {
-  const uint32_t b = std::bit_cast<uint32_t>(value);
-  const uint16_t sign = static_cast<uint16_t>((b >> 16) & 0x8000);
-  const uint32_t a = b & 0x7FFFFFFF;
-  if (a > 0x7F800000) return sign | 0x7E00 | ((a >> 13) & 0x3FF);  // Quiet NaN.
-  // 65520 is halfway between 65504 (max F16, odd mantissa) and 65536: ties
-  // to even go up, so it and everything above become inf.
-  if (a >= 0x477FF000) return sign | 0x7C00;
-  if (a >= 0x38800000) {  // >= 2^-14: F16 normal.
-    const uint32_t r = a + 0xFFF + ((a >> 13) & 1);
-    return sign | static_cast<uint16_t>((r >> 13) - (112 << 10));
-  }
-  if (a < 0x33000000) return sign;  // Below half the smallest subnormal 2^-24.
-  // F16 subnormal: count in units of 2^-24 with round to nearest even. A
-  // round up from the largest subnormal lands on 0x400, the smallest normal.
-  const uint32_t exp = a >> 23;
-  const uint32_t mant = (a & 0x7FFFFF) | 0x800000;
-  const uint32_t shift = 126 - exp;  // 14..24
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1))) ++r;
-  return sign | static_cast<uint16_t>(r);
-}
-
 absl::Status ToFloat32(const TensorView& t, float* out) {
   std::optional<uint64_t> bytes = CheckedBytes(t.shape, DTypeSize(t.dtype));
   if (!bytes || *bytes != t.num_bytes) {
@@ -570,6 +508,9 @@ absl::Status ToFloat32(const TensorView& t, float* out) {
   }
   const size_t n = t.num_bytes / DTypeSize(t.dtype);
   switch (t.dtype) {
+    case DType::kI32:
+      return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor \"", t.name,
+                                                     "\" is I32 where a float tensor belongs"));
     case DType::kF32:
       if (n > 0) std::memcpy(out, t.data, t.num_bytes);
       break;
@@ -579,7 +520,7 @@ absl::Status ToFloat32(const TensorView& t, float* out) {
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;  // memcpy: the data is only byte-aligned in general.
         std::memcpy(&h, t.data + 2 * i, 2);
-        out[i] = f16 ? F16ToFloat32(h) : BF16ToFloat32(h);
+        out[i] = f16 ? kernels::HalfToFloat(h) : kernels::Bf16ToFloat(h);
       }
       break;
     }

@@ -29,12 +29,13 @@
 
 namespace duet::engine {
 
-// The dtypes the engine computes with. Files holding others (I8, F64, ...)
-// are rejected on Open rather than misread later.
-enum class DType { kF32, kF16, kBF16 };
+// The dtypes the engine reads: floats, and I32 for GPTQ's packed tensors.
+// Files holding others (I8, F64, ...) are rejected on Open rather than
+// misread later.
+enum class DType { kF32, kF16, kBF16, kI32 };
 
 size_t DTypeSize(DType dtype);
-// "F32", "F16", "BF16": the names the safetensors header uses.
+// "F32", "F16", "BF16", "I32": the names the safetensors header uses.
 const char* DTypeName(DType dtype);
 
 // One tensor inside a mapped file. `data` points into the mapping.
@@ -108,14 +109,8 @@ class SafetensorsModel {
 
 // --- Conversion -----------------------------------------------------------
 
-// Exact: every F16 and BF16 value, subnormals, infinities and NaN payloads
-// included, is representable in F32.
-float F16ToFloat32(uint16_t bits);
-float BF16ToFloat32(uint16_t bits);
-// Round to nearest, ties to even; NaN stays NaN (quieted), overflow gives inf,
-// tiny values become F16 subnormals or signed zero.
-uint16_t Float32ToF16(float value);
-uint16_t Float32ToBF16(float value);
+// (F16 and BF16 values convert with kernels/dtype.h's HalfToFloat,
+// Bf16ToFloat, FloatToHalf and FloatToBf16.)
 
 // Writes t.NumElements() floats to `out`. InvalidArgument when the view's
 // byte count does not match its dtype and shape (only a hand-built view can).

@@ -1,4 +1,5 @@
 #include "engine/safetensors.h"
+#include "kernels/dtype.h"
 
 #include <stdlib.h>
 
@@ -73,86 +74,6 @@ TEST_CASE("DType names and sizes", "[safetensors]") {
   CHECK(DTypeSize(DType::kF32) == 4);
   CHECK(DTypeSize(DType::kF16) == 2);
   CHECK(DTypeSize(DType::kBF16) == 2);
-}
-
-TEST_CASE("F16 and BF16 decode special values exactly", "[safetensors]") {
-  CHECK(F16ToFloat32(0x0001) == std::ldexp(1.0f, -24));  // Smallest subnormal.
-  CHECK(F16ToFloat32(0x03FF) == std::ldexp(1023.0f, -24));  // Largest subnormal.
-  CHECK(F16ToFloat32(0x0400) == std::ldexp(1.0f, -14));
-  CHECK(F16ToFloat32(0x3C00) == 1.0f);
-  CHECK(F16ToFloat32(0xC000) == -2.0f);
-  CHECK(F16ToFloat32(0x7BFF) == 65504.0f);
-  CHECK(F16ToFloat32(0x7C00) == std::numeric_limits<float>::infinity());
-  CHECK(F16ToFloat32(0xFC00) == -std::numeric_limits<float>::infinity());
-  CHECK(SameBits(F16ToFloat32(0x8000), -0.0f));
-  CHECK(std::isnan(F16ToFloat32(0x7E00)));
-  CHECK(std::isnan(F16ToFloat32(0x7C01)));  // Signalling payload stays NaN.
-
-  CHECK(BF16ToFloat32(0x3F80) == 1.0f);
-  CHECK(BF16ToFloat32(0x0001) == std::ldexp(1.0f, -133));  // F32 subnormal.
-  CHECK(BF16ToFloat32(0x7F7F) == std::ldexp(255.0f, 120));  // Max.
-  CHECK(BF16ToFloat32(0xFF80) == -std::numeric_limits<float>::infinity());
-  CHECK(SameBits(BF16ToFloat32(0x8000), -0.0f));
-  CHECK(std::isnan(BF16ToFloat32(0x7FC0)));
-}
-
-TEST_CASE("F16 encode: every value round-trips, midpoints tie to even", "[safetensors]") {
-  for (uint32_t h = 0; h < 0x10000; ++h) {
-    const float f = F16ToFloat32(static_cast<uint16_t>(h));
-    const uint16_t back = Float32ToF16(f);
-    if (std::isnan(f)) {
-      REQUIRE(std::isnan(F16ToFloat32(back)));
-      REQUIRE((back & 0x8000) == (h & 0x8000));
-      continue;
-    }
-    REQUIRE(back == h);
-  }
-  // Between each pair of adjacent finite positive values (subnormals
-  // included) the midpoint, exact in F32, goes to the even one; a hair off it
-  // goes to the nearer.
-  for (uint32_t h = 0; h < 0x7BFF; ++h) {
-    const float lo = F16ToFloat32(static_cast<uint16_t>(h));
-    const float hi = F16ToFloat32(static_cast<uint16_t>(h + 1));
-    const float mid = lo + (hi - lo) / 2;  // Exact; (lo + hi) / 2 overflows near max.
-    INFO("h=" << h);
-    REQUIRE(Float32ToF16(mid) == ((h & 1) ? h + 1 : h));
-    REQUIRE(Float32ToF16(std::nextafter(mid, 0.0f)) == h);
-    REQUIRE(Float32ToF16(std::nextafter(mid, hi)) == h + 1);
-    REQUIRE(Float32ToF16(-mid) == (0x8000 | ((h & 1) ? h + 1 : h)));
-  }
-  CHECK(Float32ToF16(65519.996f) == 0x7BFF);
-  CHECK(Float32ToF16(65520.0f) == 0x7C00);  // Ties to even overflow to inf.
-  CHECK(Float32ToF16(1e10f) == 0x7C00);
-  CHECK(Float32ToF16(-1e10f) == 0xFC00);
-  CHECK(Float32ToF16(std::ldexp(1.0f, -25)) == 0x0000);  // Tie to even zero.
-  CHECK(Float32ToF16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
-  CHECK(Float32ToF16(-1e-30f) == 0x8000);
-  CHECK(Float32ToF16(std::numeric_limits<float>::denorm_min()) == 0x0000);
-  CHECK(Float32ToF16(std::numeric_limits<float>::quiet_NaN()) == 0x7E00);
-}
-
-TEST_CASE("BF16 encode: every value round-trips, midpoints tie to even", "[safetensors]") {
-  for (uint32_t h = 0; h < 0x10000; ++h) {
-    const float f = BF16ToFloat32(static_cast<uint16_t>(h));
-    const uint16_t back = Float32ToBF16(f);
-    if (std::isnan(f)) {
-      REQUIRE(std::isnan(BF16ToFloat32(back)));
-      continue;
-    }
-    REQUIRE(back == h);
-  }
-  for (uint32_t h = 0; h < 0x7F7F; ++h) {
-    const float lo = BF16ToFloat32(static_cast<uint16_t>(h));
-    const float hi = BF16ToFloat32(static_cast<uint16_t>(h + 1));
-    const float mid = lo + (hi - lo) / 2;  // Exact; (lo + hi) / 2 overflows near max.
-    INFO("h=" << h);
-    REQUIRE(Float32ToBF16(mid) == ((h & 1) ? h + 1 : h));
-    REQUIRE(Float32ToBF16(std::nextafter(mid, 0.0f)) == h);
-    REQUIRE(Float32ToBF16(std::nextafter(mid, hi)) == h + 1);
-  }
-  CHECK(Float32ToBF16(std::numeric_limits<float>::max()) == 0x7F80);  // Rounds up to inf.
-  // A NaN whose payload sits only in the dropped bits must not become inf.
-  CHECK(std::isnan(BF16ToFloat32(Float32ToBF16(std::bit_cast<float>(0x7F800001u)))));
 }
 
 TEST_CASE("round trip of F32, F16 and BF16 with exact values", "[safetensors]") {

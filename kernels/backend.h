@@ -17,9 +17,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kernels/attention.h"
+#include "kernels/dtype.h"
 
 namespace duet::kernels {
+
+// The ops that take a weight matrix in any dtype (kernels/dtype.h).
+enum class WeightOp { kGemm, kEmbedding };
 
 class KernelBackend {
  public:
@@ -30,6 +35,17 @@ class KernelBackend {
   // c[m, n] = a[m, k] * w[n, k]^T (+ bias[n]) (+ c if accumulate).
   virtual void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m,
                     int64_t n, int64_t k, bool accumulate) = 0;
+  // Whether the weight ops run on weights of `dtype` here (as ggml's
+  // supports_op): the others return Unimplemented.
+  virtual bool Supports(WeightOp op, DType dtype) const = 0;
+  // c[m, w.n] = a[m, w.k] * w^T (+ bias) (+ c if accumulate), w in any
+  // supported dtype; each output the F32 Gemm's over Dequantize(w), bit for
+  // bit where the F32 Gemm is batch-invariant.
+  virtual absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
+                            bool accumulate) = 0;
+  // out[t, :] = row ids[t] of `table` ([vocab][dim]), as floats.
+  virtual absl::Status EmbeddingLookup(const WeightMatrix& table, const int32_t* ids, float* out,
+                                       int64_t num_tokens) = 0;
   virtual void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
                        float eps) = 0;
   virtual void Rope(float* x, const int32_t* positions, const float* inv_freq,

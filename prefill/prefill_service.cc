@@ -9,7 +9,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "engine/sampler.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
 #include "prefill/request.h"
 #include "worker/generation_spec.h"
@@ -72,8 +72,8 @@ absl::Status PrefillService::Init() {
   if (options_.served_model_name.empty()) {
     options_.served_model_name = std::filesystem::path(options_.model_dir).filename().string();
   }
-  backend_ = kernels::NewCpuBackend(options_.threads);
-  ASSIGN_OR_RETURN(model_, engine::Model::Load(options_.model_dir, backend_.get()));
+  ASSIGN_OR_RETURN(backend_, kernels::NewBackend({.threads = options_.threads}));
+  ASSIGN_OR_RETURN(model_, engine::Model::Load(options_.model_dir, backend_.get(), options_.load));
   const kernels::KvLayout kl = model_->KvLayoutFor(options_.block_size);
   const int64_t blocks = options_.kv_blocks > 0
                              ? options_.kv_blocks

@@ -52,6 +52,7 @@ struct PrefillServiceOptions {
   std::string model_dir;
   std::string served_model_name;  // What Register reports; the directory's name when empty.
   int threads = 0;                // CPU backend threads; <= 0: every core.
+  engine::LoadOptions load;       // The weights' dtype.
   int64_t kv_blocks = 0;          // Pool size in blocks; 0: from kv_memory_bytes.
   int64_t kv_memory_bytes = int64_t{256} << 20;
   int64_t block_size = 16;

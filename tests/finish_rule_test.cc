@@ -26,6 +26,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "prefill/request.h"
 #include "worker/generation_spec.h"
+#include "kernels/dtype.h"
 
 namespace duet::testing {
 namespace {
@@ -61,7 +62,7 @@ std::string ForcedModel(const std::map<int32_t, int32_t>& next) {
     REQUIRE(t->dtype == engine::DType::kBF16);
     std::vector<uint8_t>& b = bytes.emplace_back(t->data, t->data + t->num_bytes);
     auto set = [&](int64_t i, float v) {
-      const uint16_t h = engine::Float32ToBF16(v);
+      const uint16_t h = kernels::FloatToBf16(v);
       std::memcpy(b.data() + 2 * i, &h, 2);
     };
     const bool zeroed = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos;

@@ -32,14 +32,18 @@ std::vector<double> Linear(const std::vector<double>& W, const std::vector<doubl
 
 }  // namespace
 
-ReferenceModel::ReferenceModel(const std::string& dir) {
+ReferenceModel::ReferenceModel(const std::string& dir, std::optional<kernels::DType> weights) {
   auto cfg = engine::ModelConfig::FromFile(dir + "/config.json");
   if (!cfg.ok()) throw std::runtime_error(cfg.status().ToString());
   config_ = *cfg;
   auto st = engine::SafetensorsModel::Open(dir);
   if (!st.ok()) throw std::runtime_error(st.status().ToString());
   for (const std::string& name : (*st)->Names()) {
-    std::vector<float> f = engine::ToFloat32(*(*st)->Find(name));
+    const engine::TensorView& t = *(*st)->Find(name);
+    std::vector<float> f = engine::ToFloat32(t);
+    if (weights && t.shape.size() == 2) {
+      f = kernels::Dequantize(kernels::QuantizeWeights(f.data(), t.shape[0], t.shape[1], *weights).view());
+    }
     w_[name] = std::vector<double>(f.begin(), f.end());
   }
   // Rotary inverse frequencies, in double, with Llama-3 scaling by its

@@ -4,21 +4,27 @@
 //
 //   ReferenceModel ref(dir);
 //   std::vector<std::vector<double>> logits = ref.Logits(tokens);  // every position
+//   ReferenceModel q8(dir, kernels::DType::kQ8);  // on the weights the engine's q8 holds
 #ifndef DUET_TESTS_REFERENCE_MODEL_H_
 #define DUET_TESTS_REFERENCE_MODEL_H_
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/model_config.h"
+#include "kernels/dtype.h"
 
 namespace duet::testing {
 
 class ReferenceModel {
  public:
-  explicit ReferenceModel(const std::string& dir);
+  // With `weights`, every weight matrix (each 2-D tensor) is replaced by
+  // what that dtype holds of it (kernels::Dequantize of QuantizeWeights),
+  // as the engine's --weight-dtype loads it.
+  explicit ReferenceModel(const std::string& dir, std::optional<kernels::DType> weights = std::nullopt);
   const engine::ModelConfig& config() const { return config_; }
   // Logits for every position of `tokens`, causal over the whole list.
   std::vector<std::vector<double>> Logits(const std::vector<int32_t>& tokens) const;

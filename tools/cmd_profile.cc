@@ -27,7 +27,7 @@
 #include "base/status_macros.h"
 #include "engine/block_pool.h"
 #include "engine/model.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/factory.h"
 #include "placement/profile_fit.h"
 #include "tools/commands.h"
 #include "engine/testing/model_maker.h"
@@ -52,8 +52,10 @@ absl::Status Run(const FlagSet& f) {
   if (dir.empty()) {
     ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("tiny"));
   }
-  auto backend = kernels::NewCpuBackend(static_cast<int>(f.GetInt("threads")));
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, engine::Model::Load(dir, backend.get()));
+  ASSIGN_OR_RETURN(const std::optional<kernels::DType> weight_dtype, engine::ParseWeightDType(f.GetString("weight-dtype")));
+  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.threads = static_cast<int>(f.GetInt("threads"))}));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
+                   engine::Model::Load(dir, backend.get(), {.weight_dtype = weight_dtype}));
   const int64_t bs = f.GetInt("block-size");
   const int64_t max_ctx = std::min<int64_t>(model->config().max_position_embeddings, f.GetInt("max-context"));
   const int64_t max_batch = f.GetInt("max-batch");
@@ -310,6 +312,7 @@ int RunProfile(int argc, char** argv) {
             "latency coefficients (DistServe's format, TP 1) that duet sim --latency reads.");
   f.String("model", "", "model directory (default: the embedded tiny model)");
   f.Int("threads", 1, "engine threads, as the workers will run");
+  f.String("weight-dtype", "auto", engine::kWeightDTypeHelp);
   f.Int("block-size", 16, "KV block size in tokens");
   f.Int("max-context", 1024, "longest prompt and context profiled");
   f.Int("max-batch", 16, "largest decode batch profiled");

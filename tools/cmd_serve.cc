@@ -126,6 +126,7 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.String("metrics-host", "127.0.0.1", "address /metrics listens on");
   f.String("worker-id", "", "unique id in the cluster (default: ROLE-PID)");
   f.Int("threads", 0, "CPU threads for the engine (0: every core this process may use)");
+  f.String("weight-dtype", "auto", engine::kWeightDTypeHelp);
   f.Double("kv-memory", 0.25, "KV cache size in GiB (ignored when --kv-blocks is set)");
   f.Int("kv-blocks", 0, "KV cache size in blocks");
   f.Int("block-size", 16, "tokens per KV block (prefill and decode must agree)");
@@ -181,10 +182,11 @@ int Drain(worker::WorkerRuntime& runtime, worker::WorkerService& service, const 
 // The engine fields the decode and colocated workers share.
 template <typename Options>
 void FillBatchEngineOptions(const FlagSet& f, const std::string& dir, const std::string& name, int64_t kv_bytes,
-                            Options& o) {
+                            const engine::LoadOptions& load, Options& o) {
   o.model_dir = dir;
   o.served_model_name = name;
   o.threads = static_cast<int>(f.GetInt("threads"));
+  o.load = load;
   o.kv_blocks = f.GetInt("kv-blocks");
   o.kv_bytes = kv_bytes;
   o.block_size = f.GetInt("block-size");
@@ -221,6 +223,9 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   }
   auto dir = ModelDir(f);
   if (!dir.ok()) return UsageError(cmd, dir.status());
+  auto weight_dtype = engine::ParseWeightDType(f.GetString("weight-dtype"));
+  if (!weight_dtype.ok()) return UsageError(cmd, weight_dtype.status());
+  const engine::LoadOptions load{.weight_dtype = *weight_dtype};
   const std::string name = ServedName(f, *dir);
   worker::RuntimeOptions ro;
   ro.worker_id = f.GetString("worker-id").empty() ? absl::StrCat(role, "-", getpid()) : f.GetString("worker-id");
@@ -252,6 +257,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
       o.model_dir = *dir;
       o.served_model_name = name;
       o.threads = static_cast<int>(f.GetInt("threads"));
+      o.load = load;
       o.kv_blocks = f.GetInt("kv-blocks");
       o.kv_memory_bytes = kv_bytes;
       o.block_size = f.GetInt("block-size");
@@ -264,7 +270,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
     } else {
       decode::DecodeOptions o;
-      FillBatchEngineOptions(f, *dir, name, kv_bytes, o);
+      FillBatchEngineOptions(f, *dir, name, kv_bytes, load, o);
       o.pull_timeout = absl::Milliseconds(f.GetInt("pull-timeout-ms"));
       o.transport = std::move(*transport);
       auto svc = decode::DecodeService::Create(std::move(o), &runtime);
@@ -272,7 +278,7 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
     }
   } else if (role == "colocated") {
     decode::ColocatedOptions o;
-    FillBatchEngineOptions(f, *dir, name, kv_bytes, o);
+    FillBatchEngineOptions(f, *dir, name, kv_bytes, load, o);
     o.cache = cache_options;
     auto svc = decode::ColocatedService::Create(std::move(o), &runtime);
     if (!svc.ok()) s = svc.status(); else service = std::move(*svc);

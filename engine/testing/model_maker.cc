@@ -13,6 +13,7 @@
 #include "engine/bpe_trainer.h"
 #include "engine/chat_templates.h"
 #include "engine/safetensors.h"
+#include "kernels/dtype.h"
 
 namespace duet::testing {
 namespace {
@@ -65,12 +66,12 @@ Tensor MakeTensor(const std::string& name, std::vector<int64_t> shape, DType dty
     switch (dtype) {
       case DType::kF32: std::memcpy(t.bytes.data() + 4 * i, &v, 4); break;
       case DType::kF16: {
-        uint16_t h = engine::Float32ToF16(v);
+        uint16_t h = kernels::FloatToHalf(v);
         std::memcpy(t.bytes.data() + 2 * i, &h, 2);
         break;
       }
       case DType::kBF16: {
-        uint16_t h = engine::Float32ToBF16(v);
+        uint16_t h = kernels::FloatToBf16(v);
         std::memcpy(t.bytes.data() + 2 * i, &h, 2);
         break;
       }

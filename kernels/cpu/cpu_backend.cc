@@ -31,11 +31,11 @@ class CpuBackend final : public KernelBackend {
   // with the dots; the two cost the same near 10 rows.
   static constexpr int64_t kFewRows = 8;
 
-  void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
-            int64_t k, bool accumulate) override {
-    const float beta = accumulate ? 1.0f : 0.0f;
-    // Column slices of at least 64 outputs, so each single-threaded OpenBLAS
-    // call is big enough to run at its full rate.
+  // Runs slice(n0, n1) on the pool for column slices of at least 64 of
+  // `n` outputs (so each single-threaded OpenBLAS call is big enough to run
+  // at its full rate), then adds the bias to c's [m][n] slice.
+  template <typename Slice>
+  void ColumnSlices(int64_t m, int64_t n, const float* bias, float* c, Slice slice) {
     const int64_t slices = std::min<int64_t>(pool_.num_threads(), std::max<int64_t>(1, n / 64));
     const int64_t per = ((n + slices - 1) / slices + 15) / 16 * 16;
     pool_.ParallelFor(slices, [&](int64_t sb, int64_t se) {
@@ -43,33 +43,61 @@ class CpuBackend final : public KernelBackend {
         const int64_t n0 = s * per;
         const int64_t n1 = std::min(n, n0 + per);
         if (n0 >= n1) continue;
-        if (invariant_) {
-          simd::DotRows(a, m, w + n0 * k, n1 - n0, k, c + n0, n, accumulate);
-        } else if (m == 1) {
-          cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, k, 1.0f, w + n0 * k, k, a, 1, beta,
-                      c + n0, 1);
-        } else if (m <= kFewRows) {
-          // A decode step's few rows: each weight row is read from memory
-          // once and dotted with every activation row while it sits in L1.
-          // OpenBLAS's GEMM first packs the whole weight slice, which at
-          // this m costs more than the product itself.
-          for (int64_t j = n0; j < n1; ++j) {
-            const float* wj = w + j * k;
-            for (int64_t i = 0; i < m; ++i) {
-              const float d = simd::Dot(a + i * k, wj, k);
-              float& out = c[i * n + j];
-              out = accumulate ? out + d : d;
-            }
-          }
-        } else {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, a, k,
-                      w + n0 * k, k, beta, c + n0, n);
-        }
+        slice(n0, n1);
         if (bias != nullptr) {
           for (int64_t i = 0; i < m; ++i) simd::Add(bias + n0, c + i * n + n0, n1 - n0);
         }
       }
     });
+  }
+
+  void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
+            int64_t k, bool accumulate) override {
+    const float beta = accumulate ? 1.0f : 0.0f;
+    ColumnSlices(m, n, bias, c, [&](int64_t n0, int64_t n1) {
+      if (invariant_) {
+        simd::DotRows(a, m, w + n0 * k, n1 - n0, k, c + n0, n, accumulate);
+      } else if (m == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, k, 1.0f, w + n0 * k, k, a, 1, beta,
+                    c + n0, 1);
+      } else if (m <= kFewRows) {
+        // A decode step's few rows: each weight row is read from memory
+        // once and dotted with every activation row while it sits in L1.
+        // OpenBLAS's GEMM first packs the whole weight slice, which at
+        // this m costs more than the product itself.
+        for (int64_t j = n0; j < n1; ++j) {
+          const float* wj = w + j * k;
+          for (int64_t i = 0; i < m; ++i) {
+            const float d = simd::Dot(a + i * k, wj, k);
+            float& out = c[i * n + j];
+            out = accumulate ? out + d : d;
+          }
+        }
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, a, k,
+                    w + n0 * k, k, beta, c + n0, n);
+      }
+    });
+  }
+
+  bool Supports(WeightOp, DType) const override { return true; }
+
+  absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
+                    bool accumulate) override {
+    if (w.dtype == DType::kF32) {
+      Gemm(a, static_cast<const float*>(w.values), bias, c, m, w.n, w.k, accumulate);
+      return absl::OkStatus();
+    }
+    // Every other dtype's rows are dotted by simd::DotRowsW, in either kernel mix.
+    ColumnSlices(m, w.n, bias, c,
+                 [&](int64_t n0, int64_t n1) { simd::DotRowsW(a, m, w, n0, n1, c + n0, w.n, accumulate); });
+    return absl::OkStatus();
+  }
+
+  absl::Status EmbeddingLookup(const WeightMatrix& table, const int32_t* ids, float* out,
+                               int64_t num_tokens) override {
+    for (int64_t t = 0; t < num_tokens; ++t) DequantizeRow(table, ids[t], out + t * table.k);
+    return absl::OkStatus();
   }
 
   void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,

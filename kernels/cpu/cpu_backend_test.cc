@@ -245,5 +245,83 @@ TEST_CASE("TopK returns the largest values, ties to the lower index", "[kernels]
   REQUIRE(top[2] == std::make_pair(5, 4.0f));
 }
 
+// Normalized mean squared error: sum (a - b)^2 / sum b^2.
+double Nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den == 0 ? num : num / den;
+}
+
+// The op harness for weights in every dtype: Gemm against the reference on
+// the same dequantized weights, on odd shapes (k off the block, m = 1..9
+// and 33), each row's output the same bits for every m, and the same bits
+// as the F32 Gemm over the dequantized matrix.
+TEST_CASE("Gemm on every weight dtype matches the reference, and a row's bits never depend on m", "[kernels]") {
+  const CpuKernels kernels = GENERATE(CpuKernels::kBatchInvariant, CpuKernels::kFastest);
+  auto be = NewCpuBackend(2, kernels);
+  // NMSE bound per dtype against the reference on the dequantized weights:
+  // the kernels multiply by exactly those values, so only float summation
+  // differs (the F32 path meets the same bound).
+  const double kTolerance = 1e-11;
+  for (DType dtype : kAllDTypes) {
+    REQUIRE(be->Supports(WeightOp::kGemm, dtype));
+    for (auto [n, k] : std::vector<std::pair<int, int>>{{1, 1}, {70, 37}, {33, 64}, {129, 100}, {64, 250}, {16, 512}}) {
+      const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 11);
+      const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
+      const WeightMatrix w = hw.view();
+      const std::vector<float> dense = Dequantize(w);
+      const int max_m = 33;
+      const std::vector<float> a = Random(static_cast<size_t>(max_m) * k, 12), bias = Random(n, 13);
+      std::vector<float> all(static_cast<size_t>(max_m) * n);
+      REQUIRE(be->Gemm(a.data(), w, bias.data(), all.data(), max_m, false).ok());
+      INFO(DTypeName(dtype) << " n=" << n << " k=" << k);
+      std::vector<float> want(all.size());
+      ref::Gemm(a.data(), w, want.data(), max_m, false);
+      for (int i = 0; i < max_m; ++i)
+        for (int j = 0; j < n; ++j) want[i * n + j] += bias[j];
+      CHECK(Nmse(all, want) < kTolerance);
+      if (kernels == CpuKernels::kBatchInvariant) {
+        std::vector<float> f32(all.size());
+        be->Gemm(a.data(), dense.data(), bias.data(), f32.data(), max_m, n, k, false);
+        CHECK(SameBits(all.data(), f32.data(), all.size()));
+      }
+      // kFastest's F32 GEMM is OpenBLAS's above a few rows, which rounds
+      // by the row count; every other dtype takes the dot tiles in both mixes.
+      const bool invariant = kernels == CpuKernels::kBatchInvariant || dtype != DType::kF32;
+      for (int m = 1; m <= 9; ++m) {
+        std::vector<float> got(static_cast<size_t>(m) * n, 7.0f), acc = got;
+        REQUIRE(be->Gemm(a.data(), w, bias.data(), got.data(), m, false).ok());
+        INFO("m=" << m);
+        if (invariant) CHECK(SameBits(got.data(), all.data(), got.size()));
+        // accumulate adds to what c holds.
+        REQUIRE(be->Gemm(a.data(), w, nullptr, acc.data(), m, true).ok());
+        std::vector<float> acc_want(got.size(), 7.0f);
+        ref::Gemm(a.data(), w, acc_want.data(), m, true);
+        CHECK(Nmse(acc, acc_want) < kTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("EmbeddingLookup on every dtype gives the dequantized rows exactly", "[kernels]") {
+  auto be = NewCpuBackend(2);
+  const int vocab = 50, dim = 70;
+  const std::vector<float> t = Random(vocab * dim, 21);
+  const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  for (DType dtype : kAllDTypes) {
+    INFO(DTypeName(dtype));
+    REQUIRE(be->Supports(WeightOp::kEmbedding, dtype));
+    const HostWeights hw = QuantizeWeights(t.data(), vocab, dim, dtype);
+    const std::vector<float> dense = Dequantize(hw.view());
+    std::vector<float> got(ids.size() * dim);
+    REQUIRE(be->EmbeddingLookup(hw.view(), ids.data(), got.data(), static_cast<int64_t>(ids.size())).ok());
+    for (size_t r = 0; r < ids.size(); ++r) CHECK(SameBits(got.data() + r * dim, dense.data() + ids[r] * dim, dim));
+  }
+}
+
 }  // namespace
 }  // namespace duet::kernels

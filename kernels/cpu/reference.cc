@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace duet::kernels::ref {
 
@@ -14,6 +15,11 @@ void Gemm(const float* a, const float* w, float* c, int64_t m, int64_t n, int64_
       c[i * n + j] = static_cast<float>(s);
     }
   }
+}
+
+void Gemm(const float* a, const WeightMatrix& w, float* c, int64_t m, bool accumulate) {
+  const std::vector<float> dense = Dequantize(w);
+  Gemm(a, dense.data(), c, m, w.n, w.k, accumulate);
 }
 
 void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/dtype.h"
 #include "kernels/rope.h"
 
 namespace duet::kernels::ref {
@@ -20,6 +21,9 @@ namespace duet::kernels::ref {
 // linear layer whose weight is stored [out_features, in_features].
 void Gemm(const float* a, const float* w, float* c, int64_t m, int64_t n, int64_t k,
           bool accumulate);
+
+// The same over a weight matrix in any dtype: Gemm on Dequantize(w).
+void Gemm(const float* a, const WeightMatrix& w, float* c, int64_t m, bool accumulate);
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w. x and y may alias.
 void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);

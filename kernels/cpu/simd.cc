@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace duet::kernels::simd {
 namespace {
@@ -14,10 +15,10 @@ bool DetectAvx2() {
   const char* off = std::getenv("DUET_NO_AVX2");
   if (off != nullptr && std::strcmp(off, "1") == 0) return false;
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-#define DUET_AVX2 __attribute__((target("avx2,fma")))
+#define DUET_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 DUET_AVX2 inline float HSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
@@ -61,14 +62,82 @@ DUET_AVX2 inline __m256 Exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+// A weight row as the dot kernels read it: eight floats at a time (from
+// an offset that is a multiple of 8, with 8 more inside k) or one, each
+// the value kernels/dtype.h defines (one rounding), so a dot over any dtype
+// is the F32 dot over Dequantize's row, bit for bit.
+struct F32Row {
+  const float* p;
+  DUET_AVX2 __m256 Load8(int64_t i) const { return _mm256_loadu_ps(p + i); }
+  float At(int64_t i) const { return p[i]; }
+};
+
+struct Bf16Row {
+  const uint16_t* p;
+  DUET_AVX2 __m256 Load8(int64_t i) const {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+  }
+  float At(int64_t i) const { return Bf16ToFloat(p[i]); }
+};
+
+struct F16Row {
+  const uint16_t* p;
+  DUET_AVX2 __m256 Load8(int64_t i) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
+  }
+  float At(int64_t i) const { return HalfToFloat(p[i]); }
+};
+
+struct Q8Row {
+  const int8_t* q;
+  const uint16_t* scales;
+  DUET_AVX2 __m256 Load8(int64_t i) const {
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))));
+    return _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(scales[i / kQuantBlock])));
+  }
+  float At(int64_t i) const { return static_cast<float>(q[i]) * HalfToFloat(scales[i / kQuantBlock]); }
+};
+
+// kQ4 (zeros null: 8) and kQ4Z.
+struct Q4Row {
+  const uint8_t* q;
+  const uint16_t* scales;
+  const uint8_t* zeros;
+  int Zero(int64_t b) const { return zeros != nullptr ? zeros[b] : 8; }
+  DUET_AVX2 __m256 Load8(int64_t i) const {
+    const int64_t b = i / kQuantBlock, e = i % kQuantBlock;
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2 + e % 16));
+    __m256i v = _mm256_cvtepu8_epi32(bytes);
+    if (e >= 16) v = _mm256_srli_epi32(v, 4);
+    v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)), _mm256_set1_epi32(Zero(b)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(_cvtsh_ss(scales[b])));
+  }
+  float At(int64_t i) const {
+    const int64_t b = i / kQuantBlock, e = i % kQuantBlock;
+    const uint8_t byte = q[b * kQuantBlock / 2 + e % 16];
+    const int nib = e < 16 ? (byte & 0x0f) : (byte >> 4);
+    return static_cast<float>(nib - Zero(b)) * HalfToFloat(scales[b]);
+  }
+};
+
+// A matrix's rows as loaders.
+struct F32Mat {
+  const float* w;
+  int64_t k;
+  F32Row Row(int64_t j) const { return {w + j * k}; }
+  int64_t RowBytes() const { return k * 4; }
+};
+
 // A dot product's end, after its 16-wide steps filled s0 (lanes 0-7) and
 // s1 (lanes 8-15) up to element i: one more 8-wide step when it fits, the
 // lanes summed, then the tail an element at a time. Dot and DotRows share
 // it, so a dot is the same bits whichever computes it.
-DUET_AVX2 inline float FinishDot(__m256 s0, __m256 s1, const float* a, const float* b, int64_t i, int64_t n) {
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+template <class Row>
+DUET_AVX2 inline float FinishDot(__m256 s0, __m256 s1, const float* a, const Row& b, int64_t i, int64_t n) {
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b.Load8(i), s0);
   float s = HSum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s = std::fma(a[i], b[i], s);
+  for (; i < n; ++i) s = std::fma(a[i], b.At(i), s);
   return s;
 }
 
@@ -79,14 +148,14 @@ DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
     s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
-  return FinishDot(s0, s1, a, b, i, n);
+  return FinishDot(s0, s1, a, F32Row{b}, i, n);
 }
 
-// R rows of a against C rows of w: R x C dots, each accumulated exactly as
-// DotAvx2 accumulates it (same lanes, same order), with every loaded vector
-// used C (or R) times.
-template <int R, int C>
-DUET_AVX2 inline void DotTileAvx2(const float* a, const float* w, int64_t k, float* c, int64_t ldc, bool accumulate) {
+// R rows of a against C weight rows: R x C dots, each accumulated exactly
+// as DotAvx2 accumulates it (same lanes, same order), with every loaded
+// vector used C (or R) times.
+template <int R, int C, class Row>
+DUET_AVX2 inline void DotTileAvx2(const float* a, const Row* w, int64_t k, float* c, int64_t ldc, bool accumulate) {
   __m256 s0[R][C], s1[R][C];
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < C; ++j) s0[r][j] = s1[r][j] = _mm256_setzero_ps();
@@ -94,12 +163,12 @@ DUET_AVX2 inline void DotTileAvx2(const float* a, const float* w, int64_t k, flo
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
     __m256 wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i);
+    for (int j = 0; j < C; ++j) wv[j] = w[j].Load8(i);
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_loadu_ps(a + r * k + i);
       for (int j = 0; j < C; ++j) s0[r][j] = _mm256_fmadd_ps(av, wv[j], s0[r][j]);
     }
-    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i + 8);
+    for (int j = 0; j < C; ++j) wv[j] = w[j].Load8(i + 8);
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_loadu_ps(a + r * k + i + 8);
       for (int j = 0; j < C; ++j) s1[r][j] = _mm256_fmadd_ps(av, wv[j], s1[r][j]);
@@ -107,32 +176,140 @@ DUET_AVX2 inline void DotTileAvx2(const float* a, const float* w, int64_t k, flo
   }
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < C; ++j) {
-      const float d = FinishDot(s0[r][j], s1[r][j], a + r * k, w + j * k, i, k);
+      const float d = FinishDot(s0[r][j], s1[r][j], a + r * k, w[j], i, k);
       float& out = c[r * ldc + j];
       out = accumulate ? out + d : d;
     }
   }
 }
 
-template <int R>
-DUET_AVX2 inline void DotTileColsAvx2(const float* a, const float* w, int64_t cols, int64_t k, float* c,
+template <int R, class Mat>
+DUET_AVX2 inline void DotTileColsAvx2(const float* a, const Mat& w, int64_t j0, int64_t cols, int64_t k, float* c,
                                       int64_t ldc, bool accumulate) {
   int64_t j = 0;
-  for (; j + 2 <= cols; j += 2) DotTileAvx2<R, 2>(a, w + j * k, k, c + j, ldc, accumulate);
-  if (j < cols) DotTileAvx2<R, 1>(a, w + j * k, k, c + j, ldc, accumulate);
+  for (; j + 2 <= cols; j += 2) {
+    const decltype(w.Row(0)) rows[2] = {w.Row(j0 + j), w.Row(j0 + j + 1)};
+    DotTileAvx2<R, 2>(a, rows, k, c + j, ldc, accumulate);
+  }
+  if (j < cols) {
+    const decltype(w.Row(0)) rows[1] = {w.Row(j0 + j)};
+    DotTileAvx2<R, 1>(a, rows, k, c + j, ldc, accumulate);
+  }
 }
 
-DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
+// Columns [0, n) of `w` (rows of `a` against its rows).
+template <class Mat>
+DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const Mat& w, int64_t n, int64_t k, float* c, int64_t ldc,
                            bool accumulate) {
   // Blocks of weight rows that stay in L2 (about 256 KiB) while every row
   // of a passes over them, three rows at a time.
-  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
+  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / std::max<int64_t>(1, w.RowBytes()) / 2 * 2);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t cols = std::min(block, n - j0);
     int64_t i = 0;
-    for (; i + 3 <= m; i += 3) DotTileColsAvx2<3>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
-    if (m - i == 2) DotTileColsAvx2<2>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
-    if (m - i == 1) DotTileColsAvx2<1>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+    for (; i + 3 <= m; i += 3) DotTileColsAvx2<3>(a + i * k, w, j0, cols, k, c + i * ldc + j0, ldc, accumulate);
+    if (m - i == 2) DotTileColsAvx2<2>(a + i * k, w, j0, cols, k, c + i * ldc + j0, ldc, accumulate);
+    if (m - i == 1) DotTileColsAvx2<1>(a + i * k, w, j0, cols, k, c + i * ldc + j0, ldc, accumulate);
+  }
+}
+
+// Row loaders over one dtype's matrix.
+struct Bf16Mat {
+  const uint16_t* p;
+  int64_t k;
+  Bf16Row Row(int64_t j) const { return {p + j * k}; }
+  int64_t RowBytes() const { return k * 2; }
+};
+struct F16Mat {
+  const uint16_t* p;
+  int64_t k;
+  F16Row Row(int64_t j) const { return {p + j * k}; }
+  int64_t RowBytes() const { return k * 2; }
+};
+struct Q8Mat {
+  const int8_t* q;
+  const uint16_t* scales;
+  int64_t k;
+  Q8Row Row(int64_t j) const { return {q + j * QuantBlocks(k) * kQuantBlock, scales + j * QuantBlocks(k)}; }
+  int64_t RowBytes() const { return QuantBlocks(k) * kQuantBlock; }
+};
+struct Q4Mat {
+  const uint8_t* q;
+  const uint16_t* scales;
+  const uint8_t* zeros;
+  int64_t k;
+  Q4Row Row(int64_t j) const {
+    const int64_t b = QuantBlocks(k);
+    return {q + j * b * kQuantBlock / 2, scales + j * b, zeros != nullptr ? zeros + j * b : nullptr};
+  }
+  int64_t RowBytes() const { return QuantBlocks(k) * kQuantBlock / 2; }
+};
+
+// Rows [0, rows) of `mat` as floats, out[r * k + i]: the values Load8 and
+// At give, so a dot over them is a dot over the matrix.
+template <class Mat>
+DUET_AVX2 void DequantizeRowsAvx2(const Mat& mat, int64_t rows, int64_t k, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = mat.Row(r);
+    float* o = out + r * k;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
+    for (; i < k; ++i) o[i] = row.At(i);
+  }
+}
+
+// w's rows from j0 on.
+template <class Mat>
+struct Shifted {
+  const Mat& w;
+  int64_t j0;
+  auto Row(int64_t j) const { return w.Row(j0 + j); }
+};
+
+// From this many rows of `a` on, a block of weight rows is converted to
+// floats once (in L2) and every row tile reads the floats, instead of each
+// tile converting the weights again in registers. Either way each output
+// is the same dot, bit for bit.
+constexpr int64_t kConvertOnceRows = 4;
+
+template <class Mat>
+DUET_AVX2 void DotRowsAnyAvx2(const float* a, int64_t m, const Mat& w, int64_t n, int64_t k, float* c, int64_t ldc,
+                              bool accumulate) {
+  if (m < kConvertOnceRows) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
+  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
+  thread_local std::vector<float> floats;
+  floats.resize(static_cast<size_t>(std::min(block, n) * k));
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t cols = std::min(block, n - j0);
+    DequantizeRowsAvx2(Shifted<Mat>{w, j0}, cols, k, floats.data());
+    DotRowsAvx2(a, m, F32Mat{floats.data(), k}, cols, k, c + j0, ldc, accumulate);
+  }
+}
+
+DUET_AVX2 void DotRowsWAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
+                            int64_t ldc, bool accumulate) {
+  const int64_t k = w.k, n = j1 - j0;
+  const int64_t blocks = QuantBlocks(k);
+  switch (w.dtype) {
+    case DType::kF32:
+      return DotRowsAvx2(a, m, F32Mat{static_cast<const float*>(w.values) + j0 * k, k}, n, k, c, ldc, accumulate);
+    case DType::kBF16:
+      return DotRowsAnyAvx2(a, m, Bf16Mat{static_cast<const uint16_t*>(w.values) + j0 * k, k}, n, k, c, ldc,
+                            accumulate);
+    case DType::kF16:
+      return DotRowsAnyAvx2(a, m, F16Mat{static_cast<const uint16_t*>(w.values) + j0 * k, k}, n, k, c, ldc,
+                            accumulate);
+    case DType::kQ8:
+      return DotRowsAnyAvx2(a, m,
+                            Q8Mat{static_cast<const int8_t*>(w.values) + j0 * blocks * kQuantBlock,
+                                  w.scales + j0 * blocks, k},
+                            n, k, c, ldc, accumulate);
+    case DType::kQ4:
+    case DType::kQ4Z:
+      return DotRowsAnyAvx2(a, m,
+                            Q4Mat{static_cast<const uint8_t*>(w.values) + j0 * blocks * kQuantBlock / 2,
+                                  w.scales + j0 * blocks, w.zeros != nullptr ? w.zeros + j0 * blocks : nullptr, k},
+                            n, k, c, ldc, accumulate);
   }
 }
 
@@ -237,11 +414,25 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
              bool accumulate) {
-  if (UseAvx2()) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
+  if (UseAvx2()) return DotRowsAvx2(a, m, F32Mat{w, k}, n, k, c, ldc, accumulate);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       const float d = Dot(a + i * k, w + j * k, k);
       float& out = c[i * ldc + j];
+      out = accumulate ? out + d : d;
+    }
+  }
+}
+
+void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
+              bool accumulate) {
+  if (UseAvx2()) return DotRowsWAvx2(a, m, w, j0, j1, c, ldc, accumulate);
+  std::vector<float> row(w.k);
+  for (int64_t j = j0; j < j1; ++j) {
+    DequantizeRow(w, j, row.data());
+    for (int64_t i = 0; i < m; ++i) {
+      const float d = Dot(a + i * w.k, row.data(), w.k);
+      float& out = c[i * ldc + (j - j0)];
       out = accumulate ? out + d : d;
     }
   }

@@ -11,9 +11,11 @@
 
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 namespace duet::kernels::simd {
 
-// True when the CPU has AVX2 and FMA (checked once). DUET_NO_AVX2=1 in the
+// True when the CPU has AVX2, FMA and F16C (checked once). DUET_NO_AVX2=1 in the
 // environment forces the scalar paths, to test them on any machine.
 bool UseAvx2();
 
@@ -23,6 +25,12 @@ float Dot(const float* a, const float* b, int64_t n);
 // batch-invariant GEMM), computed in register tiles.
 void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
              bool accumulate);
+// DotRows over columns [j0, j1) of a weight matrix in any dtype: c[i *
+// ldc + (j - j0)] gets row i of a dotted with row j, the bits DotRows gives
+// on Dequantize(w)'s rows (the weights are converted in registers; no
+// dequantized copy is made).
+void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
+              bool accumulate);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
 // y = x * scale * w (element-wise w).

@@ -8,18 +8,24 @@
 // compared with its FLOPs at the OpenBLAS SGEMM rate measured on the very GEMM
 // shapes that prefill runs. Decode (batch 1, 8, 32 after a 128-token prompt)
 // is compared with the bytes a step must read (weights + KV) at the STREAM
-// triad bandwidth. --op-times adds where the time goes, op class by op class.
+// triad bandwidth. Each weight dtype of --weight-dtypes (default f32, bf16,
+// q8, q4) is measured the same way, beside its own bytes' roofline and
+// beside F32; every figure is the median of 5 runs. --op-times adds where
+// the time goes, op class by op class.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "kernels/dtype.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
@@ -48,7 +54,7 @@ constexpr int64_t kPrefillTokens = 512;
 constexpr int64_t kDecodePrompt = 128;
 constexpr int64_t kDecodeSteps = 16;
 constexpr int64_t kBlockSize = 16;
-constexpr int kRepeats = 3;
+constexpr int kRepeats = 5;
 constexpr size_t kStreamArrayBytes = size_t{256} << 20;
 
 double SecondsSince(Clock::time_point start) {
@@ -101,23 +107,30 @@ double PrefillFlops(const ModelConfig& c, int64_t t) {
   return linear + lm_head + attention;
 }
 
-// F32 weight bytes a decode step of `batch` sequences reads.
-double DecodeWeightBytes(const ModelConfig& c, int64_t batch) {
+// Weight bytes a decode step of `batch` sequences reads, the weight
+// matrices in `dtype` (the norms are F32).
+double DecodeWeightBytes(const ModelConfig& c, int64_t batch, kernels::DType dtype) {
   const int64_t H = c.hidden_size;
-  double per_layer = 0;
-  for (const GemmShape& g : LayerGemms(c)) per_layer += static_cast<double>(g.n) * g.k;
-  per_layer += 2.0 * H;  // input and post-attention norms
+  const double per_weight = kernels::BitsPerWeight(dtype) / 8;
+  double linear = 0;
+  for (const GemmShape& g : LayerGemms(c)) linear += static_cast<double>(g.n) * g.k;
+  const double norms = 4.0 * (2.0 * H * c.num_layers + H);  // input, post-attention and final norms
   const double head = static_cast<double>(c.vocab_size) * H;  // lm_head (or tied embedding)
-  return 4.0 * (per_layer * c.num_layers + H /*final norm*/ + head + batch * H /*embedding rows*/);
+  return per_weight * (linear * c.num_layers + head + batch * H /*embedding rows*/) + norms;
 }
 
 double KvBytesPerToken(const ModelConfig& c) {
   return 4.0 * c.num_layers * 2 * c.num_kv_heads * c.head_dim;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 struct PrefillResult {
   double tokens_per_s;
-  double seconds;        // Best run.
+  double seconds;        // Median run.
   double total_seconds;  // All timed runs.
 };
 
@@ -130,17 +143,19 @@ absl::StatusOr<PrefillResult> BenchPrefill(Model& model, BlockPool& pool, int re
   RETURN_IF_ERROR(seq.Reserve(kPrefillTokens));
   BatchSeq b{.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
              .logit_rows = {static_cast<int32_t>(kPrefillTokens - 1)}};
-  double best = 1e30, total = 0;
+  std::vector<double> runs;
+  double total = 0;
   for (int r = 0; r <= repeats; ++r) {  // r == 0 is the warm-up.
     const auto start = Clock::now();
     ASSIGN_OR_RETURN(engine::Logits out, model.Forward({&b, 1}, pool));
     const double s = SecondsSince(start);
     if (out.rows() != 1) return absl::InternalError("prefill returned no logits");
-    if (r > 0) best = std::min(best, s);
+    if (r > 0) runs.push_back(s);
     if (r > 0) total += s;
     if (r == 0 && timed != nullptr) timed->Reset();
   }
-  return PrefillResult{kPrefillTokens / best, best, total};
+  const double median = Median(runs);
+  return PrefillResult{kPrefillTokens / median, median, total};
 }
 
 // `max_batch` sequences, each with its own prefilled 128-token prompt. Decode
@@ -178,16 +193,16 @@ absl::Status PrefillDecodeSet(Model& model, BlockPool& pool, int64_t max_batch, 
 
 struct DecodeResult {
   double tokens_per_s;
-  double seconds;         // Best run of kDecodeSteps steps.
+  double seconds;         // Median run of kDecodeSteps steps.
   double bytes;           // Weight + KV bytes those steps read.
   double kv_bytes;
 };
 
 // One untimed step, then `repeats` runs of kDecodeSteps steps of the first
-// `batch` sequences (greedy tokens); the best run counts.
+// `batch` sequences (greedy tokens); the median run counts.
 // `timed`, when given, is reset after the warm-up so it counts the timed steps.
-absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSet& set,
-                                         int64_t batch, int repeats, TimedBackend* timed = nullptr) {
+absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSet& set, int64_t batch,
+                                         int repeats, kernels::DType dtype, TimedBackend* timed = nullptr) {
   const ModelConfig& c = model.config();
   std::vector<int32_t> tokens(batch);
   std::vector<BatchSeq> seqs(batch);
@@ -203,19 +218,20 @@ absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSe
   std::copy(set.first_token.begin(), set.first_token.begin() + batch, tokens.begin());
   RETURN_IF_ERROR(step(kDecodePrompt));  // Warm-up.
   if (timed != nullptr) timed->Reset();
-  double best = 1e30;
+  std::vector<double> runs;
   for (int r = 0; r < repeats; ++r) {
     std::copy(set.first_token.begin(), set.first_token.begin() + batch, tokens.begin());
     const auto start = Clock::now();
     for (int64_t i = 0; i < kDecodeSteps; ++i) RETURN_IF_ERROR(step(kDecodePrompt + i));
-    best = std::min(best, SecondsSince(start));
+    runs.push_back(SecondsSince(start));
   }
+  const double median = Median(runs);
   double kv = 0;
   for (int64_t i = 0; i < kDecodeSteps; ++i) {
     kv += static_cast<double>(batch) * (kDecodePrompt + i + 1) * KvBytesPerToken(c);
   }
-  const double bytes = kDecodeSteps * DecodeWeightBytes(c, batch) + kv;
-  return DecodeResult{batch * kDecodeSteps / best, best, bytes, kv};
+  const double bytes = kDecodeSteps * DecodeWeightBytes(c, batch, dtype) + kv;
+  return DecodeResult{batch * kDecodeSteps / median, median, bytes, kv};
 }
 
 void PrintRow(const std::string& figure, double measured, double reference,
@@ -317,45 +333,59 @@ absl::Status Run(const FlagSet& f) {
   const double sgemm_gflops = gemm_flops / gemm_seconds * 1e-9;
   openblas_set_num_threads(1);
 
-  // Unless told not to, the fastest mix (whose rounding depends on the
-  // batch) for comparison, then the serving kernels (batch-invariant), last
-  // so that --op-times times them.
-  std::vector<kernels::CpuKernels> modes;
-  if (!f.GetBool("invariant-only")) modes.push_back(kernels::CpuKernels::kFastest);
-  modes.push_back(kernels::CpuKernels::kBatchInvariant);
-  auto mode_name = [](kernels::CpuKernels k) {
-    return std::string(k == kernels::CpuKernels::kBatchInvariant ? "invariant" : "fastest");
+  // Weights in each dtype of --weight-dtypes (besides F32) on the serving
+  // kernels; unless told not to, F32 on the fastest mix (whose rounding
+  // depends on the batch) for comparison; then F32 on the serving kernels
+  // (batch-invariant), last so that --op-times times them.
+  struct Config {
+    kernels::CpuKernels mode;
+    kernels::DType dtype;
+  };
+  std::vector<Config> configs;
+  for (absl::string_view name : absl::StrSplit(f.GetString("weight-dtypes"), ',', absl::SkipEmpty())) {
+    const std::optional<kernels::DType> d = kernels::ParseDType(std::string(name));
+    if (!d) return absl::InvalidArgumentError(absl::StrCat("--weight-dtypes: unknown dtype \"", name, "\" (f32, bf16, f16, q8, q4, q4z)"));
+    if (*d != kernels::DType::kF32) configs.push_back({kernels::CpuKernels::kBatchInvariant, *d});
+  }
+  if (!f.GetBool("invariant-only")) configs.push_back({kernels::CpuKernels::kFastest, kernels::DType::kF32});
+  configs.push_back({kernels::CpuKernels::kBatchInvariant, kernels::DType::kF32});
+  auto config_name = [](const Config& k) {
+    return absl::StrCat(kernels::DTypeName(k.dtype),
+                        k.mode == kernels::CpuKernels::kBatchInvariant ? "" : " on the fastest mix");
   };
   const std::vector<int64_t> batches = {1, 8, 32};
   const int64_t max_batch = batches.back();
   struct Measured {
     PrefillResult prefill;
     std::vector<DecodeResult> decode;
+    double weight_bytes = 0;
   };
   std::vector<Measured> measured;
   std::unique_ptr<TimedBackend> timed_owner;
   std::unique_ptr<Model> model;
   std::unique_ptr<BlockPool> pool;
   DecodeSet set;
-  for (kernels::CpuKernels mode : modes) {
-    Progress(absl::StrCat("loading ", dir, " (", mode_name(mode), " kernels)"));
+  for (const Config& k : configs) {
+    Progress(absl::StrCat("loading ", dir, " (", kernels::DTypeName(k.dtype), " weights, ",
+                          k.mode == kernels::CpuKernels::kBatchInvariant ? "invariant" : "fastest", " kernels)"));
     set = DecodeSet{};  // Its blocks go back to the pool, the pool goes, then the model and its backend.
     pool.reset();
     model.reset();
-    timed_owner = std::make_unique<TimedBackend>(kernels::NewCpuBackend(threads, mode));
+    timed_owner = std::make_unique<TimedBackend>(kernels::NewCpuBackend(threads, k.mode));
     timed_owner->set_enabled(false);
-    ASSIGN_OR_RETURN(model, Model::Load(dir, timed_owner.get()));
+    ASSIGN_OR_RETURN(model, Model::Load(dir, timed_owner.get(), {.weight_dtype = k.dtype}));
     const int64_t blocks = (kPrefillTokens + kBlockSize - 1) / kBlockSize +
                            max_batch * ((kDecodePrompt + kDecodeSteps + 1 + kBlockSize - 1) / kBlockSize);
     pool = std::make_unique<BlockPool>(model->KvLayoutFor(kBlockSize), blocks);
     Measured m;
-    Progress(absl::StrCat("prefill ", kPrefillTokens, " tokens: warm-up + best of ", kRepeats));
+    m.weight_bytes = static_cast<double>(model->weight_bytes());
+    Progress(absl::StrCat("prefill ", kPrefillTokens, " tokens: warm-up + median of ", kRepeats));
     ASSIGN_OR_RETURN(m.prefill, BenchPrefill(*model, *pool, kRepeats));
     Progress(absl::StrCat("prefilling ", max_batch, " x ", kDecodePrompt, "-token prompts for decode"));
     RETURN_IF_ERROR(PrefillDecodeSet(*model, *pool, max_batch, set));
     for (int64_t b : batches) {
-      Progress(absl::StrCat("decode batch ", b, ": ", kDecodeSteps, " steps, best of ", kRepeats));
-      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, kRepeats));
+      Progress(absl::StrCat("decode batch ", b, ": ", kDecodeSteps, " steps, median of ", kRepeats));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, kRepeats, k.dtype));
       m.decode.push_back(d);
     }
     measured.push_back(std::move(m));
@@ -366,15 +396,17 @@ absl::Status Run(const FlagSet& f) {
   const double prefill_roof = sgemm_gflops * 1e9 / prefill_flops * kPrefillTokens;
 
   const double bw = stream.triad_gb_per_s * 1e9;
-  std::printf("duet engine bench: %s, %d threads, %lld layers, hidden %lld, vocab %lld, F32 weights\n",
-              dir.c_str(), threads, static_cast<long long>(cfg.num_layers),
-              static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.vocab_size));
-  std::printf("prefill %lld tok: %.1f GFLOP per forward, %.1f ms best (%.1f GFLOP/s achieved); "
+  std::printf("duet engine bench: %s, %d threads, %lld layers, hidden %lld, vocab %lld\n", dir.c_str(), threads,
+              static_cast<long long>(cfg.num_layers), static_cast<long long>(cfg.hidden_size),
+              static_cast<long long>(cfg.vocab_size));
+  std::printf("prefill %lld tok: %.1f GFLOP per forward, %.1f ms median at F32 (%.1f GFLOP/s achieved); "
               "SGEMM roofline rate %.1f GFLOP/s (OpenBLAS %d thr, prefill shapes, FLOP-weighted)\n",
               static_cast<long long>(kPrefillTokens), prefill_flops * 1e-9, prefill.seconds * 1e3,
               prefill_flops / prefill.seconds * 1e-9, sgemm_gflops, threads);
-  std::printf("decode: %.1f MB weights per step at b=1; STREAM triad %.2f GB/s (arrays 3 x %zu MiB)\n\n",
-              DecodeWeightBytes(cfg, 1) * 1e-6, stream.triad_gb_per_s, stream.array_bytes >> 20);
+  std::printf("decode: %.1f MB F32 weights per step at b=1; STREAM triad %.2f GB/s (arrays 3 x %zu MiB); "
+              "medians of %d runs\n\n",
+              DecodeWeightBytes(cfg, 1, kernels::DType::kF32) * 1e-6, stream.triad_gb_per_s,
+              stream.array_bytes >> 20, kRepeats);
   std::printf("%-30s %12s   %-30s %6s   %s\n", "figure", "measured", "reference", "ratio", "target");
   PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s"), prefill.tokens_per_s, prefill_roof,
            "(SGEMM roofline)", ">= 0.50");
@@ -384,14 +416,30 @@ absl::Status Run(const FlagSet& f) {
     PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), d.tokens_per_s, roof,
              "(STREAM roofline)", i == 0 ? ">= 0.60" : "-");
   }
-  // What batch invariance costs: the serving kernels against the fastest mix.
+  // Each other configuration: against the roofline of its own bytes, and
+  // against F32 on the serving kernels (what batch invariance costs, what
+  // each dtype gains).
   for (size_t k = 0; k + 1 < measured.size(); ++k) {
-    const std::string fast = absl::StrCat("(", mode_name(modes[k]), " kernels)");
-    PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s"), prefill.tokens_per_s,
-             measured[k].prefill.tokens_per_s, fast, "-");
+    const Config& c = configs[k];
+    const std::string tag = absl::StrCat(" [", config_name(c), "]");
+    const bool fastest = c.mode == kernels::CpuKernels::kFastest;
+    // The targets, against F32 on the serving kernels.
+    std::string decode_target = "-", prefill_target = "-";
+    if (c.dtype == kernels::DType::kBF16) decode_target = ">= 1.60";
+    if (c.dtype == kernels::DType::kQ8) decode_target = ">= 2.50", prefill_target = ">= 0.95";
+    if (c.dtype == kernels::DType::kQ4) decode_target = ">= 3.00";
+    std::printf("\n%s weights, %s kernels: %.1f MB held\n", kernels::DTypeName(c.dtype),
+                fastest ? "fastest" : "invariant", measured[k].weight_bytes * 1e-6);
+    PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s", tag), measured[k].prefill.tokens_per_s,
+             prefill.tokens_per_s, "(f32)", prefill_target);
     for (size_t i = 0; i < batches.size(); ++i) {
-      PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), serving.decode[i].tokens_per_s,
-               measured[k].decode[i].tokens_per_s, fast, "-");
+      const DecodeResult& d = measured[k].decode[i];
+      if (!fastest) {
+        PrintRow(absl::StrCat("decode b=", batches[i], " tok/s", tag), d.tokens_per_s,
+                 batches[i] * kDecodeSteps / (d.bytes / bw), "(STREAM roofline)", "-");
+      }
+      PrintRow(absl::StrCat("decode b=", batches[i], " tok/s", tag), d.tokens_per_s, serving.decode[i].tokens_per_s,
+               "(f32)", i == 0 ? decode_target : "-");
     }
   }
   if (mbw.ok) {
@@ -415,7 +463,7 @@ absl::Status Run(const FlagSet& f) {
                    absl::StrCat("prefill ", kPrefillTokens, " tokens, ", kRepeats, " forwards"));
     }
     for (int64_t b : {int64_t{1}, int64_t{32}}) {
-      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, &timed));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, kernels::DType::kF32, &timed));
       PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
     }
     timed.set_enabled(false);
@@ -435,6 +483,8 @@ int main(int argc, char** argv) {
   f.Int("threads", duet::AvailableCores(), "threads for the engine, STREAM and OpenBLAS");
   f.String("model", "", "model directory (default: the cached bench model, made on first use)");
   f.Bool("op-times", "also print where the time goes, per op class (prefill, decode b=1 and b=32)");
+  f.String("weight-dtypes", "f32,bf16,q8,q4",
+           "weight dtypes to measure, each on the serving kernels beside F32 (f32 | bf16 | f16 | q8 | q4 | q4z)");
   f.Bool("invariant-only",
          "measure only the serving (batch-invariant) kernels, not also the fastest mix whose rounding depends on "
          "the batch");

@@ -41,6 +41,27 @@ void TimedBackend::Gemm(const float* a, const float* w, const float* bias, float
   Timed(enabled_, s, [&] { inner_->Gemm(a, w, bias, c, m, n, k, accumulate); });
 }
 
+absl::Status TimedBackend::Gemm(const float* a, const kernels::WeightMatrix& w, const float* bias, float* c,
+                                int64_t m, bool accumulate) {
+  OpStat* s = nullptr;
+  if (enabled_) {
+    s = &Stat(absl::StrCat(m == 1 ? "gemv" : "gemm", " ", kernels::DTypeName(w.dtype), " n=", w.n, " k=", w.k));
+    s->flops += 2.0 * m * w.n * w.k;
+    s->weight_bytes += static_cast<double>(w.n) * w.k * kernels::BitsPerWeight(w.dtype) / 8;
+  }
+  absl::Status st;
+  Timed(enabled_, s, [&] { st = inner_->Gemm(a, w, bias, c, m, accumulate); });
+  return st;
+}
+
+absl::Status TimedBackend::EmbeddingLookup(const kernels::WeightMatrix& table, const int32_t* ids, float* out,
+                                           int64_t num_tokens) {
+  absl::Status st;
+  Timed(enabled_, enabled_ ? &Stat("embedding") : nullptr,
+        [&] { st = inner_->EmbeddingLookup(table, ids, out, num_tokens); });
+  return st;
+}
+
 void TimedBackend::RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
                            float eps) {
   Timed(enabled_, enabled_ ? &Stat("rmsnorm") : nullptr,

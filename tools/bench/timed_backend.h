@@ -28,7 +28,7 @@ class TimedBackend final : public kernels::KernelBackend {
     int64_t calls = 0;
     double seconds = 0;
     double flops = 0;         // GEMMs only.
-    double weight_bytes = 0;  // GEMMs only: n * k * 4 per call.
+    double weight_bytes = 0;  // GEMMs only: the weight matrix's bytes per call.
   };
 
   explicit TimedBackend(kernels::KernelBackendPtr inner) : inner_(std::move(inner)) {}
@@ -42,6 +42,11 @@ class TimedBackend final : public kernels::KernelBackend {
   std::string Name() const override { return "timed(" + inner_->Name() + ")"; }
   void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
             int64_t k, bool accumulate) override;
+  bool Supports(kernels::WeightOp op, kernels::DType dtype) const override { return inner_->Supports(op, dtype); }
+  absl::Status Gemm(const float* a, const kernels::WeightMatrix& w, const float* bias, float* c, int64_t m,
+                    bool accumulate) override;
+  absl::Status EmbeddingLookup(const kernels::WeightMatrix& table, const int32_t* ids, float* out,
+                               int64_t num_tokens) override;
   void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
                float eps) override;
   void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num_tokens,
