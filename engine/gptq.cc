@@ -66,7 +66,7 @@ absl::StatusOr<kernels::HostWeights> LoadGptqLinear(const SafetensorsModel& st, 
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t g = b * kernels::kQuantBlock / group;
-      w.scales[j * blocks + b] = U16At(*scales, g * n + j);
+      w.scales[j * blocks + b] = kernels::HalfToFloat(U16At(*scales, g * n + j));
       const int stored = (I32At(*qzeros, g * (n / 8) + j / 8) >> (4 * (j % 8))) & 0xf;
       w.zeros[j * blocks + b] = static_cast<uint8_t>(gptq.v2_zeros ? stored : stored + 1);
     }

@@ -11,7 +11,7 @@ namespace {
 // Row j of a quantized matrix: its values, scales and zeros.
 struct QuantRow {
   const uint8_t* values;
-  const uint16_t* scales;
+  const float* scales;
   const uint8_t* zeros;
 };
 
@@ -62,9 +62,9 @@ double BitsPerWeight(DType d) {
     case DType::kF32: return 32;
     case DType::kBF16:
     case DType::kF16: return 16;
-    case DType::kQ8: return 8 + 16.0 / kQuantBlock;
-    case DType::kQ4: return 4 + 16.0 / kQuantBlock;
-    case DType::kQ4Z: return 4 + 24.0 / kQuantBlock;
+    case DType::kQ8: return 8 + 32.0 / kQuantBlock;
+    case DType::kQ4: return 4 + 32.0 / kQuantBlock;
+    case DType::kQ4Z: return 4 + 40.0 / kQuantBlock;
   }
   return 0;
 }
@@ -162,7 +162,7 @@ WeightMatrix HostWeights::view() const {
 }
 
 int64_t HostWeights::bytes() const {
-  return static_cast<int64_t>(values.size() + 2 * scales.size() + zeros.size());
+  return static_cast<int64_t>(values.size() + sizeof(float) * scales.size() + zeros.size());
 }
 
 HostWeights QuantizeWeights(const float* w, int64_t n, int64_t k, DType dtype) {
@@ -202,10 +202,9 @@ HostWeights QuantizeWeights(const float* w, int64_t n, int64_t k, DType dtype) {
         scale = (hi - lo) / 15.0f;
         zero = scale == 0 ? 0 : std::clamp(static_cast<int>(std::nearbyint(-lo / scale)), 0, 15);
       }
-      const uint16_t s16 = FloatToHalf(scale);
-      h.scales[j * blocks + b] = s16;
+      const float s = HalfToFloat(FloatToHalf(scale));  // An f16 value; quantized against as stored.
+      h.scales[j * blocks + b] = s;
       if (dtype == DType::kQ4Z) h.zeros[j * blocks + b] = static_cast<uint8_t>(zero);
-      const float s = HalfToFloat(s16);  // Quantize against the scale that is stored.
       const float inv = s == 0 ? 0 : 1.0f / s;
       uint8_t* block = h.values.data() + j * row_bytes + b * (dtype == DType::kQ8 ? kQuantBlock : kQuantBlock / 2);
       for (int64_t e = e0; e < e1; ++e) {
@@ -253,7 +252,7 @@ void DequantizeRow(const WeightMatrix& w, int64_t j, float* out) {
       const QuantRow r = RowOf(w, j);
       for (int64_t e = 0; e < w.k; ++e) {
         const int64_t b = e / kQuantBlock, i = e % kQuantBlock;
-        const float s = HalfToFloat(r.scales[b]);
+        const float s = r.scales[b];
         int q;
         if (w.dtype == DType::kQ8) {
           q = static_cast<int8_t>(r.values[b * kQuantBlock + i]);

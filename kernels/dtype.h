@@ -9,16 +9,18 @@
 //   kF32   float
 //   kBF16  bfloat16 (the top half of a float)
 //   kF16   IEEE half
-//   kQ8    blocks of 32 int8 along k, one f16 scale per block:
+//   kQ8    blocks of 32 int8 along k, one scale per block:
 //          w = q * scale
-//   kQ4    blocks of 32 4-bit values, one f16 scale: w = (q - 8) * scale
+//   kQ4    blocks of 32 4-bit values, one scale: w = (q - 8) * scale
 //   kQ4Z   kQ4 with a zero point per block, as GPTQ stores (0..15 when
 //          duet quantizes, up to 16 from GPTQ's stored-minus-one zeros):
 //          w = (q - zero) * scale
 // In the quantized formats a row's k is padded to whole blocks with zeros;
 // values are int8 [n][blocks * 32] (kQ8) or bytes [n][blocks * 16] (kQ4,
 // kQ4Z: byte i of a block holds element i in its low nibble and element
-// i + 16 in its high one), scales f16 [n][blocks], zeros [n][blocks].
+// i + 16 in its high one), scales [n][blocks], zeros [n][blocks]. A
+// scale is an f16 value (as quantizing rounds it, and as GPTQ stores it)
+// held as a float, so that the kernels broadcast it straight from memory.
 // A weight's value is computed in float as written above (one rounding),
 // which Dequantize and every kernel agree on, so a product differs from
 // the F32 product over Dequantize's matrix only as summation order does.
@@ -63,7 +65,7 @@ struct WeightMatrix {
   DType dtype = DType::kF32;
   int64_t n = 0, k = 0;
   const void* values = nullptr;
-  const uint16_t* scales = nullptr;  // kQ8, kQ4, kQ4Z
+  const float* scales = nullptr;     // kQ8, kQ4, kQ4Z
   const uint8_t* zeros = nullptr;    // kQ4Z
 
   // Bytes of one row's values.
@@ -77,7 +79,7 @@ struct HostWeights {
   DType dtype = DType::kF32;
   int64_t n = 0, k = 0;
   std::vector<uint8_t> values;
-  std::vector<uint16_t> scales;
+  std::vector<float> scales;
   std::vector<uint8_t> zeros;
 
   WeightMatrix view() const;

@@ -97,7 +97,7 @@ TEST_CASE("BF16 encode: every value round-trips, midpoints tie to even") {
 
 TEST_CASE("quantized blocks, hand-checked: the scale, the nibble order and the zero point") {
   // Q8: one block of 32 (k = 3, the rest padding), scale 0.25.
-  HostWeights q8{.dtype = DType::kQ8, .n = 1, .k = 3, .values = std::vector<uint8_t>(32), .scales = {FloatToHalf(0.25f)}};
+  HostWeights q8{.dtype = DType::kQ8, .n = 1, .k = 3, .values = std::vector<uint8_t>(32), .scales = {0.25f}};
   q8.values[0] = static_cast<uint8_t>(int8_t{-3});
   q8.values[1] = 127;
   q8.values[2] = static_cast<uint8_t>(int8_t{-127});
@@ -105,7 +105,7 @@ TEST_CASE("quantized blocks, hand-checked: the scale, the nibble order and the z
 
   // Q4: byte i holds element i (low nibble) and i + 16 (high); w = (q - 8) x scale.
   HostWeights q4{.dtype = DType::kQ4, .n = 1, .k = 32, .values = std::vector<uint8_t>(16, 0x88),
-                 .scales = {FloatToHalf(0.5f)}};
+                 .scales = {0.5f}};
   q4.values[0] = 0xf0;  // element 0: 0 -> -4, element 16: 15 -> 3.5
   q4.values[5] = 0x19;  // element 5: 9 -> 0.5, element 21: 1 -> -3.5
   std::vector<float> want4(32, 0.0f);
@@ -117,7 +117,7 @@ TEST_CASE("quantized blocks, hand-checked: the scale, the nibble order and the z
 
   // Q4Z: two rows of two blocks (k = 40): w = (q - zero) x scale per block.
   HostWeights qz{.dtype = DType::kQ4Z, .n = 2, .k = 40, .values = std::vector<uint8_t>(64, 0x00),
-                 .scales = {FloatToHalf(1.0f), FloatToHalf(2.0f), FloatToHalf(0.5f), FloatToHalf(4.0f)},
+                 .scales = {1.0f, 2.0f, 0.5f, 4.0f},
                  .zeros = {0, 3, 15, 1}};
   qz.values[16] = 0x52;  // row 0, block 1, byte 0: element 32: 2 -> (2 - 3) x 2 = -2; element 48 is padding
   qz.values[32] = 0x0f;  // row 1, block 0: element 0: 15 -> 0; element 16: 0 -> -7.5
@@ -155,8 +155,10 @@ TEST_CASE("quantizing: the error each format costs, its bytes, and values on its
                         Case{DType::kQ4Z, 2.5e-2, 2e-3}}) {
     INFO(DTypeName(c.dtype));
     const HostWeights q = QuantizeWeights(w.data(), n, k, c.dtype);
-    CHECK(q.view().RowBytes() * n + static_cast<int64_t>(q.scales.size()) * 2 + static_cast<int64_t>(q.zeros.size()) ==
+    CHECK(q.view().RowBytes() * n + static_cast<int64_t>(q.scales.size()) * 4 + static_cast<int64_t>(q.zeros.size()) ==
           q.bytes());
+    // Each scale is an f16 value.
+    for (float s : q.scales) CHECK(HalfToFloat(FloatToHalf(s)) == s);
     // Bytes as BitsPerWeight says, for k a whole number of blocks.
     const HostWeights whole = QuantizeWeights(w.data(), n, 192, c.dtype);
     CHECK(whole.bytes() * 8 == static_cast<int64_t>(BitsPerWeight(c.dtype) * n * 192));

@@ -89,35 +89,38 @@ struct F16Row {
   float At(int64_t i) const { return HalfToFloat(p[i]); }
 };
 
+// A block's index from an element's (non-negative) offset.
+inline int64_t BlockOf(int64_t i) { return static_cast<int64_t>(static_cast<uint64_t>(i) / kQuantBlock); }
+
 struct Q8Row {
   const int8_t* q;
-  const uint16_t* scales;
+  const float* scales;
   DUET_AVX2 __m256 Load8(int64_t i) const {
     const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))));
-    return _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(scales[i / kQuantBlock])));
+    return _mm256_mul_ps(v, _mm256_broadcast_ss(scales + BlockOf(i)));
   }
-  float At(int64_t i) const { return static_cast<float>(q[i]) * HalfToFloat(scales[i / kQuantBlock]); }
+  float At(int64_t i) const { return static_cast<float>(q[i]) * scales[BlockOf(i)]; }
 };
 
 // kQ4 (zeros null: 8) and kQ4Z.
 struct Q4Row {
   const uint8_t* q;
-  const uint16_t* scales;
+  const float* scales;
   const uint8_t* zeros;
   int Zero(int64_t b) const { return zeros != nullptr ? zeros[b] : 8; }
   DUET_AVX2 __m256 Load8(int64_t i) const {
-    const int64_t b = i / kQuantBlock, e = i % kQuantBlock;
+    const int64_t b = BlockOf(i), e = i % kQuantBlock;
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2 + e % 16));
     __m256i v = _mm256_cvtepu8_epi32(bytes);
     if (e >= 16) v = _mm256_srli_epi32(v, 4);
     v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)), _mm256_set1_epi32(Zero(b)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(_cvtsh_ss(scales[b])));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_broadcast_ss(scales + b));
   }
   float At(int64_t i) const {
-    const int64_t b = i / kQuantBlock, e = i % kQuantBlock;
+    const int64_t b = BlockOf(i), e = i % kQuantBlock;
     const uint8_t byte = q[b * kQuantBlock / 2 + e % 16];
     const int nib = e < 16 ? (byte & 0x0f) : (byte >> 4);
-    return static_cast<float>(nib - Zero(b)) * HalfToFloat(scales[b]);
+    return static_cast<float>(nib - Zero(b)) * scales[b];
   }
 };
 
@@ -228,14 +231,14 @@ struct F16Mat {
 };
 struct Q8Mat {
   const int8_t* q;
-  const uint16_t* scales;
+  const float* scales;
   int64_t k;
   Q8Row Row(int64_t j) const { return {q + j * QuantBlocks(k) * kQuantBlock, scales + j * QuantBlocks(k)}; }
   int64_t RowBytes() const { return QuantBlocks(k) * kQuantBlock; }
 };
 struct Q4Mat {
   const uint8_t* q;
-  const uint16_t* scales;
+  const float* scales;
   const uint8_t* zeros;
   int64_t k;
   Q4Row Row(int64_t j) const {

@@ -333,25 +333,26 @@ absl::Status Run(const FlagSet& f) {
   const double sgemm_gflops = gemm_flops / gemm_seconds * 1e-9;
   openblas_set_num_threads(1);
 
-  // Weights in each dtype of --weight-dtypes (besides F32) on the serving
-  // kernels; unless told not to, F32 on the fastest mix (whose rounding
-  // depends on the batch) for comparison; then F32 on the serving kernels
-  // (batch-invariant), last so that --op-times times them.
+  // Unless told not to, F32 on the fastest mix (whose rounding depends on
+  // the batch) for comparison; F32 on the serving kernels (batch-invariant),
+  // the reference of every other row; then each other dtype of
+  // --weight-dtypes on the serving kernels. --op-times times the last.
   struct Config {
     kernels::CpuKernels mode;
     kernels::DType dtype;
   };
   std::vector<Config> configs;
+  if (!f.GetBool("invariant-only")) configs.push_back({kernels::CpuKernels::kFastest, kernels::DType::kF32});
+  const size_t serving_index = configs.size();
+  configs.push_back({kernels::CpuKernels::kBatchInvariant, kernels::DType::kF32});
   for (absl::string_view name : absl::StrSplit(f.GetString("weight-dtypes"), ',', absl::SkipEmpty())) {
     const std::optional<kernels::DType> d = kernels::ParseDType(std::string(name));
     if (!d) return absl::InvalidArgumentError(absl::StrCat("--weight-dtypes: unknown dtype \"", name, "\" (f32, bf16, f16, q8, q4, q4z)"));
     if (*d != kernels::DType::kF32) configs.push_back({kernels::CpuKernels::kBatchInvariant, *d});
   }
-  if (!f.GetBool("invariant-only")) configs.push_back({kernels::CpuKernels::kFastest, kernels::DType::kF32});
-  configs.push_back({kernels::CpuKernels::kBatchInvariant, kernels::DType::kF32});
   auto config_name = [](const Config& k) {
     return absl::StrCat(kernels::DTypeName(k.dtype),
-                        k.mode == kernels::CpuKernels::kBatchInvariant ? "" : " on the fastest mix");
+                        k.mode == kernels::CpuKernels::kBatchInvariant ? "" : " fastest");
   };
   const std::vector<int64_t> batches = {1, 8, 32};
   const int64_t max_batch = batches.back();
@@ -390,7 +391,7 @@ absl::Status Run(const FlagSet& f) {
     }
     measured.push_back(std::move(m));
   }
-  const Measured& serving = measured.back();
+  const Measured& serving = measured[serving_index];
   const PrefillResult& prefill = serving.prefill;
   const double prefill_flops = PrefillFlops(cfg, kPrefillTokens);
   const double prefill_roof = sgemm_gflops * 1e9 / prefill_flops * kPrefillTokens;
@@ -419,7 +420,8 @@ absl::Status Run(const FlagSet& f) {
   // Each other configuration: against the roofline of its own bytes, and
   // against F32 on the serving kernels (what batch invariance costs, what
   // each dtype gains).
-  for (size_t k = 0; k + 1 < measured.size(); ++k) {
+  for (size_t k = 0; k < measured.size(); ++k) {
+    if (k == serving_index) continue;
     const Config& c = configs[k];
     const std::string tag = absl::StrCat(" [", config_name(c), "]");
     const bool fastest = c.mode == kernels::CpuKernels::kFastest;
@@ -463,7 +465,7 @@ absl::Status Run(const FlagSet& f) {
                    absl::StrCat("prefill ", kPrefillTokens, " tokens, ", kRepeats, " forwards"));
     }
     for (int64_t b : {int64_t{1}, int64_t{32}}) {
-      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, kernels::DType::kF32, &timed));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, configs.back().dtype, &timed));
       PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
     }
     timed.set_enabled(false);
@@ -482,7 +484,9 @@ int main(int argc, char** argv) {
                   "measured roofline (OpenBLAS SGEMM, STREAM triad), in one table.");
   f.Int("threads", duet::AvailableCores(), "threads for the engine, STREAM and OpenBLAS");
   f.String("model", "", "model directory (default: the cached bench model, made on first use)");
-  f.Bool("op-times", "also print where the time goes, per op class (prefill, decode b=1 and b=32)");
+  f.Bool("op-times",
+         "also print where the time goes, per op class (prefill, decode b=1 and b=32), for the last of "
+         "--weight-dtypes");
   f.String("weight-dtypes", "f32,bf16,q8,q4",
            "weight dtypes to measure, each on the serving kernels beside F32 (f32 | bf16 | f16 | q8 | q4 | q4z)");
   f.Bool("invariant-only",
