@@ -62,10 +62,10 @@ DUET_AVX2 inline __m256 Exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
-// A weight row as the dot kernels read it: eight floats at a time (from
-// an offset that is a multiple of 8, with 8 more inside k) or one, each
-// the value kernels/dtype.h defines (one rounding), so a dot over any dtype
-// is the F32 dot over Dequantize's row, bit for bit.
+// A weight row as the kernels read it: eight floats at a time (from an
+// offset that is a multiple of 8, with 8 more inside k) or one, each the
+// value kernels/dtype.h defines (one rounding), so a dot over any dtype is
+// the F32 dot over Dequantize's row, bit for bit.
 struct F32Row {
   const float* p;
   DUET_AVX2 __m256 Load8(int64_t i) const { return _mm256_loadu_ps(p + i); }
@@ -190,6 +190,14 @@ template <int R, class Mat>
 DUET_AVX2 inline void DotTileColsAvx2(const float* a, const Mat& w, int64_t j0, int64_t cols, int64_t k, float* c,
                                       int64_t ldc, bool accumulate) {
   int64_t j = 0;
+  if constexpr (R == 1) {
+    // One row of a (a decode step's GEMV): four weight rows a tile, for
+    // more independent sums per loaded activation.
+    for (; j + 4 <= cols; j += 4) {
+      const decltype(w.Row(0)) rows[4] = {w.Row(j0 + j), w.Row(j0 + j + 1), w.Row(j0 + j + 2), w.Row(j0 + j + 3)};
+      DotTileAvx2<1, 4>(a, rows, k, c + j, ldc, accumulate);
+    }
+  }
   for (; j + 2 <= cols; j += 2) {
     const decltype(w.Row(0)) rows[2] = {w.Row(j0 + j), w.Row(j0 + j + 1)};
     DotTileAvx2<R, 2>(a, rows, k, c + j, ldc, accumulate);
@@ -269,16 +277,15 @@ struct Shifted {
   auto Row(int64_t j) const { return w.Row(j0 + j); }
 };
 
-// From this many rows of `a` on, a block of weight rows is converted to
-// floats once (in L2) and every row tile reads the floats, instead of each
-// tile converting the weights again in registers. Either way each output
-// is the same dot, bit for bit.
-constexpr int64_t kConvertOnceRows = 4;
-
+// A block of weight rows is converted to floats once (into L2) and every
+// row tile reads the floats: measured on the bench model, as fast as
+// converting inside the tiles at one row (q8) or faster (q4), and much
+// faster from a few rows on, where the tiles would convert the weights
+// again for every three rows. Each output is the dot over Dequantize's
+// values either way.
 template <class Mat>
 DUET_AVX2 void DotRowsAnyAvx2(const float* a, int64_t m, const Mat& w, int64_t n, int64_t k, float* c, int64_t ldc,
                               bool accumulate) {
-  if (m < kConvertOnceRows) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
   const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
   thread_local std::vector<float> floats;
   floats.resize(static_cast<size_t>(std::min(block, n) * k));

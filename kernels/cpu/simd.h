@@ -27,8 +27,8 @@ void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, fl
              bool accumulate);
 // DotRows over columns [j0, j1) of a weight matrix in any dtype: c[i *
 // ldc + (j - j0)] gets row i of a dotted with row j, the bits DotRows gives
-// on Dequantize(w)'s rows (the weights are converted in registers; no
-// dequantized copy is made).
+// on Dequantize(w)'s rows (a block of rows at a time is converted into an
+// L2-sized scratch; no dequantized copy of the matrix is made).
 void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
               bool accumulate);
 // y += a * x
