@@ -73,9 +73,7 @@ absl::StatusOr<kernels::HostWeights> LoadGptqLinear(const SafetensorsModel& st, 
     uint8_t* row = w.values.data() + j * row_bytes;
     for (int64_t i = 0; i < k; ++i) {
       const int q = (I32At(*qweight, (i / 8) * n + j) >> (4 * (i % 8))) & 0xf;
-      const int64_t e = i % kernels::kQuantBlock;
-      uint8_t& byte = row[(i / kernels::kQuantBlock) * kernels::kQuantBlock / 2 + e % 16];
-      byte = static_cast<uint8_t>(e < 16 ? (byte & 0xf0) | q : (byte & 0x0f) | (q << 4));
+      kernels::SetNibble(row + (i / kernels::kQuantBlock) * kernels::kQuantBlock / 2, i % kernels::kQuantBlock, q);
     }
   }
   return w;

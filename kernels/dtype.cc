@@ -21,19 +21,6 @@ QuantRow RowOf(const WeightMatrix& w, int64_t j) {
           w.zeros != nullptr ? w.zeros + j * blocks : nullptr};
 }
 
-// The 4-bit value of element e (< kQuantBlock) of a block's 16 bytes.
-int Nibble(const uint8_t* block, int64_t e) {
-  return e < 16 ? (block[e] & 0x0f) : (block[e - 16] >> 4);
-}
-
-void SetNibble(uint8_t* block, int64_t e, int q) {
-  if (e < 16) {
-    block[e] = static_cast<uint8_t>((block[e] & 0xf0) | q);
-  } else {
-    block[e - 16] = static_cast<uint8_t>((block[e - 16] & 0x0f) | (q << 4));
-  }
-}
-
 }  // namespace
 
 const char* DTypeName(DType d) {

@@ -51,6 +51,17 @@ double BitsPerWeight(DType d);
 inline constexpr int64_t kQuantBlock = 32;
 inline constexpr int64_t QuantBlocks(int64_t k) { return (k + kQuantBlock - 1) / kQuantBlock; }
 
+// The 4-bit value of element e (< kQuantBlock) of a kQ4/kQ4Z block's 16
+// bytes, and setting it (q < 16).
+inline int Nibble(const uint8_t* block, int64_t e) { return e < 16 ? (block[e] & 0x0f) : (block[e - 16] >> 4); }
+inline void SetNibble(uint8_t* block, int64_t e, int q) {
+  if (e < 16) {
+    block[e] = static_cast<uint8_t>((block[e] & 0xf0) | q);
+  } else {
+    block[e - 16] = static_cast<uint8_t>((block[e - 16] & 0x0f) | (q << 4));
+  }
+}
+
 // Half-precision conversions. To float: exact (every F16 and BF16 value,
 // subnormals, infinities and NaN payloads included, is a float). From
 // float: round to nearest, ties to even; NaN stays NaN (quieted), overflow

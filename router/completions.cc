@@ -770,14 +770,7 @@ std::string ChoiceBuilder::Release(const std::string& piece) {
   }
   // Hold back the longest tail that a stop string starts with.
   size_t keep = 0;
-  for (const std::string& s : stop_) {
-    for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
-      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
-        keep = k;
-        break;
-      }
-    }
-  }
+  for (const std::string& s : stop_) keep = std::max(keep, PartialTail(held_, s));
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

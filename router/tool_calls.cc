@@ -18,14 +18,6 @@ constexpr absl::string_view kPythonTag = "<|python_tag|>";
 
 bool IsBlank(absl::string_view s) { return absl::StripAsciiWhitespace(s).empty(); }
 
-// The longest tail of `s` that `word` starts with (shorter than `word`).
-size_t PartialTail(absl::string_view s, absl::string_view word) {
-  for (size_t k = std::min(word.size() - 1, s.size()); k > 0; --k) {
-    if (absl::EndsWith(s, word.substr(0, k))) return k;
-  }
-  return 0;
-}
-
 // Where the JSON object starting at s[from] == '{' ends (one past its
 // closing brace); npos when it does not close.
 size_t ObjectEnd(absl::string_view s, size_t from) {
@@ -80,6 +72,14 @@ bool ParseCall(absl::string_view text, ParsedToolCall* out) {
 }
 
 }  // namespace
+
+size_t PartialTail(absl::string_view s, absl::string_view word) {
+  if (word.empty()) return 0;
+  for (size_t k = std::min(word.size() - 1, s.size()); k > 0; --k) {
+    if (absl::EndsWith(s, word.substr(0, k))) return k;
+  }
+  return 0;
+}
 
 ToolFormat ToolFormatOf(absl::string_view t) {
   if (absl::StrContains(t, kOpen)) return ToolFormat::kHermes;

@@ -29,6 +29,11 @@ namespace duet::router {
 
 enum class ToolFormat { kNone, kHermes, kLlama3Json };
 
+// The longest tail of `s` that `word` starts with, shorter than `word`:
+// what streamed text holds back while `word` may still complete (a call's
+// tag here, a stop string in completions.cc).
+size_t PartialTail(absl::string_view s, absl::string_view word);
+
 // The format `chat_template` asks its model to call tools in; kNone when it
 // names neither.
 ToolFormat ToolFormatOf(absl::string_view chat_template);

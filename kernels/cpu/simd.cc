@@ -62,16 +62,89 @@ DUET_AVX2 inline __m256 Exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
-// A weight row as the kernels read it: eight floats at a time (from an
-// offset that is a multiple of 8, with 8 more inside k) or one, each the
-// value kernels/dtype.h defines (one rounding), so a dot over any dtype is
-// the F32 dot over Dequantize's row, bit for bit.
-struct F32Row {
-  const float* p;
-  DUET_AVX2 __m256 Load8(int64_t i) const { return _mm256_loadu_ps(p + i); }
-  float At(int64_t i) const { return p[i]; }
-};
+// A dot product's end, after its 16-wide steps filled s0 (lanes 0-7) and
+// s1 (lanes 8-15) up to element i: one more 8-wide step when it fits, the
+// lanes summed, then the tail an element at a time. Dot and DotRows share
+// it, so a dot is the same bits whichever computes it.
+DUET_AVX2 inline float FinishDot(__m256 s0, __m256 s1, const float* a, const float* b, int64_t i, int64_t n) {
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = HSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s = std::fma(a[i], b[i], s);
+  return s;
+}
 
+DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  return FinishDot(s0, s1, a, b, i, n);
+}
+
+// R rows of a against C rows of w: R x C dots, each accumulated exactly as
+// DotAvx2 accumulates it (same lanes, same order), with every loaded
+// vector used C (or R) times.
+template <int R, int C>
+DUET_AVX2 inline void DotTileAvx2(const float* a, const float* w, int64_t k, float* c, int64_t ldc, bool accumulate) {
+  __m256 s0[R][C], s1[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) s0[r][j] = s1[r][j] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m256 wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_loadu_ps(a + r * k + i);
+      for (int j = 0; j < C; ++j) s0[r][j] = _mm256_fmadd_ps(av, wv[j], s0[r][j]);
+    }
+    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_loadu_ps(a + r * k + i + 8);
+      for (int j = 0; j < C; ++j) s1[r][j] = _mm256_fmadd_ps(av, wv[j], s1[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      const float d = FinishDot(s0[r][j], s1[r][j], a + r * k, w + j * k, i, k);
+      float& out = c[r * ldc + j];
+      out = accumulate ? out + d : d;
+    }
+  }
+}
+
+template <int R>
+DUET_AVX2 inline void DotTileColsAvx2(const float* a, const float* w, int64_t cols, int64_t k, float* c,
+                                      int64_t ldc, bool accumulate) {
+  int64_t j = 0;
+  if constexpr (R == 1) {
+    // One row of a (a decode step's GEMV): four weight rows a tile, for
+    // more independent sums per loaded activation.
+    for (; j + 4 <= cols; j += 4) DotTileAvx2<1, 4>(a, w + j * k, k, c + j, ldc, accumulate);
+  }
+  for (; j + 2 <= cols; j += 2) DotTileAvx2<R, 2>(a, w + j * k, k, c + j, ldc, accumulate);
+  if (j < cols) DotTileAvx2<R, 1>(a, w + j * k, k, c + j, ldc, accumulate);
+}
+
+DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
+                           bool accumulate) {
+  // Blocks of weight rows that stay in L2 (about 256 KiB) while every row
+  // of a passes over them, three rows at a time.
+  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t cols = std::min(block, n - j0);
+    int64_t i = 0;
+    for (; i + 3 <= m; i += 3) DotTileColsAvx2<3>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+    if (m - i == 2) DotTileColsAvx2<2>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+    if (m - i == 1) DotTileColsAvx2<1>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+  }
+}
+
+// One weight row of each non-F32 dtype, read eight floats at a time (from
+// an offset that is a multiple of 8, with 8 more inside k) or one, each the
+// value kernels/dtype.h defines (one rounding, as DequantizeRow gives it).
 struct Bf16Row {
   const uint16_t* p;
   DUET_AVX2 __m256 Load8(int64_t i) const {
@@ -117,209 +190,69 @@ struct Q4Row {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_broadcast_ss(scales + b));
   }
   float At(int64_t i) const {
-    const int64_t b = BlockOf(i), e = i % kQuantBlock;
-    const uint8_t byte = q[b * kQuantBlock / 2 + e % 16];
-    const int nib = e < 16 ? (byte & 0x0f) : (byte >> 4);
-    return static_cast<float>(nib - Zero(b)) * scales[b];
+    const int64_t b = BlockOf(i);
+    return static_cast<float>(Nibble(q + b * kQuantBlock / 2, i % kQuantBlock) - Zero(b)) * scales[b];
   }
 };
 
-// A matrix's rows as loaders.
-struct F32Mat {
-  const float* w;
-  int64_t k;
-  F32Row Row(int64_t j) const { return {w + j * k}; }
-  int64_t RowBytes() const { return k * 4; }
-};
-
-// A dot product's end, after its 16-wide steps filled s0 (lanes 0-7) and
-// s1 (lanes 8-15) up to element i: one more 8-wide step when it fits, the
-// lanes summed, then the tail an element at a time. Dot and DotRows share
-// it, so a dot is the same bits whichever computes it.
+// Row j of `w` as its dtype's loader.
 template <class Row>
-DUET_AVX2 inline float FinishDot(__m256 s0, __m256 s1, const float* a, const Row& b, int64_t i, int64_t n) {
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b.Load8(i), s0);
-  float s = HSum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s = std::fma(a[i], b.At(i), s);
-  return s;
+Row RowOf(const WeightMatrix& w, int64_t j);
+template <>
+Bf16Row RowOf(const WeightMatrix& w, int64_t j) {
+  return {static_cast<const uint16_t*>(w.values) + j * w.k};
+}
+template <>
+F16Row RowOf(const WeightMatrix& w, int64_t j) {
+  return {static_cast<const uint16_t*>(w.values) + j * w.k};
+}
+template <>
+Q8Row RowOf(const WeightMatrix& w, int64_t j) {
+  return {static_cast<const int8_t*>(w.values) + j * w.RowBytes(), w.scales + j * QuantBlocks(w.k)};
+}
+template <>
+Q4Row RowOf(const WeightMatrix& w, int64_t j) {
+  const int64_t b = QuantBlocks(w.k);
+  return {static_cast<const uint8_t*>(w.values) + j * w.RowBytes(), w.scales + j * b,
+          w.zeros != nullptr ? w.zeros + j * b : nullptr};
 }
 
-DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  return FinishDot(s0, s1, a, F32Row{b}, i, n);
-}
-
-// R rows of a against C weight rows: R x C dots, each accumulated exactly
-// as DotAvx2 accumulates it (same lanes, same order), with every loaded
-// vector used C (or R) times.
-template <int R, int C, class Row>
-DUET_AVX2 inline void DotTileAvx2(const float* a, const Row* w, int64_t k, float* c, int64_t ldc, bool accumulate) {
-  __m256 s0[R][C], s1[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < C; ++j) s0[r][j] = s1[r][j] = _mm256_setzero_ps();
-  }
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    __m256 wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = w[j].Load8(i);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_loadu_ps(a + r * k + i);
-      for (int j = 0; j < C; ++j) s0[r][j] = _mm256_fmadd_ps(av, wv[j], s0[r][j]);
-    }
-    for (int j = 0; j < C; ++j) wv[j] = w[j].Load8(i + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_loadu_ps(a + r * k + i + 8);
-      for (int j = 0; j < C; ++j) s1[r][j] = _mm256_fmadd_ps(av, wv[j], s1[r][j]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < C; ++j) {
-      const float d = FinishDot(s0[r][j], s1[r][j], a + r * k, w[j], i, k);
-      float& out = c[r * ldc + j];
-      out = accumulate ? out + d : d;
-    }
-  }
-}
-
-template <int R, class Mat>
-DUET_AVX2 inline void DotTileColsAvx2(const float* a, const Mat& w, int64_t j0, int64_t cols, int64_t k, float* c,
-                                      int64_t ldc, bool accumulate) {
-  int64_t j = 0;
-  if constexpr (R == 1) {
-    // One row of a (a decode step's GEMV): four weight rows a tile, for
-    // more independent sums per loaded activation.
-    for (; j + 4 <= cols; j += 4) {
-      const decltype(w.Row(0)) rows[4] = {w.Row(j0 + j), w.Row(j0 + j + 1), w.Row(j0 + j + 2), w.Row(j0 + j + 3)};
-      DotTileAvx2<1, 4>(a, rows, k, c + j, ldc, accumulate);
-    }
-  }
-  for (; j + 2 <= cols; j += 2) {
-    const decltype(w.Row(0)) rows[2] = {w.Row(j0 + j), w.Row(j0 + j + 1)};
-    DotTileAvx2<R, 2>(a, rows, k, c + j, ldc, accumulate);
-  }
-  if (j < cols) {
-    const decltype(w.Row(0)) rows[1] = {w.Row(j0 + j)};
-    DotTileAvx2<R, 1>(a, rows, k, c + j, ldc, accumulate);
-  }
-}
-
-// Columns [0, n) of `w` (rows of `a` against its rows).
-template <class Mat>
-DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const Mat& w, int64_t n, int64_t k, float* c, int64_t ldc,
-                           bool accumulate) {
-  // Blocks of weight rows that stay in L2 (about 256 KiB) while every row
-  // of a passes over them, three rows at a time.
-  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / std::max<int64_t>(1, w.RowBytes()) / 2 * 2);
-  for (int64_t j0 = 0; j0 < n; j0 += block) {
-    const int64_t cols = std::min(block, n - j0);
-    int64_t i = 0;
-    for (; i + 3 <= m; i += 3) DotTileColsAvx2<3>(a + i * k, w, j0, cols, k, c + i * ldc + j0, ldc, accumulate);
-    if (m - i == 2) DotTileColsAvx2<2>(a + i * k, w, j0, cols, k, c + i * ldc + j0, ldc, accumulate);
-    if (m - i == 1) DotTileColsAvx2<1>(a + i * k, w, j0, cols, k, c + i * ldc + j0, ldc, accumulate);
-  }
-}
-
-// Row loaders over one dtype's matrix.
-struct Bf16Mat {
-  const uint16_t* p;
-  int64_t k;
-  Bf16Row Row(int64_t j) const { return {p + j * k}; }
-  int64_t RowBytes() const { return k * 2; }
-};
-struct F16Mat {
-  const uint16_t* p;
-  int64_t k;
-  F16Row Row(int64_t j) const { return {p + j * k}; }
-  int64_t RowBytes() const { return k * 2; }
-};
-struct Q8Mat {
-  const int8_t* q;
-  const float* scales;
-  int64_t k;
-  Q8Row Row(int64_t j) const { return {q + j * QuantBlocks(k) * kQuantBlock, scales + j * QuantBlocks(k)}; }
-  int64_t RowBytes() const { return QuantBlocks(k) * kQuantBlock; }
-};
-struct Q4Mat {
-  const uint8_t* q;
-  const float* scales;
-  const uint8_t* zeros;
-  int64_t k;
-  Q4Row Row(int64_t j) const {
-    const int64_t b = QuantBlocks(k);
-    return {q + j * b * kQuantBlock / 2, scales + j * b, zeros != nullptr ? zeros + j * b : nullptr};
-  }
-  int64_t RowBytes() const { return QuantBlocks(k) * kQuantBlock / 2; }
-};
-
-// Rows [0, rows) of `mat` as floats, out[r * k + i]: the values Load8 and
-// At give, so a dot over them is a dot over the matrix.
-template <class Mat>
-DUET_AVX2 void DequantizeRowsAvx2(const Mat& mat, int64_t rows, int64_t k, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto row = mat.Row(r);
-    float* o = out + r * k;
-    int64_t i = 0;
-    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
-    for (; i < k; ++i) o[i] = row.At(i);
-  }
-}
-
-// w's rows from j0 on.
-template <class Mat>
-struct Shifted {
-  const Mat& w;
-  int64_t j0;
-  auto Row(int64_t j) const { return w.Row(j0 + j); }
-};
-
-// A block of weight rows is converted to floats once (into L2) and every
-// row tile reads the floats: measured on the bench model, as fast as
-// converting inside the tiles at one row (q8) or faster (q4), and much
-// faster from a few rows on, where the tiles would convert the weights
-// again for every three rows. Each output is the dot over Dequantize's
-// values either way.
-template <class Mat>
-DUET_AVX2 void DotRowsAnyAvx2(const float* a, int64_t m, const Mat& w, int64_t n, int64_t k, float* c, int64_t ldc,
-                              bool accumulate) {
+// Columns [j0, j1) of a non-F32 `w`: a block of its rows at a time is
+// converted to floats (into an L2-sized scratch) and the F32 tiles run over
+// it. Measured on the bench model, as fast as converting inside the tiles
+// at one row (q8) or faster (q4), and much faster from a few rows on, where
+// the tiles would convert the weights again for every three rows. Each
+// output is the dot over Dequantize's values.
+template <class Row>
+DUET_AVX2 void DotRowsConvertedAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1,
+                                    float* c, int64_t ldc, bool accumulate) {
+  const int64_t k = w.k, n = j1 - j0;
   const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
   thread_local std::vector<float> floats;
   floats.resize(static_cast<size_t>(std::min(block, n) * k));
-  for (int64_t j0 = 0; j0 < n; j0 += block) {
-    const int64_t cols = std::min(block, n - j0);
-    DequantizeRowsAvx2(Shifted<Mat>{w, j0}, cols, k, floats.data());
-    DotRowsAvx2(a, m, F32Mat{floats.data(), k}, cols, k, c + j0, ldc, accumulate);
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t cols = std::min(block, n - b0);
+    for (int64_t r = 0; r < cols; ++r) {
+      const Row row = RowOf<Row>(w, j0 + b0 + r);
+      float* o = floats.data() + r * k;
+      int64_t i = 0;
+      for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
+      for (; i < k; ++i) o[i] = row.At(i);
+    }
+    DotRowsAvx2(a, m, floats.data(), cols, k, c + b0, ldc, accumulate);
   }
 }
 
 DUET_AVX2 void DotRowsWAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
                             int64_t ldc, bool accumulate) {
-  const int64_t k = w.k, n = j1 - j0;
-  const int64_t blocks = QuantBlocks(k);
   switch (w.dtype) {
     case DType::kF32:
-      return DotRowsAvx2(a, m, F32Mat{static_cast<const float*>(w.values) + j0 * k, k}, n, k, c, ldc, accumulate);
-    case DType::kBF16:
-      return DotRowsAnyAvx2(a, m, Bf16Mat{static_cast<const uint16_t*>(w.values) + j0 * k, k}, n, k, c, ldc,
-                            accumulate);
-    case DType::kF16:
-      return DotRowsAnyAvx2(a, m, F16Mat{static_cast<const uint16_t*>(w.values) + j0 * k, k}, n, k, c, ldc,
-                            accumulate);
-    case DType::kQ8:
-      return DotRowsAnyAvx2(a, m,
-                            Q8Mat{static_cast<const int8_t*>(w.values) + j0 * blocks * kQuantBlock,
-                                  w.scales + j0 * blocks, k},
-                            n, k, c, ldc, accumulate);
+      return DotRowsAvx2(a, m, static_cast<const float*>(w.values) + j0 * w.k, j1 - j0, w.k, c, ldc, accumulate);
+    case DType::kBF16: return DotRowsConvertedAvx2<Bf16Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    case DType::kF16: return DotRowsConvertedAvx2<F16Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    case DType::kQ8: return DotRowsConvertedAvx2<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
     case DType::kQ4:
-    case DType::kQ4Z:
-      return DotRowsAnyAvx2(a, m,
-                            Q4Mat{static_cast<const uint8_t*>(w.values) + j0 * blocks * kQuantBlock / 2,
-                                  w.scales + j0 * blocks, w.zeros != nullptr ? w.zeros + j0 * blocks : nullptr, k},
-                            n, k, c, ldc, accumulate);
+    case DType::kQ4Z: return DotRowsConvertedAvx2<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
   }
 }
 
@@ -424,7 +357,7 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
              bool accumulate) {
-  if (UseAvx2()) return DotRowsAvx2(a, m, F32Mat{w, k}, n, k, c, ldc, accumulate);
+  if (UseAvx2()) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       const float d = Dot(a + i * k, w + j * k, k);
