@@ -114,6 +114,10 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
     valid = absl::InvalidArgumentError(absl::StrCat("KV handle: num_tokens is ", h.num_tokens(),
                                                     "; prompt plus generated tokens before the last is ", tokens));
   }
+  // A handle this worker cannot take is the cluster's fault (pools built with
+  // different layouts or KV dtypes, a prefill worker's bug), not the
+  // client's: Internal, a 500, not a 400.
+  if (!valid.ok()) valid = absl::InternalError(valid.message());
   absl::StatusOr<GenerationParams> params =
       valid.ok() ? DecodeParams(offer.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
   if (!params.ok()) {

@@ -84,9 +84,7 @@ class TestPrefill {
       h->add_block_ids(block);
       h->add_block_epochs(epoch);
     }
-    const kernels::KvLayout& l = pool_.layout();
-    *h->mutable_layout() =
-        kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim, engine::BlockPool::kKvDtype);
+    *h->mutable_layout() = kvtransfer::WholeModelLayout(pool_.layout());
     h->set_lease_ms(30000);
     h->set_num_tokens(n);
     absl::MutexLock lock(&mu_);
@@ -259,7 +257,7 @@ TEST_CASE("decode: a handle with another layout is refused, naming the field", "
     auto out = CollectRouterFrames(c.sink.router());
     const proto::Finish& f = *out[id].finish;
     REQUIRE(f.reason() == proto::FINISH_ERROR);
-    REQUIRE(f.error_code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+    REQUIRE(f.error_code() == static_cast<int>(absl::StatusCode::kInternal));
     REQUIRE(f.error().find(k.field) != std::string::npos);
     REQUIRE(out[id].tokens.empty());
     REQUIRE(c.Releases()[id] == std::vector<bool>{false});

@@ -63,16 +63,14 @@ absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int thr
   if (blocks <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("the KV pool would hold no block: kv_blocks=", kv_blocks,
                                                    ", kv_bytes=", kv_bytes, ", block bytes ",
-                                                   layout.BlockStride() * sizeof(float)));
+                                                   layout.BlockBytes()));
   }
   r.pool = std::make_unique<engine::BlockPool>(layout, blocks);
   return r;
 }
 
 proto::KvLayout EngineResources::LayoutProto() const {
-  const kernels::KvLayout& l = pool->layout();
-  return kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim,
-                                      engine::BlockPool::kKvDtype);
+  return kvtransfer::WholeModelLayout(pool->layout());
 }
 
 absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const engine::ModelConfig& c,

@@ -11,7 +11,7 @@ namespace duet::engine {
 
 BlockPool::BlockPool(const kernels::KvLayout& layout, int64_t num_blocks)
     : layout_(layout), num_blocks_(num_blocks),
-      data_(static_cast<size_t>(layout.BlockStride() * num_blocks) * sizeof(float)),
+      data_(static_cast<size_t>(layout.BlockBytes() * num_blocks)),
       refs_(num_blocks, 0) {
   free_.reserve(num_blocks);
   // Hand out low ids first: block tables of a fresh pool read 0, 1, 2, ...
@@ -58,7 +58,7 @@ int BlockPool::RefCount(int32_t block) const {
 }
 
 int64_t BlockPool::BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes) {
-  return bytes / (layout.BlockStride() * static_cast<int64_t>(sizeof(float)));
+  return bytes / layout.BlockBytes();
 }
 
 SequenceKv::SequenceKv(SequenceKv&& other) noexcept

@@ -5,8 +5,8 @@
 //   SequenceKv seq(&pool);
 //   RETURN_IF_ERROR(seq.Reserve(prompt.size()));  // ResourceExhausted when full
 //
-// Storage is one contiguous float buffer (huge-page backed) in the layout of kernels/kv_layout.h
-// ([block][layer][K|V][kv_head][slot][head_dim]). A block is free when its
+// Storage is one contiguous buffer (huge-page backed) in the layout of kernels/kv_layout.h
+// ([block][layer][K|V][kv_head][slot][head_dim]), of the layout's dtype (f32, bf16 or f16). A block is free when its
 // reference count is zero; sequences that share a prefix hold the same blocks
 // and each drops its reference when it ends, so every block returns to the
 // pool exactly once. BlockPool is thread-safe; a SequenceKv belongs to one
@@ -29,10 +29,6 @@ namespace duet::engine {
 
 class BlockPool {
  public:
-  // The dtype of the pool's elements, as the control plane names it
-  // (proto::KvLayout.dtype): the pool holds floats.
-  static constexpr char kKvDtype[] = "f32";
-
   BlockPool(const kernels::KvLayout& layout, int64_t num_blocks);
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -48,9 +44,14 @@ class BlockPool {
   int64_t num_free() const;
   int RefCount(int32_t block) const;
   const kernels::KvLayout& layout() const { return layout_; }
-  int64_t block_bytes() const { return layout_.BlockStride() * sizeof(float); }
-  float* data() { return data_.As<float>(); }
-  const float* data() const { return data_.As<float>(); }
+  // The dtype of the pool's elements as the control plane names it
+  // (proto::KvLayout.dtype): "f32", "bf16" or "f16".
+  const char* dtype_name() const { return kernels::DTypeName(layout_.dtype); }
+  int64_t block_bytes() const { return layout_.BlockBytes(); }
+  uint8_t* data() { return data_.As<uint8_t>(); }
+  const uint8_t* data() const { return data_.As<uint8_t>(); }
+  // The first byte of `block`.
+  uint8_t* block(int32_t b) { return data() + static_cast<int64_t>(b) * block_bytes(); }
 
   // Blocks that a pool of `bytes` bytes holds for this layout.
   static int64_t BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes);

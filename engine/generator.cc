@@ -20,6 +20,14 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
                                                    " tokens, more than the model's context of ",
                                                    c.max_position_embeddings));
   }
+  Model& prefill = options.prefill_model != nullptr ? *options.prefill_model : model;
+  if (prefill.kv_dtype() != model.kv_dtype() || prefill.config().num_layers != c.num_layers ||
+      prefill.config().vocab_size != c.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prefill model (KV ", kernels::DTypeName(prefill.kv_dtype()), ", ",
+                     prefill.config().num_layers, " layers) does not match the decode model (KV ",
+                     kernels::DTypeName(model.kv_dtype()), ", ", c.num_layers, " layers)"));
+  }
   GenerateResult result;
 
   SequenceKv seq(&pool);
@@ -31,7 +39,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
     BatchSeq b{.tokens = prompt.subspan(start, len), .start_pos = start,
                .block_table = seq.block_table()};
     if (start + len == n) b.logit_rows = {static_cast<int32_t>(len - 1)};
-    ASSIGN_OR_RETURN(logits, model.Forward({b}, pool));
+    ASSIGN_OR_RETURN(logits, prefill.Forward({b}, pool));
   }
   int64_t pos = n;  // Position of the token being sampled.
   while (true) {

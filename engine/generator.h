@@ -28,6 +28,11 @@ namespace duet::engine {
 // A request's parameters (generation.h) and how the reference runs it.
 struct GenerateOptions : GenerationParams {
   int64_t prefill_chunk = 0;  // 0: the whole prompt in one step.
+  // The model the prompt runs on and the first token is sampled from, as a
+  // disaggregated cluster's prefill pool does; null: `model` itself. It must
+  // share `model`'s config and write `pool`'s KV layout (a pool per phase may
+  // load its own precision map, never its own KV dtype).
+  Model* prefill_model = nullptr;
 };
 
 struct GenerateResult {

@@ -122,13 +122,30 @@ void LogStep(absl::Span<const BatchSeq> batch, std::chrono::steady_clock::time_p
 
 }  // namespace
 
-absl::StatusOr<std::optional<kernels::DType>> ParseWeightDType(std::string_view name) {
+namespace {
+
+// "auto" (nullopt) or one of the dtypes `allowed` says yes to.
+absl::StatusOr<std::optional<kernels::DType>> ParseDTypeChoice(std::string_view name, const char* what,
+                                                               bool (*allowed)(kernels::DType)) {
   if (name == "auto") return std::optional<kernels::DType>();
-  if (std::optional<kernels::DType> d = kernels::ParseDType(name)) return d;
+  std::optional<kernels::DType> d = kernels::ParseDType(name);
+  if (d && allowed(*d)) return d;
   std::vector<std::string> names = {"auto"};
-  for (kernels::DType d : kernels::kAllDTypes) names.emplace_back(kernels::DTypeName(d));
+  for (kernels::DType k : kernels::kAllDTypes) {
+    if (allowed(k)) names.emplace_back(kernels::DTypeName(k));
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("weight dtype \"", std::string(name), "\" is not one of ", absl::StrJoin(names, ", ")));
+      absl::StrCat(what, " \"", std::string(name), "\" is not one of ", absl::StrJoin(names, ", ")));
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<kernels::DType>> ParseWeightDType(std::string_view name) {
+  return ParseDTypeChoice(name, "weight dtype", [](kernels::DType) { return true; });
+}
+
+absl::StatusOr<std::optional<kernels::DType>> ParseKvDType(std::string_view name) {
+  return ParseDTypeChoice(name, "KV dtype", kernels::IsKvDType);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kernels::KernelBackend* backend,
@@ -141,6 +158,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   if (m->config_.mlp_bias) {
     return absl::UnimplementedError(absl::StrCat(dir, "/config.json: mlp_bias=true is not supported"));
   }
+  m->kv_dtype_ = options.kv_dtype.value_or(backend->DefaultKvDType());
+  if (!backend->SupportsKv(m->kv_dtype_)) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not hold a ",
+                                                 kernels::DTypeName(m->kv_dtype_), " KV cache"));
+  }
   RETURN_IF_ERROR(m->LoadWeights(options));
   m->inv_freq_ = kernels::RopeInvFreq(m->config_.rope);
   return m;
@@ -151,16 +173,34 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  const std::optional<kernels::DType> dt = options.weight_dtype;
-  ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, dt, *backend_));
+  const std::optional<kernels::DType> all = options.weight_dtype;
+  const std::optional<PrecisionMap>& map = options.precision_map;
+  if (map) {
+    if (static_cast<int64_t>(map->layers.size()) != c.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, " has ", map->layers.size(),
+                                                     " layers; the model in ", dir_, " has ", c.num_layers));
+    }
+    if (c.gptq) {
+      return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, ": the GPTQ checkpoint in ", dir_,
+                                                     " holds its linear layers as q4z; a map applies to float "
+                                                     "checkpoints"));
+    }
+  }
+  const std::optional<kernels::DType> embed_dt = map && map->embedding ? map->embedding : all;
+  ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, embed_dt, *backend_));
   final_norm_.resize(H);
   RETURN_IF_ERROR(LoadTensor(*st, "model.norm.weight", {H}, final_norm_.data()));
   if (!c.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{"lm_head.weight", V}}, H, dt, *backend_));
+    ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{"lm_head.weight", V}}, H,
+                                          map && map->lm_head ? map->lm_head : all, *backend_));
+  } else if (map && map->lm_head && map->lm_head != embed_dt) {
+    return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, ": lm_head is tied to the "
+                                                   "embedding in ", dir_, ", so it cannot have its own dtype"));
   }
   layers_.resize(c.num_layers);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     Layer& L = layers_[i];
+    const std::optional<kernels::DType> dt = map ? std::optional<kernels::DType>(map->layers[i]) : all;
     const std::string p = absl::StrCat("model.layers.", i, ".");
     L.input_norm.resize(H);
     L.post_norm.resize(H);
@@ -202,7 +242,14 @@ kernels::KvLayout Model::KvLayoutFor(int64_t block_size) const {
   return kernels::KvLayout{.num_layers = config_.num_layers,
                            .num_kv_heads = config_.num_kv_heads,
                            .block_size = block_size,
-                           .head_dim = config_.head_dim};
+                           .head_dim = config_.head_dim,
+                           .dtype = kv_dtype_};
+}
+
+std::vector<kernels::DType> Model::layer_dtypes() const {
+  std::vector<kernels::DType> out;
+  for (const Layer& L : layers_) out.push_back(L.wqkv.dtype);
+  return out;
 }
 
 absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPool& pool) {
@@ -212,6 +259,10 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
       kl.head_dim != c.head_dim) {
     return absl::InvalidArgumentError("KV pool layout does not match the model");
+  }
+  if (!backend_->SupportsKv(kl.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", backend_->Name(), " backend does not read a ",
+                                                   kernels::DTypeName(kl.dtype), " KV pool"));
   }
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   const int64_t bs = kl.block_size;
@@ -286,7 +337,7 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   }
 
   kernels::KernelBackend& be = *backend_;
-  float* kv = pool.data();
+  uint8_t* kv = pool.data();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids.data(), x_.data(), T));
   for (int64_t li = 0; li < c.num_layers; ++li) {
@@ -301,10 +352,8 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
     be.Rope(k_.data(), positions.data(), inv_freq_.data(), T, nkv, hd);
     for (int64_t r = 0; r < T; ++r) {
       for (int64_t h = 0; h < nkv; ++h) {
-        std::memcpy(kv + kl.Offset(row_block[r], li, 0, h, row_slot[r]), k_.data() + r * kvd + h * hd,
-                    hd * sizeof(float));
-        std::memcpy(kv + kl.Offset(row_block[r], li, 1, h, row_slot[r]), v_.data() + r * kvd + h * hd,
-                    hd * sizeof(float));
+        kl.Store(kv, kl.Offset(row_block[r], li, 0, h, row_slot[r]), k_.data() + r * kvd + h * hd, hd);
+        kl.Store(kv, kl.Offset(row_block[r], li, 1, h, row_slot[r]), v_.data() + r * kvd + h * hd, hd);
       }
     }
     kernels::PagedAttentionArgs args{.q = q_.data(), .out = attn_.data(), .kv = kv, .layout = kl,

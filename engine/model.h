@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
 #include "engine/model_config.h"
+#include "engine/precision_map.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 
@@ -47,15 +48,25 @@ struct LoadOptions {
   // layers load as q4z whatever this says (engine/gptq.h); it applies to
   // the embedding and lm_head there.
   std::optional<kernels::DType> weight_dtype;
+  // Each layer's linear weights' dtype, and the embedding's and lm_head's
+  // where it names them (weight_dtype where it does not). Not with GPTQ.
+  std::optional<PrecisionMap> precision_map;
+  // The KV cache's dtype (f32, bf16, f16; nullopt: the backend's default).
+  std::optional<kernels::DType> kv_dtype;
 };
 
-// --weight-dtype: "auto" (nullopt) or a dtype name (kernels/dtype.h);
-// InvalidArgument listing the choices otherwise. The flag's help:
+// --weight-dtype and --kv-dtype: "auto" (nullopt) or a dtype name
+// (kernels/dtype.h; the KV cache takes f32, bf16 and f16); InvalidArgument
+// listing the choices otherwise. The flags' help:
 inline constexpr char kWeightDTypeHelp[] =
     "the weights' dtype: auto (as the checkpoint stores them: f32, f16 or bf16) | f32 | bf16 | f16 | q8 | q4 | q4z "
-    "(q8, q4 and q4z quantize at load, in blocks of 32 with an f16 scale, q4z with a zero point; activations and "
-    "the KV cache stay f32)";
+    "(q8, q4 and q4z quantize at load, in blocks of 32 with an f16 scale, q4z with a zero point; activations "
+    "stay f32)";
+inline constexpr char kKvDTypeHelp[] =
+    "the KV cache's dtype: auto (the backend's: f32 on the CPU) | f32 | bf16 | f16 (half the memory and half the "
+    "bytes a KV pull moves; prefill and decode workers must agree)";
 absl::StatusOr<std::optional<kernels::DType>> ParseWeightDType(std::string_view name);
+absl::StatusOr<std::optional<kernels::DType>> ParseKvDType(std::string_view name);
 
 struct Logits {
   int64_t vocab_size = 0;
@@ -76,7 +87,11 @@ class Model {
   // The bytes of every weight the model holds, as loaded.
   int64_t weight_bytes() const;
   const std::string& dir() const { return dir_; }
+  // The layout of a KV pool for this model, of the KV dtype it was loaded with.
   kernels::KvLayout KvLayoutFor(int64_t block_size) const;
+  kernels::DType kv_dtype() const { return kv_dtype_; }
+  // The dtype each layer's linear weights were loaded in.
+  std::vector<kernels::DType> layer_dtypes() const;
 
   absl::StatusOr<Logits> Forward(absl::Span<const BatchSeq> batch, BlockPool& pool);
 
@@ -97,6 +112,7 @@ class Model {
   std::string dir_;
   ModelConfig config_;
   kernels::KernelBackend* backend_ = nullptr;
+  kernels::DType kv_dtype_ = kernels::DType::kF32;
   kernels::HostWeights embed_;    // [vocab][hidden]
   kernels::HostWeights lm_head_;  // n = 0 when tied to embed_.
   std::vector<float> final_norm_;

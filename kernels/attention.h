@@ -29,7 +29,7 @@ struct AttentionSeq {
 struct PagedAttentionArgs {
   const float* q = nullptr;  // [rows][num_q_heads][head_dim]
   float* out = nullptr;      // [rows][num_q_heads][head_dim]
-  const float* kv = nullptr; // The pool.
+  const void* kv = nullptr;  // The pool, of layout.dtype.
   KvLayout layout;
   int64_t layer = 0;
   int64_t num_q_heads = 0;   // A multiple of layout.num_kv_heads (GQA).

@@ -54,6 +54,10 @@ class KernelBackend {
   virtual void Softmax(float* x, int64_t rows, int64_t n) = 0;
   virtual void EmbeddingLookup(const float* table, const int32_t* ids, float* out,
                                int64_t num_tokens, int64_t dim) = 0;
+  // The KV pool's dtype when the operator names none, and whether
+  // PagedAttention reads a pool of `dtype` (kernels/kv_layout.h).
+  virtual DType DefaultKvDType() const = 0;
+  virtual bool SupportsKv(DType dtype) const = 0;
   virtual void PagedAttention(const PagedAttentionArgs& args) = 0;
   virtual std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n,
                                                       int64_t k) = 0;

@@ -23,18 +23,17 @@ std::pair<int64_t, int64_t> Range(int64_t begin, int64_t end, int64_t total) {
 
 }  // namespace
 
-proto::KvLayout WholeModelLayout(int64_t num_layers, int64_t num_kv_heads, int64_t block_size,
-                                 int64_t head_dim, absl::string_view dtype) {
+proto::KvLayout WholeModelLayout(const kernels::KvLayout& pool) {
   proto::KvLayout l;
-  l.set_num_layers(num_layers);
-  l.set_num_kv_heads(num_kv_heads);
-  l.set_block_size(block_size);
-  l.set_head_dim(head_dim);
-  l.set_dtype(std::string(dtype));
+  l.set_num_layers(pool.num_layers);
+  l.set_num_kv_heads(pool.num_kv_heads);
+  l.set_block_size(pool.block_size);
+  l.set_head_dim(pool.head_dim);
+  l.set_dtype(kernels::DTypeName(pool.dtype));
   l.set_layer_begin(0);
-  l.set_layer_end(num_layers);
+  l.set_layer_end(pool.num_layers);
   l.set_head_begin(0);
-  l.set_head_end(num_kv_heads);
+  l.set_head_end(pool.num_kv_heads);
   return l;
 }
 

@@ -2,7 +2,7 @@
 // PlanTransfer: built for a worker's pool, converted to the planner's
 // ShardLayout, and checked when a decode worker accepts a handle.
 //
-//   proto::KvLayout own = WholeModelLayout(layers, kv_heads, block_size, head_dim, "f32");
+//   proto::KvLayout own = WholeModelLayout(pool.layout());
 //   RETURN_IF_ERROR(CheckHandle(offer.handle(), own));           // on receipt
 //   PlanTransfer({ShardFromProto(handle.layout())}, {ShardFromProto(own)}, ...);
 //
@@ -14,15 +14,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/kv_layout.h"
 #include "kvtransfer/layout.h"
 #include "proto/control.pb.h"
 
 namespace duet::kvtransfer {
 
 // A pool shard holding every layer and kv head of the model (the CPU
-// backend's only shape: it has no TP/PP shards), of KV dtype `dtype`.
-proto::KvLayout WholeModelLayout(int64_t num_layers, int64_t num_kv_heads, int64_t block_size,
-                                 int64_t head_dim, absl::string_view dtype);
+// backend's only shape: it has no TP/PP shards), of the pool's KV dtype.
+proto::KvLayout WholeModelLayout(const kernels::KvLayout& pool);
 
 // The planner's description of a shard (an unset range means all).
 ShardLayout ShardFromProto(const proto::KvLayout& layout);

@@ -89,9 +89,7 @@ absl::Status PrefillService::Init() {
   region_registered_ = true;
   ASSIGN_OR_RETURN(region_bytes_, t.ExportRegion(region_));
 
-  const kernels::KvLayout& l = pool_->layout();
-  layout_ = kvtransfer::WholeModelLayout(l.num_layers, l.num_kv_heads, l.block_size, l.head_dim,
-                                         engine::BlockPool::kKvDtype);
+  layout_ = kvtransfer::WholeModelLayout(pool_->layout());
 
   if (options_.reorder_window < 0) return absl::InvalidArgumentError("reorder_window must be >= 0");
   ASSIGN_OR_RETURN(cache_, worker::PrefixCache::Create(options_.cache, pool_.get(), options_.model_dir,

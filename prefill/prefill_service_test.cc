@@ -226,7 +226,8 @@ struct Reference {
       for (int64_t layer = 0; layer < l.num_layers; ++layer) {
         for (int64_t kv = 0; kv < 2; ++kv) {
           for (int64_t h = 0; h < l.num_kv_heads; ++h) {
-            const float* want = pool.data() + l.Offset(seq.block_table()[i], layer, kv, h, slot);
+            const auto* want =
+                reinterpret_cast<const float*>(l.At(pool.data(), l.Offset(seq.block_table()[i], layer, kv, h, slot)));
             const float* got = pulled.data() + l.Offset(i, layer, kv, h, slot);
             for (int64_t d = 0; d < l.head_dim; ++d) {
               worst = std::max(worst, std::abs(double(got[d]) - want[d]) / (1.0 + std::abs(want[d])));

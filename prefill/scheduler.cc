@@ -225,9 +225,8 @@ absl::Status PrefillScheduler::Fork(uint64_t parent, proto::PrefillRequest sibli
   if (full < p.num_tokens()) {
     // The partial last block is the choice's own: decode appends after it.
     const size_t last = static_cast<size_t>(full / bs);
-    const size_t floats = static_cast<size_t>(pool_->layout().BlockStride());
-    std::memcpy(pool_->data() + static_cast<size_t>(seq->kv.block_table()[last]) * floats,
-                pool_->data() + static_cast<size_t>(p.kv.block_table()[last]) * floats, floats * sizeof(float));
+    std::memcpy(pool_->block(seq->kv.block_table()[last]), pool_->block(p.kv.block_table()[last]),
+                static_cast<size_t>(pool_->block_bytes()));
   }
   seq->computed = seq->num_tokens();
   complete_[seq->id()] = std::move(seq);

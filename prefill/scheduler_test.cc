@@ -262,7 +262,8 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
   REQUIRE(pb.size() == 3);
   // Something recognisable in the parent's partial block.
   const int64_t floats = f.pool.layout().BlockStride();
-  for (int64_t i = 0; i < floats; ++i) f.pool.data()[pb[2] * floats + i] = static_cast<float>(i) + 0.5f;
+  auto* parent_block = reinterpret_cast<float*>(f.pool.block(pb[2]));
+  for (int64_t i = 0; i < floats; ++i) parent_block[i] = static_cast<float>(i) + 0.5f;
 
   proto::PrefillRequest sib = Fixture::Request(2, 0);
   *sib.mutable_spec() = parent->request.spec();
@@ -276,7 +277,8 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
   CHECK(cb[2] != pb[2]);
   CHECK(f.pool.RefCount(pb[0]) == 2);
   CHECK(f.pool.RefCount(pb[2]) == 1);
-  for (int64_t i = 0; i < floats; ++i) REQUIRE(f.pool.data()[cb[2] * floats + i] == static_cast<float>(i) + 0.5f);
+  const auto* child_block = reinterpret_cast<const float*>(f.pool.block(cb[2]));
+  for (int64_t i = 0; i < floats; ++i) REQUIRE(child_block[i] == static_cast<float>(i) + 0.5f);
   CHECK(f.pool.num_free() == 16 - 4);  // 3 of the parent's + 1 copy
 
   // A different prompt or a held id is refused.

@@ -42,7 +42,7 @@ bool Stamped(const float* block, uint64_t h) {
   return block[0] == static_cast<float>(h & 0xffffff) && block[1] == static_cast<float>((h >> 24) & 0xffffff);
 }
 
-float* Block(engine::BlockPool& pool, int32_t b) { return pool.data() + b * pool.layout().BlockStride(); }
+float* Block(engine::BlockPool& pool, int32_t b) { return reinterpret_cast<float*>(pool.block(b)); }
 
 struct Request {
   Match match;

@@ -8,6 +8,7 @@
 #include "engine/block_pool.h"
 #include "engine/generator.h"
 #include "engine/model.h"
+#include "engine/precision_map.h"
 #include "engine/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "engine/testing/tiny_model.h"
@@ -188,6 +189,53 @@ TEST_CASE("out-of-vocabulary token ids are refused", "[errors]") {
   auto r = engine::Generate(**model, pool, prompt, {});
   REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
   REQUIRE_THAT(std::string(r.status().message()), Contains("100000"));
+}
+
+// A precision map's mistakes name the file and what is wrong; a good map
+// loads each layer at its dtype, and bytes follow the dtypes.
+TEST_CASE("precision maps: bad files are named errors, a good one sets each layer's dtype", "[errors]") {
+  auto parse = [](const std::string& text) { return engine::ParsePrecisionMap(text, "m.json"); };
+  auto message = [&](const std::string& text) {
+    absl::StatusOr<engine::PrecisionMap> m = parse(text);
+    REQUIRE(m.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(m.status().message()), Contains("m.json"));
+    return std::string(m.status().message());
+  };
+  CHECK_THAT(message("{\"layers\": [\"q4\""), Contains("not valid JSON"));
+  CHECK_THAT(message("[\"q4\"]"), Contains("not a JSON object"));
+  CHECK_THAT(message("{\"embedding\": \"q8\"}"), Contains("no \"layers\""));
+  CHECK_THAT(message("{\"layers\": []}"), Contains("non-empty array"));
+  CHECK_THAT(message("{\"layers\": [\"q4\", \"int3\"]}"), Contains("layers[1] is \"int3\", not one of f32"));
+  CHECK_THAT(message("{\"layers\": [\"q4\", 8]}"), Contains("layers[1] is not a dtype name"));
+  CHECK_THAT(message("{\"layers\": [\"q4\"], \"lm_haed\": \"q8\"}"), Contains("unknown key \"lm_haed\""));
+  CHECK(engine::ReadPrecisionMap(testing::FreshDir("nomap") + "/absent.json").status().code() ==
+        absl::StatusCode::kNotFound);
+
+  auto backend = kernels::NewCpuBackend(1);
+  const std::string dir = testing::TinyModelDir("llama");
+  auto three = parse(R"({"layers": ["q4", "q4", "q4"]})");
+  REQUIRE(three.ok());
+  absl::Status s = engine::Model::Load(dir, backend.get(), {.precision_map = *three}).status();
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()), Contains("precision map m.json has 3 layers") && Contains("has 4"));
+
+  // Round trip through the file form, plan kept aside.
+  auto map = parse(R"({"layers": ["bf16", "q4", "q8", "f32"], "lm_head": "q8", "plan": {"error": 0.5}})");
+  REQUIRE(map.ok());
+  auto again = parse(engine::PrecisionMapJson(*map, R"({"error": 0.5})"));
+  REQUIRE(again.ok());
+  CHECK(again->layers == map->layers);
+  CHECK(again->lm_head == kernels::DType::kQ8);
+  CHECK(!again->embedding.has_value());
+  auto mapped = engine::Model::Load(dir, backend.get(), {.precision_map = *map});
+  REQUIRE(mapped.ok());
+  CHECK((*mapped)->layer_dtypes() == map->layers);
+  auto as_stored = engine::Model::Load(dir, backend.get());  // The tiny checkpoint is bf16.
+  REQUIRE(as_stored.ok());
+  CHECK((*as_stored)->layer_dtypes() == std::vector<kernels::DType>(4, kernels::DType::kBF16));
+  auto f32 = engine::Model::Load(dir, backend.get(), {.weight_dtype = kernels::DType::kF32});
+  REQUIRE(f32.ok());
+  CHECK((*mapped)->weight_bytes() < (*f32)->weight_bytes());
 }
 
 }  // namespace

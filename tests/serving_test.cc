@@ -4,6 +4,9 @@
 // generate` runs) token for token, with logprobs within 1e-4. Afterwards the
 // pools are whole: every block free, nothing queued or running.
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <sstream>
@@ -17,6 +20,8 @@
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 #include "engine/chat_template.h"
+#include "engine/model.h"
+#include "engine/precision_map.h"
 #include "engine/testing/tiny_model.h"
 #include "engine/tokenizer.h"
 
@@ -104,6 +109,98 @@ TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", 
   for (const auto& r : reqs) prompt_tokens += r.prompt.size();
   REQUIRE(prefill_prompt == prompt_tokens);  // Each prompt prefilled exactly once.
   CheckContextLimit(c, model);
+}
+
+// LLM-PQ's phase-aware precision: the prefill pool holds the model in BF16
+// (the tiny checkpoint's dtype; one layer and lm_head in F16, so that a
+// prefill worker that ignored its map would be seen), the decode pool in Q4
+// (one layer Q8, lm_head Q4), both with a BF16 KV cache. Every linear layer
+// then runs a non-F32 kernel, whose rows do not depend on the batch, so the
+// cluster's outputs equal the one-process reference with the same two maps
+// token for token; a worker that ignored its map, or KV stored at F32 and
+// read at BF16, would differ. Each pull moves half the bytes of an F32 block.
+TEST_CASE("phase-aware precision: BF16 prefill and Q4 decode pools with a BF16 KV cache equal duet generate "
+          "with the same maps",
+          "[serving]") {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string prefill_map = dir + "/prefill_bf16.json", decode_map = dir + "/decode_q4.json";
+  {
+    std::ofstream(prefill_map) << R"({"layers": ["bf16", "f16", "bf16", "bf16"], "embedding": "bf16",
+                                      "lm_head": "f16"})";
+    std::ofstream(decode_map) << R"({"layers": ["q4", "q4", "q8", "q4"], "lm_head": "q4"})";
+  }
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0",
+                        {"--kv-blocks", "512", "--precision-map", prefill_map, "--kv-dtype", "bf16"}).ok());
+  for (const char* id : {"decode-0", "decode-1"}) {
+    REQUIRE(c.StartWorker("decode", id, {"--kv-blocks", "512", "--precision-map", decode_map, "--kv-dtype", "bf16"})
+                .ok());
+  }
+  REQUIRE(c.WaitForWorkers(3).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  auto reqs = MixedRequests(48, 1000, 100, 16, 21);
+
+  auto load = [&](const std::string& path) {
+    engine::LoadOptions o{.kv_dtype = kernels::DType::kBF16};
+    if (path.empty()) return o;
+    auto map = engine::ReadPrecisionMap(path);
+    REQUIRE(map.ok());
+    o.precision_map = *map;
+    return o;
+  };
+  const auto want = ReferenceOutputs(model_dir, reqs, load(prefill_map), load(decode_map));
+  // Each map matters: the reference without one of them differs somewhere.
+  auto differs = [&](const std::vector<engine::GenerateResult>& other) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (other[i].ids != want[i].ids || other[i].logprobs != want[i].logprobs) return true;
+    }
+    return false;
+  };
+  REQUIRE(differs(ReferenceOutputs(model_dir, reqs, load(""), load(decode_map))));
+  REQUIRE(differs(ReferenceOutputs(model_dir, reqs, load(prefill_map), load(""))));
+  REQUIRE(differs(ReferenceOutputs(model_dir, reqs, {.precision_map = load(prefill_map).precision_map},
+                                   {.precision_map = load(decode_map).precision_map})));
+
+  const std::vector<ParsedCompletion> got = SendAll(c.http_port(), reqs, model);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::string diff = Compare(got[i], want[i], reqs[i]);
+    INFO("request " << i << " (prompt " << reqs[i].prompt.size() << " tokens, temperature " << reqs[i].temperature
+                    << "): " << diff);
+    REQUIRE(diff.empty());
+  }
+  nlohmann::json stats = WaitIdle(c);
+  int64_t moved = 0, blocks = 0;
+  for (auto& [id, w] : stats["workers"].items()) {
+    if (w["role"] != "decode") continue;
+    moved += w["kv_bytes_moved"].get<int64_t>();
+    blocks += w["kv_blocks_transferred"].get<int64_t>();
+  }
+  INFO(stats.dump());
+  REQUIRE(blocks > 0);
+  REQUIRE(moved == blocks * kTinyBlockBytes / 2);
+}
+
+// Prefill and decode must agree on the KV dtype: a decode worker refuses a
+// handle of another dtype, and the request ends in an error that says so
+// rather than in KV read at the wrong width. Nothing stays allocated.
+TEST_CASE("a prefill pool and a decode pool of different KV dtypes: the request fails naming both dtypes",
+          "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "64", "--kv-dtype", "bf16"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "64", "--kv-dtype", "f32"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const nlohmann::json body = {{"model", model}, {"prompt", std::vector<int32_t>(40, 9)}, {"max_tokens", 4}};
+  auto r = c.Post("/v1/completions", body.dump());
+  REQUIRE(r.ok());
+  INFO(r->body);
+  CHECK(r->status == 500);  // The cluster's fault, not the client's.
+  CHECK_THAT(r->body, Catch::Contains("dtype") && Catch::Contains("bf16") && Catch::Contains("f32"));
+  WaitIdle(c);
 }
 
 TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on device and on host give duet "

@@ -114,10 +114,18 @@ ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index
 
 std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_dir,
                                                      const std::vector<TestRequest>& requests) {
+  return ReferenceOutputs(model_dir, requests, {}, {});
+}
+
+std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_dir,
+                                                     const std::vector<TestRequest>& requests,
+                                                     const engine::LoadOptions& prefill,
+                                                     const engine::LoadOptions& decode) {
   auto backend = kernels::NewCpuBackend(2);
-  auto model = engine::Model::Load(model_dir, backend.get());
-  if (!model.ok()) std::abort();
-  engine::BlockPool pool((*model)->KvLayoutFor(16), 256);
+  auto decode_model = engine::Model::Load(model_dir, backend.get(), decode);
+  auto prefill_model = engine::Model::Load(model_dir, backend.get(), prefill);
+  if (!decode_model.ok() || !prefill_model.ok()) std::abort();
+  engine::BlockPool pool((*decode_model)->KvLayoutFor(16), 256);
   std::vector<engine::GenerateResult> out;
   for (const TestRequest& r : requests) {
     engine::GenerateOptions o;
@@ -127,7 +135,8 @@ std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_di
     o.sampling.seed = r.seed;
     o.sampling.logprobs = r.logprobs;
     o.choice_index = r.choice;
-    auto g = engine::Generate(**model, pool, r.prompt, o);
+    o.prefill_model = prefill_model->get();
+    auto g = engine::Generate(**decode_model, pool, r.prompt, o);
     if (!g.ok()) std::abort();
     out.push_back(*g);
   }

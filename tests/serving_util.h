@@ -15,7 +15,7 @@
 
 namespace duet::testing {
 
-// Bytes of one KV block of the tiny model: layers x K/V x kv heads x slots x head dim x f32.
+// Bytes of one f32 KV block of the tiny model: layers x K/V x kv heads x slots x head dim x 4.
 inline constexpr int64_t kTinyBlockBytes = 4 * 2 * 2 * 16 * 32 * 4;
 
 struct TestRequest {
@@ -50,6 +50,13 @@ ParsedCompletion ParseCompletion(const std::string& body, bool stream, int index
 // The reference: engine::Generate on `model_dir` for each request.
 std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_dir,
                                                      const std::vector<TestRequest>& requests);
+// The same with the prompt run on the model as `prefill` loads it and decode
+// on the model as `decode` loads it (a cluster whose pools load different
+// precision maps); both must name the same KV dtype.
+std::vector<engine::GenerateResult> ReferenceOutputs(const std::string& model_dir,
+                                                     const std::vector<TestRequest>& requests,
+                                                     const engine::LoadOptions& prefill,
+                                                     const engine::LoadOptions& decode);
 
 // Empty when `got` matches `want` (ids, finish reason, logprobs within
 // 1e-4); else a description of the first difference.

@@ -16,6 +16,7 @@
 #include "engine/tokenizer.h"
 #include "kernels/factory.h"
 #include "tools/commands.h"
+#include "tools/load_flags.h"
 #include "engine/testing/model_maker.h"
 
 namespace duet::tools {
@@ -91,9 +92,9 @@ absl::Status Generate(const FlagSet& f) {
   if (opt.max_tokens < 1) return absl::InvalidArgumentError("--max-tokens must be >= 1");
   RETURN_IF_ERROR(opt.Validate());
 
-  ASSIGN_OR_RETURN(const std::optional<kernels::DType> weight_dtype, engine::ParseWeightDType(f.GetString("weight-dtype")));
+  ASSIGN_OR_RETURN(const engine::LoadOptions load, LoadOptionsFromFlags(f));
   ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.threads = static_cast<int>(f.GetInt("threads"))}));
-  ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, backend.get(), {.weight_dtype = weight_dtype}));
+  ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, backend.get(), load));
   const int64_t bs = f.GetInt("block-size");
   if (bs <= 0) return absl::InvalidArgumentError("--block-size must be > 0");
   const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opt.max_tokens + 1,
@@ -162,7 +163,7 @@ int RunGenerate(int argc, char** argv) {
   f.Int("logprobs", 0, "report the top-K log-probabilities per generated position");
   f.Bool("json", "print one JSON object");
   f.Int("threads", 0, "CPU threads; 0 uses every core this process may run on");
-  f.String("weight-dtype", "auto", engine::kWeightDTypeHelp);
+  AddLoadFlags(f);
   f.Int("block-size", 16, "KV cache block size in tokens");
   f.Int("prefill-chunk", 0, "prefill the prompt in chunks of this many tokens; 0: one step");
   absl::Status s = f.Parse(argc, argv);

@@ -30,6 +30,7 @@
 #include "kernels/factory.h"
 #include "placement/profile_fit.h"
 #include "tools/commands.h"
+#include "tools/load_flags.h"
 #include "engine/testing/model_maker.h"
 
 namespace duet::tools {
@@ -52,10 +53,9 @@ absl::Status Run(const FlagSet& f) {
   if (dir.empty()) {
     ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("tiny"));
   }
-  ASSIGN_OR_RETURN(const std::optional<kernels::DType> weight_dtype, engine::ParseWeightDType(f.GetString("weight-dtype")));
+  ASSIGN_OR_RETURN(const engine::LoadOptions load, LoadOptionsFromFlags(f));
   ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.threads = static_cast<int>(f.GetInt("threads"))}));
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
-                   engine::Model::Load(dir, backend.get(), {.weight_dtype = weight_dtype}));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, engine::Model::Load(dir, backend.get(), load));
   const int64_t bs = f.GetInt("block-size");
   const int64_t max_ctx = std::min<int64_t>(model->config().max_position_embeddings, f.GetInt("max-context"));
   const int64_t max_batch = f.GetInt("max-batch");
@@ -170,10 +170,9 @@ absl::Status Run(const FlagSet& f) {
                      .start_pos = 0,
                      .block_table = kv[0].block_table()};
     RETURN_IF_ERROR(model->Forward({&ctx_seq, 1}, pool).status());  // untimed
-    const int64_t stride = model->KvLayoutFor(bs).BlockStride();
     for (size_t i = 1; i < kv.size(); ++i) {
       for (size_t j = 0; j < kv[0].block_table().size(); ++j) {
-        std::memcpy(pool.data() + kv[i].block_table()[j] * stride, pool.data() + kv[0].block_table()[j] * stride,
+        std::memcpy(pool.block(kv[i].block_table()[j]), pool.block(kv[0].block_table()[j]),
                     static_cast<size_t>(pool.block_bytes()));
       }
     }
@@ -312,7 +311,7 @@ int RunProfile(int argc, char** argv) {
             "latency coefficients (DistServe's format, TP 1) that duet sim --latency reads.");
   f.String("model", "", "model directory (default: the embedded tiny model)");
   f.Int("threads", 1, "engine threads, as the workers will run");
-  f.String("weight-dtype", "auto", engine::kWeightDTypeHelp);
+  AddLoadFlags(f);
   f.Int("block-size", 16, "KV block size in tokens");
   f.Int("max-context", 1024, "longest prompt and context profiled");
   f.Int("max-batch", 16, "largest decode batch profiled");

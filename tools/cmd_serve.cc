@@ -24,6 +24,7 @@
 #include "prefill/prefill_service.h"
 #include "router/router.h"
 #include "tools/commands.h"
+#include "tools/load_flags.h"
 #include "engine/testing/model_maker.h"
 #include "worker/runtime.h"
 
@@ -126,7 +127,7 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.String("metrics-host", "127.0.0.1", "address /metrics listens on");
   f.String("worker-id", "", "unique id in the cluster (default: ROLE-PID)");
   f.Int("threads", 0, "CPU threads for the engine (0: every core this process may use)");
-  f.String("weight-dtype", "auto", engine::kWeightDTypeHelp);
+  AddLoadFlags(f);
   f.Double("kv-memory", 0.25, "KV cache size in GiB (ignored when --kv-blocks is set)");
   f.Int("kv-blocks", 0, "KV cache size in blocks");
   f.Int("block-size", 16, "tokens per KV block (prefill and decode must agree)");
@@ -223,9 +224,9 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   }
   auto dir = ModelDir(f);
   if (!dir.ok()) return UsageError(cmd, dir.status());
-  auto weight_dtype = engine::ParseWeightDType(f.GetString("weight-dtype"));
-  if (!weight_dtype.ok()) return UsageError(cmd, weight_dtype.status());
-  const engine::LoadOptions load{.weight_dtype = *weight_dtype};
+  auto load_or = LoadOptionsFromFlags(f);
+  if (!load_or.ok()) return UsageError(cmd, load_or.status());
+  const engine::LoadOptions load = *std::move(load_or);
   const std::string name = ServedName(f, *dir);
   worker::RuntimeOptions ro;
   ro.worker_id = f.GetString("worker-id").empty() ? absl::StrCat(role, "-", getpid()) : f.GetString("worker-id");

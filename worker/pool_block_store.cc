@@ -62,24 +62,22 @@ void PoolBlockStore::FreeHost(absl::Span<const int32_t> slots) {
   }
 }
 
-float* PoolBlockStore::Host(int32_t slot) const {
-  return host_.As<float>() + static_cast<int64_t>(slot) * pool_->layout().BlockStride();
+uint8_t* PoolBlockStore::Host(int32_t slot) const {
+  return host_.As<uint8_t>() + static_cast<int64_t>(slot) * pool_->block_bytes();
 }
 
 void PoolBlockStore::CopyToHost(absl::Span<const int32_t> blocks, absl::Span<const int32_t> slots) {
   CHECK(blocks.size() == slots.size());
-  const int64_t floats = pool_->layout().BlockStride();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    std::memcpy(Host(slots[i]), pool_->data() + blocks[i] * floats, static_cast<size_t>(pool_->block_bytes()));
+    std::memcpy(Host(slots[i]), pool_->block(blocks[i]), static_cast<size_t>(pool_->block_bytes()));
   }
   bytes_to_host_ += blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
 }
 
 void PoolBlockStore::CopyToDevice(absl::Span<const int32_t> slots, absl::Span<const int32_t> blocks) {
   CHECK(blocks.size() == slots.size());
-  const int64_t floats = pool_->layout().BlockStride();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    std::memcpy(pool_->data() + blocks[i] * floats, Host(slots[i]), static_cast<size_t>(pool_->block_bytes()));
+    std::memcpy(pool_->block(blocks[i]), Host(slots[i]), static_cast<size_t>(pool_->block_bytes()));
   }
   bytes_to_device_ += blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
 }

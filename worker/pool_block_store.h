@@ -42,7 +42,7 @@ class PoolBlockStore : public kvcache::BlockStore {
   uint64_t bytes_to_device() const { return bytes_to_device_; }
 
  private:
-  float* Host(int32_t slot) const;
+  uint8_t* Host(int32_t slot) const;
 
   engine::BlockPool* const pool_;
   const int64_t host_slots_;

@@ -81,6 +81,9 @@ class CpuBackend final : public KernelBackend {
   }
 
   bool Supports(WeightOp, DType) const override { return true; }
+  // f32 by default: the pool then holds exactly what was computed.
+  DType DefaultKvDType() const override { return DType::kF32; }
+  bool SupportsKv(DType dtype) const override { return IsKvDType(dtype); }
 
   absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
                     bool accumulate) override {
@@ -206,10 +209,34 @@ class CpuBackend final : public KernelBackend {
   static constexpr int64_t kGemmMinRows = 8;
   static constexpr int64_t kTileRows = 128;
 
+  // Row j of K (kv 0) or V (kv 1) of `seq` at KV head `kvh`, in an f32 pool.
+  static const float* PoolRow(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t kv, int64_t kvh,
+                              int64_t j) {
+    const KvLayout& l = a.layout;
+    return reinterpret_cast<const float*>(
+        l.At(a.kv, l.Offset(seq.block_table[j / l.block_size], a.layer, kv, kvh, j % l.block_size)));
+  }
+  // Positions [lo, hi] of K or V into buf as [hi - lo + 1][head_dim] floats,
+  // a block-sized run at a time.
+  static void GatherKv(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t kv, int64_t kvh, int64_t lo,
+                       int64_t hi, float* buf) {
+    const KvLayout& l = a.layout;
+    const int64_t hd = l.head_dim;
+    for (int64_t j = lo; j <= hi;) {
+      const int64_t slot = j % l.block_size;
+      const int64_t run = std::min(l.block_size - slot, hi - j + 1);
+      const int32_t block = seq.block_table[j / l.block_size];
+      simd::Widen(l.At(a.kv, l.Offset(block, a.layer, kv, kvh, slot)), l.dtype, run * hd, buf + (j - lo) * hd);
+      j += run;
+    }
+  }
+
   // Query row `local` of `seq` against KV head `kvh`, for each query head of
-  // its group: dot products, softmax, weighted sum of V.
+  // its group: dot products, softmax, weighted sum of V. An f32 pool is read
+  // in place; a bf16 or f16 one is widened into `scratch` first, so every
+  // dtype runs the same float loops.
   static void AttentionRow(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t local,
-                           int64_t kvh, std::vector<float>& scores) {
+                           int64_t kvh, std::vector<float>& scratch) {
     const KvLayout& l = a.layout;
     const int64_t hd = l.head_dim;
     const int64_t group = a.num_q_heads / l.num_kv_heads;
@@ -217,22 +244,28 @@ class CpuBackend final : public KernelBackend {
     const int64_t pos = seq.start_pos + local;
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
     const int64_t len = pos - lo + 1;
-    scores.resize(len);
+    const bool widen = l.dtype != DType::kF32;
+    scratch.resize(static_cast<size_t>(len + (widen ? 2 * len * hd : 0)));
+    float* scores = scratch.data();
+    float* kbuf = scores + len;
+    float* vbuf = kbuf + len * hd;
+    if (widen) {
+      GatherKv(a, seq, 0, kvh, lo, pos, kbuf);
+      GatherKv(a, seq, 1, kvh, lo, pos, vbuf);
+    }
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kvh * group + g;
       const float* q = a.q + (row * a.num_q_heads + h) * hd;
       for (int64_t j = lo; j <= pos; ++j) {
-        const float* k = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh,
-                                         j % l.block_size);
+        const float* k = widen ? kbuf + (j - lo) * hd : PoolRow(a, seq, 0, kvh, j);
         scores[j - lo] = simd::Dot(q, k, hd) * a.scale;
       }
-      float sum = simd::ExpShiftSum(scores.data(), simd::Max(scores.data(), len), len);
+      float sum = simd::ExpShiftSum(scores, simd::Max(scores, len), len);
       float inv = 1.0f / sum;
       float* o = a.out + (row * a.num_q_heads + h) * hd;
       std::fill(o, o + hd, 0.0f);
       for (int64_t j = lo; j <= pos; ++j) {
-        const float* v = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh,
-                                         j % l.block_size);
+        const float* v = widen ? vbuf + (j - lo) * hd : PoolRow(a, seq, 1, kvh, j);
         simd::Axpy(scores[j - lo] * inv, v, o, hd);
       }
     }
@@ -255,18 +288,9 @@ class CpuBackend final : public KernelBackend {
     float* kbuf = scratch.data();
     float* vbuf = kbuf + nkeys * hd;
     float* sbuf = vbuf + nkeys * hd;
-    // Gather the keys and values into contiguous [nkeys][hd] matrices, a
-    // block-sized run at a time.
-    for (int64_t j = k_lo; j <= pos_last;) {
-      const int64_t slot = j % l.block_size;
-      const int64_t run = std::min(l.block_size - slot, pos_last - j + 1);
-      const int32_t block = seq.block_table[j / l.block_size];
-      std::memcpy(kbuf + (j - k_lo) * hd, a.kv + l.Offset(block, a.layer, 0, kvh, slot),
-                  run * hd * sizeof(float));
-      std::memcpy(vbuf + (j - k_lo) * hd, a.kv + l.Offset(block, a.layer, 1, kvh, slot),
-                  run * hd * sizeof(float));
-      j += run;
-    }
+    // The keys and values as contiguous [nkeys][hd] float matrices.
+    GatherKv(a, seq, 0, kvh, k_lo, pos_last, kbuf);
+    GatherKv(a, seq, 1, kvh, k_lo, pos_last, vbuf);
     const int64_t ld_q = a.num_q_heads * hd;
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kvh * group + g;

@@ -119,13 +119,22 @@ TEST_CASE("Llama-3 rope scaling changes only the low frequencies", "[kernels]") 
   REQUIRE(a[0] == 1.0f);
 }
 
+// A pool of layout `l` holding `values` (BlockStride() per block), each
+// rounded to l.dtype.
+std::vector<uint8_t> PoolOf(const KvLayout& l, const std::vector<float>& values) {
+  std::vector<uint8_t> pool(values.size() * l.ElementBytes());
+  l.Store(pool.data(), 0, values.data(), static_cast<int64_t>(values.size()));
+  return pool;
+}
+
 TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, window",
           "[kernels]") {
   const CpuKernels kernels = GENERATE(CpuKernels::kBatchInvariant, CpuKernels::kFastest);
+  const DType kv_dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
   auto be = NewCpuBackend(2, kernels);
-  KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = 16};
+  KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = 16, .dtype = kv_dtype};
   const int num_blocks = 40;
-  auto pool = Random(num_blocks * l.BlockStride(), 11);
+  auto pool = PoolOf(l, Random(num_blocks * l.BlockStride(), 11));
   // Three sequences: a chunk after a cached prefix, a fresh prompt, a decode token.
   std::vector<int32_t> t0 = {7, 3, 9, 1, 0, 12}, t1 = {5, 6, 8, 2}, t2 = {20, 21, 22, 23, 24, 25, 26, 27};
   std::vector<AttentionSeq> seqs = {
@@ -143,17 +152,18 @@ TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, wi
     be->PagedAttention(args);
     args.out = want.data();
     ref::PagedAttention(args);
-    INFO("window " << window);
+    INFO("window " << window << ", KV " << DTypeName(kv_dtype));
     REQUIRE(NormErr(got, want) < 1e-5);
   }
 }
 
 TEST_CASE("PagedAttention tiles long chunks: several tiles, cached prefix, window", "[kernels]") {
   const CpuKernels kernels = GENERATE(CpuKernels::kBatchInvariant, CpuKernels::kFastest);
+  const DType kv_dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
   auto be = NewCpuBackend(2, kernels);
-  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32};
+  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32, .dtype = kv_dtype};
   const int num_blocks = 24;
-  auto pool = Random(num_blocks * l.BlockStride(), 21);
+  auto pool = PoolOf(l, Random(num_blocks * l.BlockStride(), 21));
   std::vector<int32_t> table(num_blocks);
   for (int i = 0; i < num_blocks; ++i) table[i] = (i * 7) % num_blocks;  // Scattered blocks.
   // 300 query rows after 40 cached positions: tiles of 128, 128 and 44 rows.
@@ -169,7 +179,7 @@ TEST_CASE("PagedAttention tiles long chunks: several tiles, cached prefix, windo
     be->PagedAttention(args);
     args.out = want.data();
     ref::PagedAttention(args);
-    INFO("window " << window);
+    INFO("window " << window << ", KV " << DTypeName(kv_dtype));
     REQUIRE(NormErr(got, want) < 1e-5);
   }
 }
@@ -198,10 +208,11 @@ TEST_CASE("batch-invariant Gemm: a row's output has the same bits whatever rows 
 TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bits however its sequence is chunked "
           "and whatever else the call holds",
           "[kernels]") {
+  const DType kv_dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
   auto be = NewCpuBackend(2);
-  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32};
+  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32, .dtype = kv_dtype};
   const int num_blocks = 24;
-  auto pool = Random(num_blocks * l.BlockStride(), 41);
+  auto pool = PoolOf(l, Random(num_blocks * l.BlockStride(), 41));
   std::vector<int32_t> table(num_blocks);
   for (int i = 0; i < num_blocks; ++i) table[i] = (i * 5) % num_blocks;
   const int nq = 4, width = nq * 32, total = 300;
@@ -233,6 +244,19 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
                           {.first_row = 3, .num_tokens = 20, .start_pos = 240, .block_table = table.data()}},
                          mixed_q.data(), 23);
   CHECK(SameBits(mixed.data() + 3 * width, all.data() + 200 * width, 20 * width));
+  // A half-precision pool gives the bits of an f32 pool holding its values.
+  if (kv_dtype != DType::kF32) {
+    KvLayout wide = l;
+    wide.dtype = DType::kF32;
+    std::vector<float> widened(static_cast<size_t>(num_blocks * l.BlockStride()));
+    for (size_t i = 0; i < widened.size(); ++i) widened[i] = l.Value(pool.data(), static_cast<int64_t>(i));
+    std::vector<float> out(total * width);
+    const AttentionSeq seq{.first_row = 0, .num_tokens = total, .start_pos = 40, .block_table = table.data()};
+    PagedAttentionArgs args{.q = q.data(), .out = out.data(), .kv = widened.data(), .layout = wide, .layer = 0,
+                            .num_q_heads = nq, .scale = 0.17f, .window = 0, .seqs = &seq, .num_seqs = 1};
+    be->PagedAttention(args);
+    CHECK(SameBits(out.data(), all.data(), out.size()));
+  }
 }
 
 TEST_CASE("TopK returns the largest values, ties to the lower index", "[kernels]") {

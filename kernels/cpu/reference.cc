@@ -108,10 +108,9 @@ void PagedAttention(const PagedAttentionArgs& a) {
         std::vector<double> scores(pos - lo + 1);
         double mx = -1e300;
         for (int64_t j = lo; j <= pos; ++j) {
-          const float* k = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh,
-                                           j % l.block_size);
+          const int64_t k = l.Offset(seq.block_table[j / l.block_size], a.layer, 0, kvh, j % l.block_size);
           double d = 0;
-          for (int64_t e = 0; e < hd; ++e) d += static_cast<double>(q[e]) * k[e];
+          for (int64_t e = 0; e < hd; ++e) d += static_cast<double>(q[e]) * l.Value(a.kv, k + e);
           scores[j - lo] = d * a.scale;
           mx = std::max(mx, scores[j - lo]);
         }
@@ -119,9 +118,8 @@ void PagedAttention(const PagedAttentionArgs& a) {
         for (double& v : scores) sum += (v = std::exp(v - mx));
         std::vector<double> acc(hd, 0.0);
         for (int64_t j = lo; j <= pos; ++j) {
-          const float* v = a.kv + l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh,
-                                           j % l.block_size);
-          for (int64_t e = 0; e < hd; ++e) acc[e] += scores[j - lo] / sum * v[e];
+          const int64_t v = l.Offset(seq.block_table[j / l.block_size], a.layer, 1, kvh, j % l.block_size);
+          for (int64_t e = 0; e < hd; ++e) acc[e] += scores[j - lo] / sum * l.Value(a.kv, v + e);
         }
         float* o = a.out + (row * a.num_q_heads + h) * hd;
         for (int64_t e = 0; e < hd; ++e) o[e] = static_cast<float>(acc[e]);

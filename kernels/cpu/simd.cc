@@ -217,6 +217,14 @@ Q4Row RowOf(const WeightMatrix& w, int64_t j) {
           w.zeros != nullptr ? w.zeros + j * b : nullptr};
 }
 
+// The first k values of a row, as floats.
+template <class Row>
+DUET_AVX2 void WidenAvx2(const Row& row, int64_t k, float* o) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
+  for (; i < k; ++i) o[i] = row.At(i);
+}
+
 // Columns [j0, j1) of a non-F32 `w`: a block of its rows at a time is
 // converted to floats (into an L2-sized scratch) and the F32 tiles run over
 // it. Measured on the bench model, as fast as converting inside the tiles
@@ -232,13 +240,7 @@ DUET_AVX2 void DotRowsConvertedAvx2(const float* a, int64_t m, const WeightMatri
   floats.resize(static_cast<size_t>(std::min(block, n) * k));
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t cols = std::min(block, n - b0);
-    for (int64_t r = 0; r < cols; ++r) {
-      const Row row = RowOf<Row>(w, j0 + b0 + r);
-      float* o = floats.data() + r * k;
-      int64_t i = 0;
-      for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
-      for (; i < k; ++i) o[i] = row.At(i);
-    }
+    for (int64_t r = 0; r < cols; ++r) WidenAvx2(RowOf<Row>(w, j0 + b0 + r), k, floats.data() + r * k);
     DotRowsAvx2(a, m, floats.data(), cols, k, c + b0, ldc, accumulate);
   }
 }
@@ -364,6 +366,22 @@ void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, fl
       float& out = c[i * ldc + j];
       out = accumulate ? out + d : d;
     }
+  }
+}
+
+void Widen(const void* src, DType dtype, int64_t n, float* out) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  switch (dtype) {
+    case DType::kBF16:
+      if (UseAvx2()) return WidenAvx2(Bf16Row{h}, n, out);
+      for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(h[i]);
+      return;
+    case DType::kF16:
+      if (UseAvx2()) return WidenAvx2(F16Row{h}, n, out);
+      for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(h[i]);
+      return;
+    default:
+      std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
   }
 }
 

@@ -31,6 +31,8 @@ void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, fl
 // L2-sized scratch; no dequantized copy of the matrix is made).
 void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
               bool accumulate);
+// out[i] = src[i] as a float, src of dtype f32, bf16 or f16 (exact).
+void Widen(const void* src, DType dtype, int64_t n, float* out);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
 // y = x * scale * w (element-wise w).

@@ -13,7 +13,9 @@
 //   (b) one layer of each block (layer-wise pull);
 //   (c) one segment of --large-mib / 2 and --large-mib, beyond the LLC;
 //   and latency: 8 B, a layer and a block, with and without the epoch reads,
-//   also with spin_window --alt-spin-us on both sides.
+//   also with spin_window --alt-spin-us on both sides;
+//   (d) the pulls of (a) at random ids again with a BF16 KV layout (the same
+//       tokens in half the bytes, --kv-dtype bf16), beside (a)'s times.
 // Every pull carries its blocks' epochs (the lease check of real pulls).
 //
 // On one host duet uses its same-host lane (process_vm_readv, see
@@ -97,11 +99,12 @@ using kvtransfer::ShardLayout;
 using kvtransfer::TransferResult;
 using kvtransfer::TransferState;
 
-// The `bench` model (engine/testing/model_maker): 12 layers, 4 KV heads of 64, F32.
-ShardLayout BenchLayout() {
+// The `bench` model (engine/testing/model_maker): 12 layers, 4 KV heads of
+// 64, F32 KV (dtype_bytes 2: --kv-dtype bf16 or f16).
+ShardLayout BenchLayout(int64_t dtype_bytes = 4) {
   return ShardLayout{.num_layers_total = 12, .layer_begin = 0, .layer_end = 12,
                      .num_kv_heads_total = 4, .head_begin = 0, .head_end = 4,
-                     .block_size = 16, .head_dim = 64, .dtype_bytes = 4};
+                     .block_size = 16, .head_dim = 64, .dtype_bytes = dtype_bytes};
 }
 
 // Every 8-byte word of the exporter's pool holds its own offset ^ kWordKey,
@@ -409,8 +412,9 @@ std::vector<int32_t> RandomIds(std::mt19937_64& rng, int64_t n, int64_t limit, b
 
 absl::StatusOr<Pull> PlannedPull(const std::string& group, const std::string& name,
                                  const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
-                                 std::optional<std::pair<int64_t, int64_t>> layers) {
-  const ShardLayout l = BenchLayout();
+                                 std::optional<std::pair<int64_t, int64_t>> layers,
+                                 int64_t dtype_bytes = 4) {
+  const ShardLayout l = BenchLayout(dtype_bytes);
   ASSIGN_OR_RETURN(auto plans, kvtransfer::PlanTransfer({l}, {l}, {src}, {dst}, layers));
   if (plans.size() != 1) return absl::InternalError("expected one transfer plan");
   Pull p{group, name, static_cast<int64_t>(src.size()), std::move(plans[0].segments), {}};
@@ -639,10 +643,22 @@ absl::Status Run(const FlagSet& f) {
     }
   }
 
+  // The random-id block pulls again with a BF16 KV cache: the same tokens
+  // in blocks of half the bytes (the exporter's pool holds both layouts'
+  // ids: a BF16 block id below pool_blocks lies in its first half).
+  std::vector<Pull> half;
+  for (int64_t n : counts) {
+    ASSIGN_OR_RETURN(Pull p, PlannedPull("blocks, random ids, BF16 KV", absl::StrCat(n),
+                                         RandomIds(rng, n, pool_blocks, true),
+                                         RandomIds(rng, n, pool_blocks, false), std::nullopt, 2));
+    half.push_back(std::move(p));
+  }
+
   Progress(absl::StrCat("exporter: ", pool_blocks, " blocks of ", block_bytes, " B (",
                         (block_bytes * pool_blocks) >> 20, " MiB), UCX_TLS ", tls_note));
   std::vector<Pull> main_pulls = pulls;
   main_pulls.insert(main_pulls.end(), lat.begin(), lat.end());
+  main_pulls.insert(main_pulls.end(), half.begin(), half.end());
   std::string duet_lanes;
   ASSIGN_OR_RETURN(std::vector<Measured> duet,
                    MeasurePulls(f, main_pulls, pool_blocks, spin_us, &duet_lanes, net.get()));
@@ -663,7 +679,7 @@ absl::Status Run(const FlagSet& f) {
                   p.name.c_str(), Bytes(p.bytes()).c_str(), p.segments.size(), p.bytes() / duet[i].median_s * 1e-9,
                   duet[i].median_s * 1e6, duet[i].reps);
       const size_t li = i - pulls.size();
-      if (i >= pulls.size() && alt[li].reps > 0) std::printf("; spin %lld us: %9.1f us", static_cast<long long>(alt_spin_us), alt[li].median_s * 1e6);
+      if (i >= pulls.size() && li < lat.size() && alt[li].reps > 0) std::printf("; spin %lld us: %9.1f us", static_cast<long long>(alt_spin_us), alt[li].median_s * 1e6);
       std::printf("\n");
     }
     return absl::OkStatus();
@@ -672,7 +688,7 @@ absl::Status Run(const FlagSet& f) {
   // ucx_perftest for each distinct size: the pair and the one-process
   // loopback on duet's transports, and the pair on shared memory.
   std::vector<uint64_t> sizes;
-  for (const Pull& p : main_pulls) sizes.push_back(p.bytes());
+  for (size_t i = 0; i < pulls.size() + lat.size(); ++i) sizes.push_back(main_pulls[i].bytes());  // not `half`
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   struct Ref {
@@ -773,6 +789,16 @@ absl::Status Run(const FlagSet& f) {
                 alt[i].reps > 0 ? Fixed(alt[i].median_s * 1e6, 1).c_str() : "-", col(r.pair).c_str(),
                 col(r.loopback).c_str(), best > 0 ? absl::StrCat(d.median_s * 1e6 >= best ? "+" : "", Fixed(d.median_s * 1e6 - best, 1)).c_str() : "-",
                 headline ? "< 20" : "-", r.shm.ok ? Fixed(r.shm.latency_us, 2).c_str() : "n/a");
+  }
+  std::printf("\n%-26s %7s %12s %9s %12s %9s %10s %8s\n", "KV dtype, same tokens", "tokens", "F32 bytes",
+              "F32 us", "BF16 bytes", "BF16 us", "BF16 / F32", "bytes");
+  for (size_t i = 0; i < half.size(); ++i) {
+    const Measured& full = duet[i];  // "blocks, random ids": the same counts
+    const Measured& h = duet[pulls.size() + lat.size() + i];
+    std::printf("%-26s %7lld %12s %9.1f %12s %9.1f %10.2f %8.2f\n", "blocks, random ids",
+                static_cast<long long>(half[i].blocks * layout.block_size), Bytes(pulls[i].bytes()).c_str(),
+                full.median_s * 1e6, Bytes(half[i].bytes()).c_str(), h.median_s * 1e6, h.median_s / full.median_s,
+                static_cast<double>(half[i].bytes()) / static_cast<double>(pulls[i].bytes()));
   }
   for (const auto& [size, r] : ref) {
     for (const auto& [name, x] : {std::pair<const char*, const PerftestResult*>{"pair", &r.pair},

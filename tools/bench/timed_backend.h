@@ -55,6 +55,8 @@ class TimedBackend final : public kernels::KernelBackend {
   void Softmax(float* x, int64_t rows, int64_t n) override;
   void EmbeddingLookup(const float* table, const int32_t* ids, float* out, int64_t num_tokens,
                        int64_t dim) override;
+  kernels::DType DefaultKvDType() const override { return inner_->DefaultKvDType(); }
+  bool SupportsKv(kernels::DType dtype) const override { return inner_->SupportsKv(dtype); }
   void PagedAttention(const kernels::PagedAttentionArgs& args) override;
   std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k) override;
 
