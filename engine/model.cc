@@ -171,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
 absl::Status Model::LoadWeights(const LoadOptions& options) {
   const ModelConfig& c = config_;
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
   const std::optional<kernels::DType> all = options.weight_dtype;
   const std::optional<PrecisionMap>& map = options.precision_map;
@@ -206,27 +206,52 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
     L.post_norm.resize(H);
     RETURN_IF_ERROR(LoadTensor(*st, p + "input_layernorm.weight", {H}, L.input_norm.data()));
     RETURN_IF_ERROR(LoadTensor(*st, p + "post_attention_layernorm.weight", {H}, L.post_norm.data()));
-    ASSIGN_OR_RETURN(L.wqkv, LoadLinear(*st, c,
-                                        {{p + "self_attn.q_proj.weight", qd},
-                                         {p + "self_attn.k_proj.weight", kvd},
-                                         {p + "self_attn.v_proj.weight", kvd}},
-                                        H, dt, *backend_));
+    RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt));
     if (c.attention_bias) {
       L.bqkv.resize(qd + 2 * kvd);
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.q_proj.bias", {qd}, L.bqkv.data()));
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.k_proj.bias", {kvd}, L.bqkv.data() + qd));
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.v_proj.bias", {kvd}, L.bqkv.data() + qd + kvd));
     }
-    ASSIGN_OR_RETURN(L.wo, LoadLinear(*st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_));
     if (c.o_bias) {
       L.bo.resize(H);
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.o_proj.bias", {H}, L.bo.data()));
     }
-    ASSIGN_OR_RETURN(L.wgu, LoadLinear(*st, c, {{p + "mlp.gate_proj.weight", I}, {p + "mlp.up_proj.weight", I}},
-                                       H, dt, *backend_));
-    ASSIGN_OR_RETURN(L.wdown, LoadLinear(*st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_));
   }
   return absl::OkStatus();
+}
+
+absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std::optional<kernels::DType> dt) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  Layer& L = layers_[i];
+  ASSIGN_OR_RETURN(L.wqkv, LoadLinear(st, c,
+                                      {{p + "self_attn.q_proj.weight", qd},
+                                       {p + "self_attn.k_proj.weight", kvd},
+                                       {p + "self_attn.v_proj.weight", kvd}},
+                                      H, dt, *backend_));
+  ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_));
+  ASSIGN_OR_RETURN(L.wgu, LoadLinear(st, c, {{p + "mlp.gate_proj.weight", I}, {p + "mlp.up_proj.weight", I}},
+                                     H, dt, *backend_));
+  ASSIGN_OR_RETURN(L.wdown, LoadLinear(st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_));
+  return absl::OkStatus();
+}
+
+absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dtype) {
+  if (layer < 0 || layer >= config_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is not in 0..", config_.num_layers - 1));
+  }
+  if (config_.gptq) {
+    return absl::InvalidArgumentError(absl::StrCat("the GPTQ checkpoint in ", dir_, " holds its linear layers as q4z"));
+  }
+  ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
+  return LoadLayerLinears(*st, layer, dtype);
+}
+
+int64_t Model::layer_weight_bytes(int64_t layer) const {
+  const Layer& L = layers_[layer];
+  return L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
 }
 
 int64_t Model::weight_bytes() const {

@@ -29,6 +29,7 @@
 #include "engine/block_pool.h"
 #include "engine/model_config.h"
 #include "engine/precision_map.h"
+#include "engine/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 
@@ -90,8 +91,13 @@ class Model {
   // The layout of a KV pool for this model, of the KV dtype it was loaded with.
   kernels::KvLayout KvLayoutFor(int64_t block_size) const;
   kernels::DType kv_dtype() const { return kv_dtype_; }
-  // The dtype each layer's linear weights were loaded in.
+  // The dtype each layer's linear weights were loaded in, and their bytes.
   std::vector<kernels::DType> layer_dtypes() const;
+  int64_t layer_weight_bytes(int64_t layer) const;
+  // Reads one layer's linear weights from the checkpoint again, in `dtype`
+  // (nullopt: as stored): what `duet precision-plan` measures a layer at.
+  // Not for GPTQ checkpoints.
+  absl::Status ReloadLayer(int64_t layer, std::optional<kernels::DType> dtype);
 
   absl::StatusOr<Logits> Forward(absl::Span<const BatchSeq> batch, BlockPool& pool);
 
@@ -108,6 +114,7 @@ class Model {
 
   Model() = default;
   absl::Status LoadWeights(const LoadOptions& options);
+  absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
 
   std::string dir_;
   ModelConfig config_;

@@ -16,6 +16,7 @@ int RunUp(int argc, char** argv);
 int RunSim(int argc, char** argv);
 int RunPlace(int argc, char** argv);
 int RunProfile(int argc, char** argv);
+int RunPrecisionPlan(int argc, char** argv);
 
 }  // namespace duet::tools
 

@@ -24,6 +24,7 @@ constexpr char kUsage[] =
     "  sim          simulate a cluster serving a workload: TTFT, TPOT, SLO attainment, goodput\n"
     "  place        search prefill/decode placements for the best goodput per GPU under SLOs\n"
     "  profile      time the engine on this machine and fit the latency model duet sim reads\n"
+    "  precision-plan  measure each layer's sensitivity to each dtype and write a precision map for a budget\n"
     "\n"
     "`duet COMMAND --help` describes each command's flags.\n"
     "DUET_DEBUG_LOCKS=1 turns on absl::Mutex lock-order checking (the tests do).\n"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   if (cmd == "sim") return duet::tools::RunSim(argc - 1, argv + 1);
   if (cmd == "place") return duet::tools::RunPlace(argc - 1, argv + 1);
   if (cmd == "profile") return duet::tools::RunProfile(argc - 1, argv + 1);
+  if (cmd == "precision-plan") return duet::tools::RunPrecisionPlan(argc - 1, argv + 1);
   std::fprintf(stderr, "duet: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }
