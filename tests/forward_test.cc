@@ -14,6 +14,7 @@
 
 #include "engine/block_pool.h"
 #include "engine/model.h"
+#include "engine/precision_plan.h"
 #include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/reference_model.h"
@@ -213,21 +214,6 @@ std::vector<std::vector<float>> AllLogits(Fixture& f, const std::vector<int32_t>
   return rows;
 }
 
-// KL(p || q) of the softmaxes of two logit rows.
-double Kl(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
-  auto log_softmax = [](const std::vector<float>& x) {
-    double m = *std::max_element(x.begin(), x.end()), s = 0;
-    for (float v : x) s += std::exp(v - m);
-    std::vector<double> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] - m - std::log(s);
-    return out;
-  };
-  const std::vector<double> lp = log_softmax(p_logits), lq = log_softmax(q_logits);
-  double kl = 0;
-  for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
-  return kl;
-}
-
 TEST_CASE("every weight dtype: the logits match the reference on the same dequantized weights", "[forward]") {
   for (const char* arch : kArchs) {
     Fixture f32(arch, kernels::DType::kF32);
@@ -244,9 +230,9 @@ TEST_CASE("every weight dtype: the logits match the reference on the same dequan
       for (size_t i = 0; i < tokens.size(); ++i) {
         INFO("position " << i);
         REQUIRE(NormalizedError(got[i], want[i]) <= kTolerance);
-        kl += Kl(base[i], got[i]);
-        agree += std::max_element(got[i].begin(), got[i].end()) - got[i].begin() ==
-                 std::max_element(base[i].begin(), base[i].end()) - base[i].begin();
+        const engine::LogitDrift d = engine::CompareLogits(base[i], got[i], f.model->config().vocab_size);
+        kl += d.mean_kl;
+        agree += d.top1_agreement == 1.0;
       }
       // Quantized weights really are another dtype's: the logits moved off
       // F32's (a BF16 checkpoint's weights are the same in bf16 and f32).
