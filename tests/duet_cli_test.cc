@@ -11,6 +11,7 @@
 #include <string>
 
 #include "base/subprocess.h"
+#include "tests/duet_run.h"
 #include "engine/block_pool.h"
 #include "engine/generator.h"
 #include "engine/model.h"
@@ -21,18 +22,12 @@ namespace {
 
 using Catch::Matchers::Contains;
 
-struct Run {
-  int exit_code;
-  std::string out;  // stdout and stderr together
-};
+using Run = testing::DuetRun;
 
 // Runs the duet binary with a private cache folder.
 Run Duet(const std::string& args) {
-  std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
-  std::string cmd = "XDG_CACHE_HOME=" + tmp + "/cache tools/duet " + args + " 2>&1";
-  absl::StatusOr<CommandResult> r = RunCommand({"/bin/sh", "-c", cmd});
-  REQUIRE(r.ok());
-  return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
+  const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  return testing::RunDuet(args, "XDG_CACHE_HOME=" + tmp + "/cache");
 }
 
 TEST_CASE("duet generate --json on the embedded model equals the engine's Generate", "[cli]") {

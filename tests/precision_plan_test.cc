@@ -22,6 +22,7 @@
 #include <string>
 
 #include "base/subprocess.h"
+#include "tests/duet_run.h"
 #include "engine/bpe_trainer.h"
 #include "engine/model.h"
 #include "engine/precision_map.h"
@@ -103,15 +104,8 @@ std::string OutlierModel() {
   return dir;
 }
 
-struct Run {
-  int exit_code;
-  std::string out;
-};
-Run Duet(const std::string& args) {
-  absl::StatusOr<CommandResult> r = RunCommand({"/bin/sh", "-c", "tools/duet " + args + " 2>&1"});
-  REQUIRE(r.ok());
-  return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
-}
+using Run = testing::DuetRun;
+Run Duet(const std::string& args) { return testing::RunDuet(args); }
 
 TEST_CASE("duet precision-plan keeps an outlier layer at the higher precision, and its map beats every "
           "same-count map that lowers it",

@@ -17,22 +17,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/subprocess.h"
+#include "tests/duet_run.h"
 
 namespace duet {
 namespace {
 
 using Catch::Matchers::Contains;
 
-struct Run {
-  int exit_code;
-  std::string out;
-};
-
-Run Duet(const std::string& args) {
-  absl::StatusOr<CommandResult> r = RunCommand({"/bin/sh", "-c", "tools/duet " + args + " 2>&1"});
-  REQUIRE(r.ok());
-  return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
-}
+using Run = testing::DuetRun;
+Run Duet(const std::string& args) { return testing::RunDuet(args); }
 
 nlohmann::json SimJson(const std::string& args) {
   Run r = Duet("sim --json " + args);
