@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/dtype.h"
 
 namespace duet::placement {
 
@@ -72,7 +73,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const 
       const std::string where = absl::StrCat(pool, "[", i++, "]");
       if (!inst.is_object()) return Bad(source, where, "must be an object");
       if (auto s = CheckKeys(inst, {"tp", "pp", "device", "kv_memory_gib", "kv_blocks", "threads", "cpus",
-                                    "max_batch_tokens", "gpu"},
+                                    "max_batch_tokens", "gpu", "weight_dtype", "kv_dtype", "precision_map"},
                              source, where);
           !s.ok()) {
         return s;
@@ -113,9 +114,16 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const 
           ic.cpus.push_back(cpu);
         }
       }
-      if (inst.contains("gpu")) {
-        if (!inst["gpu"].is_string()) return Bad(source, where + ".gpu", "must be a string");
-        ic.gpu = inst["gpu"];
+      for (auto [key, field] : {std::pair<const char*, std::string*>{"gpu", &ic.gpu},
+                                {"weight_dtype", &ic.weight_dtype},
+                                {"kv_dtype", &ic.kv_dtype},
+                                {"precision_map", &ic.precision_map}}) {
+        if (!inst.contains(key)) continue;
+        if (!inst[key].is_string()) return Bad(source, absl::StrCat(where, ".", key), "must be a string");
+        *field = inst[key];
+      }
+      if (!ic.weight_dtype.empty() && !kernels::ParseDType(ic.weight_dtype)) {
+        return Bad(source, where + ".weight_dtype", absl::StrCat("is \"", ic.weight_dtype, "\", not a weight dtype"));
       }
       if (for_simulation) {
         c.instances.push_back(ic);

@@ -8,7 +8,8 @@
 // Pools: "prefill", "decode", "colocated" (lists of instances; a pool may be
 // absent). Instance fields, all optional: tp, pp (1 on the CPU backend),
 // device ("cpu", or "cuda:N" for the CUDA backend), kv_memory_gib, kv_blocks,
-// threads, cpus (cores to pin to), max_batch_tokens, gpu (a GPU id of
+// threads, cpus (cores to pin to), max_batch_tokens, weight_dtype, kv_dtype,
+// precision_map (the worker's flags of those names), gpu (a GPU id of
 // placement/hardware or a JSON file: for simulation). Top level, for
 // simulation: "kv_link_gbps" (prefill -> decode bandwidth, GB/s). Unknown
 // fields are errors, so typos do not pass silently. `duet up` runs only what
@@ -34,6 +35,9 @@ struct InstanceConfig {
   std::vector<int> cpus;
   int64_t max_batch_tokens = 0;  // 0: not set (the command's --max-batch-tokens, else kDefaultMaxBatchTokens)
   std::string gpu;  // for simulation
+  // The worker's --weight-dtype, --kv-dtype, --precision-map ("": its
+  // default); duet sim holds the instance's model in weight_dtype.
+  std::string weight_dtype, kv_dtype, precision_map;
 };
 
 struct ClusterConfig {

@@ -71,13 +71,15 @@ class RooflineLatency : public LatencyModel {
   }
 
   std::string Describe() const override {
-    return absl::StrCat("roofline on ", g_.name, " (compute eff ", c_.compute_efficiency, ", memory eff ",
+    return absl::StrCat("roofline on ", g_.name, m_.weight_dtype.empty() ? "" : absl::StrCat(", ", m_.weight_dtype, " weights"),
+                        " (compute eff ", c_.compute_efficiency, ", memory eff ",
                         c_.memory_efficiency, ", overhead ", c_.overhead_s, " s)");
   }
 
  private:
   double Batch(const Parallel& p, double flops, double bytes, int64_t tokens) const {
     const double tp = p.tp;
+    if (m_.QuantizedWeights()) flops += static_cast<double>(m_.LinearParamCount()) * c_.dequant_flops_per_weight;
     double t = KernelSeconds(g_, {flops / tp, bytes / tp}, {c_.compute_efficiency, c_.memory_efficiency});
     // Two all-reduces per layer of the tokens' activations (ring).
     const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;

@@ -6,7 +6,9 @@
 //
 // Kinds:
 //   - roofline: max(FLOPs / (tp x peak x compute_eff), bytes read / (tp x
-//     bandwidth x memory_eff)) per batch (weights once, every sequence's KV),
+//     bandwidth x memory_eff)) per batch (weights once, in the bytes of the
+//     model's weight dtype, every sequence's KV; a quantized model's
+//     dequantization counted as FLOPs, RooflineCoefficients),
 //     plus two all-reduces per layer when tp > 1 (ring: 2(tp-1)/tp of the
 //     activations over the node link, plus a latency each), plus a fixed
 //     overhead; with pp stages, each hand-off sends the activations over
@@ -75,6 +77,14 @@ struct RooflineCoefficients {
   double overhead_s = 0.002;           // per batch or step (launches, scheduling)
   double allreduce_latency_s = 10e-6;  // per all-reduce
   double pp_stage_overhead_s = 0.5e-3;
+  // A quantized linear weight (ModelSpec::QuantizedWeights) is unpacked to
+  // BF16 (zero point, scale: 2 operations) once per forward pass, on the
+  // CUDA cores, which run about 1/16 of the tensor cores' dense BF16 rate on
+  // A100 and H100 (19.5 of 312, 67 of 989 TFLOP/s): 32 FLOPs of the
+  // roofline's rate per weight. Against a batch of T tokens' 2T per weight,
+  // that is what W4A16 kernels lose at large batches (16/T); decode, bound
+  // by reading the weights, hides it.
+  double dequant_flops_per_weight = 32;
 };
 
 // One forward pass that batches prompt chunks with decode rows, as a

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/dtype.h"
 
 namespace duet::placement {
 namespace {
@@ -61,11 +64,39 @@ std::string Lower(std::string s) {
 
 }  // namespace
 
-int64_t ModelSpec::ParamCount() const {
+int64_t ModelSpec::LinearParamCount() const {
   const int64_t attn = hidden * num_heads * head_dim + 2 * hidden * num_kv_heads * head_dim +
                        num_heads * head_dim * hidden;
   const int64_t mlp = (gated_mlp ? 3 : 2) * hidden * intermediate;
-  return num_layers * (attn + mlp + 2 * hidden) + vocab * hidden;
+  return num_layers * (attn + mlp);
+}
+
+int64_t ModelSpec::ParamCount() const { return LinearParamCount() + num_layers * 2 * hidden + vocab * hidden; }
+
+double ModelSpec::LinearWeightBits() const {
+  const std::optional<kernels::DType> d = kernels::ParseDType(weight_dtype);
+  return d ? kernels::BitsPerWeight(*d) : 8.0 * static_cast<double>(dtype_bytes);
+}
+
+bool ModelSpec::QuantizedWeights() const {
+  const std::optional<kernels::DType> d = kernels::ParseDType(weight_dtype);
+  return d && kernels::IsQuantized(*d);
+}
+
+int64_t ModelSpec::WeightBytes() const {
+  const int64_t linear = LinearParamCount();
+  return static_cast<int64_t>(std::ceil(static_cast<double>(linear) * LinearWeightBits() / 8)) +
+         (ParamCount() - linear) * dtype_bytes;
+}
+
+absl::StatusOr<ModelSpec> AtWeightDType(ModelSpec m, const std::string& dtype) {
+  if (!kernels::ParseDType(dtype)) {
+    std::string names;
+    for (kernels::DType d : kernels::kAllDTypes) absl::StrAppend(&names, names.empty() ? "" : ", ", kernels::DTypeName(d));
+    return absl::InvalidArgumentError(absl::StrCat("weight dtype \"", dtype, "\" is not one of ", names));
+  }
+  m.weight_dtype = dtype;
+  return m;
 }
 
 double ModelSpec::TokenFlops(int64_t context) const {

@@ -26,12 +26,19 @@ struct ModelSpec {
   int64_t vocab = 0;
   int64_t max_context = 0;
   bool gated_mlp = true;  // SwiGLU: three MLP matrices; OPT: two.
-  int64_t dtype_bytes = 2;
+  int64_t dtype_bytes = 2;  // Activations, KV, norms, embeddings; linear weights unless weight_dtype says.
+  // The layers' linear weights' dtype (kernels/dtype.h: bf16, f16, q8, q4,
+  // q4z; their bits in memory, scales included); empty: dtype_bytes.
+  std::string weight_dtype;
 
   // Parameters of the transformer blocks and the embeddings (and the LM head
   // when untied; counted once either way).
   int64_t ParamCount() const;
-  int64_t WeightBytes() const { return ParamCount() * dtype_bytes; }
+  // The layers' linear weights (attention projections and MLP).
+  int64_t LinearParamCount() const;
+  double LinearWeightBits() const;
+  bool QuantizedWeights() const;  // weight_dtype is q8, q4 or q4z
+  int64_t WeightBytes() const;
   // K and V of one token in every layer.
   int64_t KvBytesPerToken() const { return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes; }
   // Forward FLOPs of one token with `context` tokens before it (GEMMs and
@@ -45,6 +52,10 @@ struct ModelSpec {
 // "meta-llama/Llama-2-7b-hf") are accepted too.
 absl::StatusOr<ModelSpec> ModelPreset(const std::string& name);
 std::vector<std::string> ModelPresetNames();
+
+// `m` with its linear weights in `dtype` (a kernels/dtype.h name);
+// InvalidArgument naming the choices otherwise.
+absl::StatusOr<ModelSpec> AtWeightDType(ModelSpec m, const std::string& dtype);
 
 // From a model directory or its config.json (llama, mistral, qwen2, opt).
 absl::StatusOr<ModelSpec> ModelFromConfig(const std::string& path);

@@ -57,20 +57,36 @@ std::vector<Pool> Pools(const GpuSpec& gpu, LatencyModel& latency, const PlaceOp
   return pools;
 }
 
+// The model an instance of precision `prec` holds, and the latency model
+// that times it in `pool` (nullptr: the cluster's default).
+const ModelSpec& ModelOf(const PlaceOptions& o, const ModelSpec& model, int prec) {
+  return prec >= 0 ? o.precisions[static_cast<size_t>(prec)].model : model;
+}
+LatencyModel* LatencyOf(const PlaceOptions& o, int pool, int prec) {
+  if (prec >= 0) return o.precisions[static_cast<size_t>(prec)].latency[static_cast<size_t>(pool)];
+  return pool == 1 ? o.second_latency : nullptr;
+}
+
+// An instance shape of a pool: its parallelism and its weights' precision.
+struct Shape {
+  Parallel par;
+  int prec = -1;
+};
+
 }  // namespace
 
 std::string Plan::Describe() const {
-  auto role = [this](const char* name, const RoleConfig& r, int pool) {
-    return absl::StrCat(r.count, " x ", name, " (tp ", r.par.tp, ", pp ", r.par.pp, ")",
-                        prefill_pool != decode_pool || pool > 0 ? absl::StrCat(" on pool ", pool + 1) : "");
+  auto role = [this](const char* name, const RoleConfig& r, int pool, const std::string& dtype) {
+    return absl::StrCat(r.count, " x ", name, " (tp ", r.par.tp, ", pp ", r.par.pp, dtype.empty() ? "" : ", ", dtype,
+                        ")", prefill_pool != decode_pool || pool > 0 ? absl::StrCat(" on pool ", pool + 1) : "");
   };
-  if (colocated) return role("colocated", prefill, prefill_pool);
-  return absl::StrCat(role("prefill", prefill, prefill_pool), " + ", role("decode", decode, decode_pool));
+  if (colocated) return role("colocated", prefill, prefill_pool, prefill_dtype);
+  return absl::StrCat(role("prefill", prefill, prefill_pool, prefill_dtype), " + ",
+                      role("decode", decode, decode_pool, decode_dtype));
 }
 
 ClusterSpec MakeCluster(const Plan& plan, const ModelSpec& model, const GpuSpec& gpu, const PlaceOptions& o) {
   auto gpu_of = [&](int pool) -> const GpuSpec& { return pool == 1 && o.second_gpu != nullptr ? *o.second_gpu : gpu; };
-  auto lat_of = [&](int pool) -> LatencyModel* { return pool == 1 ? o.second_latency : nullptr; };
   ClusterSpec c;
   c.policy = o.policy;
   const GpuSpec& pg = gpu_of(plan.prefill_pool);
@@ -84,19 +100,19 @@ ClusterSpec MakeCluster(const Plan& plan, const ModelSpec& model, const GpuSpec&
     const int nodes = plan.prefill_pool == 1 ? o.second_nodes : o.nodes;
     c.kv_link_bytes_per_s = o.affinity == "low" || nodes == 1 ? pg.intra_node_bw : pg.inter_node_bw;
   }
-  auto add = [&](InstanceRole role, const RoleConfig& r, int pool) {
+  auto add = [&](InstanceRole role, const RoleConfig& r, int pool, int prec) {
     for (int i = 0; i < r.count; ++i) {
-      InstanceSpec s = Instance(role, r.par, model, gpu_of(pool), o);
-      s.latency = lat_of(pool);
+      InstanceSpec s = Instance(role, r.par, ModelOf(o, model, prec), gpu_of(pool), o);
+      s.latency = LatencyOf(o, pool, prec);
       c.instances.push_back(s);
     }
   };
   if (plan.colocated) {
-    add(InstanceRole::kColocated, plan.prefill, plan.prefill_pool);
+    add(InstanceRole::kColocated, plan.prefill, plan.prefill_pool, plan.prefill_precision);
     return c;
   }
-  add(InstanceRole::kPrefill, plan.prefill, plan.prefill_pool);
-  add(InstanceRole::kDecode, plan.decode, plan.decode_pool);
+  add(InstanceRole::kPrefill, plan.prefill, plan.prefill_pool, plan.prefill_precision);
+  add(InstanceRole::kDecode, plan.decode, plan.decode_pool, plan.decode_precision);
   return c;
 }
 
@@ -105,19 +121,21 @@ std::string PlanToClusterJson(const Plan& plan, const ModelSpec& model, const Gp
   nlohmann::ordered_json j;
   j["model"] = model.name;
   j["kv_link_gbps"] = MakeCluster(plan, model, gpu, o).kv_link_bytes_per_s / 1e9;
-  auto pool = [&](const RoleConfig& r, int p) {
+  auto pool = [&](const RoleConfig& r, int p, const std::string& dtype) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (int i = 0; i < r.count; ++i) {
-      list.push_back({{"tp", r.par.tp}, {"pp", r.par.pp}, {"device", "cuda"}, {"gpu", gpu_of(p).id},
-                      {"max_batch_tokens", o.max_batch_tokens}});
+      nlohmann::ordered_json one = {{"tp", r.par.tp}, {"pp", r.par.pp}, {"device", "cuda"}, {"gpu", gpu_of(p).id},
+                                    {"max_batch_tokens", o.max_batch_tokens}};
+      if (!dtype.empty()) one["weight_dtype"] = dtype;
+      list.push_back(one);
     }
     return list;
   };
   if (plan.colocated) {
-    j["colocated"] = pool(plan.prefill, plan.prefill_pool);
+    j["colocated"] = pool(plan.prefill, plan.prefill_pool, plan.prefill_dtype);
   } else {
-    j["prefill"] = pool(plan.prefill, plan.prefill_pool);
-    j["decode"] = pool(plan.decode, plan.decode_pool);
+    j["prefill"] = pool(plan.prefill, plan.prefill_pool, plan.prefill_dtype);
+    j["decode"] = pool(plan.decode, plan.decode_pool, plan.decode_dtype);
   }
   return j.dump(2) + "\n";
 }
@@ -150,18 +168,45 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
     return absl::InvalidArgumentError("the second pool needs nodes and GPUs per node >= 1");
   }
   const std::vector<Pool> pools = Pools(gpu, latency, o);
+  // The precisions a role may take: those within the quality bound (-1
+  // alone: the model as given).
+  std::vector<int> precs;
+  for (size_t i = 0; i < o.precisions.size(); ++i) {
+    if (o.precisions[i].latency.size() < pools.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("precision ", o.precisions[i].dtype, " has no latency model for "
+                                                     "every pool"));
+    }
+    if (o.precisions[i].sensitivity <= o.max_sensitivity) precs.push_back(static_cast<int>(i));
+  }
+  if (o.precisions.empty()) precs = {-1};
+  if (precs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no precision is within the sensitivity bound ", o.max_sensitivity));
+  }
+  // The latency model of a shape in pool k.
+  auto lat = [&](size_t k, int prec) -> LatencyModel& {
+    LatencyModel* l = LatencyOf(o, static_cast<int>(k), prec);
+    return l != nullptr ? *l : *pools[k].latency;
+  };
+  auto dtype = [&](int prec) { return prec >= 0 ? o.precisions[static_cast<size_t>(prec)].dtype : std::string(); };
+  auto sensitivity = [&](int prec) { return prec >= 0 ? o.precisions[static_cast<size_t>(prec)].sensitivity : 0.0; };
   PlaceResult result;
-  // Per pool, the instance shapes the model fits on (room for one context).
-  std::vector<std::vector<Parallel>> shapes(pools.size());
+  // Per pool, the instance shapes the model fits on at each precision (room
+  // for one context).
+  std::vector<std::vector<Shape>> shapes(pools.size());
   for (size_t k = 0; k < pools.size(); ++k) {
     const Pool& pl = pools[k];
-    for (int tp = 1; tp <= pl.gpus_per_node; tp *= 2) {
-      for (int pp = 1; pp <= o.max_pp && tp * pp <= pl.total(); ++pp) {
-        const Parallel p{.tp = tp, .pp = pp};
-        if (o.affinity == "low" && 2 * tp * pp > pl.gpus_per_node && pp > 1) continue;
-        if (!pl.latency->Supports(p)) continue;
-        if (KvCapacity(model, *pl.gpu, p, o.memory_fraction) < static_cast<double>(model.max_context)) continue;
-        shapes[k].push_back(p);
+    for (int prec : precs) {
+      for (int tp = 1; tp <= pl.gpus_per_node; tp *= 2) {
+        for (int pp = 1; pp <= o.max_pp && tp * pp <= pl.total(); ++pp) {
+          const Parallel p{.tp = tp, .pp = pp};
+          if (o.affinity == "low" && 2 * tp * pp > pl.gpus_per_node && pp > 1) continue;
+          if (!lat(k, prec).Supports(p)) continue;
+          if (KvCapacity(ModelOf(o, model, prec), *pl.gpu, p, o.memory_fraction) <
+              static_cast<double>(model.max_context)) {
+            continue;
+          }
+          shapes[k].push_back({p, prec});
+        }
       }
     }
   }
@@ -181,25 +226,26 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
   };
   const double inf = 1e18;
   // Per pool and shape: one prefill instance against TTFT alone, one decode
-  // against TPOT alone (the second pool's instances carry their own model).
-  NoPrefill decode_only(latency);
+  // against TPOT alone (the second pool's instances, and each precision's,
+  // carry their own model).
   std::vector<std::vector<double>> gp(pools.size()), gd(pools.size());
   for (size_t k = 0; k < pools.size(); ++k) {
     gp[k].assign(shapes[k].size(), 0);
     gd[k].assign(shapes[k].size(), 0);
     if (o.exhaustive) continue;
-    NoPrefill own_decode(*pools[k].latency);
     for (size_t i = 0; i < shapes[k].size(); ++i) {
-      const int pk = static_cast<int>(k);
-      Plan pre{.prefill = {shapes[k][i], 1}, .decode = {shapes[k][i], 0}, .prefill_pool = pk, .decode_pool = pk};
-      gp[k][i] = goodput(pre, *pools[k].latency, {.ttft = o.slo.ttft, .tpot = inf}, 0.05, 0, true).rate;
+      const int pk = static_cast<int>(k), prec = shapes[k][i].prec;
+      const Parallel& par = shapes[k][i].par;
+      Plan pre{.prefill = {par, 1}, .decode = {par, 0}, .prefill_pool = pk, .decode_pool = pk,
+               .prefill_precision = prec, .decode_precision = prec};
+      gp[k][i] = goodput(pre, lat(k, prec), {.ttft = o.slo.ttft, .tpot = inf}, 0.05, 0, true).rate;
       // The decode-only model through the pool's latency: a cluster of one
       // instant prefill and this decode, timed by NoPrefill.
-      Plan dec{.prefill = {shapes[k][i], 1}, .decode = {shapes[k][i], 1}};
+      NoPrefill decode_only(lat(k, prec));
+      Plan dec{.prefill = {par, 1}, .decode = {par, 1}, .prefill_precision = prec, .decode_precision = prec};
       ClusterSpec c = MakeCluster(dec, model, *pools[k].gpu, o);
       for (InstanceSpec& s : c.instances) s.latency = nullptr;
-      Goodput g = FindGoodput(c, model, k == 0 ? decode_only : own_decode, sample,
-                              {.ttft = inf, .tpot = o.slo.tpot}, o.target, 0.05);
+      Goodput g = FindGoodput(c, model, decode_only, sample, {.ttft = inf, .tpot = o.slo.tpot}, o.target, 0.05);
       result.simulations += g.simulations;
       gd[k][i] = g.rate;
     }
@@ -210,16 +256,22 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
     for (size_t pb = 0; pb < pools.size(); ++pb) {
       for (size_t a = 0; a < shapes[pa].size(); ++a) {
         for (size_t b = 0; b < shapes[pb].size(); ++b) {
-          const int ga = shapes[pa][a].gpus(), gb = shapes[pb][b].gpus();
+          const int ga = shapes[pa][a].par.gpus(), gb = shapes[pb][b].par.gpus();
           const bool same = pa == pb;
           const int budget_a = pools[pa].total(), budget_b = pools[pb].total();
           for (int np = 1; np * ga + (same ? gb : 0) <= budget_a; ++np) {
             for (int nd = 1; same ? np * ga + nd * gb <= budget_a : nd * gb <= budget_b; ++nd) {
               if (o.affinity == "low" && same && ga + gb > pools[pa].gpus_per_node && np != nd) continue;
-              Plan p{.prefill = {shapes[pa][a], np},
-                     .decode = {shapes[pb][b], nd},
+              const int qa = shapes[pa][a].prec, qb = shapes[pb][b].prec;
+              Plan p{.prefill = {shapes[pa][a].par, np},
+                     .decode = {shapes[pb][b].par, nd},
                      .prefill_pool = static_cast<int>(pa),
-                     .decode_pool = static_cast<int>(pb)};
+                     .decode_pool = static_cast<int>(pb),
+                     .prefill_precision = qa,
+                     .decode_precision = qb,
+                     .prefill_dtype = dtype(qa),
+                     .decode_dtype = dtype(qb),
+                     .sensitivity = std::max(sensitivity(qa), sensitivity(qb))};
               p.gpus = np * ga + nd * gb;
               p.estimate = o.exhaustive ? 0 : std::min(np * gp[pa][a], nd * gd[pb][b]);
               plans.push_back(p);
@@ -241,8 +293,11 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
     plans[i].cluster = MakeCluster(plans[i], model, gpu, o);
     plans[i].goodput = goodput(plans[i], latency, o.slo, 0.02, plans[i].estimate);
   }
-  std::stable_sort(plans.begin(), plans.begin() + static_cast<long>(verify),
-                   [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });
+  // Equal goodput (a role that is not the bottleneck): the lower sensitivity.
+  std::stable_sort(plans.begin(), plans.begin() + static_cast<long>(verify), [](const Plan& x, const Plan& y) {
+    return x.goodput.per_gpu != y.goodput.per_gpu ? x.goodput.per_gpu > y.goodput.per_gpu
+                                                  : x.sensitivity < y.sensitivity;
+  });
   PreferPipelineFree(plans, verify);
   result.disaggregated = std::move(plans);
   // Colocated: per pool and shape, as many instances as the pool holds.
@@ -265,18 +320,23 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
     return g;
   };
   for (size_t k = 0; k < pools.size(); ++k) {
-    LatencyModel& lat = k == 0 && colocated_latency != nullptr ? *colocated_latency : *pools[k].latency;
-    for (const Parallel& s : shapes[k]) {
-      if (!lat.Supports(s)) continue;
+    for (const Shape& shape : shapes[k]) {
+      const Parallel& s = shape.par;
+      // A precision's own model times it; else --colocated-latency for the first pool.
+      LatencyModel& cl = k == 0 && colocated_latency != nullptr && shape.prec < 0 ? *colocated_latency
+                                                                                 : lat(k, shape.prec);
+      if (!cl.Supports(s)) continue;
       const int pk = static_cast<int>(k);
-      Plan p{.colocated = true, .prefill = {s, 1}, .prefill_pool = pk, .decode_pool = pk};
+      Plan p{.colocated = true, .prefill = {s, 1}, .prefill_pool = pk, .decode_pool = pk,
+             .prefill_precision = shape.prec, .prefill_dtype = dtype(shape.prec),
+             .sensitivity = sensitivity(shape.prec)};
       p.gpus = s.gpus();
-      const double one = timed(p, lat, 0.05, true).rate;
+      const double one = timed(p, cl, 0.05, true).rate;
       p.prefill.count = pools[k].total() / s.gpus();
       p.gpus = p.prefill.count * s.gpus();
       p.estimate = one * p.prefill.count;
       p.goodput = Goodput{.rate = p.estimate, .per_gpu = p.estimate / p.gpus};
-      coloc.push_back({p, &lat});
+      coloc.push_back({p, &cl});
     }
   }
   std::sort(coloc.begin(), coloc.end(), [](const Timed& x, const Timed& y) {
@@ -291,7 +351,10 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
   }
   const size_t verified = std::min(result.colocated.size(), kColocatedVerify);
   std::stable_sort(result.colocated.begin(), result.colocated.begin() + static_cast<long>(verified),
-                   [](const Plan& x, const Plan& y) { return x.goodput.per_gpu > y.goodput.per_gpu; });
+                   [](const Plan& x, const Plan& y) {
+                     return x.goodput.per_gpu != y.goodput.per_gpu ? x.goodput.per_gpu > y.goodput.per_gpu
+                                                                   : x.sensitivity < y.sensitivity;
+                   });
   PreferPipelineFree(result.colocated, verified);
   return result;
 }

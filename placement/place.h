@@ -35,6 +35,19 @@
 
 namespace duet::placement {
 
+// One weight precision the search may give a role's instances (LLM-PQ's
+// phase-aware precision): the model at that precision (ModelSpec's
+// weight_dtype: its bytes, hence its memory and decode reads) and, per pool,
+// the latency model that times it; `sensitivity` is its quality cost, as
+// `duet precision-plan` measures it (mean KL divergence of the logits from
+// the model as given).
+struct PrecisionChoice {
+  std::string dtype;  // "bf16", "q8", ...
+  double sensitivity = 0;
+  ModelSpec model;
+  std::vector<LatencyModel*> latency;  // per pool (the first, the second), not owned
+};
+
 struct PlaceOptions {
   int nodes = 1;
   int gpus_per_node = 8;
@@ -54,6 +67,13 @@ struct PlaceOptions {
   LatencyModel* second_latency = nullptr;
   int second_nodes = 0;
   int second_gpus_per_node = 0;
+  // Empty: every instance holds the model as given. Else each role's
+  // instances hold it in one of these (prefill and decode may differ),
+  // among those whose sensitivity is at most max_sensitivity; a plan's
+  // sensitivity is the larger of its two roles' (each output token comes
+  // from one of the two models).
+  std::vector<PrecisionChoice> precisions;
+  double max_sensitivity = 1e300;
 };
 
 struct RoleConfig {
@@ -65,6 +85,9 @@ struct Plan {
   bool colocated = false;
   RoleConfig prefill, decode;  // colocated: prefill holds the instances
   int prefill_pool = 0, decode_pool = 0;  // 0: the first GPU type, 1: the second
+  int prefill_precision = -1, decode_precision = -1;  // into PlaceOptions::precisions; -1: the model as given
+  std::string prefill_dtype, decode_dtype;            // their dtypes ("" for -1)
+  double sensitivity = 0;
   int gpus = 0;
   double estimate = 0;  // decomposed estimate, requests/s
   Goodput goodput;      // whole-cluster simulation (0 when not simulated)

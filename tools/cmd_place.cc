@@ -4,12 +4,16 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "placement/hardware.h"
@@ -33,7 +37,44 @@ absl::Status CheckPlaceFlags(const FlagSet& f) {
   RETURN_IF_ERROR(f.RefuseUnless(!f.GetBool("exhaustive"), {"verify"},
                                  "with --exhaustive (every candidate is simulated whole)"));
   RETURN_IF_ERROR(f.RefuseUnless(!f.GetBool("json"), {"top"}, "with --json (it prints the plan alone)"));
+  RETURN_IF_ERROR(f.RefuseUnless(!f.GetString("precision").empty(), {"precision-sensitivity", "max-sensitivity"},
+                                 "without --precision"));
+  RETURN_IF_ERROR(f.RefuseUnless(f.GetString("precision").empty(), {"colocated-latency"},
+                                 "with --precision (each precision's roofline times its colocated instances)"));
   return absl::OkStatus();
+}
+
+// --precision-sensitivity: "bf16=0,q8=0.004,q4=0.05", or a `duet
+// precision-plan` map file, whose measured sensitivities (each layer alone
+// in each dtype) sum to each uniform dtype's.
+absl::StatusOr<std::map<std::string, double>> ParseSensitivities(const std::string& arg) {
+  std::map<std::string, double> out;
+  if (arg.find('=') != std::string::npos) {
+    for (absl::string_view part : absl::StrSplit(arg, ',', absl::SkipWhitespace())) {
+      std::vector<std::string> kv = absl::StrSplit(part, '=');
+      double v = 0;
+      if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &v) || v < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--precision-sensitivity: DTYPE=VALUE,... with non-negative values; got \"", part, "\""));
+      }
+      out[kv[0]] = v;
+    }
+    return out;
+  }
+  std::ifstream in(arg);
+  if (!in) return absl::NotFoundError(absl::StrCat("--precision-sensitivity ", arg, ": cannot open"));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("plan") || !j["plan"].contains("sensitivity") ||
+      !j["plan"]["sensitivity"].is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision-sensitivity ", arg, ": not a duet precision-plan map (no plan.sensitivity)"));
+  }
+  for (const auto& [dtype, column] : j["plan"]["sensitivity"].items()) {
+    double sum = 0;
+    for (const auto& v : column) sum += v.get<double>();
+    out[dtype] = sum;
+  }
+  return out;
 }
 
 absl::Status Run(const FlagSet& f) {
@@ -63,15 +104,44 @@ absl::Status Run(const FlagSet& f) {
   o.max_batch_tokens = f.GetInt("max-batch-tokens");
   placement::GpuSpec gpu2;
   std::unique_ptr<placement::LatencyModel> latency2;
+  std::string spec2;
   if (!f.GetString("gpu2").empty()) {
     ASSIGN_OR_RETURN(gpu2, placement::LoadGpu(f.GetString("gpu2")));
-    const std::string spec2 =
-        f.GetString("latency2").empty() ? absl::StrCat("roofline:", gpu2.id) : f.GetString("latency2");
+    spec2 = f.GetString("latency2").empty() ? absl::StrCat("roofline:", gpu2.id) : f.GetString("latency2");
     ASSIGN_OR_RETURN(latency2, LoadLatencyWithOverhead(f, spec2, model, static_cast<uint64_t>(f.GetInt("seed")) ^ 0x2));
     o.second_gpu = &gpu2;
     o.second_latency = latency2.get();
     o.second_nodes = static_cast<int>(f.GetInt("nodes2"));
     o.second_gpus_per_node = static_cast<int>(f.GetInt("gpus-per-node2"));
+  }
+  // Precision: each candidate dtype's model, timed by each pool's latency
+  // model built for it.
+  std::vector<std::unique_ptr<placement::LatencyModel>> precision_latency;
+  if (!f.GetString("precision").empty()) {
+    const std::string list = f.GetString("precision") == "auto" ? "bf16,q8,q4" : f.GetString("precision");
+    if (f.GetString("precision-sensitivity").empty()) {
+      return absl::InvalidArgumentError(
+          "--precision needs --precision-sensitivity (DTYPE=VALUE,... or a duet precision-plan map file)");
+    }
+    ASSIGN_OR_RETURN(const auto sens, ParseSensitivities(f.GetString("precision-sensitivity")));
+    o.max_sensitivity = f.GetDouble("max-sensitivity");
+    for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+      placement::PrecisionChoice pc;
+      pc.dtype = std::string(name);
+      ASSIGN_OR_RETURN(pc.model, placement::AtWeightDType(model, pc.dtype));
+      auto it = sens.find(pc.dtype);
+      if (it == sens.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("--precision-sensitivity gives no value for ", pc.dtype));
+      }
+      pc.sensitivity = it->second;
+      const std::vector<std::string> specs = {spec, spec2};
+      for (size_t k = 0; k < (o.second_gpu != nullptr ? 2u : 1u); ++k) {
+        ASSIGN_OR_RETURN(auto l, LoadLatencyForWeights(f, specs[k], model, pc.model, LatencySeed(f) ^ (0x9 + k)));
+        pc.latency.push_back(l.get());
+        precision_latency.push_back(std::move(l));
+      }
+      o.precisions.push_back(std::move(pc));
+    }
   }
   std::fprintf(stderr, "[duet place] %s on %d x %d %s, %zu requests, searching...\n", model.name.c_str(), o.nodes,
                o.gpus_per_node, gpu.name.c_str(), w.requests.size());
@@ -92,6 +162,11 @@ absl::Status Run(const FlagSet& f) {
   if (f.GetBool("json")) {
     auto plan = [](const placement::Plan& p) {
       return nlohmann::json{{"plan", p.Describe()},
+                            {"prefill_pool", p.prefill_pool + 1},
+                            {"decode_pool", p.decode_pool + 1},
+                            {"prefill_dtype", p.prefill_dtype},
+                            {"decode_dtype", p.decode_dtype},
+                            {"sensitivity", p.sensitivity},
                             {"prefill_tp", p.prefill.par.tp},
                             {"prefill_pp", p.prefill.par.pp},
                             {"prefill_count", p.prefill.count},
@@ -119,8 +194,19 @@ absl::Status Run(const FlagSet& f) {
                 o.affinity.c_str(), latency->Describe().c_str(),
                 coloc_latency ? absl::StrCat(" (colocated: ", coloc_latency->Describe(), ")").c_str() : "", o.slo.ttft,
                 o.slo.tpot, o.target * 100, w.requests.size());
-    std::printf("plan:       %s on %d GPUs: %.4f requests/s, %.4f per GPU\n", best.Describe().c_str(), best.gpus,
-                best.goodput.rate, best.goodput.per_gpu);
+    if (!o.precisions.empty()) {
+      std::string line;
+      for (const placement::PrecisionChoice& pc : o.precisions) {
+        absl::StrAppendFormat(&line, "%s%s (sensitivity %.3g%s, weights %.1f GB)", line.empty() ? "" : ", ",
+                              pc.dtype, pc.sensitivity, pc.sensitivity > o.max_sensitivity ? ", over the bound" : "",
+                              pc.model.WeightBytes() / 1e9);
+      }
+      std::printf("precision:  %s; bound %g; a plan's sensitivity is its roles' larger\n", line.c_str(),
+                  o.max_sensitivity);
+    }
+    std::printf("plan:       %s on %d GPUs: %.4f requests/s, %.4f per GPU%s\n", best.Describe().c_str(), best.gpus,
+                best.goodput.rate, best.goodput.per_gpu,
+                o.precisions.empty() ? "" : absl::StrFormat(", sensitivity %.3g", best.sensitivity).c_str());
     std::printf("colocated:  %s on %d GPUs: %.4f requests/s, %.4f per GPU\n", coloc.Describe().c_str(), coloc.gpus,
                 coloc.goodput.rate, coloc.goodput.per_gpu);
     std::printf("ratio:      %.2fx per GPU, disaggregated over colocated\n\n", ratio);
@@ -175,6 +261,13 @@ int RunPlace(int argc, char** argv) {
   f.Int("max-batch-tokens", kDefaultMaxBatchTokens, "prefill token budget per batch");
   AddLatencyFlags(f);
   AddWorkloadFlags(f, /*default_requests=*/2000);
+  f.String("precision", "",
+           "search weight precision with the parallelism: auto (bf16,q8,q4) or a list of dtypes; prefill and decode "
+           "may differ (default: the model as given)");
+  f.String("precision-sensitivity", "",
+           "each dtype's quality cost: DTYPE=VALUE,... or a duet precision-plan map file (each uniform dtype: the "
+           "sum of its layers' measured sensitivities)");
+  f.Double("max-sensitivity", 1e300, "with --precision: the largest sensitivity a plan's roles may have");
   f.Int("top", 5, "runners-up to print");
   f.String("emit", "", "write the plan as a cluster file here");
   f.Bool("json", "print one JSON object");

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -62,6 +63,10 @@ void AddSimFlags(FlagSet& f) {
   f.Int("max-batch-tokens", kDefaultMaxBatchTokens,
         "prefill token budget per batch (also for --cluster instances without their own)");
   f.Int("max-prefill-batch", 0, "requests per prefill batch (0: as the budget allows)");
+  f.String("weight-dtype", "",
+           "the instances' linear weights' dtype (bf16, f16, q8, q4, q4z: their bytes in memory and in each step's "
+           "reads, a roofline latency built for them; also for --cluster instances without their own "
+           "weight_dtype); empty: the model as given");
   f.Int("max-batch-size", 256, "requests per decode step");
   f.Int("cache-blocks", 0,
         "a prefix cache (the workers' knowledge tree) of this many device KV blocks in each prefill instance, for "
@@ -82,17 +87,25 @@ void AddSimFlags(FlagSet& f) {
   f.Bool("json", "print one JSON object per cluster and rate instead of the table");
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const FlagSet& f, const ModelSpec& model) {
+// The latency models of instances on another GPU type or at another weight
+// dtype, by latency spec and dtype.
+using DTypeLatencies = std::map<std::string, std::unique_ptr<placement::LatencyModel>>;
+
+absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const FlagSet& f, const ModelSpec& model,
+                                                                        const std::string& latency_spec,
+                                                                        DTypeLatencies& by_dtype) {
   std::vector<std::pair<std::string, ClusterSpec>> out;
-  auto capacity = [&](const std::string& gpu_id, const placement::Parallel& par) -> absl::StatusOr<double> {
+  auto capacity = [&](const std::string& gpu_id, const placement::Parallel& par,
+                      const ModelSpec& m) -> absl::StatusOr<double> {
     if (f.GetDouble("kv-capacity-tokens") > 0) return f.GetDouble("kv-capacity-tokens");
     ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(gpu_id));
-    const double free = 0.9 * g.memory_bytes * par.gpus() - static_cast<double>(model.WeightBytes());
+    const double free = 0.9 * g.memory_bytes * par.gpus() - static_cast<double>(m.WeightBytes());
     if (free <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(model.name, " does not fit on ", par.gpus(), " x ", g.name,
-                                                     " (weights ", model.WeightBytes() / 1e9, " GB)"));
+      return absl::InvalidArgumentError(absl::StrCat(m.name, m.weight_dtype.empty() ? "" : " in ", m.weight_dtype,
+                                                     " does not fit on ", par.gpus(), " x ", g.name, " (weights ",
+                                                     m.WeightBytes() / 1e9, " GB)"));
     }
-    return free / static_cast<double>(model.KvBytesPerToken());
+    return free / static_cast<double>(m.KvBytesPerToken());
   };
   auto link = [&](const std::string& gpu_id, double cluster_gbps) -> absl::StatusOr<double> {
     if (f.GetDouble("link-gbps") > 0) return f.GetDouble("link-gbps") * 1e9;
@@ -108,12 +121,28 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
     c.chunked_prefill = f.GetBool("chunked-prefill");
     c.chunk_tokens = f.GetInt("chunk-tokens");
   };
-  auto instance = [&](InstanceRole role, int tp, int pp, const std::string& gpu,
-                      int64_t max_batch_tokens) -> absl::StatusOr<InstanceSpec> {
+  auto instance = [&](InstanceRole role, int tp, int pp, const std::string& gpu, int64_t max_batch_tokens,
+                      const std::string& dtype) -> absl::StatusOr<InstanceSpec> {
     InstanceSpec s;
     s.role = role;
     s.par = {.tp = tp, .pp = pp};
-    ASSIGN_OR_RETURN(s.kv_capacity_tokens, capacity(gpu, s.par));
+    ModelSpec m = model;
+    if (!dtype.empty()) {
+      ASSIGN_OR_RETURN(m, placement::AtWeightDType(model, dtype));
+    }
+    // An instance on another GPU type than --gpu is timed by its own
+    // roofline (unless --latency names the model), one of another weight
+    // dtype by the latency model built for that dtype.
+    const bool own_gpu = f.GetString("latency").empty() && gpu != f.GetString("gpu");
+    if (own_gpu || !dtype.empty()) {
+      const std::string spec = own_gpu ? absl::StrCat("roofline:", gpu) : latency_spec;
+      std::unique_ptr<placement::LatencyModel>& l = by_dtype[absl::StrCat(spec, " ", dtype)];
+      if (l == nullptr) {
+        ASSIGN_OR_RETURN(l, LoadLatencyForWeights(f, spec, model, m, LatencySeed(f)));
+      }
+      s.latency = l.get();
+    }
+    ASSIGN_OR_RETURN(s.kv_capacity_tokens, capacity(gpu, s.par, m));
     s.max_batch_tokens = max_batch_tokens;
     s.max_prefill_batch = f.GetInt("max-prefill-batch");
     s.max_batch_size = f.GetInt("max-batch-size");
@@ -134,7 +163,9 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
         // An instance without its own budget takes --max-batch-tokens.
         ASSIGN_OR_RETURN(InstanceSpec s, instance(role, ic.tp, ic.pp, g,
                                                   ic.max_batch_tokens > 0 ? ic.max_batch_tokens
-                                                                          : f.GetInt("max-batch-tokens")));
+                                                                          : f.GetInt("max-batch-tokens"),
+                                                  ic.weight_dtype.empty() ? f.GetString("weight-dtype")
+                                                                          : ic.weight_dtype));
         c.instances.push_back(s);
       }
       ASSIGN_OR_RETURN(c.kv_link_bytes_per_s, link(gpu, cfg.kv_link_gbps));
@@ -150,7 +181,7 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
   std::string name;
   if (f.GetInt("colocated") > 0) {
     for (int64_t i = 0; i < f.GetInt("colocated"); ++i) {
-      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kColocated, tp, pp, gpu, f.GetInt("max-batch-tokens")));
+      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kColocated, tp, pp, gpu, f.GetInt("max-batch-tokens"), f.GetString("weight-dtype")));
       c.instances.push_back(s);
     }
     name = absl::StrCat(f.GetInt("colocated"), " colocated (tp ", tp, ", pp ", pp, ")");
@@ -159,11 +190,11 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
       return absl::InvalidArgumentError("need --prefill >= 1 and --decode >= 0 (or --colocated)");
     }
     for (int64_t i = 0; i < f.GetInt("prefill"); ++i) {
-      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kPrefill, tp, pp, gpu, f.GetInt("max-batch-tokens")));
+      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kPrefill, tp, pp, gpu, f.GetInt("max-batch-tokens"), f.GetString("weight-dtype")));
       c.instances.push_back(s);
     }
     for (int64_t i = 0; i < f.GetInt("decode"); ++i) {
-      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kDecode, tp, pp, gpu, f.GetInt("max-batch-tokens")));
+      ASSIGN_OR_RETURN(InstanceSpec s, instance(InstanceRole::kDecode, tp, pp, gpu, f.GetInt("max-batch-tokens"), f.GetString("weight-dtype")));
       c.instances.push_back(s);
     }
     name = absl::StrCat(f.GetInt("prefill"), " prefill + ", f.GetInt("decode"), " decode (tp ", tp, ", pp ", pp, ")");
@@ -274,7 +305,8 @@ absl::Status Run(const FlagSet& f) {
   const placement::WorkloadOptions wo = WorkloadFromFlags(f, model);
   ASSIGN_OR_RETURN(placement::Workload w, placement::MakeWorkload(wo));
   if (w.requests.empty()) return absl::InvalidArgumentError("the workload has no requests (all dropped as overlong?)");
-  ASSIGN_OR_RETURN(auto clusters, Clusters(f, model));
+  DTypeLatencies by_dtype;
+  ASSIGN_OR_RETURN(auto clusters, Clusters(f, model, latency_spec, by_dtype));
   ASSIGN_OR_RETURN(const placement::PrefixCacheSpec cache, CacheFromFlags(f));
   for (auto& [name, c] : clusters) c.cache = cache;
   for (const auto& [name, c] : clusters) {

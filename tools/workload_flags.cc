@@ -99,6 +99,22 @@ absl::StatusOr<std::unique_ptr<placement::LatencyModel>> LoadLatencyWithOverhead
   return placement::NewOverheadLatency(std::move(base), fixed_ms / 1e3, per_token_ms / 1e3);
 }
 
+absl::StatusOr<std::unique_ptr<placement::LatencyModel>> LoadLatencyForWeights(const FlagSet& f,
+                                                                               const std::string& spec,
+                                                                               const placement::ModelSpec& as_given,
+                                                                               const placement::ModelSpec& model,
+                                                                               uint64_t seed) {
+  ASSIGN_OR_RETURN(auto l, LoadLatencyWithOverhead(f, spec, model, seed));
+  if (model.WeightBytes() == as_given.WeightBytes()) return l;
+  ASSIGN_OR_RETURN(auto base, LoadLatencyWithOverhead(f, spec, as_given, seed));
+  const std::vector<int64_t> one = {512};
+  if (l->Decode({}, one) == base->Decode({}, one)) {
+    return absl::InvalidArgumentError(absl::StrCat("the latency model ", l->Describe(), " times ", model.weight_dtype,
+                                                   " weights as it times the model as given; use a roofline"));
+  }
+  return l;
+}
+
 uint64_t LatencySeed(const FlagSet& f) { return static_cast<uint64_t>(f.GetInt("seed")) ^ 0x9e3779b97f4a7c15ull; }
 
 }  // namespace duet::tools

@@ -42,6 +42,16 @@ absl::StatusOr<std::unique_ptr<placement::LatencyModel>> LoadLatencyWithOverhead
                                                                                  const placement::ModelSpec& model,
                                                                                  uint64_t seed);
 
+// The same for `model` at its weight dtype (placement::AtWeightDType):
+// InvalidArgument when the latency model `spec` names times it exactly as it
+// times `as_given` although their weights differ in bytes (a fitted profile,
+// which knows one precision), as precision could not be ranked by it.
+absl::StatusOr<std::unique_ptr<placement::LatencyModel>> LoadLatencyForWeights(const FlagSet& f,
+                                                                               const std::string& spec,
+                                                                               const placement::ModelSpec& as_given,
+                                                                               const placement::ModelSpec& model,
+                                                                               uint64_t seed);
+
 // The latency model's random stream: derived from --seed but apart from the
 // workload's, so service times never echo the arrival gaps.
 uint64_t LatencySeed(const FlagSet& f);
