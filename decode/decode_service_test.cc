@@ -215,9 +215,13 @@ TEST_CASE("decode: greedy and seeded outputs equal Generate; every block comes b
 }
 
 TEST_CASE("decode: a pool too small preempts and recomputes, outputs unchanged", "[decode]") {
+  // Each request ends at 8 blocks of the 12 (40 tokens, 4 blocks, left it
+  // to scheduling: one could finish before the last was offered). Offered
+  // together, the four cannot run one after another, and two that run at
+  // once outgrow the pool.
   Cluster c(12, 256, /*token_budget=*/24);
   for (uint64_t id = 1; id <= 4; ++id) {
-    c.Offer(id, TestSpec(TestPrompt(18 + static_cast<int>(id), static_cast<int>(id)), 40, id % 2 == 1, id, 1));
+    c.Offer(id, TestSpec(TestPrompt(18 + static_cast<int>(id), static_cast<int>(id)), 100, id % 2 == 1, id, 1));
   }
   REQUIRE(c.WaitFinishes(4));
   auto out = CollectRouterFrames(c.sink.router());
