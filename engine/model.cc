@@ -333,6 +333,7 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   q_.resize(T * qd);
   k_.resize(T * kvd);
   v_.resize(T * kvd);
+  qkv_.resize(T * (qd + 2 * kvd));
   attn_.resize(T * qd);
   gu_.resize(T * 2 * I);
   act_.resize(T * I);
@@ -370,9 +371,15 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
     be.RmsNorm(x_.data(), L.input_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
     const float* bq = L.bqkv.empty() ? nullptr : L.bqkv.data();
     const kernels::WeightMatrix wqkv = L.wqkv.view();
-    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv.Rows(0, qd), bq, q_.data(), T, false));
-    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv.Rows(qd, kvd), bq ? bq + qd : nullptr, k_.data(), T, false));
-    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv.Rows(qd + kvd, kvd), bq ? bq + qd + kvd : nullptr, v_.data(), T, false));
+    // One GEMM for q, k and v (one pass of the threads, not three), its
+    // rows then split into the three buffers the ops below read.
+    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv, bq, qkv_.data(), T, false));
+    for (int64_t r = 0; r < T; ++r) {
+      const float* row = qkv_.data() + r * (qd + 2 * kvd);
+      std::memcpy(q_.data() + r * qd, row, qd * sizeof(float));
+      std::memcpy(k_.data() + r * kvd, row + qd, kvd * sizeof(float));
+      std::memcpy(v_.data() + r * kvd, row + qd + kvd, kvd * sizeof(float));
+    }
     be.Rope(q_.data(), positions.data(), inv_freq_.data(), T, nq, hd);
     be.Rope(k_.data(), positions.data(), inv_freq_.data(), T, nkv, hd);
     for (int64_t r = 0; r < T; ++r) {

@@ -127,7 +127,7 @@ class Model {
   std::vector<float> inv_freq_;
 
   // Scratch, reused across steps.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gu_, act_;
+  std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, gu_, act_;
 };
 
 }  // namespace duet::engine

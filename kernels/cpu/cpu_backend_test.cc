@@ -1,16 +1,19 @@
 // Every op of the CPU backend against the scalar reference, by normalized
-// error max|fast - ref| / max|ref|. Run twice by Bazel: with AVX2 (where the
-// CPU has it) and with DUET_NO_AVX2=1 for the scalar paths.
+// error max|fast - ref| / max|ref|. Run twice by Bazel: with AVX-512 or AVX2
+// (where the CPU has them; one case checks the two agree bit for bit) and
+// with DUET_NO_AVX2=1 for the scalar paths.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/rope.h"
 
 namespace duet::kernels {
@@ -344,6 +347,41 @@ TEST_CASE("EmbeddingLookup on every dtype gives the dequantized rows exactly", "
     std::vector<float> got(ids.size() * dim);
     REQUIRE(be->EmbeddingLookup(hw.view(), ids.data(), got.data(), static_cast<int64_t>(ids.size())).ok());
     for (size_t r = 0; r < ids.size(); ++r) CHECK(SameBits(got.data() + r * dim, dense.data() + ids[r] * dim, dim));
+  }
+}
+
+// The AVX-512 paths keep the AVX2 paths' lanes and order: the same bits on
+// every dtype and row count, so machines with and without AVX-512 serve the
+// same tokens. (Where the CPU lacks AVX-512 both runs take the AVX2 path.)
+TEST_CASE("AVX-512 and AVX2 give the same bits on every dtype, row count and dot", "[kernels]") {
+  if (!simd::UseAvx512()) WARN("this CPU has no AVX-512: both runs take the AVX2 paths");
+  auto be = NewCpuBackend(2);
+  auto run = [&](bool avx512, const std::function<void()>& fn) {
+    simd::SetAvx512ForTesting(avx512);
+    fn();
+    simd::SetAvx512ForTesting(true);
+  };
+  for (DType dtype : kAllDTypes) {
+    for (auto [n, k] : std::vector<std::pair<int, int>>{{70, 37}, {129, 100}, {64, 250}, {16, 512}, {9, 7}}) {
+      const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 41);
+      const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
+      for (int m : {1, 2, 3, 4, 5, 9}) {
+        const std::vector<float> a = Random(static_cast<size_t>(m) * k, 42);
+        std::vector<float> wide(static_cast<size_t>(m) * n), narrow(wide.size());
+        run(true, [&] { REQUIRE(be->Gemm(a.data(), hw.view(), nullptr, wide.data(), m, false).ok()); });
+        run(false, [&] { REQUIRE(be->Gemm(a.data(), hw.view(), nullptr, narrow.data(), m, false).ok()); });
+        INFO(DTypeName(dtype) << " n=" << n << " k=" << k << " m=" << m);
+        CHECK(SameBits(wide.data(), narrow.data(), wide.size()));
+      }
+    }
+  }
+  for (int n : {1, 7, 16, 37, 64, 100, 250}) {
+    const std::vector<float> x = Random(n, 43), y = Random(n, 44);
+    float wide = 0, narrow = 0;
+    run(true, [&] { wide = simd::Dot(x.data(), y.data(), n); });
+    run(false, [&] { narrow = simd::Dot(x.data(), y.data(), n); });
+    INFO("dot n=" << n);
+    CHECK(SameBits(&wide, &narrow, 1));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,19 @@ bool DetectAvx2() {
 }
 
 #define DUET_AVX2 __attribute__((target("avx2,fma,f16c")))
+// AVX-512 (F, BW, DQ, VL): the same dots on 16 lanes, lanes 0-7 the AVX2
+// code's first accumulator and 8-15 its second, so every output is the
+// same bits on either path (and the AVX2 path still runs where AVX-512 is
+// missing, or with DUET_NO_AVX512=1).
+#define DUET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+
+bool DetectAvx512() {
+  const char* off = std::getenv("DUET_NO_AVX512");
+  if (off != nullptr && std::strcmp(off, "1") == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
 
 DUET_AVX2 inline float HSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
@@ -145,13 +159,30 @@ DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n,
 // One weight row of each non-F32 dtype, read eight floats at a time (from
 // an offset that is a multiple of 8, with 8 more inside k) or one, each the
 // value kernels/dtype.h defines (one rounding, as DequantizeRow gives it).
+// Load16(i, w0, w1), for i a multiple of 16 with 16 more inside the row's
+// stored length, gives the same values as Load8(i) and Load8(i + 8) with
+// fewer instructions (a quantized block unpacked once per half); Load512(i)
+// gives them in one 16-lane vector.
 struct Bf16Row {
   const uint16_t* p;
   DUET_AVX2 __m256 Load8(int64_t i) const {
     const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
   }
+  DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
+    w0 = Load8(i);
+    w1 = Load8(i + 8);
+  }
+  DUET_AVX512 __m512 Load512(int64_t i) const {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  }
+  DUET_AVX512 void Load32(int64_t i, __m512& w0, __m512& w1) const {
+    w0 = Load512(i);
+    w1 = Load512(i + 16);
+  }
   float At(int64_t i) const { return Bf16ToFloat(p[i]); }
+  const char* Addr(int64_t i) const { return reinterpret_cast<const char*>(p + i); }
 };
 
 struct F16Row {
@@ -159,7 +190,19 @@ struct F16Row {
   DUET_AVX2 __m256 Load8(int64_t i) const {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
   }
+  DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
+    w0 = Load8(i);
+    w1 = Load8(i + 8);
+  }
+  DUET_AVX512 __m512 Load512(int64_t i) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+  }
+  DUET_AVX512 void Load32(int64_t i, __m512& w0, __m512& w1) const {
+    w0 = Load512(i);
+    w1 = Load512(i + 16);
+  }
   float At(int64_t i) const { return HalfToFloat(p[i]); }
+  const char* Addr(int64_t i) const { return reinterpret_cast<const char*>(p + i); }
 };
 
 // A block's index from an element's (non-negative) offset.
@@ -172,7 +215,24 @@ struct Q8Row {
     const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))));
     return _mm256_mul_ps(v, _mm256_broadcast_ss(scales + BlockOf(i)));
   }
+  DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i));
+    const __m256 scale = _mm256_broadcast_ss(scales + BlockOf(i));
+    w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), scale);
+    w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), scale);
+  }
+  DUET_AVX512 __m512 Load512(int64_t i) const {
+    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(scales[BlockOf(i)]));
+  }
+  DUET_AVX512 void Load32(int64_t i, __m512& w0, __m512& w1) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+    const __m512 scale = _mm512_set1_ps(scales[BlockOf(i)]);
+    w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), scale);
+    w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), scale);
+  }
   float At(int64_t i) const { return static_cast<float>(q[i]) * scales[BlockOf(i)]; }
+  const char* Addr(int64_t i) const { return reinterpret_cast<const char*>(q + i); }
 };
 
 // kQ4 (zeros null: 8) and kQ4Z.
@@ -189,10 +249,39 @@ struct Q4Row {
     v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)), _mm256_set1_epi32(Zero(b)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_broadcast_ss(scales + b));
   }
+  // Elements 0-15 of a block are its bytes' low nibbles, 16-31 their high
+  // ones; q - zero lies in [-16, 15], exact in int8.
+  DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
+    const int64_t b = BlockOf(i);
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
+    if (i % kQuantBlock != 0) v = _mm_srli_epi16(v, 4);
+    v = _mm_sub_epi8(_mm_and_si128(v, _mm_set1_epi8(0x0f)), _mm_set1_epi8(static_cast<char>(Zero(b))));
+    const __m256 scale = _mm256_broadcast_ss(scales + b);
+    w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), scale);
+    w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), scale);
+  }
+  DUET_AVX512 __m512 Load512(int64_t i) const {
+    const int64_t b = BlockOf(i);
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
+    if (i % kQuantBlock != 0) v = _mm_srli_epi16(v, 4);
+    v = _mm_sub_epi8(_mm_and_si128(v, _mm_set1_epi8(0x0f)), _mm_set1_epi8(static_cast<char>(Zero(b))));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(scales[b]));
+  }
+  DUET_AVX512 void Load32(int64_t i, __m512& w0, __m512& w1) const {
+    const int64_t b = BlockOf(i);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
+    const __m128i m = _mm_set1_epi8(0x0f), z = _mm_set1_epi8(static_cast<char>(Zero(b)));
+    const __m512 scale = _mm512_set1_ps(scales[b]);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), z);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), z);
+    w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), scale);
+    w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), scale);
+  }
   float At(int64_t i) const {
     const int64_t b = BlockOf(i);
     return static_cast<float>(Nibble(q + b * kQuantBlock / 2, i % kQuantBlock) - Zero(b)) * scales[b];
   }
+  const char* Addr(int64_t i) const { return reinterpret_cast<const char*>(q + i / 2); }
 };
 
 // Row j of `w` as its dtype's loader.
@@ -221,8 +310,54 @@ Q4Row RowOf(const WeightMatrix& w, int64_t j) {
 template <class Row>
 DUET_AVX2 void WidenAvx2(const Row& row, int64_t k, float* o) {
   int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m256 w0, w1;
+    row.Load16(i, w0, w1);
+    _mm256_storeu_ps(o + i, w0);
+    _mm256_storeu_ps(o + i + 8, w1);
+  }
   for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
   for (; i < k; ++i) o[i] = row.At(i);
+}
+
+// One row of a against C rows of a non-F32 `w`, the weights converted in
+// registers as the loop reaches them: each output the same bits as
+// DotTileAvx2 over WidenAvx2's floats (the same values, the same lanes and
+// order; the tail widened into a buffer for FinishDot). A decode step's
+// GEMV, where nothing would reuse a converted block.
+template <int C, class Row>
+DUET_AVX2 inline void DotTileRowsAvx2(const float* a, const Row* rows, int64_t k, float* c, bool accumulate) {
+  __m256 s0[C], s1[C];
+  for (int j = 0; j < C; ++j) s0[j] = s1[j] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+    for (int j = 0; j < C; ++j) {
+      __m256 w0, w1;
+      rows[j].Load16(i, w0, w1);
+      s0[j] = _mm256_fmadd_ps(a0, w0, s0[j]);
+      s1[j] = _mm256_fmadd_ps(a1, w1, s1[j]);
+    }
+  }
+  for (int j = 0; j < C; ++j) {
+    float tail[16] = {};
+    for (int64_t t = i; t < k; ++t) tail[t - i] = rows[j].At(t);
+    const float d = FinishDot(s0[j], s1[j], a + i, tail, 0, k - i);
+    c[j] = accumulate ? c[j] + d : d;
+  }
+}
+
+template <class Row>
+DUET_AVX2 void DotRowAvx2(const float* a, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, bool accumulate) {
+  int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    const Row rows[4] = {RowOf<Row>(w, j), RowOf<Row>(w, j + 1), RowOf<Row>(w, j + 2), RowOf<Row>(w, j + 3)};
+    DotTileRowsAvx2<4>(a, rows, w.k, c + (j - j0), accumulate);
+  }
+  for (; j < j1; ++j) {
+    const Row row = RowOf<Row>(w, j);
+    DotTileRowsAvx2<1>(a, &row, w.k, c + (j - j0), accumulate);
+  }
 }
 
 // Columns [j0, j1) of a non-F32 `w`: a block of its rows at a time is
@@ -234,6 +369,7 @@ DUET_AVX2 void WidenAvx2(const Row& row, int64_t k, float* o) {
 template <class Row>
 DUET_AVX2 void DotRowsConvertedAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1,
                                     float* c, int64_t ldc, bool accumulate) {
+  if (m == 1) return DotRowAvx2<Row>(a, w, j0, j1, c, accumulate);
   const int64_t k = w.k, n = j1 - j0;
   const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
   thread_local std::vector<float> floats;
@@ -255,6 +391,144 @@ DUET_AVX2 void DotRowsWAvx2(const float* a, int64_t m, const WeightMatrix& w, in
     case DType::kQ8: return DotRowsConvertedAvx2<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
     case DType::kQ4:
     case DType::kQ4Z: return DotRowsConvertedAvx2<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
+  }
+}
+
+// The AVX-512 twins of the F32 tiles, the one-row GEMV and the converted
+// rows above: an accumulator's lanes 0-7 are the AVX2 code's s0 and 8-15
+// its s1, split for the shared FinishDot, so each output is the same bits.
+DUET_AVX512 inline float Finish512(__m512 s, const float* a, const float* b, int64_t i, int64_t n) {
+  const __m256 s0 = _mm512_castps512_ps256(s);
+  const __m256 s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+  return FinishDot(s0, s1, a, b, i, n);
+}
+
+DUET_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
+  __m512 s = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+  return Finish512(s, a, b, i, n);
+}
+
+template <int R, int C>
+DUET_AVX512 inline void DotTileAvx512(const float* a, const float* w, int64_t k, float* c, int64_t ldc,
+                                      bool accumulate) {
+  __m512 s[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) s[r][j] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m512 wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = _mm512_loadu_ps(w + j * k + i);
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_loadu_ps(a + r * k + i);
+      for (int j = 0; j < C; ++j) s[r][j] = _mm512_fmadd_ps(av, wv[j], s[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      const float d = Finish512(s[r][j], a + r * k, w + j * k, i, k);
+      float& out = c[r * ldc + j];
+      out = accumulate ? out + d : d;
+    }
+  }
+}
+
+template <int R>
+DUET_AVX512 inline void DotTileColsAvx512(const float* a, const float* w, int64_t cols, int64_t k, float* c,
+                                          int64_t ldc, bool accumulate) {
+  int64_t j = 0;
+  for (; j + 4 <= cols; j += 4) DotTileAvx512<R, 4>(a, w + j * k, k, c + j, ldc, accumulate);
+  for (; j < cols; ++j) DotTileAvx512<R, 1>(a, w + j * k, k, c + j, ldc, accumulate);
+}
+
+DUET_AVX512 void DotRowsAvx512(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c,
+                               int64_t ldc, bool accumulate) {
+  const int64_t block = std::max<int64_t>(4, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 4 * 4);
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t cols = std::min(block, n - j0);
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) DotTileColsAvx512<4>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+    const float* ai = a + i * k;
+    float* ci = c + i * ldc + j0;
+    if (m - i == 3) DotTileColsAvx512<3>(ai, w + j0 * k, cols, k, ci, ldc, accumulate);
+    if (m - i == 2) DotTileColsAvx512<2>(ai, w + j0 * k, cols, k, ci, ldc, accumulate);
+    if (m - i == 1) DotTileColsAvx512<1>(ai, w + j0 * k, cols, k, ci, ldc, accumulate);
+  }
+}
+
+template <class Row>
+DUET_AVX512 void WidenAvx512(const Row& row, int64_t k, float* o) {
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) _mm512_storeu_ps(o + i, row.Load512(i));
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, row.Load8(i));
+  for (; i < k; ++i) o[i] = row.At(i);
+}
+
+template <int C, class Row>
+DUET_AVX512 inline void DotTileRowsAvx512(const float* a, const Row* rows, int64_t k, float* c, bool accumulate, int64_t ahead) {
+  __m512 s[C];
+  for (int j = 0; j < C; ++j) s[j] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m512 a0 = _mm512_loadu_ps(a + i), a1 = _mm512_loadu_ps(a + i + 16);
+    for (int j = 0; j < C; ++j) {
+      _mm_prefetch(rows[j].Addr(i) + ahead, _MM_HINT_T0);
+      __m512 w0, w1;
+      rows[j].Load32(i, w0, w1);
+      s[j] = _mm512_fmadd_ps(a0, w0, s[j]);
+      s[j] = _mm512_fmadd_ps(a1, w1, s[j]);
+    }
+  }
+  for (; i + 16 <= k; i += 16) {
+    const __m512 av = _mm512_loadu_ps(a + i);
+    for (int j = 0; j < C; ++j) s[j] = _mm512_fmadd_ps(av, rows[j].Load512(i), s[j]);
+  }
+  for (int j = 0; j < C; ++j) {
+    float tail[16] = {};
+    for (int64_t t = i; t < k; ++t) tail[t - i] = rows[j].At(t);
+    const float d = Finish512(s[j], a + i, tail, 0, k - i);
+    c[j] = accumulate ? c[j] + d : d;
+  }
+}
+
+template <class Row>
+DUET_AVX512 void DotRowsConvertedAvx512(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1,
+                                        float* c, int64_t ldc, bool accumulate) {
+  const int64_t k = w.k, n = j1 - j0;
+  if (m == 1) {
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+      const Row rows[4] = {RowOf<Row>(w, j), RowOf<Row>(w, j + 1), RowOf<Row>(w, j + 2), RowOf<Row>(w, j + 3)};
+      DotTileRowsAvx512<4>(a, rows, k, c + (j - j0), accumulate, 4 * w.RowBytes());
+    }
+    for (; j < j1; ++j) {
+      const Row row = RowOf<Row>(w, j);
+      DotTileRowsAvx512<1>(a, &row, k, c + (j - j0), accumulate, w.RowBytes());
+    }
+    return;
+  }
+  const int64_t block = std::max<int64_t>(4, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 4 * 4);
+  thread_local std::vector<float> floats;
+  floats.resize(static_cast<size_t>(std::min(block, n) * k));
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t cols = std::min(block, n - b0);
+    for (int64_t r = 0; r < cols; ++r) WidenAvx512(RowOf<Row>(w, j0 + b0 + r), k, floats.data() + r * k);
+    DotRowsAvx512(a, m, floats.data(), cols, k, c + b0, ldc, accumulate);
+  }
+}
+
+DUET_AVX512 void DotRowsWAvx512(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
+                                int64_t ldc, bool accumulate) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return DotRowsAvx512(a, m, static_cast<const float*>(w.values) + j0 * w.k, j1 - j0, w.k, c, ldc, accumulate);
+    case DType::kBF16: return DotRowsConvertedAvx512<Bf16Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    case DType::kF16: return DotRowsConvertedAvx512<F16Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    case DType::kQ8: return DotRowsConvertedAvx512<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    case DType::kQ4:
+    case DType::kQ4Z: return DotRowsConvertedAvx512<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
   }
 }
 
@@ -350,7 +624,19 @@ bool UseAvx2() {
   return use;
 }
 
+namespace {
+std::atomic<bool>& Avx512() {
+  static std::atomic<bool> use{UseAvx2() && DetectAvx512()};
+  return use;
+}
+}  // namespace
+
+bool UseAvx512() { return Avx512().load(std::memory_order_relaxed); }
+
+void SetAvx512ForTesting(bool on) { Avx512().store(on && UseAvx2() && DetectAvx512()); }
+
 float Dot(const float* a, const float* b, int64_t n) {
+  if (UseAvx512()) return DotAvx512(a, b, n);
   if (UseAvx2()) return DotAvx2(a, b, n);
   float s = 0;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
@@ -359,6 +645,7 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
              bool accumulate) {
+  if (UseAvx512()) return DotRowsAvx512(a, m, w, n, k, c, ldc, accumulate);
   if (UseAvx2()) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
@@ -373,10 +660,12 @@ void Widen(const void* src, DType dtype, int64_t n, float* out) {
   const auto* h = static_cast<const uint16_t*>(src);
   switch (dtype) {
     case DType::kBF16:
+      if (UseAvx512()) return WidenAvx512(Bf16Row{h}, n, out);
       if (UseAvx2()) return WidenAvx2(Bf16Row{h}, n, out);
       for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(h[i]);
       return;
     case DType::kF16:
+      if (UseAvx512()) return WidenAvx512(F16Row{h}, n, out);
       if (UseAvx2()) return WidenAvx2(F16Row{h}, n, out);
       for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(h[i]);
       return;
@@ -387,6 +676,7 @@ void Widen(const void* src, DType dtype, int64_t n, float* out) {
 
 void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
               bool accumulate) {
+  if (UseAvx512()) return DotRowsWAvx512(a, m, w, j0, j1, c, ldc, accumulate);
   if (UseAvx2()) return DotRowsWAvx2(a, m, w, j0, j1, c, ldc, accumulate);
   std::vector<float> row(w.k);
   for (int64_t j = j0; j < j1; ++j) {

@@ -18,6 +18,13 @@ namespace duet::kernels::simd {
 // True when the CPU has AVX2, FMA and F16C (checked once). DUET_NO_AVX2=1 in the
 // environment forces the scalar paths, to test them on any machine.
 bool UseAvx2();
+// True when the CPU also has AVX-512 F/BW/DQ/VL (checked once): the dots
+// then run on 16 lanes, the same bits as the AVX2 paths give.
+// DUET_NO_AVX512=1 in the environment forces the AVX2 paths.
+bool UseAvx512();
+// For tests: off runs the AVX2 paths in this process even where AVX-512 is
+// present; on goes back to what the CPU has.
+void SetAvx512ForTesting(bool on);
 
 float Dot(const float* a, const float* b, int64_t n);
 // c[i * ldc + j] = (c[i * ldc + j] +) Dot(a + i * k, w + j * k, k) for
@@ -27,8 +34,9 @@ void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, fl
              bool accumulate);
 // DotRows over columns [j0, j1) of a weight matrix in any dtype: c[i *
 // ldc + (j - j0)] gets row i of a dotted with row j, the bits DotRows gives
-// on Dequantize(w)'s rows (a block of rows at a time is converted into an
-// L2-sized scratch; no dequantized copy of the matrix is made).
+// on Dequantize(w)'s rows (no dequantized copy of the matrix is made: one
+// row of a dots the weights as they are converted in registers; more rows
+// share a block of converted rows in an L2-sized scratch).
 void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
               bool accumulate);
 // out[i] = src[i] as a float, src of dtype f32, bf16 or f16 (exact).
