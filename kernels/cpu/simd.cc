@@ -267,15 +267,17 @@ struct Q4Row {
     v = _mm_sub_epi8(_mm_and_si128(v, _mm_set1_epi8(0x0f)), _mm_set1_epi8(static_cast<char>(Zero(b))));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(scales[b]));
   }
+  // A whole block: its 16 possible values, (q - zero) x scale with the same
+  // rounding as Load512, in one register, looked up by each nibble (vpermps
+  // reads an index's low 4 bits).
   DUET_AVX512 void Load32(int64_t i, __m512& w0, __m512& w1) const {
     const int64_t b = BlockOf(i);
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
-    const __m128i m = _mm_set1_epi8(0x0f), z = _mm_set1_epi8(static_cast<char>(Zero(b)));
-    const __m512 scale = _mm512_set1_ps(scales[b]);
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), z);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), z);
-    w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), scale);
-    w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), scale);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(static_cast<float>(Zero(b)))),
+                                       _mm512_set1_ps(scales[b]));
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2)));
+    w0 = _mm512_permutexvar_ps(v, table);
+    w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
   float At(int64_t i) const {
     const int64_t b = BlockOf(i);
@@ -498,14 +500,17 @@ DUET_AVX512 void DotRowsConvertedAvx512(const float* a, int64_t m, const WeightM
                                         float* c, int64_t ldc, bool accumulate) {
   const int64_t k = w.k, n = j1 - j0;
   if (m == 1) {
+    // Prefetch about 6 KiB ahead (the rows of a tile or two on): measured
+    // on a cold matrix, the hardware prefetchers alone fed q8 at half speed.
+    const int64_t ahead = std::max<int64_t>(4, (6144 + w.RowBytes() - 1) / w.RowBytes()) * w.RowBytes();
     int64_t j = j0;
     for (; j + 4 <= j1; j += 4) {
       const Row rows[4] = {RowOf<Row>(w, j), RowOf<Row>(w, j + 1), RowOf<Row>(w, j + 2), RowOf<Row>(w, j + 3)};
-      DotTileRowsAvx512<4>(a, rows, k, c + (j - j0), accumulate, 4 * w.RowBytes());
+      DotTileRowsAvx512<4>(a, rows, k, c + (j - j0), accumulate, ahead);
     }
     for (; j < j1; ++j) {
       const Row row = RowOf<Row>(w, j);
-      DotTileRowsAvx512<1>(a, &row, k, c + (j - j0), accumulate, w.RowBytes());
+      DotTileRowsAvx512<1>(a, &row, k, c + (j - j0), accumulate, ahead);
     }
     return;
   }
