@@ -21,7 +21,10 @@
 // them), each serving the first 400 requests of the same workload (the
 // ranking reshuffled at request 200): 100 warm-up requests one at a time,
 // then 300 measured at Poisson arrivals of 60% of the no-cache cluster's
-// prefill capacity (1 / its mean warm-up TTFT), measured in the same run.
+// prefill capacity, measured in the same run under load: the warm-up's
+// requests again, three at a time (closed loop), per second of wall time.
+// (One at a time overstates it: the decode worker's thread then idles,
+// while under load it shares the 2 cores with the prefill's two.)
 //   - One prefill (2 threads, both cores) + one decode (1 thread): no cache,
 //     then PGDSF at the 20% size with the host tier (device blocks =
 //     the prefill's KV pool, host blocks = --kv-host-blocks, PGDSF's cost
@@ -192,6 +195,7 @@ absl::StatusOr<SimTable> PrintSimTable() {
 struct ClusterRun {
   RunResult warm, measured;
   double rate = 0;                 // the measured requests' arrival rate
+  double capacity = 0;             // requests/s it was found to serve (0: not measured here)
   std::map<std::string, int64_t> dispatched;  // prefill id -> measured requests the router gave it
   // Request i of the workload: warm-up first, then measured.
   const Outcome& at(size_t i) const {
@@ -226,13 +230,15 @@ absl::Status CheckOutcomes(const std::string& name, const RunResult& r) {
 
 // Starts the cluster, runs the warm-up (`warm_concurrency` at a time, as
 // many as it has prefills), then the measured requests at `rate` (<= 0:
-// `load` x its capacity, warm_concurrency / the warm-up's mean TTFT), and
+// `load` x its capacity: with `probe_capacity`, the warm-up's requests
+// again at 3 x warm_concurrency per second of wall time, for a cluster
+// without a cache; else warm_concurrency / the warm-up's mean TTFT), and
 // stops it.
 absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string& run_dir,
                                       const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
                                       const std::string& policy, const std::vector<BenchRequest>& reqs,
                                       size_t warm_n, int warm_concurrency, double rate, double load,
-                                      const FlagSet& f) {
+                                      bool probe_capacity, const FlagSet& f) {
   const std::string model_name = testing::ModelBaseName(model_dir);
   const double timeout_s = f.GetDouble("timeout-s");
   Progress(absl::StrCat(name, ": starting the cluster"));
@@ -244,10 +250,18 @@ absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string
   Progress(absl::StrCat(name, ": ", warm.size(), " warm-up requests, ", warm_concurrency, " at a time"));
   out.warm = ReplayClosed(c->http_port(), model_name, warm, warm_concurrency, timeout_s);
   RETURN_IF_ERROR(CheckOutcomes(name, out.warm));
-  if (rate <= 0) {
+  if (rate <= 0 && probe_capacity) {
+    Progress(absl::StrCat(name, ": capacity under load: the ", warm.size(), " warm-up requests again, ",
+                          3 * warm_concurrency, " at a time"));
+    const RunResult probe = ReplayClosed(c->http_port(), model_name, warm, 3 * warm_concurrency, timeout_s);
+    RETURN_IF_ERROR(CheckOutcomes(name, probe));
+    out.capacity = static_cast<double>(warm.size()) / probe.wall_s;
+    rate = load * out.capacity;
+  } else if (rate <= 0) {
     double sum = 0;
     for (const Outcome& o : out.warm.outcomes) sum += o.ttft();
-    rate = load * warm_concurrency / (sum / static_cast<double>(warm.size()));
+    out.capacity = warm_concurrency / (sum / static_cast<double>(warm.size()));
+    rate = load * out.capacity;
   }
   out.rate = rate;
   // The measured requests keep the workload's Poisson gaps, rescaled to `rate`.
@@ -324,10 +338,10 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   const double load = f.GetDouble("load");
   ASSIGN_OR_RETURN(const ClusterRun none,
                    RunCluster("no-cache", run_dir, model_dir, one(none_args), "least_loaded", reqs, warm_n, 1, 0,
-                              load, f));
+                              load, /*probe_capacity=*/true, f));
   ASSIGN_OR_RETURN(const ClusterRun pgdsf,
                    RunCluster("pgdsf", run_dir, model_dir, one(cache_args), "least_loaded", reqs, warm_n, 1,
-                              none.rate, load, f));
+                              none.rate, load, false, f));
   // The two prefills share the same 20%: half each, device:host 1:3.
   const int64_t half = cache_blocks / 2, half_device = half / 4, half_host = half - half_device;
   const std::vector<std::string> half_args = cache_flags(half);
@@ -340,9 +354,9 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   // warm-up (two at a time, one per prefill; its few hits make it an
   // upper bound), the same for cache_aware.
   ASSIGN_OR_RETURN(const ClusterRun ll, RunCluster("two-prefill-least_loaded", run_dir, model_dir, two(),
-                                                   "least_loaded", reqs, warm_n, 2, 0, load, f));
+                                                   "least_loaded", reqs, warm_n, 2, 0, load, false, f));
   ASSIGN_OR_RETURN(const ClusterRun ca, RunCluster("two-prefill-cache_aware", run_dir, model_dir, two(),
-                                                   "cache_aware", reqs, warm_n, 2, ll.rate, load, f));
+                                                   "cache_aware", reqs, warm_n, 2, ll.rate, load, false, f));
 
   // duet sim of the pgdsf cluster, the same requests sent when they were.
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
@@ -407,9 +421,9 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
 
   std::printf("\nreal clusters: the bench model (%s), the first %zu requests of the workload (ranking reshuffled at "
               "request %zu); %zu warm-up, then %zu measured at Poisson %.2f req/s = %.0f%% of the no-cache prefill's "
-              "capacity (1 / its mean warm-up TTFT, %.0f ms); cache: PGDSF, %lld device blocks (the prefill's KV "
+              "capacity under load (%.2f req/s: the warm-up's requests again, 3 at a time; one at a time it looked %.2f); cache: PGDSF, %lld device blocks (the prefill's KV "
               "pool) + %lld host blocks (20%% of the document tokens, 1:3), cost from duet profile\n",
-              model_dir.c_str(), n, n / 2, warm_n, n - warm_n, none.rate, 100 * load, 1e3 * load / none.rate,
+              model_dir.c_str(), n, n / 2, warm_n, n - warm_n, none.rate, 100 * load, none.capacity, 1.0 / none_c1,
               static_cast<long long>(device), static_cast<long long>(host));
   std::printf("one prefill (2 threads) + one decode (1 thread)\n");
   std::printf("%-34s %12s %12s %8s   %s\n", "figure", "pgdsf", "no cache", "ratio", "target");
