@@ -97,6 +97,13 @@ DUET_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
   return FinishDot(s0, s1, a, b, i, n);
 }
 
+// Weight rows whose floats fill about 256 KiB (a share of L2, where a block
+// of them stays while every row of a passes over it), a multiple of `tile`
+// (the weight rows of a register tile), at least one tile.
+inline int64_t L2Rows(int64_t k, int64_t tile) {
+  return std::max<int64_t>(tile, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / tile * tile);
+}
+
 // R rows of a against C rows of w: R x C dots, each accumulated exactly as
 // DotAvx2 accumulates it (same lanes, same order), with every loaded
 // vector used C (or R) times.
@@ -144,9 +151,9 @@ DUET_AVX2 inline void DotTileColsAvx2(const float* a, const float* w, int64_t co
 
 DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
                            bool accumulate) {
-  // Blocks of weight rows that stay in L2 (about 256 KiB) while every row
-  // of a passes over them, three rows at a time.
-  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
+  // Blocks of weight rows in L2, every row of a passing over them, three
+  // rows at a time.
+  const int64_t block = L2Rows(k, 2);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t cols = std::min(block, n - j0);
     int64_t i = 0;
@@ -373,26 +380,13 @@ DUET_AVX2 void DotRowsConvertedAvx2(const float* a, int64_t m, const WeightMatri
                                     float* c, int64_t ldc, bool accumulate) {
   if (m == 1) return DotRowAvx2<Row>(a, w, j0, j1, c, accumulate);
   const int64_t k = w.k, n = j1 - j0;
-  const int64_t block = std::max<int64_t>(2, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 2 * 2);
+  const int64_t block = L2Rows(k, 2);
   thread_local std::vector<float> floats;
   floats.resize(static_cast<size_t>(std::min(block, n) * k));
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t cols = std::min(block, n - b0);
     for (int64_t r = 0; r < cols; ++r) WidenAvx2(RowOf<Row>(w, j0 + b0 + r), k, floats.data() + r * k);
     DotRowsAvx2(a, m, floats.data(), cols, k, c + b0, ldc, accumulate);
-  }
-}
-
-DUET_AVX2 void DotRowsWAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
-                            int64_t ldc, bool accumulate) {
-  switch (w.dtype) {
-    case DType::kF32:
-      return DotRowsAvx2(a, m, static_cast<const float*>(w.values) + j0 * w.k, j1 - j0, w.k, c, ldc, accumulate);
-    case DType::kBF16: return DotRowsConvertedAvx2<Bf16Row>(a, m, w, j0, j1, c, ldc, accumulate);
-    case DType::kF16: return DotRowsConvertedAvx2<F16Row>(a, m, w, j0, j1, c, ldc, accumulate);
-    case DType::kQ8: return DotRowsConvertedAvx2<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
-    case DType::kQ4:
-    case DType::kQ4Z: return DotRowsConvertedAvx2<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
   }
 }
 
@@ -447,7 +441,7 @@ DUET_AVX512 inline void DotTileColsAvx512(const float* a, const float* w, int64_
 
 DUET_AVX512 void DotRowsAvx512(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c,
                                int64_t ldc, bool accumulate) {
-  const int64_t block = std::max<int64_t>(4, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 4 * 4);
+  const int64_t block = L2Rows(k, 4);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t cols = std::min(block, n - j0);
     int64_t i = 0;
@@ -514,7 +508,7 @@ DUET_AVX512 void DotRowsConvertedAvx512(const float* a, int64_t m, const WeightM
     }
     return;
   }
-  const int64_t block = std::max<int64_t>(4, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / 4 * 4);
+  const int64_t block = L2Rows(k, 4);
   thread_local std::vector<float> floats;
   floats.resize(static_cast<size_t>(std::min(block, n) * k));
   for (int64_t b0 = 0; b0 < n; b0 += block) {
@@ -524,17 +518,12 @@ DUET_AVX512 void DotRowsConvertedAvx512(const float* a, int64_t m, const WeightM
   }
 }
 
-DUET_AVX512 void DotRowsWAvx512(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
-                                int64_t ldc, bool accumulate) {
-  switch (w.dtype) {
-    case DType::kF32:
-      return DotRowsAvx512(a, m, static_cast<const float*>(w.values) + j0 * w.k, j1 - j0, w.k, c, ldc, accumulate);
-    case DType::kBF16: return DotRowsConvertedAvx512<Bf16Row>(a, m, w, j0, j1, c, ldc, accumulate);
-    case DType::kF16: return DotRowsConvertedAvx512<F16Row>(a, m, w, j0, j1, c, ldc, accumulate);
-    case DType::kQ8: return DotRowsConvertedAvx512<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
-    case DType::kQ4:
-    case DType::kQ4Z: return DotRowsConvertedAvx512<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
-  }
+// The converted rows on the widest vectors the CPU has.
+template <class Row>
+void DotRowsConverted(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
+                      int64_t ldc, bool accumulate) {
+  if (UseAvx512()) return DotRowsConvertedAvx512<Row>(a, m, w, j0, j1, c, ldc, accumulate);
+  DotRowsConvertedAvx2<Row>(a, m, w, j0, j1, c, ldc, accumulate);
 }
 
 DUET_AVX2 void AxpyAvx2(float a, const float* x, float* y, int64_t n) {
@@ -681,8 +670,17 @@ void Widen(const void* src, DType dtype, int64_t n, float* out) {
 
 void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
               bool accumulate) {
-  if (UseAvx512()) return DotRowsWAvx512(a, m, w, j0, j1, c, ldc, accumulate);
-  if (UseAvx2()) return DotRowsWAvx2(a, m, w, j0, j1, c, ldc, accumulate);
+  if (UseAvx2()) {
+    switch (w.dtype) {
+      case DType::kF32:
+        return DotRows(a, m, static_cast<const float*>(w.values) + j0 * w.k, j1 - j0, w.k, c, ldc, accumulate);
+      case DType::kBF16: return DotRowsConverted<Bf16Row>(a, m, w, j0, j1, c, ldc, accumulate);
+      case DType::kF16: return DotRowsConverted<F16Row>(a, m, w, j0, j1, c, ldc, accumulate);
+      case DType::kQ8: return DotRowsConverted<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
+      case DType::kQ4:
+      case DType::kQ4Z: return DotRowsConverted<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    }
+  }
   std::vector<float> row(w.k);
   for (int64_t j = j0; j < j1; ++j) {
     DequantizeRow(w, j, row.data());
