@@ -6,12 +6,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "engine/gptq.h"
 #include "engine/safetensors.h"
+#include "kernels/factory.h"
 
 namespace duet::engine {
 namespace {
@@ -41,22 +47,40 @@ kernels::DType KernelDType(DType d) {
   return kernels::DType::kF32;
 }
 
-// A weight matrix made of the tensors `parts` ({name, rows}) stacked by
-// rows, each [rows][k], in `dtype` (nullopt: the first part's own).
+// A weight matrix made of the tensors `parts` stacked by rows, each a
+// [rows][k] tensor of which rows [first, first + count) are taken (count
+// -1: all), and of those the columns `cols` (a tensor-parallel rank's
+// slice), in `dtype` (nullopt: the first part's own).
 struct Part {
   std::string name;
   int64_t rows;
+  int64_t first = 0;
+  int64_t count = -1;
+  int64_t taken() const { return count < 0 ? rows : count; }
+};
+struct Cols {
+  int64_t first = 0;
+  int64_t count = -1;  // -1: all k
 };
 absl::StatusOr<kernels::HostWeights> LoadMatrix(const SafetensorsModel& st, const std::vector<Part>& parts,
                                                 int64_t k, std::optional<kernels::DType> dtype,
-                                                const kernels::KernelBackend& backend) {
+                                                const kernels::KernelBackend& backend, Cols cols = {}) {
+  const int64_t kc = cols.count < 0 ? k : cols.count;
   int64_t n = 0;
-  for (const Part& p : parts) n += p.rows;
-  std::vector<float> dense(n * k);
+  for (const Part& p : parts) n += p.taken();
+  std::vector<float> dense(n * kc), whole;
   int64_t row = 0;
   for (const Part& p : parts) {
-    RETURN_IF_ERROR(LoadTensor(st, p.name, {p.rows, k}, dense.data() + row * k));
-    row += p.rows;
+    if (p.taken() == p.rows && kc == k) {
+      RETURN_IF_ERROR(LoadTensor(st, p.name, {p.rows, k}, dense.data() + row * k));
+    } else {
+      whole.resize(p.rows * k);
+      RETURN_IF_ERROR(LoadTensor(st, p.name, {p.rows, k}, whole.data()));
+      for (int64_t r = 0; r < p.taken(); ++r) {
+        std::memcpy(dense.data() + (row + r) * kc, whole.data() + (p.first + r) * k + cols.first, kc * sizeof(float));
+      }
+    }
+    row += p.taken();
   }
   if (!dtype) {
     ASSIGN_OR_RETURN(const TensorView* first, st.Get(parts[0].name));
@@ -66,17 +90,17 @@ absl::StatusOr<kernels::HostWeights> LoadMatrix(const SafetensorsModel& st, cons
     return absl::UnimplementedError(absl::StrCat("the ", backend.Name(), " backend does not run ",
                                                  kernels::DTypeName(*dtype), " weights (", parts[0].name, ")"));
   }
-  return kernels::QuantizeWeights(dense.data(), n, k, *dtype);
+  return kernels::QuantizeWeights(dense.data(), n, kc, *dtype);
 }
 
 // A linear layer made of `parts` stacked by rows: a GPTQ checkpoint's as
-// kQ4Z (each part's base name is its name without ".weight"), else as
-// LoadMatrix loads it.
+// kQ4Z (each part's base name is its name without ".weight"; whole
+// tensors only, as Load refuses tp with GPTQ), else as LoadMatrix loads it.
 absl::StatusOr<kernels::HostWeights> LoadLinear(const SafetensorsModel& st, const ModelConfig& c,
                                                 const std::vector<Part>& parts, int64_t k,
                                                 std::optional<kernels::DType> dtype,
-                                                const kernels::KernelBackend& backend) {
-  if (!c.gptq) return LoadMatrix(st, parts, k, dtype, backend);
+                                                const kernels::KernelBackend& backend, Cols cols = {}) {
+  if (!c.gptq) return LoadMatrix(st, parts, k, dtype, backend, cols);
   std::vector<kernels::HostWeights> stacked;
   for (const Part& p : parts) {
     const std::string base = p.name.substr(0, p.name.size() - std::string_view(".weight").size());
@@ -87,6 +111,16 @@ absl::StatusOr<kernels::HostWeights> LoadLinear(const SafetensorsModel& st, cons
     return absl::UnimplementedError(absl::StrCat("the ", backend.Name(), " backend does not run q4z weights (GPTQ)"));
   }
   return kernels::StackRows(stacked);
+}
+
+// Elements [first, first + count) of the vector tensor `name` of `size`
+// floats, appended to `dst`.
+absl::Status LoadSlice(const SafetensorsModel& st, const std::string& name, int64_t size, int64_t first,
+                       int64_t count, std::vector<float>& dst) {
+  std::vector<float> whole(size);
+  RETURN_IF_ERROR(LoadTensor(st, name, {size}, whole.data()));
+  dst.insert(dst.end(), whole.begin() + first, whole.begin() + first + count);
+  return absl::OkStatus();
 }
 
 // DUET_STEP_LOG=FILE appends one CSV row per forward pass of this process:
@@ -148,6 +182,88 @@ absl::StatusOr<std::optional<kernels::DType>> ParseKvDType(std::string_view name
   return ParseDTypeChoice(name, "KV dtype", kernels::IsKvDType);
 }
 
+// A sharded model's ranks (stage-major: stage x tp + tp_rank), their
+// backends and communicators, and the threads that run them: rank 0 on the
+// caller's thread, each other rank on one of its own, one step at a time.
+struct Model::Ranks {
+  int tp = 1, pp = 1;
+  std::vector<kernels::KernelBackendPtr> backends;
+  std::vector<CommunicatorPtr> world;
+  std::vector<std::vector<CommunicatorPtr>> tp_groups;  // one group per stage
+  std::vector<std::unique_ptr<Model>> models;
+
+  absl::Mutex mu;
+  int64_t step ABSL_GUARDED_BY(mu) = 0;   // steps started
+  int running ABSL_GUARDED_BY(mu) = 0;    // threads still in this step
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  // The step's arguments and each rank's result: written by Forward before
+  // it starts a step, read by the threads until `running` falls to 0.
+  absl::Span<const BatchSeq> batch;
+  BlockPool* pool = nullptr;
+  std::vector<absl::StatusOr<Logits>> results;
+  std::vector<std::thread> threads;
+
+  ~Ranks() {
+    {
+      absl::MutexLock lock(&mu);
+      stop = true;
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  void Start() {
+    results.resize(models.size());
+    for (size_t r = 1; r < models.size(); ++r) threads.emplace_back([this, r] { Loop(r); });
+  }
+
+  // A rank's step cannot fail once Load has checked its dtypes; if one did,
+  // its peers would wait in a collective for ever, so it is a bug (CHECK).
+  void RunRank(size_t r) {
+    results[r] = models[r]->ForwardShard(batch, *pool);
+    CHECK(results[r].ok()) << "rank " << r << " of a sharded model failed a step: " << results[r].status();
+  }
+
+  void Loop(size_t r) {
+    int64_t seen = 0;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu);
+        struct Wake {
+          Ranks* self;
+          int64_t seen;
+        } wake{this, seen};
+        mu.Await(absl::Condition(
+            +[](Wake* w) ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->self->stop || w->self->step != w->seen; },
+            &wake));
+        if (stop) return;
+        seen = step;
+      }
+      RunRank(r);
+      absl::MutexLock lock(&mu);
+      --running;
+    }
+  }
+
+  absl::StatusOr<Logits> Forward(absl::Span<const BatchSeq> b, BlockPool& p) {
+    {
+      absl::MutexLock lock(&mu);
+      batch = b;
+      pool = &p;
+      running = static_cast<int>(models.size()) - 1;
+      ++step;
+    }
+    RunRank(0);
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](int* n) ABSL_NO_THREAD_SAFETY_ANALYSIS { return *n == 0; }, &running));
+    }
+    return std::move(results[static_cast<size_t>((pp - 1) * tp)]);  // the last stage's tp rank 0
+  }
+};
+
+Model::~Model() = default;
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kernels::KernelBackend* backend,
                                                    const LoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
@@ -155,7 +271,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   m->backend_ = backend;
   ASSIGN_OR_RETURN(m->config_, ModelConfig::FromFile(
                                    (std::filesystem::path(dir) / "config.json").string()));
-  if (m->config_.mlp_bias) {
+  const ModelConfig& c = m->config_;
+  if (c.mlp_bias) {
     return absl::UnimplementedError(absl::StrCat(dir, "/config.json: mlp_bias=true is not supported"));
   }
   m->kv_dtype_ = options.kv_dtype.value_or(backend->DefaultKvDType());
@@ -163,16 +280,67 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
     return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not hold a ",
                                                  kernels::DTypeName(m->kv_dtype_), " KV cache"));
   }
-  RETURN_IF_ERROR(m->LoadWeights(options));
-  m->inv_freq_ = kernels::RopeInvFreq(m->config_.rope);
+  m->inv_freq_ = kernels::RopeInvFreq(c.rope);
+  m->shard_.layer_end = c.num_layers;
+  const int tp = options.tp, pp = options.pp;
+  if (tp == 1 && pp == 1) {
+    RETURN_IF_ERROR(m->LoadWeights(options));
+    return m;
+  }
+  if (tp < 1 || pp < 1) return absl::InvalidArgumentError("tensor and pipeline parallelism must be >= 1");
+  if (c.num_heads % tp != 0 || c.num_kv_heads % tp != 0 || c.intermediate_size % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallelism ", tp, " must divide the model's attention heads (", c.num_heads, "), KV heads (",
+        c.num_kv_heads, ") and intermediate size (", c.intermediate_size, ") in ", dir, "/config.json"));
+  }
+  if (pp > c.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline parallelism ", pp, " is more stages than the model's ", c.num_layers, " layers"));
+  }
+  if (c.gptq && tp > 1) {
+    return absl::UnimplementedError(absl::StrCat("the GPTQ checkpoint in ", dir,
+                                                 " cannot be split for tensor parallelism (its packed columns are "
+                                                 "not sliced); run it with tp 1"));
+  }
+  const int threads = options.rank_threads > 0 ? options.rank_threads : std::max(1, AvailableCores() / tp);
+  auto ranks = std::make_unique<Ranks>();
+  ranks->tp = tp;
+  ranks->pp = pp;
+  ranks->world = NewThreadCommunicators(tp * pp);
+  for (int stage = 0; stage < pp; ++stage) {
+    ranks->tp_groups.push_back(NewThreadCommunicators(tp));
+    for (int r = 0; r < tp; ++r) {
+      ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::NewBackend({.threads = threads}));
+      std::unique_ptr<Model> shard(new Model());
+      shard->dir_ = dir;
+      shard->config_ = c;
+      shard->backend_ = be.get();
+      shard->kv_dtype_ = m->kv_dtype_;
+      shard->inv_freq_ = m->inv_freq_;
+      shard->shard_ = Shard{.tp_rank = r,
+                            .tp = tp,
+                            .stage = stage,
+                            .pp = pp,
+                            .layer_begin = c.num_layers * stage / pp,
+                            .layer_end = c.num_layers * (stage + 1) / pp,
+                            .tp_group = ranks->tp_groups.back()[static_cast<size_t>(r)].get(),
+                            .world = ranks->world[static_cast<size_t>(stage * tp + r)].get()};
+      RETURN_IF_ERROR(shard->LoadWeights(options));
+      ranks->backends.push_back(std::move(be));
+      ranks->models.push_back(std::move(shard));
+    }
+  }
+  ranks->Start();
+  m->ranks_ = std::move(ranks);
   return m;
 }
 
 absl::Status Model::LoadWeights(const LoadOptions& options) {
   const ModelConfig& c = config_;
+  const Shard& sh = shard_;
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), qd_r = qd / sh.tp, kvd_r = kvd / sh.tp;
   const std::optional<kernels::DType> all = options.weight_dtype;
   const std::optional<PrecisionMap>& map = options.precision_map;
   if (map) {
@@ -186,20 +354,29 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
                                                      "checkpoints"));
     }
   }
+  // The first stage looks tokens up; the last stage's tp rank 0 computes
+  // the logits (from the embedding when lm_head is tied to it).
+  const bool embeds = sh.stage == 0, heads = sh.stage == sh.pp - 1 && sh.tp_rank == 0;
   const std::optional<kernels::DType> embed_dt = map && map->embedding ? map->embedding : all;
-  ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, embed_dt, *backend_));
-  final_norm_.resize(H);
-  RETURN_IF_ERROR(LoadTensor(*st, "model.norm.weight", {H}, final_norm_.data()));
+  if (embeds || (heads && c.tie_word_embeddings)) {
+    ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, embed_dt, *backend_));
+  }
+  if (heads) {
+    final_norm_.resize(H);
+    RETURN_IF_ERROR(LoadTensor(*st, "model.norm.weight", {H}, final_norm_.data()));
+  }
   if (!c.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{"lm_head.weight", V}}, H,
-                                          map && map->lm_head ? map->lm_head : all, *backend_));
+    if (heads) {
+      ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{"lm_head.weight", V}}, H,
+                                            map && map->lm_head ? map->lm_head : all, *backend_));
+    }
   } else if (map && map->lm_head && map->lm_head != embed_dt) {
     return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, ": lm_head is tied to the "
                                                    "embedding in ", dir_, ", so it cannot have its own dtype"));
   }
-  layers_.resize(c.num_layers);
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    Layer& L = layers_[i];
+  layers_.resize(sh.layer_end - sh.layer_begin);
+  for (int64_t i = sh.layer_begin; i < sh.layer_end; ++i) {
+    Layer& L = layers_[i - sh.layer_begin];
     const std::optional<kernels::DType> dt = map ? std::optional<kernels::DType>(map->layers[i]) : all;
     const std::string p = absl::StrCat("model.layers.", i, ".");
     L.input_norm.resize(H);
@@ -208,12 +385,13 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
     RETURN_IF_ERROR(LoadTensor(*st, p + "post_attention_layernorm.weight", {H}, L.post_norm.data()));
     RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt));
     if (c.attention_bias) {
-      L.bqkv.resize(qd + 2 * kvd);
-      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.q_proj.bias", {qd}, L.bqkv.data()));
-      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.k_proj.bias", {kvd}, L.bqkv.data() + qd));
-      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.v_proj.bias", {kvd}, L.bqkv.data() + qd + kvd));
+      L.bqkv.clear();
+      RETURN_IF_ERROR(LoadSlice(*st, p + "self_attn.q_proj.bias", qd, sh.tp_rank * qd_r, qd_r, L.bqkv));
+      RETURN_IF_ERROR(LoadSlice(*st, p + "self_attn.k_proj.bias", kvd, sh.tp_rank * kvd_r, kvd_r, L.bqkv));
+      RETURN_IF_ERROR(LoadSlice(*st, p + "self_attn.v_proj.bias", kvd, sh.tp_rank * kvd_r, kvd_r, L.bqkv));
     }
-    if (c.o_bias) {
+    // o_proj is row-parallel: its bias is added once, by tp rank 0.
+    if (c.o_bias && sh.tp_rank == 0) {
       L.bo.resize(H);
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.o_proj.bias", {H}, L.bo.data()));
     }
@@ -223,18 +401,29 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
 
 absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std::optional<kernels::DType> dt) {
   const ModelConfig& c = config_;
+  const Shard& sh = shard_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  // This rank's slices: its heads' rows of q, k and v and columns of o_proj;
+  // its share of the MLP's rows of gate and up and columns of down.
+  const int64_t r = sh.tp_rank, qd_r = qd / sh.tp, kvd_r = kvd / sh.tp, I_r = I / sh.tp;
+  const bool whole = sh.tp == 1;
+  auto rows = [whole](std::string name, int64_t n, int64_t first, int64_t count) {
+    return whole ? Part{std::move(name), n} : Part{std::move(name), n, first, count};
+  };
+  const Cols o_cols = whole ? Cols{} : Cols{r * qd_r, qd_r}, down_cols = whole ? Cols{} : Cols{r * I_r, I_r};
   const std::string p = absl::StrCat("model.layers.", i, ".");
-  Layer& L = layers_[i];
+  Layer& L = layers_[i - sh.layer_begin];
   ASSIGN_OR_RETURN(L.wqkv, LoadLinear(st, c,
-                                      {{p + "self_attn.q_proj.weight", qd},
-                                       {p + "self_attn.k_proj.weight", kvd},
-                                       {p + "self_attn.v_proj.weight", kvd}},
+                                      {rows(p + "self_attn.q_proj.weight", qd, r * qd_r, qd_r),
+                                       rows(p + "self_attn.k_proj.weight", kvd, r * kvd_r, kvd_r),
+                                       rows(p + "self_attn.v_proj.weight", kvd, r * kvd_r, kvd_r)},
                                       H, dt, *backend_));
-  ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_));
-  ASSIGN_OR_RETURN(L.wgu, LoadLinear(st, c, {{p + "mlp.gate_proj.weight", I}, {p + "mlp.up_proj.weight", I}},
+  ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_, o_cols));
+  ASSIGN_OR_RETURN(L.wgu, LoadLinear(st, c,
+                                     {rows(p + "mlp.gate_proj.weight", I, r * I_r, I_r),
+                                      rows(p + "mlp.up_proj.weight", I, r * I_r, I_r)},
                                      H, dt, *backend_));
-  ASSIGN_OR_RETURN(L.wdown, LoadLinear(st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_));
+  ASSIGN_OR_RETURN(L.wdown, LoadLinear(st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_, down_cols));
   return absl::OkStatus();
 }
 
@@ -245,12 +434,20 @@ absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dty
   if (config_.gptq) {
     return absl::InvalidArgumentError(absl::StrCat("the GPTQ checkpoint in ", dir_, " holds its linear layers as q4z"));
   }
+  if (ranks_ != nullptr) return absl::InvalidArgumentError("a layer of a sharded model (tp or pp above 1) is not reloaded");
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
   return LoadLayerLinears(*st, layer, dtype);
 }
 
 int64_t Model::layer_weight_bytes(int64_t layer) const {
-  const Layer& L = layers_[layer];
+  if (ranks_ != nullptr) {
+    int64_t b = 0;  // over the tp ranks of the stage that holds it
+    for (const auto& r : ranks_->models) {
+      if (layer >= r->shard_.layer_begin && layer < r->shard_.layer_end) b += r->layer_weight_bytes(layer);
+    }
+    return b;
+  }
+  const Layer& L = layers_[layer - shard_.layer_begin];
   return L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
 }
 
@@ -259,6 +456,9 @@ int64_t Model::weight_bytes() const {
   for (const Layer& L : layers_) {
     b += L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
     b += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size() + L.bqkv.size() + L.bo.size()) * 4;
+  }
+  if (ranks_ != nullptr) {
+    for (const auto& r : ranks_->models) b += r->weight_bytes();
   }
   return b;
 }
@@ -274,11 +474,17 @@ kernels::KvLayout Model::KvLayoutFor(int64_t block_size) const {
 std::vector<kernels::DType> Model::layer_dtypes() const {
   std::vector<kernels::DType> out;
   for (const Layer& L : layers_) out.push_back(L.wqkv.dtype);
+  if (ranks_ != nullptr) {
+    for (const auto& r : ranks_->models) {  // stage by stage, from each stage's tp rank 0
+      if (r->shard_.tp_rank != 0) continue;
+      const std::vector<kernels::DType> d = r->layer_dtypes();
+      out.insert(out.end(), d.begin(), d.end());
+    }
+  }
   return out;
 }
 
-absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPool& pool) {
-  const auto start = std::chrono::steady_clock::now();
+absl::Status Model::CheckBatch(absl::Span<const BatchSeq> batch, const BlockPool& pool) const {
   const ModelConfig& c = config_;
   const kernels::KvLayout& kl = pool.layout();
   if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
@@ -291,7 +497,6 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   }
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   const int64_t bs = kl.block_size;
-  int64_t T = 0, R = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const BatchSeq& b = batch[s];
     const int64_t len = static_cast<int64_t>(b.tokens.size());
@@ -321,13 +526,33 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
     for (int32_t r : b.logit_rows) {
       if (r < 0 || r >= len) return absl::InvalidArgumentError("logit row outside the sequence's tokens");
     }
-    T += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPool& pool) {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(CheckBatch(batch, pool));
+  absl::StatusOr<Logits> logits = ranks_ != nullptr ? ranks_->Forward(batch, pool) : ForwardShard(batch, pool);
+  if (logits.ok()) LogStep(batch, start);
+  return logits;
+}
+
+absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool) {
+  const ModelConfig& c = config_;
+  const Shard& sh = shard_;
+  const kernels::KvLayout& kl = pool.layout();
+  const int64_t bs = kl.block_size;
+  int64_t T = 0, R = 0;
+  for (const BatchSeq& b : batch) {
+    T += static_cast<int64_t>(b.tokens.size());
     R += static_cast<int64_t>(b.logit_rows.size());
   }
 
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const int64_t hd = c.head_dim, nq = c.num_heads, nkv = c.num_kv_heads;
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  // This rank's share: all of it unless tensor-parallel.
+  const int64_t H = c.hidden_size, I = c.intermediate_size / sh.tp, V = c.vocab_size;
+  const int64_t hd = c.head_dim, nq = c.num_heads / sh.tp, nkv = c.num_kv_heads / sh.tp;
+  const int64_t qd = nq * hd, kvd = nkv * hd, kv_head_begin = sh.tp_rank * nkv;
   x_.resize(T * H);
   h_.resize(T * H);
   q_.resize(T * qd);
@@ -337,6 +562,7 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   attn_.resize(T * qd);
   gu_.resize(T * 2 * I);
   act_.resize(T * I);
+  if (sh.tp > 1) partial_.resize(T * H);
 
   std::vector<int32_t> ids(T), positions(T);
   std::vector<kernels::AttentionSeq> aseqs(batch.size());
@@ -365,9 +591,23 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   kernels::KernelBackend& be = *backend_;
   uint8_t* kv = pool.data();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids.data(), x_.data(), T));
-  for (int64_t li = 0; li < c.num_layers; ++li) {
-    const Layer& L = layers_[li];
+  if (sh.stage == 0) {
+    RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids.data(), x_.data(), T));
+  } else {
+    sh.world->Recv((sh.stage - 1) * sh.tp + sh.tp_rank, x_.data(), T * H);
+  }
+  // x += a * w^T (+ bias): in one GEMM, or, for a row-parallel linear of a
+  // tensor-parallel rank, this rank's partial product summed over the ranks.
+  auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias) {
+    const float* b = bias.empty() ? nullptr : bias.data();
+    if (sh.tp == 1) return be.Gemm(a, w.view(), b, x_.data(), T, true);
+    RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial_.data(), T, false));
+    sh.tp_group->AllReduceSum(partial_.data(), T * H);
+    for (int64_t i = 0; i < T * H; ++i) x_[i] += partial_[i];
+    return absl::OkStatus();
+  };
+  for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) {
+    const Layer& L = layers_[li - sh.layer_begin];
     be.RmsNorm(x_.data(), L.input_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
     const float* bq = L.bqkv.empty() ? nullptr : L.bqkv.data();
     const kernels::WeightMatrix wqkv = L.wqkv.view();
@@ -384,21 +624,28 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
     be.Rope(k_.data(), positions.data(), inv_freq_.data(), T, nkv, hd);
     for (int64_t r = 0; r < T; ++r) {
       for (int64_t h = 0; h < nkv; ++h) {
-        kl.Store(kv, kl.Offset(row_block[r], li, 0, h, row_slot[r]), k_.data() + r * kvd + h * hd, hd);
-        kl.Store(kv, kl.Offset(row_block[r], li, 1, h, row_slot[r]), v_.data() + r * kvd + h * hd, hd);
+        const int64_t head = kv_head_begin + h;
+        kl.Store(kv, kl.Offset(row_block[r], li, 0, head, row_slot[r]), k_.data() + r * kvd + h * hd, hd);
+        kl.Store(kv, kl.Offset(row_block[r], li, 1, head, row_slot[r]), v_.data() + r * kvd + h * hd, hd);
       }
     }
     kernels::PagedAttentionArgs args{.q = q_.data(), .out = attn_.data(), .kv = kv, .layout = kl,
                                      .layer = li, .num_q_heads = nq, .scale = scale,
                                      .window = c.layer_window[li], .seqs = aseqs.data(),
-                                     .num_seqs = static_cast<int64_t>(aseqs.size())};
+                                     .num_seqs = static_cast<int64_t>(aseqs.size()),
+                                     .kv_head_begin = kv_head_begin, .kv_heads = nkv};
     be.PagedAttention(args);
-    RETURN_IF_ERROR(be.Gemm(attn_.data(), L.wo.view(), L.bo.empty() ? nullptr : L.bo.data(), x_.data(), T, true));
+    RETURN_IF_ERROR(add_linear(attn_.data(), L.wo, L.bo));
     be.RmsNorm(x_.data(), L.post_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
     RETURN_IF_ERROR(be.Gemm(h_.data(), L.wgu.view(), nullptr, gu_.data(), T, false));
     be.SiluMul(gu_.data(), act_.data(), T, I);
-    RETURN_IF_ERROR(be.Gemm(act_.data(), L.wdown.view(), nullptr, x_.data(), T, true));
+    RETURN_IF_ERROR(add_linear(act_.data(), L.wdown, {}));
   }
+  if (sh.stage < sh.pp - 1) {
+    sh.world->Send((sh.stage + 1) * sh.tp + sh.tp_rank, x_.data(), T * H);
+    return Logits{};
+  }
+  if (sh.tp_rank != 0) return Logits{};  // its rows equal rank 0's: the all-reduce gave each the same bits
 
   // Final norm and LM head only on the rows whose logits are wanted.
   std::vector<float> sel(R * H);
@@ -419,7 +666,6 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
     const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
     RETURN_IF_ERROR(be.Gemm(sel.data(), head.view(), nullptr, logits.data.data(), R, false));
   }
-  LogStep(batch, start);
   return logits;
 }
 

@@ -14,6 +14,21 @@
 // lm_head's stay in the checkpoint's dtype or are converted at load to the
 // one LoadOptions names (kernels/dtype.h: bf16, f16, q8, q4, q4z), the
 // norms are float32. Activations are float32.
+//
+// Tensor and pipeline parallelism (LoadOptions::tp, ::pp): the model is then
+// tp x pp ranks, each a Model of its slice run by a thread of its own with a
+// backend of its own, exchanging activations over a Communicator
+// (engine/communicator.h; over threads on the CPU). A pipeline stage holds
+// a contiguous range of layers and hands its hidden rows to the next; a
+// tensor-parallel rank holds 1/tp of the attention heads (column-parallel
+// q/k/v, row-parallel o_proj) and of the MLP (column-parallel gate/up,
+// row-parallel down), its partial outputs summed by an all-reduce. The
+// embedding and lm_head are replicated. Every rank writes its layers' and
+// heads' K and V into the caller's one pool, in the layout of an unsharded
+// model, so a sharded instance's KV handles and transfers are those of an
+// unsharded one. PP gives the same bits as PP=1 (the same ops on the same
+// rows); TP sums o_proj and down in two halves, so its logits differ in the
+// last bits.
 // Forward is not thread-safe (it reuses scratch buffers): one step at a time.
 #ifndef DUET_ENGINE_MODEL_H_
 #define DUET_ENGINE_MODEL_H_
@@ -27,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
+#include "engine/communicator.h"
 #include "engine/model_config.h"
 #include "engine/precision_map.h"
 #include "engine/safetensors.h"
@@ -54,6 +70,14 @@ struct LoadOptions {
   std::optional<PrecisionMap> precision_map;
   // The KV cache's dtype (f32, bf16, f16; nullopt: the backend's default).
   std::optional<kernels::DType> kv_dtype;
+  // Tensor-parallel ranks (dividing the attention heads, the KV heads and
+  // the MLP's width) and pipeline stages (at most the layers). Each of the
+  // tp x pp ranks gets a CPU backend of `rank_threads` threads (0: this
+  // machine's cores / tp, at least 1); the backend passed to Load then
+  // serves only its checks. Not with GPTQ checkpoints.
+  int tp = 1;
+  int pp = 1;
+  int rank_threads = 0;
 };
 
 // --weight-dtype and --kv-dtype: "auto" (nullopt) or a dtype name
@@ -83,6 +107,7 @@ class Model {
   // directory. The backend must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, kernels::KernelBackend* backend,
                                                      const LoadOptions& options = {});
+  ~Model();
 
   const ModelConfig& config() const { return config_; }
   // The bytes of every weight the model holds, as loaded.
@@ -96,7 +121,7 @@ class Model {
   int64_t layer_weight_bytes(int64_t layer) const;
   // Reads one layer's linear weights from the checkpoint again, in `dtype`
   // (nullopt: as stored): what `duet precision-plan` measures a layer at.
-  // Not for GPTQ checkpoints.
+  // Not for GPTQ checkpoints, nor with tp or pp above 1.
   absl::Status ReloadLayer(int64_t layer, std::optional<kernels::DType> dtype);
 
   absl::StatusOr<Logits> Forward(absl::Span<const BatchSeq> batch, BlockPool& pool);
@@ -112,7 +137,21 @@ class Model {
     kernels::HostWeights wdown;  // [hidden][inter]
   };
 
+  // One rank's place in a sharded model; the defaults are an unsharded one.
+  struct Shard {
+    int tp_rank = 0, tp = 1, stage = 0, pp = 1;
+    int64_t layer_begin = 0, layer_end = 0;  // This stage's layers.
+    Communicator* tp_group = nullptr;        // This stage's tp ranks.
+    Communicator* world = nullptr;           // All ranks, stage-major: stage x tp + tp_rank.
+  };
+  // A sharded model's ranks and the threads that run them (model.cc).
+  struct Ranks;
+
   Model() = default;
+  absl::Status CheckBatch(absl::Span<const BatchSeq> batch, const BlockPool& pool) const;
+  // This rank's part of a step: logits on the last stage's tp rank 0, none
+  // (an empty Logits) on the others.
+  absl::StatusOr<Logits> ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool);
   absl::Status LoadWeights(const LoadOptions& options);
   absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
 
@@ -123,11 +162,13 @@ class Model {
   kernels::HostWeights embed_;    // [vocab][hidden]
   kernels::HostWeights lm_head_;  // n = 0 when tied to embed_.
   std::vector<float> final_norm_;
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // shard_.layer_begin.. shard_.layer_end
   std::vector<float> inv_freq_;
+  Shard shard_;
+  std::unique_ptr<Ranks> ranks_;  // Set on a sharded model, whose own weights are then empty.
 
   // Scratch, reused across steps.
-  std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, gu_, act_;
+  std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, gu_, act_, partial_;
 };
 
 }  // namespace duet::engine

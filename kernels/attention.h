@@ -32,11 +32,18 @@ struct PagedAttentionArgs {
   const void* kv = nullptr;  // The pool, of layout.dtype.
   KvLayout layout;
   int64_t layer = 0;
-  int64_t num_q_heads = 0;   // A multiple of layout.num_kv_heads (GQA).
+  int64_t num_q_heads = 0;   // A multiple of KvHeads() (GQA).
   float scale = 1.0f;        // Usually 1 / sqrt(head_dim).
   int64_t window = 0;        // Sliding window in positions; 0 = none.
   const AttentionSeq* seqs = nullptr;
   int64_t num_seqs = 0;
+  // The KV heads this call reads, [kv_head_begin, kv_head_begin + kv_heads)
+  // of the layout's (kv_heads 0: all of them), whose query heads alone q and
+  // out hold: a tensor-parallel rank's share of a pool of the unsharded
+  // layout.
+  int64_t kv_head_begin = 0;
+  int64_t kv_heads = 0;
+  int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : layout.num_kv_heads; }
 };
 
 }  // namespace duet::kernels

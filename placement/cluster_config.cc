@@ -133,9 +133,6 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const 
         return Bad(source, where + ".device",
                    absl::StrCat("is \"", ic.device, "\": this build serves on the CPU backend only"));
       }
-      if (ic.tp != 1 || ic.pp != 1) {
-        return Bad(source, where, "has tp or pp above 1, which needs the CUDA backend (the CPU backend runs TP=1, PP=1)");
-      }
       c.instances.push_back(ic);
     }
   }

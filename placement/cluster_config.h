@@ -6,14 +6,15 @@
 //    "decode":  [{"tp": 1, "pp": 1, "device": "cpu", "kv_memory_gib": 1.0, "threads": 1, "cpus": [1]}]}
 //
 // Pools: "prefill", "decode", "colocated" (lists of instances; a pool may be
-// absent). Instance fields, all optional: tp, pp (1 on the CPU backend),
-// device ("cpu", or "cuda:N" for the CUDA backend), kv_memory_gib, kv_blocks,
+// absent). Instance fields, all optional: tp, pp (on the CPU backend, ranks
+// that are threads of the worker), device ("cpu", or "cuda:N" for the CUDA
+// backend), kv_memory_gib, kv_blocks,
 // threads, cpus (cores to pin to), max_batch_tokens, weight_dtype, kv_dtype,
 // precision_map (the worker's flags of those names), gpu (a GPU id of
 // placement/hardware or a JSON file: for simulation). Top level, for
 // simulation: "kv_link_gbps" (prefill -> decode bandwidth, GB/s). Unknown
 // fields are errors, so typos do not pass silently. `duet up` runs only what
-// this build can (CPU devices, TP = PP = 1); `duet sim` reads any.
+// this build can (CPU devices); `duet sim` reads any.
 #ifndef DUET_PLACEMENT_CLUSTER_CONFIG_H_
 #define DUET_PLACEMENT_CLUSTER_CONFIG_H_
 

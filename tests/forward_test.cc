@@ -246,5 +246,145 @@ TEST_CASE("every weight dtype: the logits match the reference on the same dequan
   }
 }
 
+
+// --- Tensor and pipeline parallelism (LoadOptions::tp, ::pp)
+
+// sqrt(sum (a - b)^2 / sum b^2): the issue's "relative RMS".
+double RelativeRms(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// The logits of one run of the serving path's step shapes, and the KV pool
+// it leaves: two prompts prefilled together in chunks (one longer than
+// mistral's window), then 12 decode steps of both in one batch, each fed the
+// greedy token of `feed`'s logits at that step (nullptr: its own), so every
+// model sees the same tokens.
+struct Run {
+  std::vector<std::vector<float>> logits;  // every step's rows
+  std::vector<float> kv;                   // the pool's blocks the run used, as floats
+};
+Run RunSteps(engine::Model& m, const Run* feed) {
+  const int vocab = static_cast<int>(m.config().vocab_size);
+  BlockPool pool(m.KvLayoutFor(kBlockSize), 32);
+  std::vector<std::vector<int32_t>> toks = {Tokens(50, 11, vocab), Tokens(21, 12, vocab)};
+  SequenceKv a(&pool), b(&pool);
+  SequenceKv* seqs[2] = {&a, &b};
+  Run run;
+  size_t step = 0;
+  auto forward = [&](std::vector<BatchSeq> batch) {
+    auto out = m.Forward(batch, pool);
+    REQUIRE(out.ok());
+    REQUIRE(out->rows() == 2);
+    for (int64_t r = 0; r < 2; ++r) run.logits.push_back(Row(*out, r));
+    ++step;
+  };
+  // Prefill in chunks of 30 and 20 (the second prompt's 21 in 15 + 6).
+  const int chunks[2][2] = {{30, 20}, {15, 6}};
+  int done[2] = {0, 0};
+  for (int c = 0; c < 2; ++c) {
+    std::vector<BatchSeq> batch;
+    for (int s = 0; s < 2; ++s) {
+      const int len = chunks[s][c];
+      REQUIRE(seqs[s]->Reserve(done[s] + len).ok());
+      batch.push_back({.tokens = absl::MakeConstSpan(toks[s]).subspan(done[s], len), .start_pos = done[s],
+                       .block_table = seqs[s]->block_table(), .logit_rows = {len - 1}});
+      done[s] += len;
+    }
+    forward(std::move(batch));
+  }
+  for (int d = 0; d < 12; ++d) {
+    const std::vector<std::vector<float>>& src = feed != nullptr ? feed->logits : run.logits;
+    std::vector<BatchSeq> batch;
+    for (int s = 0; s < 2; ++s) {
+      const std::vector<float>& l = src[2 * (step - 1) + s];
+      toks[s].push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+      const int64_t pos = static_cast<int64_t>(toks[s].size()) - 1;
+      REQUIRE(seqs[s]->Reserve(pos + 1).ok());
+      batch.push_back({.tokens = absl::MakeConstSpan(&toks[s].back(), 1), .start_pos = pos,
+                       .block_table = seqs[s]->block_table(), .logit_rows = {0}});
+    }
+    forward(std::move(batch));
+  }
+  const kernels::KvLayout& l = pool.layout();
+  for (const SequenceKv* s : seqs) {
+    for (int32_t blk : s->block_table()) {
+      for (int64_t e = 0; e < l.BlockStride(); ++e) run.kv.push_back(l.Value(pool.data(), blk * l.BlockStride() + e));
+    }
+  }
+  return run;
+}
+
+std::unique_ptr<engine::Model> LoadParallel(const std::string& dir, kernels::KernelBackend* be, int tp, int pp) {
+  auto m = engine::Model::Load(dir, be, {.tp = tp, .pp = pp, .rank_threads = 1});
+  INFO(m.status());
+  REQUIRE(m.ok());
+  return std::move(*m);
+}
+
+TEST_CASE("pipeline parallelism: PP=2 and PP=4 give PP=1's logits and KV bit for bit", "[forward][parallel]") {
+  for (const char* arch : kArchs) {
+    INFO("arch " << arch);
+    const std::string dir = testing::TinyModelDir(arch);
+    kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
+    auto base = LoadParallel(dir, be.get(), 1, 1);
+    const Run want = RunSteps(*base, nullptr);
+    for (int pp : {2, 4}) {
+      INFO("pp " << pp);
+      auto m = LoadParallel(dir, be.get(), 1, pp);
+      REQUIRE(m->layer_dtypes().size() == static_cast<size_t>(m->config().num_layers));
+      const Run got = RunSteps(*m, nullptr);  // its own greedy tokens: equal bits feed equal tokens
+      REQUIRE(got.logits == want.logits);
+      REQUIRE(got.kv == want.kv);
+    }
+  }
+}
+
+TEST_CASE("tensor parallelism: TP=2 (and TP=2 x PP=2) within 1e-5 relative RMS of TP=1", "[forward][parallel]") {
+  for (const char* arch : kArchs) {
+    INFO("arch " << arch);
+    const std::string dir = testing::TinyModelDir(arch);
+    kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
+    auto base = LoadParallel(dir, be.get(), 1, 1);
+    const Run want = RunSteps(*base, nullptr);
+    for (int pp : {1, 2}) {
+      INFO("tp 2, pp " << pp);
+      auto m = LoadParallel(dir, be.get(), 2, pp);
+      const Run got = RunSteps(*m, &want);
+      REQUIRE(got.logits.size() == want.logits.size());
+      double worst = 0;
+      bool differ = false;
+      for (size_t i = 0; i < want.logits.size(); ++i) {
+        worst = std::max(worst, RelativeRms(got.logits[i], want.logits[i]));
+        differ = differ || got.logits[i] != want.logits[i];
+      }
+      std::printf("forward_test: %s tp 2 pp %d: worst logits relative RMS %.2e over %zu rows\n", arch, pp, worst,
+                  want.logits.size());
+      REQUIRE(worst <= 1e-5);
+      // The halves are summed apart, so some bits differ: a rank that left
+      // out its partner's half would be far off, not equal.
+      REQUIRE(differ);
+      REQUIRE(RelativeRms(got.kv, want.kv) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("parallelism the model cannot be split by is refused by name", "[forward][parallel]") {
+  const std::string dir = testing::TinyModelDir("llama");  // 8 heads, 2 KV heads, 4 layers
+  kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
+  auto tp4 = engine::Model::Load(dir, be.get(), {.tp = 4});
+  REQUIRE(tp4.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(tp4.status().message()), Catch::Contains("KV heads (2)"));
+  auto pp5 = engine::Model::Load(dir, be.get(), {.pp = 5});
+  REQUIRE(pp5.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(pp5.status().message()), Catch::Contains("4 layers"));
+  REQUIRE(engine::Model::Load(dir, be.get(), {.tp = 0}).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace duet

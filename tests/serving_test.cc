@@ -182,6 +182,46 @@ TEST_CASE("phase-aware precision: BF16 prefill and Q4 decode pools with a BF16 K
   REQUIRE(moved == blocks * kTinyBlockBytes / 2);
 }
 
+// Tensor parallelism across the disaggregation boundary: a TP=2 prefill
+// (two ranks, each computing half the heads and writing them into its one
+// pool in the unsharded layout) hands its KV to a TP=1 decode, which pulls
+// it as from any prefill. The greedy tokens equal TP=1 everywhere (duet
+// generate). TP sums o_proj and down in two halves, so the first token's
+// logprob, which the prefill computes, differs from TP=1's in its last bits
+// somewhere; a prefill that ignored --tp would match it exactly.
+TEST_CASE("tensor parallelism across pools: a TP=2 prefill and a TP=1 decode serve TP=1's greedy tokens",
+          "[serving]") {
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama");
+  REQUIRE(c.StartRouter(model_dir).ok());
+  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "512", "--tp", "2"}).ok());
+  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "512"}).ok());
+  REQUIRE(c.WaitForWorkers(2).ok());
+  const std::string model = std::filesystem::path(model_dir).filename().string();
+  auto reqs = MixedRequests(48, 1000, 100, 16, 23);
+  for (TestRequest& r : reqs) {
+    r.temperature = 0;
+    r.logprobs = 2;
+  }
+  const auto want = ReferenceOutputs(model_dir, reqs);
+  const std::vector<ParsedCompletion> got = SendAll(c.http_port(), reqs, model);
+  Verdicts v;
+  int first_differs = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::string diff = Verify(model_dir, got[i], want[i], reqs[i], &v);
+    INFO("request " << i << " (prompt " << reqs[i].prompt.size() << " tokens): " << diff);
+    REQUIRE(diff.empty());
+    REQUIRE(!got[i].token_logprobs.empty());
+    first_differs += got[i].token_logprobs[0] != static_cast<double>(want[i].logprobs[0]) ? 1 : 0;
+  }
+  WARN(v.exact << " of " << reqs.size() << " outputs equal TP=1 token for token; " << v.near_tie
+                << " took the other branch at a float near-tie; " << first_differs
+                << " first-token logprobs differ from TP=1's in their last bits");
+  REQUIRE(v.exact >= static_cast<int>(reqs.size() * 9 / 10));
+  REQUIRE(first_differs > 0);
+  WaitIdle(c);
+}
+
 // Prefill and decode must agree on the KV dtype: a decode worker refuses a
 // handle of another dtype, and the request ends in an error that says so
 // rather than in KV read at the wrong width. Nothing stays allocated.

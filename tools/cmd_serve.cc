@@ -148,8 +148,6 @@ void AddWorkerFlags(FlagSet& f, bool with_role) {
   f.Int("reorder-window", 0,
         "prefill: admit the queued prompt with the most cached tokens first, no request overtaken by more than N "
         "later ones (0: first come, first served)");
-  f.Int("tp", 1, "tensor parallelism (the CPU backend supports 1)");
-  f.Int("pp", 1, "pipeline parallelism (the CPU backend supports 1)");
   f.String("ready-file", "", "write {\"control\", \"metrics_port\", \"worker_id\", \"pid\"} as JSON once listening");
   f.Int("heartbeat-ms", 500, "heartbeat interval");
   f.Int("drain-timeout-s", 30,
@@ -197,10 +195,6 @@ void FillBatchEngineOptions(const FlagSet& f, const std::string& dir, const std:
 
 int RunWorkerRole(const std::string& role, const FlagSet& f) {
   const std::string cmd = role == "colocated" ? "worker" : role;
-  if (f.GetInt("tp") != 1 || f.GetInt("pp") != 1) {
-    return UsageError(cmd, absl::InvalidArgumentError(
-                               "--tp and --pp above 1 need the CUDA backend; the CPU backend runs TP=1, PP=1"));
-  }
   if (f.GetInt("block-size") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--block-size must be > 0"));
   if (f.GetInt("pull-timeout-ms") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--pull-timeout-ms must be > 0"));
   if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {

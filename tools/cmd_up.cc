@@ -166,6 +166,9 @@ int RunUp(int argc, char** argv) {
     w.threads = ic.threads > 0 ? ic.threads : (ic.cpus.empty() ? default_threads : static_cast<int>(ic.cpus.size()));
     w.cpus = ic.cpus;
     if (ic.max_batch_tokens > 0) w.args = {"--max-batch-tokens", std::to_string(ic.max_batch_tokens)};
+    if (ic.tp != 1 || ic.pp != 1) {
+      w.args.insert(w.args.end(), {"--tp", std::to_string(ic.tp), "--pp", std::to_string(ic.pp)});
+    }
     for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--weight-dtype", &ic.weight_dtype},
                                       {"--kv-dtype", &ic.kv_dtype},
                                       {"--precision-map", &ic.precision_map}}) {

@@ -39,6 +39,10 @@ Second half, on the GPU machine:
     "gpu_check: N passed, M failed". Exit status 0 only if all passed.
     Without a GPU every test fails with its no-device message (that checks
     the runner).
+  bash gpu_pack/run.sh --dry-run   (or: tools/gpu_check.sh --dry-run)
+    what CI runs after packing: resolves every packed binary's shared
+    libraries as the real run would (failing if one cannot be found) and
+    lists the binaries it would run; runs none, so none counts as passed.
 
 The device tool call (one short run; give the machine back afterwards):
   run(command="bash gpu_pack/run.sh", carry=["gpu_pack"], timeout_s=540)
@@ -174,6 +178,15 @@ write_run_sh() {
 # fails with its no-device message).
 set -uo pipefail
 PACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DRY_RUN=0
+case "${1:-}" in
+  --dry-run) DRY_RUN=1 ;;
+  "") ;;
+  *)
+    echo "usage: run.sh [--dry-run]" >&2
+    exit 2
+    ;;
+esac
 OUT="${OUT:-$PACK/out}"
 mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
@@ -224,6 +237,27 @@ if [ -n "$need" ]; then
       say "run.sh: $so NOT FOUND on this machine (binaries that need it will fail)"
     fi
   done
+fi
+
+if [ "$DRY_RUN" = 1 ]; then
+  # Each binary's libraries as the loader resolves them with the path set
+  # above: what the real run would load, or the reason it could not start.
+  unresolved=0
+  n=0
+  while read -r kind label path; do
+    n=$((n + 1))
+    bad=$(ldd "$PACK/runfiles/$path" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')
+    if [ -n "$bad" ]; then
+      unresolved=$((unresolved + 1))
+      say "WOULD FAIL TO START $kind $label: $bad not found"
+    else
+      libs=$(ldd "$PACK/runfiles/$path" 2>/dev/null | grep -c '=>')
+      say "would run $kind $label ($path, $libs shared libraries resolved)"
+    fi
+  done <"$PACK/MANIFEST"
+  say "gpu_check: dry run: $n binaries listed, $unresolved with unresolved libraries; none run, none counted as passed"
+  [ "$unresolved" = 0 ]
+  exit
 fi
 
 {
@@ -281,8 +315,9 @@ RUN_SH
 
 case "${1:-}" in
   -h | --help) usage ;;
-  --run-packed)
+  --run-packed | --dry-run)
     [ -x "$PACK/run.sh" ] || die "no $PACK/run.sh: run tools/gpu_check.sh (the first half) first"
+    [ "$1" = --dry-run ] && exec bash "$PACK/run.sh" --dry-run
     exec bash "$PACK/run.sh"
     ;;
   "" | --pack) pack ;;

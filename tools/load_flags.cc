@@ -1,5 +1,7 @@
 #include "tools/load_flags.h"
 
+#include <algorithm>
+
 #include "base/status_macros.h"
 #include "engine/precision_map.h"
 
@@ -11,6 +13,12 @@ void AddLoadFlags(FlagSet& f) {
            "JSON file of each layer's weight dtype (as duet precision-plan writes it); --weight-dtype then applies "
            "to the embedding and lm_head where the map names no dtype for them");
   f.String("kv-dtype", "auto", engine::kKvDTypeHelp);
+  f.Int("tp", 1,
+        "tensor parallelism: ranks that split the attention heads, the KV heads and the MLP (it must divide each); "
+        "on the CPU backend each rank is a thread of this process with --threads / tp threads");
+  f.Int("pp", 1,
+        "pipeline parallelism: stages of consecutive layers; on the CPU backend each is a thread of this process, "
+        "and a step passes them in turn (as on a GPU, a stage waits for the one before it)");
 }
 
 absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
@@ -19,6 +27,14 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   ASSIGN_OR_RETURN(o.kv_dtype, engine::ParseKvDType(f.GetString("kv-dtype")));
   if (!f.GetString("precision-map").empty()) {
     ASSIGN_OR_RETURN(o.precision_map, engine::ReadPrecisionMap(f.GetString("precision-map")));
+  }
+  o.tp = static_cast<int>(f.GetInt("tp"));
+  o.pp = static_cast<int>(f.GetInt("pp"));
+  if (o.tp < 1 || o.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
+  // --threads is the process's budget: the tensor-parallel ranks share it
+  // (the stages run one after another, so each may use a rank's share).
+  if (const int64_t threads = f.GetInt("threads"); threads > 0) {
+    o.rank_threads = std::max(1, static_cast<int>(threads) / o.tp);
   }
   return o;
 }

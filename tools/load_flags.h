@@ -12,7 +12,8 @@
 
 namespace duet::tools {
 
-// --weight-dtype, --precision-map, --kv-dtype.
+// --weight-dtype, --precision-map, --kv-dtype, --tp, --pp (the command
+// declares --threads, which the tensor-parallel ranks share).
 void AddLoadFlags(FlagSet& f);
 // The options those flags say; the precision map is read and checked here
 // (its layer count against the model's when the model loads).

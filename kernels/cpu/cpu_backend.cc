@@ -163,8 +163,7 @@ class CpuBackend final : public KernelBackend {
   }
 
   void PagedAttention(const PagedAttentionArgs& a) override {
-    const KvLayout& l = a.layout;
-    const int64_t nkv = l.num_kv_heads;
+    const int64_t nkv = a.KvHeads();
     // Work items: a tile of query rows of one sequence against one KV head.
     // Tiles of prefill chunks run as GEMMs (all the group's query heads share
     // the gathered K and V); short runs (decode) take the row path, which
@@ -209,12 +208,13 @@ class CpuBackend final : public KernelBackend {
   static constexpr int64_t kGemmMinRows = 8;
   static constexpr int64_t kTileRows = 128;
 
-  // Row j of K (kv 0) or V (kv 1) of `seq` at KV head `kvh`, in an f32 pool.
+  // Row j of K (kv 0) or V (kv 1) of `seq` at KV head `kvh` of the call's
+  // range (a.kv_head_begin + kvh of the pool), in an f32 pool.
   static const float* PoolRow(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t kv, int64_t kvh,
                               int64_t j) {
     const KvLayout& l = a.layout;
     return reinterpret_cast<const float*>(
-        l.At(a.kv, l.Offset(seq.block_table[j / l.block_size], a.layer, kv, kvh, j % l.block_size)));
+        l.At(a.kv, l.Offset(seq.block_table[j / l.block_size], a.layer, kv, a.kv_head_begin + kvh, j % l.block_size)));
   }
   // Positions [lo, hi] of K or V into buf as [hi - lo + 1][head_dim] floats,
   // a block-sized run at a time.
@@ -226,7 +226,8 @@ class CpuBackend final : public KernelBackend {
       const int64_t slot = j % l.block_size;
       const int64_t run = std::min(l.block_size - slot, hi - j + 1);
       const int32_t block = seq.block_table[j / l.block_size];
-      simd::Widen(l.At(a.kv, l.Offset(block, a.layer, kv, kvh, slot)), l.dtype, run * hd, buf + (j - lo) * hd);
+      simd::Widen(l.At(a.kv, l.Offset(block, a.layer, kv, a.kv_head_begin + kvh, slot)), l.dtype, run * hd,
+                  buf + (j - lo) * hd);
       j += run;
     }
   }
@@ -239,7 +240,7 @@ class CpuBackend final : public KernelBackend {
                            int64_t kvh, std::vector<float>& scratch) {
     const KvLayout& l = a.layout;
     const int64_t hd = l.head_dim;
-    const int64_t group = a.num_q_heads / l.num_kv_heads;
+    const int64_t group = a.num_q_heads / a.KvHeads();
     const int64_t row = seq.first_row + local;
     const int64_t pos = seq.start_pos + local;
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
@@ -279,7 +280,7 @@ class CpuBackend final : public KernelBackend {
                                 std::vector<float>& scratch) {
     const KvLayout& l = a.layout;
     const int64_t hd = l.head_dim;
-    const int64_t group = a.num_q_heads / l.num_kv_heads;
+    const int64_t group = a.num_q_heads / a.KvHeads();
     const int64_t pos0 = seq.start_pos + first;
     const int64_t pos_last = pos0 + rows - 1;
     const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;

@@ -95,7 +95,7 @@ std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k
 void PagedAttention(const PagedAttentionArgs& a) {
   const KvLayout& l = a.layout;
   const int64_t hd = l.head_dim;
-  const int64_t group = a.num_q_heads / l.num_kv_heads;
+  const int64_t group = a.num_q_heads / a.KvHeads();
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const AttentionSeq& seq = a.seqs[s];
     for (int64_t i = 0; i < seq.num_tokens; ++i) {
@@ -103,7 +103,7 @@ void PagedAttention(const PagedAttentionArgs& a) {
       const int64_t pos = seq.start_pos + i;
       const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
       for (int64_t h = 0; h < a.num_q_heads; ++h) {
-        const int64_t kvh = h / group;
+        const int64_t kvh = a.kv_head_begin + h / group;
         const float* q = a.q + (row * a.num_q_heads + h) * hd;
         std::vector<double> scores(pos - lo + 1);
         double mx = -1e300;
