@@ -35,10 +35,12 @@
 //     warm-up's TTFT (concurrency 1) beside the no-cache TTFT x (1 - that
 //     request's cached share).
 //   - Two prefills (1 thread each, cores 0 and 1, the same cache split in
-//     half between them) + one decode: least_loaded, then cache_aware
-//     (the router's default weights), on the same requests (warm-up two
-//     at a time; measured at `load` of the least_loaded cluster's capacity
-//     from that warm-up): hit rate, each prefill's share of the
+//     half between them) + one decode: a least_loaded cluster and a
+//     cache_aware one (the router's default weights) side by side on the
+//     same cores, each request sent to both at the same moment (warm-up
+//     two at a time each; measured at `load` of the least_loaded
+//     cluster's capacity from that warm-up), so the machine's drifting
+//     speed is the same for both: hit rate, each prefill's share of the
 //     measured requests (the router's requests_dispatched), TTFT p90.
 // Targets: sim and real within 2 pp; TTFT p50 1.5x lower with the cache;
 // cache_aware 5 pp above least_loaded, no prefill above 65%, p90 no worse.
@@ -50,6 +52,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -228,33 +231,63 @@ absl::Status CheckOutcomes(const std::string& name, const RunResult& r) {
   return absl::OkStatus();
 }
 
-// Starts the cluster, runs the warm-up (`warm_concurrency` at a time, as
-// many as it has prefills), then the measured requests at `rate` (<= 0:
-// `load` x its capacity: with `probe_capacity`, the warm-up's requests
-// again at 3 x warm_concurrency per second of wall time, for a cluster
-// without a cache; else warm_concurrency / the warm-up's mean TTFT), and
-// stops it.
+// The pieces of a cluster's run: start it, warm it up (`concurrency` at a
+// time, closed loop), send the measured requests at `rate` (the workload's
+// Poisson gaps rescaled), counting what the router gave each prefill.
+absl::StatusOr<std::unique_ptr<cluster::LocalCluster>> Start(const std::string& name, const std::string& run_dir,
+                                                             const std::string& model_dir,
+                                                             const std::vector<cluster::WorkerSpec>& workers,
+                                                             const std::string& policy, const FlagSet& f) {
+  Progress(absl::StrCat(name, ": starting the cluster"));
+  return StartCluster(run_dir + "/" + name, model_dir, workers, f.GetDouble("kv-memory"), f.GetInt("heartbeat-ms"),
+                      "", policy);
+}
+
+absl::Status Warm(const std::string& name, cluster::LocalCluster& c, const std::string& model_name,
+                  const std::vector<BenchRequest>& warm, int concurrency, const FlagSet& f, RunResult* out) {
+  *out = ReplayClosed(c.http_port(), model_name, warm, concurrency, f.GetDouble("timeout-s"));
+  return CheckOutcomes(name, *out);
+}
+
+std::vector<BenchRequest> MeasuredAt(const std::vector<BenchRequest>& reqs, size_t warm_n, double rate) {
+  std::vector<BenchRequest> measured(reqs.begin() + static_cast<long>(warm_n), reqs.end());
+  const double first = measured.front().arrival_s;
+  for (BenchRequest& r : measured) r.arrival_s = (r.arrival_s - first) * 2.0 / rate;
+  return measured;
+}
+
+absl::Status Measure(const std::string& name, cluster::LocalCluster& c, const std::string& model_name,
+                     const std::vector<BenchRequest>& measured, const FlagSet& f, ClusterRun* out) {
+  ASSIGN_OR_RETURN(const auto before, Dispatched(c));
+  out->measured = Replay(c.http_port(), model_name, measured, f.GetDouble("timeout-s"));
+  RETURN_IF_ERROR(CheckOutcomes(name, out->measured));
+  RETURN_IF_ERROR(c.CheckAlive());
+  ASSIGN_OR_RETURN(const auto after, Dispatched(c));
+  for (const auto& [id, n] : after) out->dispatched[id] = n - (before.count(id) ? before.at(id) : 0);
+  return absl::OkStatus();
+}
+
+// One cluster: started, warmed up (`warm_concurrency` at a time), then the
+// measured requests at `rate` (<= 0: `load` x its capacity: with
+// `probe_capacity`, the warm-up's requests again at 3 x warm_concurrency
+// per second of wall time, for a cluster without a cache; else
+// warm_concurrency / the warm-up's mean TTFT), and stopped.
 absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string& run_dir,
                                       const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
                                       const std::string& policy, const std::vector<BenchRequest>& reqs,
                                       size_t warm_n, int warm_concurrency, double rate, double load,
                                       bool probe_capacity, const FlagSet& f) {
   const std::string model_name = testing::ModelBaseName(model_dir);
-  const double timeout_s = f.GetDouble("timeout-s");
-  Progress(absl::StrCat(name, ": starting the cluster"));
-  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> c,
-                   StartCluster(run_dir + "/" + name, model_dir, workers, f.GetDouble("kv-memory"),
-                                f.GetInt("heartbeat-ms"), "", policy));
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> c, Start(name, run_dir, model_dir, workers, policy, f));
   ClusterRun out;
   const std::vector<BenchRequest> warm(reqs.begin(), reqs.begin() + static_cast<long>(warm_n));
   Progress(absl::StrCat(name, ": ", warm.size(), " warm-up requests, ", warm_concurrency, " at a time"));
-  out.warm = ReplayClosed(c->http_port(), model_name, warm, warm_concurrency, timeout_s);
-  RETURN_IF_ERROR(CheckOutcomes(name, out.warm));
+  RETURN_IF_ERROR(Warm(name, *c, model_name, warm, warm_concurrency, f, &out.warm));
   if (rate <= 0 && probe_capacity) {
     Progress(absl::StrCat(name, ": capacity under load: the ", warm.size(), " warm-up requests again, ",
                           3 * warm_concurrency, " at a time"));
-    const RunResult probe = ReplayClosed(c->http_port(), model_name, warm, 3 * warm_concurrency, timeout_s);
-    RETURN_IF_ERROR(CheckOutcomes(name, probe));
+    RunResult probe;
+    RETURN_IF_ERROR(Warm(name, *c, model_name, warm, 3 * warm_concurrency, f, &probe));
     out.capacity = static_cast<double>(warm.size()) / probe.wall_s;
     rate = load * out.capacity;
   } else if (rate <= 0) {
@@ -264,20 +297,54 @@ absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string
     rate = load * out.capacity;
   }
   out.rate = rate;
-  // The measured requests keep the workload's Poisson gaps, rescaled to `rate`.
-  std::vector<BenchRequest> measured(reqs.begin() + static_cast<long>(warm_n), reqs.end());
-  const double first = measured.front().arrival_s;
-  for (BenchRequest& r : measured) r.arrival_s = (r.arrival_s - first) * 2.0 / rate;
-  ASSIGN_OR_RETURN(const auto before, Dispatched(*c));
+  const std::vector<BenchRequest> measured = MeasuredAt(reqs, warm_n, rate);
   Progress(absl::StrFormat("%s: %zu measured requests at %.2f req/s (~%.0f s)", name, measured.size(), rate,
                            measured.back().arrival_s));
-  out.measured = Replay(c->http_port(), model_name, measured, timeout_s);
-  RETURN_IF_ERROR(CheckOutcomes(name, out.measured));
-  RETURN_IF_ERROR(c->CheckAlive());
-  ASSIGN_OR_RETURN(const auto after, Dispatched(*c));
-  for (const auto& [id, n] : after) out.dispatched[id] = n - (before.count(id) ? before.at(id) : 0);
+  RETURN_IF_ERROR(Measure(name, *c, model_name, measured, f, &out));
   c->Stop();
   return out;
+}
+
+// Two clusters side by side on the same cores, each request sent to both at
+// the same moment: warmed up together (`warm_concurrency` at a time each),
+// then measured together at `load` x the first cluster's capacity from its
+// warm-up (warm_concurrency / its mean TTFT, the machine shared as it then
+// is). This machine's speed drifts by 10-20% over minutes, so two runs one
+// after the other compare the moments as much as the clusters; side by side
+// they see the same ones.
+absl::Status RunSideBySide(const std::string& a_name, const std::string& a_policy, const std::string& b_name,
+                           const std::string& b_policy, const std::string& run_dir, const std::string& model_dir,
+                           const std::vector<cluster::WorkerSpec>& workers, const std::vector<BenchRequest>& reqs,
+                           size_t warm_n, int warm_concurrency, double load, const FlagSet& f, ClusterRun* a,
+                           ClusterRun* b) {
+  const std::string model_name = testing::ModelBaseName(model_dir);
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> ca, Start(a_name, run_dir, model_dir, workers, a_policy, f));
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> cb, Start(b_name, run_dir, model_dir, workers, b_policy, f));
+  // Both halves of a step at once, the second on a thread of its own.
+  auto both = [](const std::function<absl::Status()>& first, const std::function<absl::Status()>& second) {
+    absl::Status s2;
+    std::thread t([&] { s2 = second(); });
+    absl::Status s1 = first();
+    t.join();
+    return s1.ok() ? s2 : s1;
+  };
+  const std::vector<BenchRequest> warm(reqs.begin(), reqs.begin() + static_cast<long>(warm_n));
+  Progress(absl::StrCat(a_name, " and ", b_name, ": ", warm.size(), " warm-up requests, ", warm_concurrency,
+                        " at a time each"));
+  RETURN_IF_ERROR(both([&] { return Warm(a_name, *ca, model_name, warm, warm_concurrency, f, &a->warm); },
+                       [&] { return Warm(b_name, *cb, model_name, warm, warm_concurrency, f, &b->warm); }));
+  double sum = 0;
+  for (const Outcome& o : a->warm.outcomes) sum += o.ttft();
+  a->capacity = warm_concurrency / (sum / static_cast<double>(warm.size()));
+  a->rate = b->rate = load * a->capacity;
+  const std::vector<BenchRequest> measured = MeasuredAt(reqs, warm_n, a->rate);
+  Progress(absl::StrFormat("%s and %s: %zu measured requests at %.2f req/s each (~%.0f s)", a_name, b_name,
+                           measured.size(), a->rate, measured.back().arrival_s));
+  RETURN_IF_ERROR(both([&] { return Measure(a_name, *ca, model_name, measured, f, a); },
+                       [&] { return Measure(b_name, *cb, model_name, measured, f, b); }));
+  ca->Stop();
+  cb->Stop();
+  return absl::OkStatus();
 }
 
 std::vector<double> Ttfts(const RunResult& r) {
@@ -350,13 +417,12 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
                                             {.role = "prefill", .threads = 1, .cpus = {1}, .args = half_args},
                                             {.role = "decode", .threads = 1}};
   };
-  // Their rate: `load` x the least_loaded cluster's capacity from its
-  // warm-up (two at a time, one per prefill; its few hits make it an
-  // upper bound), the same for cache_aware.
-  ASSIGN_OR_RETURN(const ClusterRun ll, RunCluster("two-prefill-least_loaded", run_dir, model_dir, two(),
-                                                   "least_loaded", reqs, warm_n, 2, 0, load, false, f));
-  ASSIGN_OR_RETURN(const ClusterRun ca, RunCluster("two-prefill-cache_aware", run_dir, model_dir, two(),
-                                                   "cache_aware", reqs, warm_n, 2, ll.rate, load, false, f));
+  // Side by side, each prefill i of both on core i; their rate: `load` x
+  // the least_loaded cluster's capacity from its warm-up (two at a time,
+  // one per prefill; its few hits make it an upper bound).
+  ClusterRun ll, ca;
+  RETURN_IF_ERROR(RunSideBySide("two-prefill-least_loaded", "least_loaded", "two-prefill-cache_aware", "cache_aware",
+                                run_dir, model_dir, two(), reqs, warm_n, 2, load, f, &ll, &ca));
 
   // duet sim of the pgdsf cluster, the same requests sent when they were.
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
@@ -467,8 +533,10 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   const bool hit_ok = ca_hit >= ll_hit + 0.05, share_ok = max_share(ca) <= 0.65 && max_share(ll) <= 0.65,
              p90_ok = ca_p90 <= ll_p90;
   std::printf("\ntwo prefills (1 thread each, cores 0 and 1) + one decode, the same cache split: %lld device + %lld "
-              "host blocks each; measured at Poisson %.2f req/s = %.0f%% of the least_loaded cluster's capacity from its "
-              "warm-up (2 at a time: %.0f ms mean TTFT); cache_aware weights %s (the router's default)\n",
+              "host blocks each; the least_loaded and cache_aware clusters side by side on the same cores, each "
+              "request sent to both at once; measured at Poisson %.2f req/s each = %.0f%% of the least_loaded "
+              "cluster's capacity from its warm-up beside the other's (2 at a time: %.0f ms mean TTFT); cache_aware "
+              "weights %s (the router's default)\n",
               static_cast<long long>(half_device), static_cast<long long>(half_host), ll.rate, 100 * load,
               2e3 * load / ll.rate, CacheAwareWeights{}.ToString().c_str());
   std::printf("%-34s %12s %12s %8s   %s\n", "figure", "cache_aware", "least_loaded", "", "target");
