@@ -239,8 +239,10 @@ absl::StatusOr<std::unique_ptr<cluster::LocalCluster>> Start(const std::string& 
                                                              const std::vector<cluster::WorkerSpec>& workers,
                                                              const std::string& policy, const FlagSet& f) {
   Progress(absl::StrCat(name, ": starting the cluster"));
+  std::vector<std::string> router_args;
+  if (policy == "cache_aware") router_args = {"--cache-aware-weights", f.GetString("cache-aware-weights")};
   return StartCluster(run_dir + "/" + name, model_dir, workers, f.GetDouble("kv-memory"), f.GetInt("heartbeat-ms"),
-                      "", policy);
+                      "", policy, router_args);
 }
 
 absl::Status Warm(const std::string& name, cluster::LocalCluster& c, const std::string& model_name,
@@ -403,12 +405,14 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
                                             {.role = "decode", .threads = 1}};
   };
   const double load = f.GetDouble("load");
-  ASSIGN_OR_RETURN(const ClusterRun none,
-                   RunCluster("no-cache", run_dir, model_dir, one(none_args), "least_loaded", reqs, warm_n, 1, 0,
-                              load, /*probe_capacity=*/true, f));
-  ASSIGN_OR_RETURN(const ClusterRun pgdsf,
-                   RunCluster("pgdsf", run_dir, model_dir, one(cache_args), "least_loaded", reqs, warm_n, 1,
-                              none.rate, load, false, f));
+  const bool two_only = f.GetBool("two-prefill-only");
+  ClusterRun none, pgdsf;
+  if (!two_only) {
+    ASSIGN_OR_RETURN(none, RunCluster("no-cache", run_dir, model_dir, one(none_args), "least_loaded", reqs, warm_n, 1,
+                                      0, load, /*probe_capacity=*/true, f));
+    ASSIGN_OR_RETURN(pgdsf, RunCluster("pgdsf", run_dir, model_dir, one(cache_args), "least_loaded", reqs, warm_n, 1,
+                                       none.rate, load, false, f));
+  }
   // The two prefills share the same 20%: half each, device:host 1:3.
   const int64_t half = cache_blocks / 2, half_device = half / 4, half_host = half - half_device;
   const std::vector<std::string> half_args = cache_flags(half);
@@ -424,6 +428,10 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   RETURN_IF_ERROR(RunSideBySide("two-prefill-least_loaded", "least_loaded", "two-prefill-cache_aware", "cache_aware",
                                 run_dir, model_dir, two(), reqs, warm_n, 2, load, f, &ll, &ca));
 
+  // The one-prefill figures (not with --two-prefill-only).
+  bool ttft_ok = true, sim_ok = true;
+  double real_hit = 0;
+  if (!two_only) {
   // duet sim of the pgdsf cluster, the same requests sent when they were.
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
   // In the order they were sent (open-loop sends may swap by microseconds).
@@ -468,7 +476,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
     }
     std::fclose(out);
   }
-  const double real_hit = DocHitRate(w, CachedTokens(pgdsf), warm_n, n);
+  real_hit = DocHitRate(w, CachedTokens(pgdsf), warm_n, n);
   const double sim_hit = DocHitRate(w, sim_cached, warm_n, n);
   const double none_p50 = Percentile(Ttfts(none.measured), 0.5), none_p90 = Percentile(Ttfts(none.measured), 0.9);
   const double pg_p50 = Percentile(Ttfts(pgdsf.measured), 0.5), pg_p90 = Percentile(Ttfts(pgdsf.measured), 0.9);
@@ -493,14 +501,14 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
               static_cast<long long>(device), static_cast<long long>(host));
   std::printf("one prefill (2 threads) + one decode (1 thread)\n");
   std::printf("%-34s %12s %12s %8s   %s\n", "figure", "pgdsf", "no cache", "ratio", "target");
-  const bool ttft_ok = none_p50 >= 1.5 * pg_p50;
+  ttft_ok = none_p50 >= 1.5 * pg_p50;
   std::printf("%-34s %12.0f %12.0f %8.2f   none / pgdsf >= 1.50 %s\n", "TTFT p50 ms", 1e3 * pg_p50, 1e3 * none_p50,
               none_p50 / pg_p50, ttft_ok ? "ok" : "MISS");
   std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p90 ms", 1e3 * pg_p90, 1e3 * none_p90, none_p90 / pg_p90);
   std::printf("%-34s %12.0f %12.0f %8.2f   (1 - hit) predicts %.0f ms: real / predicted %.2f\n",
               "TTFT mean ms, warm-up (conc. 1)", 1e3 * real_c1, 1e3 * none_c1, none_c1 / real_c1, 1e3 * pred_c1,
               real_c1 / pred_c1);
-  const bool sim_ok = std::abs(real_hit - sim_hit) <= 0.02;
+  sim_ok = std::abs(real_hit - sim_hit) <= 0.02;
   int64_t differ = 0;
   for (size_t i = warm_n; i < n; ++i) differ += pg_cached[i] != sim_cached[i] ? 1 : 0;
   std::printf("%-34s %11.1f%% %11.1f%%   %7s   |real - sim| <= 2.0 pp: %.1f pp %s\n",
@@ -508,6 +516,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
               sim_ok ? "ok" : "MISS");
   std::printf("%-34s %12lld of %zu\n", "  requests whose cached tokens differ", static_cast<long long>(differ),
               n - warm_n);
+  }
 
   const double ll_hit = DocHitRate(w, CachedTokens(ll), warm_n, n), ca_hit = DocHitRate(w, CachedTokens(ca), warm_n, n);
   auto max_share = [&](const ClusterRun& r) {
@@ -536,20 +545,20 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
               "host blocks each; the least_loaded and cache_aware clusters side by side on the same cores, each "
               "request sent to both at once; measured at Poisson %.2f req/s each = %.0f%% of the least_loaded "
               "cluster's capacity from its warm-up beside the other's (2 at a time: %.0f ms mean TTFT); cache_aware "
-              "weights %s (the router's default)\n",
+              "weights %s\n",
               static_cast<long long>(half_device), static_cast<long long>(half_host), ll.rate, 100 * load,
-              2e3 * load / ll.rate, CacheAwareWeights{}.ToString().c_str());
+              2e3 * load / ll.rate, f.GetString("cache-aware-weights").c_str());
   std::printf("%-34s %12s %12s %8s   %s\n", "figure", "cache_aware", "least_loaded", "", "target");
   std::printf("%-34s %11.1f%% %11.1f%% %+7.1f   >= +5.0 pp %s\n", "document hit rate", 100 * ca_hit, 100 * ll_hit,
               100 * (ca_hit - ll_hit), hit_ok ? "ok" : "MISS");
   // The bound: one prefill holding the whole cache (the pgdsf run).
-  int64_t found_less = 0;
-  {
+  if (!two_only) {
+    int64_t found_less = 0;
     const std::vector<int64_t> whole = CachedTokens(pgdsf), aware = CachedTokens(ca);
     for (size_t i = warm_n; i < n; ++i) found_less += aware[i] < whole[i] ? 1 : 0;
+    std::printf("%-34s %11.1f%%   (requests cache_aware found less of: %lld of %zu)\n",
+                "  one prefill with the whole cache", 100 * real_hit, static_cast<long long>(found_less), n - warm_n);
   }
-  std::printf("%-34s %11.1f%%   (requests cache_aware found less of: %lld of %zu)\n",
-              "  one prefill with the whole cache", 100 * real_hit, static_cast<long long>(found_less), n - warm_n);
   std::printf("%-34s %12s %12s %8s   each <= 65%% %s\n", "requests per prefill", shares(ca).c_str(),
               shares(ll).c_str(), "", share_ok ? "ok" : "MISS");
   std::printf("%-34s %12.0f %12.0f %8.2f   cache_aware <= least_loaded %s\n", "TTFT p90 ms", 1e3 * ca_p90,
@@ -567,6 +576,12 @@ absl::Status Run(const FlagSet& f) {
   if (f.GetInt("warmup") < 1 || f.GetInt("requests") < 1 || !(f.GetDouble("load") > 0 && f.GetDouble("load") <= 1) ||
       !(f.GetDouble("timeout-s") > 0)) {
     return absl::InvalidArgumentError("--warmup and --requests must be >= 1, --load in (0, 1], --timeout-s > 0");
+  }
+  RETURN_IF_ERROR(ParseCacheAwareWeights(f.GetString("cache-aware-weights")).status());
+  if (f.GetBool("two-prefill-only") && (f.GetBool("sim-only") || !f.GetString("csv").empty())) {
+    return absl::InvalidArgumentError(
+        "--two-prefill-only goes with neither --sim-only nor --csv (it runs the two-prefill clusters alone; the "
+        "CSV holds all four runs)");
   }
   std::printf("duet RAG bench\n");
   ASSIGN_OR_RETURN(const SimTable table, PrintSimTable());
@@ -594,5 +609,10 @@ int main(int argc, char** argv) {
   f.Double("kv-memory", 0.5, "the decode worker's KV cache in GiB");
   f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers");
   f.Double("timeout-s", 300, "a request not done after this long fails the bench");
+  f.Bool("two-prefill-only",
+         "real clusters: only the two-prefill comparison of least_loaded and cache_aware (about 9 minutes after "
+         "the simulator table), for trying dispatch settings");
+  f.String("cache-aware-weights", duet::CacheAwareWeights{}.ToString(),
+           "the cache_aware router's weights U,Q (the router's --cache-aware-weights; default its default)");
   return duet::RunWithFlags(f, argc, argv, duet::bench::Run, "ragcache bench");
 }

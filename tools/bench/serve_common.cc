@@ -221,12 +221,14 @@ void AddBenchFlags(FlagSet& f, int64_t default_requests) {
 
 absl::StatusOr<std::unique_ptr<cluster::LocalCluster>> StartCluster(
     const std::string& run_dir, const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
-    double kv_gib, int64_t heartbeat_ms, const std::string& step_log_prefix, const std::string& policy) {
+    double kv_gib, int64_t heartbeat_ms, const std::string& step_log_prefix, const std::string& policy,
+    const std::vector<std::string>& router_args) {
   const std::string hb = std::to_string(heartbeat_ms);
   cluster::ClusterOptions o;
   o.model_dir = model_dir;
   o.run_dir = run_dir;
   o.router_args = {"--heartbeat-ms", hb, "--policy", policy};
+  o.router_args.insert(o.router_args.end(), router_args.begin(), router_args.end());
   o.worker_args = {"--kv-memory", absl::StrCat(kv_gib), "--heartbeat-ms", hb};
   auto c = std::make_unique<cluster::LocalCluster>(std::move(o));
   RETURN_IF_ERROR(c->StartRouter());

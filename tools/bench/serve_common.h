@@ -106,14 +106,15 @@ struct Setup {
   std::string name;
   std::vector<cluster::WorkerSpec> workers;
 };
-// A router (with `policy`) and `workers` from the duet binary, each worker
-// with `kv_gib` of KV cache, heartbeats every `heartbeat_ms` on both sides;
-// ready when the router lists them all. step_log_prefix: when set, each worker
+// A router (with `policy`, and `router_args` added to its flags) and
+// `workers` from the duet binary, each worker with `kv_gib` of KV cache,
+// heartbeats every `heartbeat_ms` on both sides; ready when the router lists
+// them all. step_log_prefix: when set, each worker
 // logs its forward passes to <prefix><worker id>.csv (DUET_STEP_LOG).
 absl::StatusOr<std::unique_ptr<cluster::LocalCluster>> StartCluster(
     const std::string& run_dir, const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
     double kv_gib, int64_t heartbeat_ms, const std::string& step_log_prefix = "",
-    const std::string& policy = "least_loaded");
+    const std::string& policy = "least_loaded", const std::vector<std::string>& router_args = {});
 
 // --- One run
 
