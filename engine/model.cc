@@ -405,25 +405,23 @@ absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std:
   const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
   // This rank's slices: its heads' rows of q, k and v and columns of o_proj;
   // its share of the MLP's rows of gate and up and columns of down.
+  // At tp 1 each slice is the whole tensor, which LoadMatrix reads directly.
   const int64_t r = sh.tp_rank, qd_r = qd / sh.tp, kvd_r = kvd / sh.tp, I_r = I / sh.tp;
-  const bool whole = sh.tp == 1;
-  auto rows = [whole](std::string name, int64_t n, int64_t first, int64_t count) {
-    return whole ? Part{std::move(name), n} : Part{std::move(name), n, first, count};
-  };
-  const Cols o_cols = whole ? Cols{} : Cols{r * qd_r, qd_r}, down_cols = whole ? Cols{} : Cols{r * I_r, I_r};
   const std::string p = absl::StrCat("model.layers.", i, ".");
   Layer& L = layers_[i - sh.layer_begin];
   ASSIGN_OR_RETURN(L.wqkv, LoadLinear(st, c,
-                                      {rows(p + "self_attn.q_proj.weight", qd, r * qd_r, qd_r),
-                                       rows(p + "self_attn.k_proj.weight", kvd, r * kvd_r, kvd_r),
-                                       rows(p + "self_attn.v_proj.weight", kvd, r * kvd_r, kvd_r)},
+                                      {{p + "self_attn.q_proj.weight", qd, r * qd_r, qd_r},
+                                       {p + "self_attn.k_proj.weight", kvd, r * kvd_r, kvd_r},
+                                       {p + "self_attn.v_proj.weight", kvd, r * kvd_r, kvd_r}},
                                       H, dt, *backend_));
-  ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_, o_cols));
+  ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_,
+                                    Cols{r * qd_r, qd_r}));
   ASSIGN_OR_RETURN(L.wgu, LoadLinear(st, c,
-                                     {rows(p + "mlp.gate_proj.weight", I, r * I_r, I_r),
-                                      rows(p + "mlp.up_proj.weight", I, r * I_r, I_r)},
+                                     {{p + "mlp.gate_proj.weight", I, r * I_r, I_r},
+                                      {p + "mlp.up_proj.weight", I, r * I_r, I_r}},
                                      H, dt, *backend_));
-  ASSIGN_OR_RETURN(L.wdown, LoadLinear(st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_, down_cols));
+  ASSIGN_OR_RETURN(L.wdown, LoadLinear(st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_,
+                                       Cols{r * I_r, I_r}));
   return absl::OkStatus();
 }
 
@@ -434,7 +432,9 @@ absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dty
   if (config_.gptq) {
     return absl::InvalidArgumentError(absl::StrCat("the GPTQ checkpoint in ", dir_, " holds its linear layers as q4z"));
   }
-  if (ranks_ != nullptr) return absl::InvalidArgumentError("a layer of a sharded model (tp or pp above 1) is not reloaded");
+  if (ranks_ != nullptr) {
+    return absl::InvalidArgumentError("a layer of a sharded model (tp or pp above 1) is not reloaded");
+  }
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
   return LoadLayerLinears(*st, layer, dtype);
 }

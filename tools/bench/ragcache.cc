@@ -270,32 +270,26 @@ absl::Status Measure(const std::string& name, cluster::LocalCluster& c, const st
 }
 
 // One cluster: started, warmed up (`warm_concurrency` at a time), then the
-// measured requests at `rate` (<= 0: `load` x its capacity: with
-// `probe_capacity`, the warm-up's requests again at 3 x warm_concurrency
-// per second of wall time, for a cluster without a cache; else
-// warm_concurrency / the warm-up's mean TTFT), and stopped.
+// measured requests at `rate` (<= 0: `load` x its capacity under load, the
+// warm-up's requests again at 3 x warm_concurrency per second of wall
+// time: for a cluster without a cache, which they would hit), and stopped.
 absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string& run_dir,
                                       const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
                                       const std::string& policy, const std::vector<BenchRequest>& reqs,
                                       size_t warm_n, int warm_concurrency, double rate, double load,
-                                      bool probe_capacity, const FlagSet& f) {
+                                      const FlagSet& f) {
   const std::string model_name = testing::ModelBaseName(model_dir);
   ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> c, Start(name, run_dir, model_dir, workers, policy, f));
   ClusterRun out;
   const std::vector<BenchRequest> warm(reqs.begin(), reqs.begin() + static_cast<long>(warm_n));
   Progress(absl::StrCat(name, ": ", warm.size(), " warm-up requests, ", warm_concurrency, " at a time"));
   RETURN_IF_ERROR(Warm(name, *c, model_name, warm, warm_concurrency, f, &out.warm));
-  if (rate <= 0 && probe_capacity) {
+  if (rate <= 0) {
     Progress(absl::StrCat(name, ": capacity under load: the ", warm.size(), " warm-up requests again, ",
                           3 * warm_concurrency, " at a time"));
     RunResult probe;
     RETURN_IF_ERROR(Warm(name, *c, model_name, warm, 3 * warm_concurrency, f, &probe));
     out.capacity = static_cast<double>(warm.size()) / probe.wall_s;
-    rate = load * out.capacity;
-  } else if (rate <= 0) {
-    double sum = 0;
-    for (const Outcome& o : out.warm.outcomes) sum += o.ttft();
-    out.capacity = warm_concurrency / (sum / static_cast<double>(warm.size()));
     rate = load * out.capacity;
   }
   out.rate = rate;
@@ -409,9 +403,9 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   ClusterRun none, pgdsf;
   if (!two_only) {
     ASSIGN_OR_RETURN(none, RunCluster("no-cache", run_dir, model_dir, one(none_args), "least_loaded", reqs, warm_n, 1,
-                                      0, load, /*probe_capacity=*/true, f));
+                                      0, load, f));
     ASSIGN_OR_RETURN(pgdsf, RunCluster("pgdsf", run_dir, model_dir, one(cache_args), "least_loaded", reqs, warm_n, 1,
-                                       none.rate, load, false, f));
+                                       none.rate, load, f));
   }
   // The two prefills share the same 20%: half each, device:host 1:3.
   const int64_t half = cache_blocks / 2, half_device = half / 4, half_host = half - half_device;
@@ -432,90 +426,92 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   bool ttft_ok = true, sim_ok = true;
   double real_hit = 0;
   if (!two_only) {
-  // duet sim of the pgdsf cluster, the same requests sent when they were.
-  ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
-  // In the order they were sent (open-loop sends may swap by microseconds).
-  std::vector<double> sent_at(n);
-  for (size_t i = 0; i < n; ++i) {
-    sent_at[i] = Seconds((i < warm_n ? pgdsf.warm : pgdsf.measured).t0 - pgdsf.warm.t0) + pgdsf.at(i).send_s;
-  }
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sent_at[a] < sent_at[b]; });
-  std::vector<placement::SimRequest> sent;
-  for (size_t i : order) {
-    sent.push_back(w.requests[i]);
-    sent.back().arrival = sent_at[i];
-  }
-  placement::ClusterSpec cs;
-  cs.instances = {{.role = placement::InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
-                  {.role = placement::InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
-  cs.cache = {.device_blocks = device, .host_blocks = host, .policy = kvcache::Policy::kPgdsf};
-  const placement::SimResult sim = placement::Simulate(cs, spec, *lat, sent);
-  std::vector<int64_t> sim_cached(n, 0);  // back in workload order
-  for (size_t k = 0; k < n; ++k) sim_cached[order[k]] = sim.requests[k].cached;
-
-  if (const std::string csv = f.GetString("csv"); !csv.empty()) {
-    // One row per request: each run's time to first token and cached tokens, and duet sim's.
-    std::FILE* out = std::fopen(csv.c_str(), "w");
-    if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write ", csv));
-    std::fprintf(out, "request,measured,prompt,doc_begin,doc_end");
-    const std::pair<const char*, const ClusterRun*> runs[4] = {
-        {"none", &none}, {"pgdsf", &pgdsf}, {"least_loaded", &ll}, {"cache_aware", &ca}};
-    for (const auto& [name, r] : runs) std::fprintf(out, ",%s_send_s,%s_ttft_s,%s_cached", name, name, name);
-    std::fprintf(out, ",sim_cached\n");
+    // duet sim of the pgdsf cluster, the same requests sent when they were.
+    ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> lat, placement::LoadLatencyModel(profile, spec));
+    // In the order they were sent (open-loop sends may swap by microseconds).
+    std::vector<double> sent_at(n);
     for (size_t i = 0; i < n; ++i) {
-      const placement::PromptTokens& q = *w.requests[i].content;
-      std::fprintf(out, "%zu,%d,%lld,%lld,%lld", i, i >= warm_n ? 1 : 0, static_cast<long long>(w.requests[i].prompt),
-                   static_cast<long long>(q.doc_begin), static_cast<long long>(q.doc_end));
-      for (const auto& [name, r] : runs) {
-        const Outcome& o = r->at(i);
-        std::fprintf(out, ",%.6f,%.6f,%lld", o.send_s, o.ttft(), static_cast<long long>(o.cached_tokens));
-      }
-      std::fprintf(out, ",%lld\n", static_cast<long long>(sim_cached[i]));
+      sent_at[i] = Seconds((i < warm_n ? pgdsf.warm : pgdsf.measured).t0 - pgdsf.warm.t0) + pgdsf.at(i).send_s;
     }
-    std::fclose(out);
-  }
-  real_hit = DocHitRate(w, CachedTokens(pgdsf), warm_n, n);
-  const double sim_hit = DocHitRate(w, sim_cached, warm_n, n);
-  const double none_p50 = Percentile(Ttfts(none.measured), 0.5), none_p90 = Percentile(Ttfts(none.measured), 0.9);
-  const double pg_p50 = Percentile(Ttfts(pgdsf.measured), 0.5), pg_p90 = Percentile(Ttfts(pgdsf.measured), 0.9);
-  // Concurrency 1: each warm-up request's no-cache TTFT x its uncached share.
-  double real_c1 = 0, pred_c1 = 0, none_c1 = 0;
-  const std::vector<int64_t> pg_cached = CachedTokens(pgdsf);
-  for (size_t i = 0; i < warm_n; ++i) {
-    real_c1 += pgdsf.warm.outcomes[i].ttft();
-    none_c1 += none.warm.outcomes[i].ttft();
-    pred_c1 += none.warm.outcomes[i].ttft() *
-               (1.0 - static_cast<double>(pg_cached[i]) / static_cast<double>(w.requests[i].prompt));
-  }
-  real_c1 /= static_cast<double>(warm_n);
-  pred_c1 /= static_cast<double>(warm_n);
-  none_c1 /= static_cast<double>(warm_n);
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sent_at[a] < sent_at[b]; });
+    std::vector<placement::SimRequest> sent;
+    for (size_t i : order) {
+      sent.push_back(w.requests[i]);
+      sent.back().arrival = sent_at[i];
+    }
+    placement::ClusterSpec cs;
+    cs.instances = {{.role = placement::InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                    {.role = placement::InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
+    cs.cache = {.device_blocks = device, .host_blocks = host, .policy = kvcache::Policy::kPgdsf};
+    const placement::SimResult sim = placement::Simulate(cs, spec, *lat, sent);
+    std::vector<int64_t> sim_cached(n, 0);  // back in workload order
+    for (size_t k = 0; k < n; ++k) sim_cached[order[k]] = sim.requests[k].cached;
 
-  std::printf("\nreal clusters: the bench model (%s), the first %zu requests of the workload (ranking reshuffled at "
-              "request %zu); %zu warm-up, then %zu measured at Poisson %.2f req/s = %.0f%% of the no-cache prefill's "
-              "capacity under load (%.2f req/s: the warm-up's requests again, 3 at a time; one at a time it looked %.2f); cache: PGDSF, %lld device blocks (the prefill's KV "
-              "pool) + %lld host blocks (20%% of the document tokens, 1:3), cost from duet profile\n",
-              model_dir.c_str(), n, n / 2, warm_n, n - warm_n, none.rate, 100 * load, none.capacity, 1.0 / none_c1,
-              static_cast<long long>(device), static_cast<long long>(host));
-  std::printf("one prefill (2 threads) + one decode (1 thread)\n");
-  std::printf("%-34s %12s %12s %8s   %s\n", "figure", "pgdsf", "no cache", "ratio", "target");
-  ttft_ok = none_p50 >= 1.5 * pg_p50;
-  std::printf("%-34s %12.0f %12.0f %8.2f   none / pgdsf >= 1.50 %s\n", "TTFT p50 ms", 1e3 * pg_p50, 1e3 * none_p50,
-              none_p50 / pg_p50, ttft_ok ? "ok" : "MISS");
-  std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p90 ms", 1e3 * pg_p90, 1e3 * none_p90, none_p90 / pg_p90);
-  std::printf("%-34s %12.0f %12.0f %8.2f   (1 - hit) predicts %.0f ms: real / predicted %.2f\n",
-              "TTFT mean ms, warm-up (conc. 1)", 1e3 * real_c1, 1e3 * none_c1, none_c1 / real_c1, 1e3 * pred_c1,
-              real_c1 / pred_c1);
-  sim_ok = std::abs(real_hit - sim_hit) <= 0.02;
-  int64_t differ = 0;
-  for (size_t i = warm_n; i < n; ++i) differ += pg_cached[i] != sim_cached[i] ? 1 : 0;
-  std::printf("%-34s %11.1f%% %11.1f%%   %7s   |real - sim| <= 2.0 pp: %.1f pp %s\n",
-              "document hit rate, real / duet sim", 100 * real_hit, 100 * sim_hit, "", 100 * std::abs(real_hit - sim_hit),
-              sim_ok ? "ok" : "MISS");
-  std::printf("%-34s %12lld of %zu\n", "  requests whose cached tokens differ", static_cast<long long>(differ),
-              n - warm_n);
+    if (const std::string csv = f.GetString("csv"); !csv.empty()) {
+      // One row per request: each run's time to first token and cached tokens, and duet sim's.
+      std::FILE* out = std::fopen(csv.c_str(), "w");
+      if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write ", csv));
+      std::fprintf(out, "request,measured,prompt,doc_begin,doc_end");
+      const std::pair<const char*, const ClusterRun*> runs[4] = {
+          {"none", &none}, {"pgdsf", &pgdsf}, {"least_loaded", &ll}, {"cache_aware", &ca}};
+      for (const auto& [name, r] : runs) std::fprintf(out, ",%s_send_s,%s_ttft_s,%s_cached", name, name, name);
+      std::fprintf(out, ",sim_cached\n");
+      for (size_t i = 0; i < n; ++i) {
+        const placement::PromptTokens& q = *w.requests[i].content;
+        std::fprintf(out, "%zu,%d,%lld,%lld,%lld", i, i >= warm_n ? 1 : 0, static_cast<long long>(w.requests[i].prompt),
+                     static_cast<long long>(q.doc_begin), static_cast<long long>(q.doc_end));
+        for (const auto& [name, r] : runs) {
+          const Outcome& o = r->at(i);
+          std::fprintf(out, ",%.6f,%.6f,%lld", o.send_s, o.ttft(), static_cast<long long>(o.cached_tokens));
+        }
+        std::fprintf(out, ",%lld\n", static_cast<long long>(sim_cached[i]));
+      }
+      std::fclose(out);
+    }
+    real_hit = DocHitRate(w, CachedTokens(pgdsf), warm_n, n);
+    const double sim_hit = DocHitRate(w, sim_cached, warm_n, n);
+    const double none_p50 = Percentile(Ttfts(none.measured), 0.5), none_p90 = Percentile(Ttfts(none.measured), 0.9);
+    const double pg_p50 = Percentile(Ttfts(pgdsf.measured), 0.5), pg_p90 = Percentile(Ttfts(pgdsf.measured), 0.9);
+    // Concurrency 1: each warm-up request's no-cache TTFT x its uncached share.
+    double real_c1 = 0, pred_c1 = 0, none_c1 = 0;
+    const std::vector<int64_t> pg_cached = CachedTokens(pgdsf);
+    for (size_t i = 0; i < warm_n; ++i) {
+      real_c1 += pgdsf.warm.outcomes[i].ttft();
+      none_c1 += none.warm.outcomes[i].ttft();
+      pred_c1 += none.warm.outcomes[i].ttft() *
+                 (1.0 - static_cast<double>(pg_cached[i]) / static_cast<double>(w.requests[i].prompt));
+    }
+    real_c1 /= static_cast<double>(warm_n);
+    pred_c1 /= static_cast<double>(warm_n);
+    none_c1 /= static_cast<double>(warm_n);
+
+    std::printf("\nreal clusters: the bench model (%s), the first %zu requests of the workload (ranking reshuffled at "
+                "request %zu); %zu warm-up, then %zu measured at Poisson %.2f req/s = %.0f%% of the no-cache prefill's "
+                "capacity under load (%.2f req/s: the warm-up's requests again, 3 at a time; one at a time it "
+                "looked %.2f); cache: PGDSF, %lld device blocks (the prefill's KV "
+                "pool) + %lld host blocks (20%% of the document tokens, 1:3), cost from duet profile\n",
+                model_dir.c_str(), n, n / 2, warm_n, n - warm_n, none.rate, 100 * load, none.capacity, 1.0 / none_c1,
+                static_cast<long long>(device), static_cast<long long>(host));
+    std::printf("one prefill (2 threads) + one decode (1 thread)\n");
+    std::printf("%-34s %12s %12s %8s   %s\n", "figure", "pgdsf", "no cache", "ratio", "target");
+    ttft_ok = none_p50 >= 1.5 * pg_p50;
+    std::printf("%-34s %12.0f %12.0f %8.2f   none / pgdsf >= 1.50 %s\n", "TTFT p50 ms", 1e3 * pg_p50, 1e3 * none_p50,
+                none_p50 / pg_p50, ttft_ok ? "ok" : "MISS");
+    std::printf("%-34s %12.0f %12.0f %8.2f\n", "TTFT p90 ms", 1e3 * pg_p90, 1e3 * none_p90, none_p90 / pg_p90);
+    std::printf("%-34s %12.0f %12.0f %8.2f   (1 - hit) predicts %.0f ms: real / predicted %.2f\n",
+                "TTFT mean ms, warm-up (conc. 1)", 1e3 * real_c1, 1e3 * none_c1, none_c1 / real_c1, 1e3 * pred_c1,
+                real_c1 / pred_c1);
+    sim_ok = std::abs(real_hit - sim_hit) <= 0.02;
+    int64_t differ = 0;
+    for (size_t i = warm_n; i < n; ++i) differ += pg_cached[i] != sim_cached[i] ? 1 : 0;
+    std::printf("%-34s %11.1f%% %11.1f%%   %7s   |real - sim| <= 2.0 pp: %.1f pp %s\n",
+                "document hit rate, real / duet sim", 100 * real_hit, 100 * sim_hit, "",
+                100 * std::abs(real_hit - sim_hit),
+                sim_ok ? "ok" : "MISS");
+    std::printf("%-34s %12lld of %zu\n", "  requests whose cached tokens differ", static_cast<long long>(differ),
+                n - warm_n);
   }
 
   const double ll_hit = DocHitRate(w, CachedTokens(ll), warm_n, n), ca_hit = DocHitRate(w, CachedTokens(ca), warm_n, n);
