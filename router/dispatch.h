@@ -7,8 +7,8 @@
 //   ASSIGN_OR_RETURN(Assignment a, d->Pick(registry.LiveLoads(), {.prompt = tokens}));
 //
 // least_loaded (the default; dispatch_least_loaded.cc): prefill = fewest
-// queued prefill tokens (the last heartbeat's queue plus the tokens the
-// router assigned since, so a burst between heartbeats spreads out).
+// queued prefill tokens (the tokens of the prefills the router sent it that
+// have not yet produced their first token, so a burst spreads out).
 // round_robin (dispatch_round_robin.cc): cycles over the candidates in id
 // order, loads ignored (a baseline). cache_aware (dispatch_cache_aware.cc):
 // prefill = least uncached_weight x (prompt tokens the worker's cache lacks,
@@ -47,7 +47,7 @@ struct WorkerLoad {
   std::string id;
   proto::Role role = proto::ROLE_UNSPECIFIED;
   std::string control_address;
-  int64_t queued_prefill_tokens = 0;  // Heartbeat's queue + tokens assigned since.
+  int64_t queued_prefill_tokens = 0;  // Tokens of its unfinished prefills, as charged.
   int64_t kv_blocks_free = 0;         // Heartbeat's free blocks - blocks assigned since.
   int64_t running_requests = 0;       // Heartbeat's running + requests assigned since.
 };

@@ -5,6 +5,7 @@
 #include <deque>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 
@@ -35,8 +36,12 @@ struct WorkerRegistry::Worker {
   proto::WorkerStats stats;
   absl::Time stats_time;
   absl::Time last_heartbeat;
-  // Dispatches its stats do not count yet, oldest first.
+  // Dispatches its stats do not count yet (their decode blocks and
+  // requests), oldest first.
   std::deque<PendingCharge> charges;
+  // Prefills the router sent it that have not produced their first token:
+  // request id -> the tokens dispatch charged. Their sum is its queue.
+  absl::flat_hash_map<uint64_t, int64_t> prefilling;
   int64_t dispatched = 0;  // Attempts assigned to it since it registered.
   bool restarted = false;  // Its id registered before, from another process.
   bool draining = false;   // Its last heartbeat said so: nothing new goes to it.
@@ -412,12 +417,11 @@ std::vector<WorkerLoad> WorkerRegistry::LiveLoads() const {
         .id = id,
         .role = w->reg.role(),
         .control_address = w->reg.control_address(),
-        .queued_prefill_tokens = w->stats.queued_prefill_tokens(),
         .kv_blocks_free = w->stats.kv_blocks_free(),
         .running_requests = w->stats.running_requests(),
     };
+    for (const auto& [request_id, tokens] : w->prefilling) load.queued_prefill_tokens += tokens;
     for (const PendingCharge& c : w->charges) {
-      load.queued_prefill_tokens += c.tokens;
       load.kv_blocks_free -= c.blocks;
       load.running_requests += c.requests;
     }
@@ -449,19 +453,15 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
   Charged out;
   if (auto it = workers_.find(a.prefill_id); it != workers_.end()) {
     out = {.prefill_id = a.prefill_id, .request_id = request_id};
-    it->second->charges.push_back(
-        {.request_id = request_id, .tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens});
+    it->second->prefilling[request_id] = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens;
     it->second->dispatched += 1;
   }
   if (auto it = workers_.find(a.decode_id); it != workers_.end()) {
     Worker& w = *it->second;
     const int64_t block = std::max<int64_t>(1, w.reg.layout().block_size() > 0 ? w.reg.layout().block_size() : 16);
-    if (a.decode_id != a.prefill_id) {
-      w.charges.push_back({.request_id = request_id});
-      w.dispatched += 1;
-    }
-    w.charges.back().blocks = (tokens + 1 + block - 1) / block;  // With room for the first token.
-    w.charges.back().requests = 1;
+    // With room for the first token.
+    w.charges.push_back({.request_id = request_id, .blocks = (tokens + 1 + block - 1) / block, .requests = 1});
+    if (a.decode_id != a.prefill_id) w.dispatched += 1;
   }
   return out;
 }
@@ -469,10 +469,7 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
 void WorkerRegistry::Uncharge(const Charged& c) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(c.prefill_id);
-  if (it == workers_.end()) return;
-  for (PendingCharge& charge : it->second->charges) {
-    if (charge.request_id == c.request_id) charge.tokens = 0;  // Computed; its blocks stay until counted.
-  }
+  if (it != workers_.end()) it->second->prefilling.erase(c.request_id);  // Its blocks stay until counted.
 }
 
 void WorkerRegistry::CheckHeartbeats() {

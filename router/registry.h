@@ -112,14 +112,16 @@ class WorkerRegistry {
   std::vector<WorkerLoad> LiveLoads() const;
   std::vector<WorkerSnapshot> Snapshot() const;
   // Counts a dispatch of `tokens` (prompt + resumed), sent as `request_id`,
-  // against the workers' loads until their heartbeats count it: the tokens
-  // the prefill computes (assignment.prefill_tokens when the policy knows
-  // them, else all), and on the decode the blocks all of them fill (its
-  // block size) and one request. A prefill's heartbeat counts the requests
-  // up to its stats' last_request_id (those still in flight to it, or
-  // waiting for its engine loop, stay charged); a decode's counts them all.
-  // Returns what to hand Uncharge once the prefill is done (its first
-  // token), so a finished prefill's tokens no longer count.
+  // against the workers' loads. The prefill's queue is the router's own
+  // book: the tokens it computes (assignment.prefill_tokens when the policy
+  // knows them, else all) count until Uncharge, when the prefill is done
+  // (its first token) or the request is forgotten. A heartbeat's
+  // queued_prefill_tokens is not used for dispatch: it lags by up to an
+  // interval and counts a waiting prompt whole, cached prefix included,
+  // where the charge counts what is computed. The decode's charge (the
+  // blocks all the tokens fill, at its block size, and one request) counts
+  // until its heartbeats do: a prefill's (colocated) heartbeat counts the
+  // requests up to its stats' last_request_id, a decode's counts them all.
   struct Charged {
     std::string prefill_id;
     uint64_t request_id = 0;
@@ -135,7 +137,6 @@ class WorkerRegistry {
   struct Worker;
   struct PendingCharge {  // One dispatch on one worker.
     uint64_t request_id = 0;
-    int64_t tokens = 0;
     int64_t blocks = 0;
     int64_t requests = 0;
   };

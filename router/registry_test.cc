@@ -179,7 +179,7 @@ TEST_CASE("registration: greeting on the worker's port, then the reply; events f
   CHECK(frame.first_token().token().id() == 99);
 }
 
-TEST_CASE("heartbeats set loads; a dispatch counts until the worker's heartbeat includes it") {
+TEST_CASE("a prefill's queue is the router's charges until their first tokens; decode loads follow heartbeats") {
   Fixture fx;
   FakeWorker p(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny"});
   FakeWorker d(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
@@ -187,6 +187,8 @@ TEST_CASE("heartbeats set loads; a dispatch counts until the worker's heartbeat 
   REQUIRE(d.Register(fx.registry->address())->ok());
   REQUIRE(fx.recorder.WaitLive(2));
 
+  // The worker's own count (whole prompts, cached parts included, as of its
+  // last heartbeat) is not the router's queue.
   proto::WorkerStats ps;
   ps.set_queued_prefill_tokens(100);
   p.Heartbeat(ps);
@@ -195,51 +197,80 @@ TEST_CASE("heartbeats set loads; a dispatch counts until the worker's heartbeat 
   ds.set_running_requests(2);
   d.Heartbeat(ds);
   REQUIRE(fx.recorder.WaitHeartbeats(2));
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 0);
 
-  fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 40, 1);  // 41 tokens -> 3 blocks of 16.
+  const WorkerRegistry::Charged first =
+      fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 40, 1);  // 41 tokens -> 3 blocks of 16.
   auto loads = fx.registry->LiveLoads();
   REQUIRE(loads.size() == 2);
   CHECK(loads[0].id == "d0");
   CHECK(loads[0].kv_blocks_free == 47);
   CHECK(loads[0].running_requests == 3);
+  CHECK(loads[0].queued_prefill_tokens == 0);
   CHECK(loads[1].id == "p0");
-  CHECK(loads[1].queued_prefill_tokens == 140);
+  CHECK(loads[1].queued_prefill_tokens == 40);
 
-  // Its prefill done (first token) before any heartbeat: taken back.
-  const WorkerRegistry::Charged done = fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0"}, 30, 2);
-  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 170);
-  fx.registry->Uncharge(done);
-  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 140);
   // A policy that knows the cached part charges only what is computed.
-  const WorkerRegistry::Charged late =
-      fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0", .prefill_tokens = 8}, 30, 3);
-  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 148);
+  const WorkerRegistry::Charged second =
+      fx.registry->Charge({.prefill_id = "p0", .decode_id = "d0", .prefill_tokens = 8}, 30, 2);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 48);
 
-  // Stats taken before request 3 reached the worker's engine (a long step,
-  // say): requests 1 and 2 are in its numbers now, 3 still counts.
-  ps.set_queued_prefill_tokens(125);
+  // Heartbeats that include both requests do not take their prefills off
+  // the queue: they are not done until their first tokens.
+  ps.set_queued_prefill_tokens(70);
   ps.set_last_request_id(2);
   p.Heartbeat(ps);
   REQUIRE(fx.recorder.WaitHeartbeats(3));
   loads = fx.registry->LiveLoads();
-  CHECK(loads[1].queued_prefill_tokens == 125 + 8);
-  CHECK(loads[0].kv_blocks_free == 47 - 2 - 2);  // d0 has not heartbeaten since.
-  ps.set_last_request_id(3);
-  p.Heartbeat(ps);
-  REQUIRE(fx.recorder.WaitHeartbeats(4));
-  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 125);
-  // Done after the heartbeat counted it: nothing to take back.
-  fx.registry->Uncharge(late);
-  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 125);
-  // A decode worker hears of requests from prefills: its heartbeat counts them all.
+  CHECK(loads[1].queued_prefill_tokens == 48);
+  CHECK(loads[0].kv_blocks_free == 47 - 2);  // d0 has not heartbeaten since.
+  fx.registry->Uncharge(second);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 40);
+  fx.registry->Uncharge(second);  // Twice (a request forgotten after its first token): no change.
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 40);
+  fx.registry->Uncharge(first);
+  CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 0);
+  // The decode's blocks stay charged after the prefills are done, until its
+  // heartbeat counts them all (a decode hears of requests from prefills).
+  CHECK(fx.registry->LiveLoads()[0].kv_blocks_free == 45);
   d.Heartbeat(ds);
-  REQUIRE(fx.recorder.WaitHeartbeats(5));
+  REQUIRE(fx.recorder.WaitHeartbeats(4));
   CHECK(fx.registry->LiveLoads()[0].kv_blocks_free == 50);
   // Every charge counted a dispatch on both workers (heartbeats do not reset it).
   for (const WorkerSnapshot& w : fx.registry->Snapshot()) {
     INFO(w.id);
-    CHECK(w.dispatched == 3);
+    CHECK(w.dispatched == 2);
   }
+}
+
+TEST_CASE("a colocated worker's charge holds its prefill tokens and its blocks, counted once") {
+  Fixture fx;
+  FakeWorker c(fx.io, {.id = "c0", .role = proto::ROLE_COLOCATED, .model = "tiny"});
+  REQUIRE(c.Register(fx.registry->address())->ok());
+  REQUIRE(fx.recorder.WaitLive(1));
+  proto::WorkerStats cs;
+  cs.set_kv_blocks_free(20);
+  c.Heartbeat(cs);
+  REQUIRE(fx.recorder.WaitHeartbeats(1));
+  const WorkerRegistry::Charged charged = fx.registry->Charge({.prefill_id = "c0", .decode_id = "c0"}, 40, 5);
+  auto loads = fx.registry->LiveLoads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].queued_prefill_tokens == 40);
+  CHECK(loads[0].kv_blocks_free == 17);
+  CHECK(loads[0].running_requests == 1);
+  // Its heartbeat counts request 5's blocks; the prefill counts until done.
+  cs.set_kv_blocks_free(17);
+  cs.set_running_requests(1);
+  cs.set_last_request_id(5);
+  c.Heartbeat(cs);
+  REQUIRE(fx.recorder.WaitHeartbeats(2));
+  loads = fx.registry->LiveLoads();
+  CHECK(loads[0].kv_blocks_free == 17);
+  CHECK(loads[0].running_requests == 1);
+  CHECK(loads[0].queued_prefill_tokens == 40);
+  fx.registry->Uncharge(charged);
+  CHECK(fx.registry->LiveLoads()[0].queued_prefill_tokens == 0);
+  CHECK(fx.registry->Snapshot()[0].dispatched == 1);
 }
 
 TEST_CASE("a worker silent for three heartbeat intervals is removed") {
