@@ -7,6 +7,7 @@
 #include <memory>
 #include <queue>
 #include <unordered_map>
+#include <utility>
 
 #include "base/logging.h"
 
@@ -30,6 +31,7 @@ struct Req {
   int64_t generated = 0;   // tokens so far (the first included)
   int64_t prefilled = 0;   // chunked prefill progress
   int32_t decode = -1;
+  int64_t charged = 0;     // cache_aware: its uncached tokens at dispatch, until its first token
 };
 
 // A request's cached prefix in its prefill instance's tree, pinned through
@@ -89,6 +91,7 @@ struct Inst {
   std::deque<int64_t> waiting;
   int64_t queued_tokens = 0;
   int64_t computing_tokens = 0;  // prefill: the uncached tokens of the batches in flight
+  int64_t charged_tokens = 0;    // cache_aware's queue, the router's book: Req::charged summed
   // Prefill: batches in flight, one per pipeline stage at most; stage 1
   // takes the next at next_start.
   int in_flight = 0;
@@ -236,23 +239,28 @@ class Sim {
 
   // The router's cache_aware (router/dispatch_cache_aware.cc),
   // on the trees themselves rather than an index of their events: the
-  // fewest uncached plus queued tokens, ties to the shorter queue.
+  // fewest uncached plus queued tokens, ties to the shorter queue. The
+  // queue is the router's book (router/registry.h): the uncached tokens
+  // each request was charged at dispatch, until its first token. Sets the
+  // request's charge.
   int32_t PickCached(int64_t r) {
     int32_t best = -1;
     double best_score = 0;
+    int64_t best_uncached = 0;
     for (int32_t i : entries_) {
       const Inst& s = insts_[i];
       const int64_t cached = s.tree != nullptr ? s.tree->Lookup(CachePrefix(r)).tokens : 0;
-      // As the workers count their queue: waiting prompts and the uncomputed part of running ones.
-      const int64_t queue = s.queued_tokens + s.computing_tokens;
-      const double score = c_.cache_aware_weights.uncached * static_cast<double>(reqs_[r].prompt - cached) +
-                           c_.cache_aware_weights.queued * static_cast<double>(queue);
+      const int64_t uncached = reqs_[r].prompt - cached;
+      const double score = c_.cache_aware_weights.uncached * static_cast<double>(uncached) +
+                           c_.cache_aware_weights.queued * static_cast<double>(s.charged_tokens);
       if (best < 0 || score < best_score ||
-          (score == best_score && queue < insts_[best].queued_tokens + insts_[best].computing_tokens)) {
+          (score == best_score && s.charged_tokens < insts_[best].charged_tokens)) {
         best = i;
         best_score = score;
+        best_uncached = uncached;
       }
     }
+    reqs_[r].charged = best_uncached;
     return best;
   }
 
@@ -280,6 +288,7 @@ class Sim {
     Inst& s = insts_[i];
     s.waiting.push_back(r);
     s.queued_tokens += reqs_[r].prompt;
+    s.charged_tokens += reqs_[r].charged;
     if (s.spec.role == InstanceRole::kPrefill) {
       TryPrefill(i);
     } else {
@@ -426,6 +435,7 @@ class Sim {
     for (int64_t r : s.batches[slot]) {
       out_.requests[r].first_token = now_;
       reqs_[r].generated = 1;
+      s.charged_tokens -= std::exchange(reqs_[r].charged, 0);
       if (reqs_[r].output <= 1 || decodes_.empty()) {
         out_.requests[r].finish = now_;
         continue;
@@ -605,6 +615,7 @@ class Sim {
       }
       out_.requests[r].first_token = now_;
       q.generated = 1;
+      s.charged_tokens -= std::exchange(q.charged, 0);
       if (q.output <= 1) {
         out_.requests[r].finish = now_;
         s.kv_used -= Need(r);

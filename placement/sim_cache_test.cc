@@ -165,5 +165,44 @@ TEST_CASE("cache_aware sends a request to the prefill instance holding its docum
   CHECK(idlest.cache.doc_hits == 0);
 }
 
+TEST_CASE("cache_aware's queue is the router's book: a burst's charges are its uncached tokens, not whole prompts",
+          "[placement]") {
+  const ModelSpec m = ModelPreset("opt-13b").value();
+  auto lat = LoadLatencyModel(kFit, m);
+  REQUIRE(lat.ok());
+  // Document A computed once on the first instance, then a burst of three
+  // requests for it at one moment, weights 1,1. Each finds 224 of its 252
+  // tokens there, so it is charged 28: the third sees 56 queued (84 in all)
+  // against 252 on the idle instance. Counting the waiting second request's
+  // whole prompt, as a worker's heartbeat does, would make it 308 and send
+  // the third away from its document.
+  std::deque<PromptTokens> prompts;
+  auto request = [&](double at, int question) {
+    PromptTokens& q = prompts.emplace_back();
+    for (int i = 0; i < 32; ++i) q.tokens.push_back(100 + i);
+    q.doc_begin = 32;
+    for (int i = 0; i < 200; ++i) q.tokens.push_back(1000 + i);
+    q.doc_end = static_cast<int64_t>(q.tokens.size());
+    for (int i = 0; i < 20; ++i) q.tokens.push_back(50000 + 100 * question + i);
+    q.boundaries = {32, q.doc_end};
+    return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 2, .content = &q};
+  };
+  const std::vector<SimRequest> w = {request(0, 0), request(100, 1), request(100, 2), request(100, 3)};
+  ClusterSpec c;
+  c.instances = {{.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                 {.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
+                 {.role = InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
+  c.cache = {.device_blocks = 64, .block_size = 16};
+  c.policy = "cache_aware";
+  c.cache_aware_weights = {.uncached = 1, .queued = 1};
+  const SimResult r = Simulate(c, m, **lat, w);
+  CHECK(r.cache.hit_device == 3 * 224);
+  CHECK(r.cache.doc_hits == 3 * 192);
+  for (size_t i = 1; i < w.size(); ++i) {
+    INFO(i);
+    CHECK(r.requests[i].cached == 224);
+  }
+}
+
 }  // namespace
 }  // namespace duet::placement
