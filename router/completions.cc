@@ -311,7 +311,10 @@ absl::StatusOr<std::vector<std::string>> StopStrings(const Json& body) {
 
 // The sampling and length fields both APIs share.
 absl::Status ParseCommon(const Json& body, const ServedModel& model, uint64_t default_seed, CompletionRequest& r) {
-  int64_t max_tokens = kDefaultMaxTokens, top_k = 0, n = 1, min_tokens = 0, seed = 0;
+  // Chat without a length runs to the context's end (ParseChatRequest sets
+  // it once the prompt's length is known), as OpenAI's and vLLM's chat do.
+  int64_t max_tokens = r.kind == ApiKind::kChat ? kInt32Max : kDefaultMaxTokens;
+  int64_t top_k = 0, n = 1, min_tokens = 0, seed = 0;
   double temperature = 1, top_p = 1, min_p = 0, presence = 0, frequency = 0;
   bool ignore_eos = false;
   RETURN_IF_ERROR(GetInt(body, "max_tokens", 1, kInt32Max, &max_tokens));
@@ -691,6 +694,9 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
   if (ids->empty()) return ParamError("messages", "the conversation renders to an empty prompt");
   RETURN_IF_ERROR(CheckLength(ids->size(), model));
   r.spec.mutable_prompt_ids()->Assign(ids->begin(), ids->end());
+  if (Field(body, "max_tokens") == nullptr && Field(body, "max_completion_tokens") == nullptr) {
+    r.spec.set_max_tokens(static_cast<int32_t>(model.max_model_len - static_cast<int64_t>(ids->size())));
+  }
   r.logprobs = logprobs ? static_cast<int>(std::max<int64_t>(top_logprobs, 0)) : -1;
   // Workers report at least the chosen token's logprob; alternatives as asked.
   r.spec.mutable_sampling()->set_logprobs(logprobs ? static_cast<int32_t>(std::max<int64_t>(top_logprobs, 0)) : 0);

@@ -85,7 +85,7 @@ struct CompletionRequest {
   std::string tool_prefix;
 };
 
-inline constexpr int kDefaultMaxTokens = 16;
+inline constexpr int kDefaultMaxTokens = 16;  // /v1/completions; chat: the context's rest.
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr int kMaxChoices = 16;
 inline constexpr int kMaxPrompts = 64;         // Prompts in one completions batch.

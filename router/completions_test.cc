@@ -465,6 +465,20 @@ TEST_CASE("chat requests: messages rendered with the chat template, chat-only fi
       {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": "json"})",
        "response_format"},
   };
+  // Without a length, chat runs to the context's end (completions: 16);
+  // min_tokens is then bounded by nothing but the context.
+  for (const char* body : {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "min_tokens": 30})",
+                           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                               "max_tokens": null, "max_completion_tokens": null, "min_tokens": 30})"}) {
+    INFO(body);
+    auto open = ParseChatRequest(body, M().served, 1);
+    REQUIRE(open.ok());
+    REQUIRE(open->spec.prompt_ids_size() > 1);
+    CHECK(open->spec.max_tokens() == M().served.max_model_len - open->spec.prompt_ids_size());
+    CHECK(open->spec.min_tokens() == 30);
+  }
+  CHECK(ParseCompletionRequest(R"({"model": "tiny", "prompt": "x", "min_tokens": 17})", M().served, 1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
   // A text response_format is what duet produces anyway.
   CHECK(ParseChatRequest(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "text"}})",
