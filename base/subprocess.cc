@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Launch(const std::vector
     close_all();
     return s;
   }
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     absl::Status s = Errno("fork");
@@ -104,6 +106,9 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Launch(const std::vector
   }
   if (pid == 0) {
     setpgid(0, 0);
+    // Dies with its starter; a starter already gone before this line is
+    // seen by the parent pid having changed.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
     if (pipes) {
       dup2(in[0], STDIN_FILENO);
       dup2(out[1], STDOUT_FILENO);

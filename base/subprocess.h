@@ -19,7 +19,10 @@
 // decides how to stop its children. A write to a child that exited is an
 // error, not a SIGPIPE. Reads wait on the pipe with a bound, so a dead or
 // silent child is an error, never a hang. The destructor SIGKILLs and reaps
-// a child still running. Not thread-safe: one owner.
+// a child still running; a child also gets SIGKILL when its starter dies
+// without running it (killed, say), so no worker outlives its cluster. That
+// is Linux's parent-death signal, which follows the starting thread: start
+// a child from a thread that outlives it. Not thread-safe: one owner.
 #ifndef DUET_BASE_SUBPROCESS_H_
 #define DUET_BASE_SUBPROCESS_H_
 

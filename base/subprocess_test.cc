@@ -1,7 +1,11 @@
 #include "base/subprocess.h"
 
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <string>
@@ -65,6 +69,39 @@ TEST_CASE("a child started with a log file has no pipes", "[subprocess]") {
   CHECK((*p)->ReadLine().status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK((*p)->WriteLine("x").code() == absl::StatusCode::kFailedPrecondition);
   CHECK(WIFEXITED((*p)->Wait()));
+}
+
+TEST_CASE("a child dies with the process that started it, also when that one is SIGKILLed", "[subprocess]") {
+  int ends[2];
+  REQUIRE(pipe(ends) == 0);
+  const pid_t starter = fork();
+  REQUIRE(starter >= 0);
+  if (starter == 0) {  // The starter: launches a long sleep, says its pid, then waits to be killed.
+    close(ends[0]);
+    auto child = Subprocess::Start({"sleep", "600"}, {}, "");
+    const pid_t pid = child.ok() ? (*child)->pid() : -1;
+    (void)!write(ends[1], &pid, sizeof(pid));
+    pause();
+    _exit(0);
+  }
+  close(ends[1]);
+  pid_t child = -1;
+  REQUIRE(read(ends[0], &child, sizeof(child)) == sizeof(child));
+  close(ends[0]);
+  REQUIRE(child > 0);
+  // A descriptor for the child, readable once it has exited (reaped or not:
+  // whoever adopts it reaps it).
+  const int child_fd = static_cast<int>(syscall(SYS_pidfd_open, child, 0));
+  REQUIRE(child_fd >= 0);
+  pollfd p{.fd = child_fd, .events = POLLIN};
+  CHECK(poll(&p, 1, 0) == 0);  // Running.
+  REQUIRE(kill(starter, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(waitpid(starter, &status, 0) == starter);
+  const bool died = poll(&p, 1, 30'000) == 1;
+  if (!died) kill(child, SIGKILL);  // Not left behind by a failing run.
+  close(child_fd);
+  CHECK(died);
 }
 
 }  // namespace
