@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "engine/generation.h"
 
 namespace duet::decode {
 
@@ -95,11 +96,17 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
     sink_->SendToRouter(ErrorFinish(id, params.status()));
     return;
   }
-  if (req.resume_ids_size() >= params->max_tokens) {
-    // The client already has every token it asked for.
+  // The client already has every token it asked for, or the last of them
+  // ended the request.
+  const engine::FinishDecision resumed_end =
+      req.resume_ids_size() >= params->max_tokens
+          ? engine::FinishDecision::kLength
+          : engine::ResumedEnd(*params, c, req.spec().prompt_ids_size(), req.resume_ids());
+  if (resumed_end != engine::FinishDecision::kContinue) {
     proto::Frame f = EngineLoop::NewFrame();
     f.mutable_finish()->set_request_id(id);
-    f.mutable_finish()->set_reason(proto::FINISH_LENGTH);
+    f.mutable_finish()->set_reason(resumed_end == engine::FinishDecision::kStop ? proto::FINISH_STOP
+                                                                                 : proto::FINISH_LENGTH);
     sink_->SendToRouter(f);
     return;
   }

@@ -121,6 +121,27 @@ TEST_CASE("colocated: resume_ids continue a request where it stopped", "[colocat
   REQUIRE(c.service->Stats().prompt_tokens_computed() == 25 + 3);
 }
 
+TEST_CASE("colocated: a resumed request whose last token already ended it finishes at once", "[colocated]") {
+  // The attempt that sampled the EOS died before its Finish reached the router.
+  Colocated c(64);
+  const int32_t eos = ReferenceModel().config().eos_token_ids.at(0);
+  proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), 12, false, 11, 1);
+  spec.set_ignore_eos(false);
+  c.Send(1, spec, {5, 6, eos});
+  // With ignore_eos the EOS is a token like any other: it goes on.
+  spec.set_ignore_eos(true);
+  c.Send(2, spec, {5, 6, eos});
+  REQUIRE(c.WaitFinishes(2));
+  auto out = CollectRouterFrames(c.sink.router());
+  CHECK(out[1].first_tokens == 0);
+  CHECK(out[1].tokens.empty());
+  REQUIRE(out[1].finish.has_value());
+  CHECK(out[1].finish->reason() == proto::FINISH_STOP);
+  CHECK(out[2].first_tokens == 1);
+  CHECK(out[2].tokens.size() == 12 - 3);
+  CHECK(c.service->Stats().prompt_tokens_computed() == 25 + 3);
+}
+
 TEST_CASE("colocated: a pool too small preempts, outputs unchanged", "[colocated]") {
   Colocated c(10, /*token_budget=*/32);
   for (uint64_t id = 1; id <= 4; ++id) {

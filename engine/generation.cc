@@ -30,4 +30,11 @@ FinishDecision FinishAfter(const GenerationParams& p, const ModelConfig& config,
   return FinishDecision::kContinue;
 }
 
+FinishDecision ResumedEnd(const GenerationParams& params, const ModelConfig& config, int64_t prompt_tokens,
+                          absl::Span<const int32_t> resumed) {
+  if (resumed.empty()) return FinishDecision::kContinue;
+  const int64_t n = static_cast<int64_t>(resumed.size());
+  return FinishAfter(params, config, /*generated=*/n, /*position=*/prompt_tokens + n - 1, resumed.back());
+}
+
 }  // namespace duet::engine

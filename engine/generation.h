@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "engine/model_config.h"
 #include "engine/sampler.h"
 
@@ -47,6 +48,15 @@ enum class FinishDecision {
 // `position` (the number of tokens before it). A stop beats a length.
 FinishDecision FinishAfter(const GenerationParams& params, const ModelConfig& config, int64_t generated,
                            int64_t position, int32_t token);
+
+// Whether the last of `resumed` (the tokens an earlier attempt generated
+// after a prompt of `prompt_tokens`) already ended the request, as
+// FinishAfter judged it there; kContinue when none were. A worker given
+// such a request ends it at once: the attempt that sampled the stop died
+// before its Finish reached the router, and computing on would generate
+// past it.
+FinishDecision ResumedEnd(const GenerationParams& params, const ModelConfig& config, int64_t prompt_tokens,
+                          absl::Span<const int32_t> resumed);
 
 }  // namespace duet::engine
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "engine/generation.h"
 #include "engine/sampler.h"
 #include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
@@ -167,6 +168,17 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
         LOG(WARNING) << "request " << r.request_id() << " rejected: " << valid;
         SendFinish(r.request_id(), proto::FINISH_ERROR, valid);
         return;
+      }
+      switch (engine::ResumedEnd(worker::ToGenerationParams(r.spec()), model_->config(), r.spec().prompt_ids_size(),
+                                 r.resume_ids())) {
+        case engine::FinishDecision::kStop:
+          SendFinish(r.request_id(), proto::FINISH_STOP);
+          return;
+        case engine::FinishDecision::kLength:
+          SendFinish(r.request_id(), proto::FINISH_LENGTH);
+          return;
+        case engine::FinishDecision::kContinue:
+          break;
       }
       Event e{.kind = Event::Kind::kRequest, .request_id = r.request_id()};
       e.request = std::move(*frame.mutable_prefill());

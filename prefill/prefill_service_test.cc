@@ -361,6 +361,51 @@ TEST_CASE("prefill: a first token that ends the request finishes it here", "[pre
   REQUIRE(h.sink.CountFor(22) == 2);
 }
 
+TEST_CASE("prefill: a resumed request whose last token already ended it finishes at once", "[prefill][service]") {
+  // The attempt that sampled the EOS (or stop id) died before its Finish
+  // reached the router, which resumed with every token the client has.
+  Harness h;
+  Reference ref;
+  const int32_t eos = ref.model->config().eos_token_ids.at(0);
+  const auto prompt = Prompt(12, 5);
+  proto::Frame f = Request(31, prompt, /*max_tokens=*/8);
+  f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
+  for (int32_t t : {7, 9, eos}) f.mutable_prefill()->add_resume_ids(t);
+  h.Send(f);
+  auto fin = h.sink.WaitRouter(31, proto::Frame::kFinish);
+  REQUIRE(fin.has_value());
+  CHECK(fin->finish().reason() == proto::FINISH_STOP);
+  // A stop id ends it regardless of ignore_eos.
+  f = Request(32, prompt, /*max_tokens=*/8);
+  f.mutable_prefill()->mutable_spec()->add_stop_token_ids(9);
+  for (int32_t t : {7, 9}) f.mutable_prefill()->add_resume_ids(t);
+  h.Send(f);
+  fin = h.sink.WaitRouter(32, proto::Frame::kFinish);
+  REQUIRE(fin.has_value());
+  CHECK(fin->finish().reason() == proto::FINISH_STOP);
+  // With ignore_eos, or an EOS before min_tokens, the EOS does not end it:
+  // the prefill computes its next token.
+  f = Request(33, prompt, /*max_tokens=*/8);
+  for (int32_t t : {7, eos}) f.mutable_prefill()->add_resume_ids(t);
+  h.Send(f);
+  REQUIRE(h.sink.WaitRouter(33, proto::Frame::kFirstToken).has_value());
+  f = Request(34, prompt, /*max_tokens=*/8);
+  f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
+  f.mutable_prefill()->mutable_spec()->set_min_tokens(3);
+  for (int32_t t : {7, eos}) f.mutable_prefill()->add_resume_ids(t);
+  h.Send(f);
+  REQUIRE(h.sink.WaitRouter(34, proto::Frame::kFirstToken).has_value());
+  for (uint64_t id : {33, 34}) {
+    auto offer = h.sink.WaitOffer(id);
+    REQUIRE(offer.has_value());
+    h.Send(Released(id));
+  }
+  REQUIRE(h.WaitAllFree());
+  CHECK(h.sink.CountFor(31) == 1);  // The Finish alone: nothing computed.
+  CHECK(h.sink.CountFor(32) == 1);
+  CHECK(h.svc->Stats().prompt_tokens_computed() == 2 * (12 + 2));
+}
+
 TEST_CASE("prefill: invalid requests get INVALID_ARGUMENT", "[prefill][service]") {
   Harness h;
   auto expect = [&](uint64_t id, proto::Frame f, const std::string& needle) {
