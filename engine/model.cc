@@ -335,6 +335,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   return m;
 }
 
+std::pair<int64_t, int64_t> Model::VocabRange(int r) const {
+  const int64_t V = config_.vocab_size, tp = shard_.tp;
+  const int64_t first = V * r / tp;
+  return {first, V * (r + 1) / tp - first};
+}
+
 absl::Status Model::LoadWeights(const LoadOptions& options) {
   const ModelConfig& c = config_;
   const Shard& sh = shard_;
@@ -354,23 +360,27 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
                                                      "checkpoints"));
     }
   }
-  // The first stage looks tokens up; the last stage's tp rank 0 computes
-  // the logits (from the embedding when lm_head is tied to it).
-  const bool embeds = sh.stage == 0, heads = sh.stage == sh.pp - 1 && sh.tp_rank == 0;
+  // The first stage looks tokens up; the last stage computes the logits
+  // (from the embedding when lm_head is tied to it), each tp rank those of
+  // its share of the vocabulary (VocabRange), gathered by rank 0.
+  const bool embeds = sh.stage == 0, heads = sh.stage == sh.pp - 1;
   const std::optional<kernels::DType> embed_dt = map && map->embedding ? map->embedding : all;
-  if (embeds || (heads && c.tie_word_embeddings)) {
+  const auto [vocab_first, vocab_count] = VocabRange(sh.tp_rank);
+  // Tied and unsharded, the head is the whole embedding table (no copy).
+  const bool head_is_embed = c.tie_word_embeddings && sh.tp == 1;
+  if (embeds || (heads && head_is_embed)) {
     ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, embed_dt, *backend_));
   }
   if (heads) {
     final_norm_.resize(H);
     RETURN_IF_ERROR(LoadTensor(*st, "model.norm.weight", {H}, final_norm_.data()));
-  }
-  if (!c.tie_word_embeddings) {
-    if (heads) {
-      ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{"lm_head.weight", V}}, H,
-                                            map && map->lm_head ? map->lm_head : all, *backend_));
+    if (!head_is_embed) {
+      const std::string name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+      const std::optional<kernels::DType> dt = c.tie_word_embeddings ? embed_dt : map && map->lm_head ? map->lm_head : all;
+      ASSIGN_OR_RETURN(lm_head_, LoadMatrix(*st, {{name, V, vocab_first, vocab_count}}, H, dt, *backend_));
     }
-  } else if (map && map->lm_head && map->lm_head != embed_dt) {
+  }
+  if (c.tie_word_embeddings && map && map->lm_head && map->lm_head != embed_dt) {
     return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, ": lm_head is tied to the "
                                                    "embedding in ", dir_, ", so it cannot have its own dtype"));
   }
@@ -645,9 +655,9 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     sh.world->Send((sh.stage + 1) * sh.tp + sh.tp_rank, x_.data(), T * H);
     return Logits{};
   }
-  if (sh.tp_rank != 0) return Logits{};  // its rows equal rank 0's: the all-reduce gave each the same bits
-
-  // Final norm and LM head only on the rows whose logits are wanted.
+  // Final norm and LM head only on the rows whose logits are wanted, on
+  // every tp rank alike (the all-reduce gave each the same bits), each
+  // rank's share of the vocabulary.
   std::vector<float> sel(R * H);
   {
     int64_t out = 0;
@@ -658,13 +668,35 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
       }
     }
   }
-  Logits logits;
-  logits.vocab_size = V;
-  logits.data.resize(R * V);
-  if (R > 0) {
-    be.RmsNorm(sel.data(), final_norm_.data(), sel.data(), R, H, static_cast<float>(c.rms_norm_eps));
-    const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
+  if (R == 0) return sh.tp_rank == 0 ? Logits{.vocab_size = V} : Logits{};
+  be.RmsNorm(sel.data(), final_norm_.data(), sel.data(), R, H, static_cast<float>(c.rms_norm_eps));
+  const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
+  if (sh.tp == 1) {
+    Logits logits{.vocab_size = V};
+    logits.data.resize(R * V);
     RETURN_IF_ERROR(be.Gemm(sel.data(), head.view(), nullptr, logits.data.data(), R, false));
+    return logits;
+  }
+  // Each row of a GEMM is its own dot products, so a slice's logits are
+  // the unsharded head's bits.
+  const auto [first, count] = VocabRange(sh.tp_rank);
+  std::vector<float> part(R * count);
+  RETURN_IF_ERROR(be.Gemm(sel.data(), head.view(), nullptr, part.data(), R, false));
+  if (sh.tp_rank != 0) {
+    sh.tp_group->Send(0, part.data(), R * count);
+    return Logits{};
+  }
+  Logits logits{.vocab_size = V};
+  logits.data.resize(R * V);
+  for (int r = 0; r < sh.tp; ++r) {
+    const auto [rf, rc] = VocabRange(r);
+    if (r > 0) {
+      part.resize(R * rc);
+      sh.tp_group->Recv(r, part.data(), R * rc);
+    }
+    for (int64_t row = 0; row < R; ++row) {
+      std::memcpy(logits.data.data() + row * V + rf, part.data() + row * rc, rc * sizeof(float));
+    }
   }
   return logits;
 }

@@ -23,7 +23,10 @@
 // tensor-parallel rank holds 1/tp of the attention heads (column-parallel
 // q/k/v, row-parallel o_proj) and of the MLP (column-parallel gate/up,
 // row-parallel down), its partial outputs summed by an all-reduce. The
-// embedding and lm_head are replicated. Every rank writes its layers' and
+// embedding is replicated on the first stage; the last stage's ranks each
+// hold 1/tp of the LM head's vocabulary rows (vocab-parallel; a tied head
+// is a slice of the embedding), and rank 0 gathers the logits, so the head
+// is read with every rank's threads. Every rank writes its layers' and
 // heads' K and V into the caller's one pool, in the layout of an unsharded
 // model, so a sharded instance's KV handles and transfers are those of an
 // unsharded one. PP gives the same bits as PP=1 (the same ops on the same
@@ -37,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -153,6 +157,9 @@ class Model {
   // (an empty Logits) on the others.
   absl::StatusOr<Logits> ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool);
   absl::Status LoadWeights(const LoadOptions& options);
+  // Tensor-parallel rank r's share of the vocabulary in the LM head: its
+  // first row and row count (all of it at tp 1).
+  std::pair<int64_t, int64_t> VocabRange(int r) const;
   absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
 
   std::string dir_;
