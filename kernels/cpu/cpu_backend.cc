@@ -177,7 +177,7 @@ class CpuBackend final : public KernelBackend {
     std::vector<Item> items;
     for (int64_t s = 0; s < a.num_seqs; ++s) {
       const int64_t n = a.seqs[s].num_tokens;
-      const int64_t tile = n >= kGemmMinRows ? kTileRows : 1;
+      const int64_t tile = n < kGemmMinRows ? 1 : invariant_ ? kInvariantTileRows : kTileRows;
       for (int64_t first = 0; first < n; first += tile) {
         for (int64_t h = 0; h < nkv; ++h) {
           items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(first),
@@ -191,6 +191,8 @@ class CpuBackend final : public KernelBackend {
         const Item& item = items[it];
         if (item.rows >= kGemmMinRows && !invariant_) {
           AttentionTileGemm(a, a.seqs[item.seq], item.first, item.rows, item.kvh, scratch);
+        } else if (item.rows >= kGemmMinRows) {
+          AttentionTileRows(a, a.seqs[item.seq], item.first, item.rows, item.kvh, scratch);
         } else {
           for (int32_t r = 0; r < item.rows; ++r) {
             AttentionRow(a, a.seqs[item.seq], item.first + r, item.kvh, scratch);
@@ -207,6 +209,10 @@ class CpuBackend final : public KernelBackend {
  private:
   static constexpr int64_t kGemmMinRows = 8;
   static constexpr int64_t kTileRows = 128;
+  // Batch-invariant tiles are smaller: their scores are computed for every
+  // key of the tile's last row, so a causal tile wastes up to half a tile
+  // of keys per row.
+  static constexpr int64_t kInvariantTileRows = 32;
 
   // Row j of K (kv 0) or V (kv 1) of `seq` at KV head `kvh` of the call's
   // range (a.kv_head_begin + kvh of the pool), in an f32 pool.
@@ -268,6 +274,58 @@ class CpuBackend final : public KernelBackend {
       for (int64_t j = lo; j <= pos; ++j) {
         const float* v = widen ? vbuf + (j - lo) * hd : PoolRow(a, seq, 1, kvh, j);
         simd::Axpy(scores[j - lo] * inv, v, o, hd);
+      }
+    }
+  }
+
+  // Rows [first, first + rows) of `seq` against KV head `kvh`, each row the
+  // bits AttentionRow gives it (batch-invariant), computed a tile at a time:
+  // scores by DotRows (Dot's bits) for every row and key, then each row's
+  // softmax over its own keys, and the weighted sum of V by AxpyRows with
+  // the other keys' weights zeroed (Axpy's bits: a zero weight adds
+  // nothing).
+  static void AttentionTileRows(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t first, int64_t rows,
+                                int64_t kvh, std::vector<float>& scratch) {
+    const KvLayout& l = a.layout;
+    const int64_t hd = l.head_dim;
+    const int64_t group = a.num_q_heads / a.KvHeads();
+    const int64_t pos0 = seq.start_pos + first;
+    const int64_t pos_last = pos0 + rows - 1;
+    const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
+    const int64_t nkeys = pos_last - k_lo + 1;
+    scratch.resize(2 * nkeys * hd + rows * nkeys + rows * hd);
+    float* kbuf = scratch.data();
+    float* vbuf = kbuf + nkeys * hd;
+    float* sbuf = vbuf + nkeys * hd;
+    float* qbuf = sbuf + rows * nkeys;
+    GatherKv(a, seq, 0, kvh, k_lo, pos_last, kbuf);
+    GatherKv(a, seq, 1, kvh, k_lo, pos_last, vbuf);
+    const int64_t ld_q = a.num_q_heads * hd;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = kvh * group + g;
+      const float* q = a.q + ((seq.first_row + first) * a.num_q_heads + h) * hd;
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(qbuf + r * hd, q + r * ld_q, hd * sizeof(float));
+      simd::DotRows(qbuf, rows, kbuf, nkeys, hd, sbuf, nkeys, /*accumulate=*/false);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t pos = pos0 + r;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+        float* srow = sbuf + r * nkeys;
+        float* valid = srow + (lo - k_lo);
+        const int64_t len = pos - lo + 1;
+        for (int64_t j = 0; j < len; ++j) valid[j] *= a.scale;
+        const float inv = 1.0f / simd::ExpShiftSum(valid, simd::Max(valid, len), len);
+        for (int64_t j = 0; j < len; ++j) valid[j] *= inv;
+        std::fill(srow, valid, 0.0f);
+        std::fill(valid + len, srow + nkeys, 0.0f);
+      }
+      float* o = a.out + ((seq.first_row + first) * a.num_q_heads + h) * hd;
+      for (int64_t r = 0; r < rows; ++r) std::fill(o + r * ld_q, o + r * ld_q + hd, 0.0f);
+      // Rows four at a time over the keys any of them sees.
+      for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        const int64_t r1 = std::min(rows, r0 + 4);
+        const int64_t j0 = (a.window > 0 ? std::max<int64_t>(0, pos0 + r0 - a.window + 1) : 0) - k_lo;
+        const int64_t j1 = pos0 + r1 - 1 - k_lo + 1;
+        simd::AxpyRows(sbuf + r0 * nkeys + j0, nkeys, r1 - r0, vbuf + j0 * hd, j1 - j0, hd, o + r0 * ld_q, ld_q);
       }
     }
   }

@@ -245,18 +245,22 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
           "and whatever else the call holds",
           "[kernels]") {
   const DType kv_dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  // 64 and 128 take AxpyRows' register tiles; a window cuts each row's keys.
+  const int64_t hd = GENERATE(32, 64, 128);
+  const int window = GENERATE(0, 50);
+  INFO("head_dim " << hd << ", window " << window);
   auto be = NewCpuBackend(2);
-  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = 32, .dtype = kv_dtype};
+  KvLayout l{.num_layers = 1, .num_kv_heads = 2, .block_size = 16, .head_dim = hd, .dtype = kv_dtype};
   const int num_blocks = 24;
   auto pool = PoolOf(l, Random(num_blocks * l.BlockStride(), 41));
   std::vector<int32_t> table(num_blocks);
   for (int i = 0; i < num_blocks; ++i) table[i] = (i * 5) % num_blocks;
-  const int nq = 4, width = nq * 32, total = 300;
+  const int64_t nq = 4, width = nq * hd, total = 300;
   auto q = Random(total * width, 42);
   auto run = [&](std::vector<AttentionSeq> seqs, const float* qs, int rows) {
     std::vector<float> out(rows * width);
     PagedAttentionArgs args{.q = qs, .out = out.data(), .kv = pool.data(), .layout = l, .layer = 0,
-                            .num_q_heads = nq, .scale = 0.17f, .window = 0, .seqs = seqs.data(),
+                            .num_q_heads = nq, .scale = 0.17f, .window = window, .seqs = seqs.data(),
                             .num_seqs = static_cast<int64_t>(seqs.size())};
     be->PagedAttention(args);
     return out;
@@ -280,6 +284,12 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
                           {.first_row = 3, .num_tokens = 20, .start_pos = 240, .block_table = table.data()}},
                          mixed_q.data(), 23);
   CHECK(SameBits(mixed.data() + 3 * width, all.data() + 200 * width, 20 * width));
+  // The AVX2 paths (one Axpy per key) give the AVX-512 tiles' bits.
+  simd::SetAvx512ForTesting(false);
+  const auto avx2 = run({{.first_row = 0, .num_tokens = total, .start_pos = 40, .block_table = table.data()}},
+                        q.data(), total);
+  simd::SetAvx512ForTesting(true);
+  CHECK(SameBits(avx2.data(), all.data(), all.size()));
   // A half-precision pool gives the bits of an f32 pool holding its values.
   if (kv_dtype != DType::kF32) {
     KvLayout wide = l;
@@ -289,7 +299,7 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
     std::vector<float> out(total * width);
     const AttentionSeq seq{.first_row = 0, .num_tokens = total, .start_pos = 40, .block_table = table.data()};
     PagedAttentionArgs args{.q = q.data(), .out = out.data(), .kv = widened.data(), .layout = wide, .layer = 0,
-                            .num_q_heads = nq, .scale = 0.17f, .window = 0, .seqs = &seq, .num_seqs = 1};
+                            .num_q_heads = nq, .scale = 0.17f, .window = window, .seqs = &seq, .num_seqs = 1};
     be->PagedAttention(args);
     CHECK(SameBits(out.data(), all.data(), out.size()));
   }

@@ -454,6 +454,37 @@ DUET_AVX512 void DotRowsAvx512(const float* a, int64_t m, const float* w, int64_
   }
 }
 
+// AxpyRows for d = 16 x D: R output rows held in registers across the run
+// of x rows.
+template <int R, int D>
+DUET_AVX512 inline void AxpyTileAvx512(const float* a, int64_t lda, const float* x, int64_t n, float* y,
+                                       int64_t ldy) {
+  __m512 acc[R][D];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < D; ++t) acc[r][t] = _mm512_loadu_ps(y + r * ldy + 16 * t);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 xv[D];
+    for (int t = 0; t < D; ++t) xv[t] = _mm512_loadu_ps(x + j * 16 * D + 16 * t);
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * lda + j]);
+      for (int t = 0; t < D; ++t) acc[r][t] = _mm512_fmadd_ps(av, xv[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < D; ++t) _mm512_storeu_ps(y + r * ldy + 16 * t, acc[r][t]);
+  }
+}
+
+template <int D>
+DUET_AVX512 void AxpyRowsAvx512(const float* a, int64_t lda, int64_t m, const float* x, int64_t n, float* y,
+                                int64_t ldy) {
+  constexpr int R = D <= 4 ? 4 : 2;  // R x D + D of the 32 registers.
+  int64_t r = 0;
+  for (; r + R <= m; r += R) AxpyTileAvx512<R, D>(a + r * lda, lda, x, n, y + r * ldy, ldy);
+  for (; r < m; ++r) AxpyTileAvx512<1, D>(a + r * lda, lda, x, n, y + r * ldy, ldy);
+}
+
 template <class Row>
 DUET_AVX512 void WidenAvx512(const Row& row, int64_t k, float* o) {
   int64_t i = 0;
@@ -695,6 +726,16 @@ void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int6
 void Axpy(float a, const float* x, float* y, int64_t n) {
   if (UseAvx2()) return AxpyAvx2(a, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void AxpyRows(const float* a, int64_t lda, int64_t m, const float* x, int64_t n, int64_t d, float* y, int64_t ldy) {
+  // Fused multiply-adds of any width give each element the bits of Axpy's
+  // AVX2 ones; without AVX-512, or for another width, it is Axpy itself.
+  if (UseAvx512() && d == 64) return AxpyRowsAvx512<4>(a, lda, m, x, n, y, ldy);
+  if (UseAvx512() && d == 128) return AxpyRowsAvx512<8>(a, lda, m, x, n, y, ldy);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) Axpy(a[r * lda + j], x + j * d, y + r * ldy, d);
+  }
 }
 
 void ScaleMul(const float* x, float scale, const float* w, float* y, int64_t n) {

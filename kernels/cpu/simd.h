@@ -43,6 +43,11 @@ void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int6
 void Widen(const void* src, DType dtype, int64_t n, float* out);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
+// For r < m: y + r * ldy += a[r * lda + j] * (x + j * d) for j = 0 .. n-1,
+// in order: each row the bits of those n Axpy calls, whatever m is (each
+// element one fused multiply-add per j). A zero a[r * lda + j] adds
+// nothing, so rows may share a run of j with their unused weights zeroed.
+void AxpyRows(const float* a, int64_t lda, int64_t m, const float* x, int64_t n, int64_t d, float* y, int64_t ldy);
 // y = x * scale * w (element-wise w).
 void ScaleMul(const float* x, float scale, const float* w, float* y, int64_t n);
 float SumSquares(const float* x, int64_t n);
