@@ -26,8 +26,8 @@ inline constexpr int64_t kDefaultMaxBatchTokens = 2048;
 // prefills of 302 + 909 blocks at 0.7-1.5 requests/s: 29-30% of document
 // tokens reused at 1, 32% at 0.25, 26-27% under least_loaded, TTFT p50/p90
 // within 5% of weight 1's; on the bench's real clusters cache_aware matches
-// one cache of both halves' size: +5.4 to +6.6 pp over least_loaded, TTFT
-// p90 0.74-0.98x least_loaded's in three side-by-side runs once the router
+// one cache of both halves' size: +4.7 to +6.6 pp over least_loaded, TTFT
+// p90 0.74-0.98x least_loaded's in four side-by-side runs once the router
 // kept its own book of the queues, router/registry.h).
 struct CacheAwareWeights {
   double uncached = 1.0;
