@@ -165,9 +165,9 @@ class CpuBackend final : public KernelBackend {
   void PagedAttention(const PagedAttentionArgs& a) override {
     const int64_t nkv = a.KvHeads();
     // Work items: a tile of query rows of one sequence against one KV head.
-    // Tiles of prefill chunks run as GEMMs (all the group's query heads share
-    // the gathered K and V); short runs (decode) take the row path, which
-    // reads each K/V row once per query head.
+    // Tiles of prefill chunks run as AttentionTile (all the group's query
+    // heads share the gathered K and V); short runs (decode) take the row
+    // path, which reads each K/V row once per query head.
     struct Item {
       int32_t seq;
       int32_t first;  // Offset of the tile's first row inside the sequence.
@@ -189,10 +189,8 @@ class CpuBackend final : public KernelBackend {
       std::vector<float> scratch;
       for (int64_t it = b; it < e; ++it) {
         const Item& item = items[it];
-        if (item.rows >= kGemmMinRows && !invariant_) {
-          AttentionTileGemm(a, a.seqs[item.seq], item.first, item.rows, item.kvh, scratch);
-        } else if (item.rows >= kGemmMinRows) {
-          AttentionTileRows(a, a.seqs[item.seq], item.first, item.rows, item.kvh, scratch);
+        if (item.rows >= kGemmMinRows) {
+          AttentionTile(a, a.seqs[item.seq], item.first, item.rows, item.kvh, invariant_, scratch);
         } else {
           for (int32_t r = 0; r < item.rows; ++r) {
             AttentionRow(a, a.seqs[item.seq], item.first + r, item.kvh, scratch);
@@ -213,6 +211,11 @@ class CpuBackend final : public KernelBackend {
   // key of the tile's last row, so a causal tile wastes up to half a tile
   // of keys per row.
   static constexpr int64_t kInvariantTileRows = 32;
+
+  // The first key a query at `pos` sees: 0, or the start of its window.
+  static int64_t FirstKey(const PagedAttentionArgs& a, int64_t pos) {
+    return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  }
 
   // Row j of K (kv 0) or V (kv 1) of `seq` at KV head `kvh` of the call's
   // range (a.kv_head_begin + kvh of the pool), in an f32 pool.
@@ -249,7 +252,7 @@ class CpuBackend final : public KernelBackend {
     const int64_t group = a.num_q_heads / a.KvHeads();
     const int64_t row = seq.first_row + local;
     const int64_t pos = seq.start_pos + local;
-    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+    const int64_t lo = FirstKey(a, pos);
     const int64_t len = pos - lo + 1;
     const bool widen = l.dtype != DType::kF32;
     scratch.resize(static_cast<size_t>(len + (widen ? 2 * len * hd : 0)));
@@ -278,75 +281,27 @@ class CpuBackend final : public KernelBackend {
     }
   }
 
-  // Rows [first, first + rows) of `seq` against KV head `kvh`, each row the
-  // bits AttentionRow gives it (batch-invariant), computed a tile at a time:
-  // scores by DotRows (Dot's bits) for every row and key, then each row's
-  // softmax over its own keys, and the weighted sum of V by AxpyRows with
-  // the other keys' weights zeroed (Axpy's bits: a zero weight adds
-  // nothing).
-  static void AttentionTileRows(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t first, int64_t rows,
-                                int64_t kvh, std::vector<float>& scratch) {
+  // Rows [first, first + rows) of `seq` against KV head `kvh`, per query
+  // head: scores S = Q K^T over the keys any row of the tile may see, each
+  // row's softmax over its own keys (the others zeroed), then O = P V.
+  // Batch-invariant (`invariant`), each row gets the bits AttentionRow gives
+  // it: S by simd::DotRows (Dot's bits) then scaled, O by simd::AxpyRows
+  // (Axpy's bits; a zero weight adds nothing), rows four at a time over the
+  // keys any of them sees. Otherwise S and O are OpenBLAS GEMMs.
+  static void AttentionTile(const PagedAttentionArgs& a, const AttentionSeq& seq, int64_t first, int64_t rows,
+                            int64_t kvh, bool invariant, std::vector<float>& scratch) {
     const KvLayout& l = a.layout;
     const int64_t hd = l.head_dim;
     const int64_t group = a.num_q_heads / a.KvHeads();
     const int64_t pos0 = seq.start_pos + first;
     const int64_t pos_last = pos0 + rows - 1;
-    const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
+    const int64_t k_lo = FirstKey(a, pos0);
     const int64_t nkeys = pos_last - k_lo + 1;
-    scratch.resize(2 * nkeys * hd + rows * nkeys + rows * hd);
+    scratch.resize(2 * nkeys * hd + rows * nkeys + (invariant ? rows * hd : 0));
     float* kbuf = scratch.data();
     float* vbuf = kbuf + nkeys * hd;
     float* sbuf = vbuf + nkeys * hd;
-    float* qbuf = sbuf + rows * nkeys;
-    GatherKv(a, seq, 0, kvh, k_lo, pos_last, kbuf);
-    GatherKv(a, seq, 1, kvh, k_lo, pos_last, vbuf);
-    const int64_t ld_q = a.num_q_heads * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t h = kvh * group + g;
-      const float* q = a.q + ((seq.first_row + first) * a.num_q_heads + h) * hd;
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(qbuf + r * hd, q + r * ld_q, hd * sizeof(float));
-      simd::DotRows(qbuf, rows, kbuf, nkeys, hd, sbuf, nkeys, /*accumulate=*/false);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t pos = pos0 + r;
-        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-        float* srow = sbuf + r * nkeys;
-        float* valid = srow + (lo - k_lo);
-        const int64_t len = pos - lo + 1;
-        for (int64_t j = 0; j < len; ++j) valid[j] *= a.scale;
-        const float inv = 1.0f / simd::ExpShiftSum(valid, simd::Max(valid, len), len);
-        for (int64_t j = 0; j < len; ++j) valid[j] *= inv;
-        std::fill(srow, valid, 0.0f);
-        std::fill(valid + len, srow + nkeys, 0.0f);
-      }
-      float* o = a.out + ((seq.first_row + first) * a.num_q_heads + h) * hd;
-      for (int64_t r = 0; r < rows; ++r) std::fill(o + r * ld_q, o + r * ld_q + hd, 0.0f);
-      // Rows four at a time over the keys any of them sees.
-      for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-        const int64_t r1 = std::min(rows, r0 + 4);
-        const int64_t j0 = (a.window > 0 ? std::max<int64_t>(0, pos0 + r0 - a.window + 1) : 0) - k_lo;
-        const int64_t j1 = pos0 + r1 - 1 - k_lo + 1;
-        simd::AxpyRows(sbuf + r0 * nkeys + j0, nkeys, r1 - r0, vbuf + j0 * hd, j1 - j0, hd, o + r0 * ld_q, ld_q);
-      }
-    }
-  }
-
-  // Rows [first, first + rows) of `seq` against KV head `kvh` as two GEMMs
-  // per query head: S = Q K^T over the keys any row of the tile may see,
-  // masked (causal, window) and softmaxed in place, then O = P V.
-  static void AttentionTileGemm(const PagedAttentionArgs& a, const AttentionSeq& seq,
-                                int64_t first, int64_t rows, int64_t kvh,
-                                std::vector<float>& scratch) {
-    const KvLayout& l = a.layout;
-    const int64_t hd = l.head_dim;
-    const int64_t group = a.num_q_heads / a.KvHeads();
-    const int64_t pos0 = seq.start_pos + first;
-    const int64_t pos_last = pos0 + rows - 1;
-    const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
-    const int64_t nkeys = pos_last - k_lo + 1;
-    scratch.resize(2 * nkeys * hd + rows * nkeys);
-    float* kbuf = scratch.data();
-    float* vbuf = kbuf + nkeys * hd;
-    float* sbuf = vbuf + nkeys * hd;
+    float* qbuf = sbuf + rows * nkeys;  // invariant: the tile's query rows, contiguous
     // The keys and values as contiguous [nkeys][hd] float matrices.
     GatherKv(a, seq, 0, kvh, k_lo, pos_last, kbuf);
     GatherKv(a, seq, 1, kvh, k_lo, pos_last, vbuf);
@@ -354,22 +309,37 @@ class CpuBackend final : public KernelBackend {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kvh * group + g;
       const float* q = a.q + ((seq.first_row + first) * a.num_q_heads + h) * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nkeys, hd, a.scale, q, ld_q, kbuf,
-                  hd, 0.0f, sbuf, nkeys);
+      if (invariant) {
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(qbuf + r * hd, q + r * ld_q, hd * sizeof(float));
+        simd::DotRows(qbuf, rows, kbuf, nkeys, hd, sbuf, nkeys, /*accumulate=*/false);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nkeys, hd, a.scale, q, ld_q, kbuf,
+                    hd, 0.0f, sbuf, nkeys);
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t pos = pos0 + r;
-        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+        const int64_t lo = FirstKey(a, pos);
         float* srow = sbuf + r * nkeys;
         float* valid = srow + (lo - k_lo);
         const int64_t len = pos - lo + 1;
+        if (invariant) simd::Scale(valid, a.scale, len);  // As AttentionRow: Dot(q, k) * scale.
         float sum = simd::ExpShiftSum(valid, simd::Max(valid, len), len);
         simd::Scale(valid, 1.0f / sum, len);
         std::fill(srow, valid, 0.0f);
         std::fill(valid + len, srow + nkeys, 0.0f);
       }
       float* o = a.out + ((seq.first_row + first) * a.num_q_heads + h) * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nkeys, 1.0f, sbuf, nkeys,
-                  vbuf, hd, 0.0f, o, ld_q);
+      if (!invariant) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nkeys, 1.0f, sbuf, nkeys,
+                    vbuf, hd, 0.0f, o, ld_q);
+        continue;
+      }
+      for (int64_t r = 0; r < rows; ++r) std::fill(o + r * ld_q, o + r * ld_q + hd, 0.0f);
+      for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        const int64_t r1 = std::min(rows, r0 + 4);
+        const int64_t j0 = FirstKey(a, pos0 + r0) - k_lo, j1 = pos0 + r1 - k_lo;
+        simd::AxpyRows(sbuf + r0 * nkeys + j0, nkeys, r1 - r0, vbuf + j0 * hd, j1 - j0, hd, o + r0 * ld_q, ld_q);
+      }
     }
   }
 
