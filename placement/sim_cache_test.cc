@@ -20,6 +20,20 @@ namespace {
 
 constexpr char kFit[] = "placement/testdata/distserve-a100-80g.json";
 
+// A RAG prompt of 252 tokens (16 blocks): a 32-token system prompt, 200
+// tokens of document `doc`, 20 of question `question`; kept in `prompts`
+// (the request points into it), output 2.
+SimRequest DocRequest(std::deque<PromptTokens>& prompts, double at, int doc, int question) {
+  PromptTokens& q = prompts.emplace_back();
+  for (int i = 0; i < 32; ++i) q.tokens.push_back(100 + i);
+  q.doc_begin = 32;
+  for (int i = 0; i < 200; ++i) q.tokens.push_back(1000 * doc + i);
+  q.doc_end = static_cast<int64_t>(q.tokens.size());
+  for (int i = 0; i < 20; ++i) q.tokens.push_back(50000 + 100 * question + i);
+  q.boundaries = {32, q.doc_end};
+  return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 2, .content = &q};
+}
+
 ClusterSpec OnePair(int64_t device_blocks, int64_t host_blocks) {
   ClusterSpec c;
   c.instances = {{.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
@@ -133,16 +147,7 @@ TEST_CASE("cache_aware sends a request to the prefill instance holding its docum
   // one prompt: A and B arrive together (one per instance), then alternate,
   // each after the last has finished.
   std::deque<PromptTokens> prompts;
-  auto request = [&](double at, int doc, int question) {
-    PromptTokens& q = prompts.emplace_back();
-    for (int i = 0; i < 32; ++i) q.tokens.push_back(100 + i);
-    q.doc_begin = 32;
-    for (int i = 0; i < 200; ++i) q.tokens.push_back(1000 * doc + i);
-    q.doc_end = static_cast<int64_t>(q.tokens.size());
-    for (int i = 0; i < 20; ++i) q.tokens.push_back(50000 + 100 * question + i);
-    q.boundaries = {32, q.doc_end};
-    return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 2, .content = &q};
-  };
+  auto request = [&](double at, int doc, int question) { return DocRequest(prompts, at, doc, question); };
   std::vector<SimRequest> w = {request(0, 1, 0), request(0, 2, 1)};
   for (int k = 2; k < 12; ++k) w.push_back(request(100.0 * k, 1 + k % 2, k));
   ClusterSpec c;
@@ -177,16 +182,7 @@ TEST_CASE("cache_aware's queue is the router's book: a burst's charges are its u
   // whole prompt, as a worker's heartbeat does, would make it 308 and send
   // the third away from its document.
   std::deque<PromptTokens> prompts;
-  auto request = [&](double at, int question) {
-    PromptTokens& q = prompts.emplace_back();
-    for (int i = 0; i < 32; ++i) q.tokens.push_back(100 + i);
-    q.doc_begin = 32;
-    for (int i = 0; i < 200; ++i) q.tokens.push_back(1000 + i);
-    q.doc_end = static_cast<int64_t>(q.tokens.size());
-    for (int i = 0; i < 20; ++i) q.tokens.push_back(50000 + 100 * question + i);
-    q.boundaries = {32, q.doc_end};
-    return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 2, .content = &q};
-  };
+  auto request = [&](double at, int question) { return DocRequest(prompts, at, /*doc=*/1, question); };
   const std::vector<SimRequest> w = {request(0, 0), request(100, 1), request(100, 2), request(100, 3)};
   ClusterSpec c;
   c.instances = {{.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
