@@ -40,8 +40,10 @@ struct WorkerRegistry::Worker {
   // requests), oldest first.
   std::deque<PendingCharge> charges;
   // Prefills the router sent it that have not produced their first token:
-  // request id -> the tokens dispatch charged. Their sum is its queue.
+  // request id -> the tokens dispatch charged; their sum, kept as they come
+  // and go (dispatch reads it on every pick), is its queue.
   absl::flat_hash_map<uint64_t, int64_t> prefilling;
+  int64_t prefilling_tokens = 0;
   int64_t dispatched = 0;  // Attempts assigned to it since it registered.
   bool restarted = false;  // Its id registered before, from another process.
   bool draining = false;   // Its last heartbeat said so: nothing new goes to it.
@@ -417,10 +419,10 @@ std::vector<WorkerLoad> WorkerRegistry::LiveLoads() const {
         .id = id,
         .role = w->reg.role(),
         .control_address = w->reg.control_address(),
+        .queued_prefill_tokens = w->prefilling_tokens,
         .kv_blocks_free = w->stats.kv_blocks_free(),
         .running_requests = w->stats.running_requests(),
     };
-    for (const auto& [request_id, tokens] : w->prefilling) load.queued_prefill_tokens += tokens;
     for (const PendingCharge& c : w->charges) {
       load.kv_blocks_free -= c.blocks;
       load.running_requests += c.requests;
@@ -453,8 +455,10 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
   Charged out;
   if (auto it = workers_.find(a.prefill_id); it != workers_.end()) {
     out = {.prefill_id = a.prefill_id, .request_id = request_id};
-    it->second->prefilling[request_id] = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens;
-    it->second->dispatched += 1;
+    Worker& w = *it->second;
+    const int64_t charge = a.prefill_tokens >= 0 ? a.prefill_tokens : tokens;
+    if (w.prefilling.emplace(request_id, charge).second) w.prefilling_tokens += charge;  // Ids are per attempt.
+    w.dispatched += 1;
   }
   if (auto it = workers_.find(a.decode_id); it != workers_.end()) {
     Worker& w = *it->second;
@@ -469,7 +473,13 @@ WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t toke
 void WorkerRegistry::Uncharge(const Charged& c) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(c.prefill_id);
-  if (it != workers_.end()) it->second->prefilling.erase(c.request_id);  // Its blocks stay until counted.
+  if (it == workers_.end()) return;
+  Worker& w = *it->second;
+  // Its blocks stay until counted.
+  if (auto entry = w.prefilling.find(c.request_id); entry != w.prefilling.end()) {
+    w.prefilling_tokens -= entry->second;
+    w.prefilling.erase(entry);
+  }
 }
 
 void WorkerRegistry::CheckHeartbeats() {
