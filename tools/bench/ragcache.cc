@@ -545,7 +545,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
               static_cast<long long>(half_device), static_cast<long long>(half_host), ll.rate, 100 * load,
               2e3 * load / ll.rate, f.GetString("cache-aware-weights").c_str());
   std::printf("%-34s %12s %12s %8s   %s\n", "figure", "cache_aware", "least_loaded", "", "target");
-  std::printf("%-34s %11.1f%% %11.1f%% %+7.1f   >= +5.0 pp %s\n", "document hit rate", 100 * ca_hit, 100 * ll_hit,
+  std::printf("%-34s %11.1f%% %11.1f%% %+7.2f   >= +5.0 pp %s\n", "document hit rate", 100 * ca_hit, 100 * ll_hit,
               100 * (ca_hit - ll_hit), hit_ok ? "ok" : "MISS");
   // The bound: one prefill holding the whole cache (the pgdsf run).
   if (!two_only) {
