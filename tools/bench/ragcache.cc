@@ -26,9 +26,14 @@
 // (One at a time overstates it: the decode worker's thread then idles,
 // while under load it shares the 2 cores with the prefill's two.)
 //   - One prefill (2 threads, both cores) + one decode (1 thread): no cache,
-//     then PGDSF at the 20% size with the host tier (device blocks =
+//     and PGDSF at the 20% size with the host tier (device blocks =
 //     the prefill's KV pool, host blocks = --kv-host-blocks, PGDSF's cost
-//     from a `duet profile` of this machine, run first): TTFT p50 / p90 of
+//     from a `duet profile` of this machine, run first), both started and
+//     warmed up, then measured in turns (a quarter of the measured requests
+//     at a time, no-cache pgdsf pgdsf no-cache no-cache pgdsf pgdsf
+//     no-cache, so a drift of the machine's speed over the run falls on
+//     both alike; side by side would share the cores and with them the
+//     queueing the cache saves): TTFT p50 / p90 of
 //     the measured requests, their real document hit rate (from each
 //     response's usage.prompt_tokens_details.cached_tokens) beside duet
 //     sim's for the same requests at the times they were sent, and the
@@ -269,36 +274,85 @@ absl::Status Measure(const std::string& name, cluster::LocalCluster& c, const st
   return absl::OkStatus();
 }
 
-// One cluster: started, warmed up (`warm_concurrency` at a time), then the
-// measured requests at `rate` (<= 0: `load` x its capacity under load, the
-// warm-up's requests again at 3 x warm_concurrency per second of wall
-// time: for a cluster without a cache, which they would hit), and stopped.
-absl::StatusOr<ClusterRun> RunCluster(const std::string& name, const std::string& run_dir,
-                                      const std::string& model_dir, const std::vector<cluster::WorkerSpec>& workers,
-                                      const std::string& policy, const std::vector<BenchRequest>& reqs,
-                                      size_t warm_n, int warm_concurrency, double rate, double load,
-                                      const FlagSet& f) {
+// One cluster started and warmed up (`warm_concurrency` at a time); with
+// `probe`, its capacity under load measured too: the warm-up's requests
+// again at 3 x warm_concurrency, per second of wall time (for a cluster
+// without a cache, which they would hit), and its rate set to `load` x it.
+absl::StatusOr<std::unique_ptr<cluster::LocalCluster>> StartWarm(const std::string& name, const std::string& run_dir,
+                                                                 const std::string& model_dir,
+                                                                 const std::vector<cluster::WorkerSpec>& workers,
+                                                                 const std::vector<BenchRequest>& reqs, size_t warm_n,
+                                                                 int warm_concurrency, bool probe, double load,
+                                                                 const FlagSet& f, ClusterRun* out) {
   const std::string model_name = testing::ModelBaseName(model_dir);
-  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> c, Start(name, run_dir, model_dir, workers, policy, f));
-  ClusterRun out;
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> c,
+                   Start(name, run_dir, model_dir, workers, "least_loaded", f));
   const std::vector<BenchRequest> warm(reqs.begin(), reqs.begin() + static_cast<long>(warm_n));
   Progress(absl::StrCat(name, ": ", warm.size(), " warm-up requests, ", warm_concurrency, " at a time"));
-  RETURN_IF_ERROR(Warm(name, *c, model_name, warm, warm_concurrency, f, &out.warm));
-  if (rate <= 0) {
+  RETURN_IF_ERROR(Warm(name, *c, model_name, warm, warm_concurrency, f, &out->warm));
+  if (probe) {
     Progress(absl::StrCat(name, ": capacity under load: the ", warm.size(), " warm-up requests again, ",
                           3 * warm_concurrency, " at a time"));
-    RunResult probe;
-    RETURN_IF_ERROR(Warm(name, *c, model_name, warm, 3 * warm_concurrency, f, &probe));
-    out.capacity = static_cast<double>(warm.size()) / probe.wall_s;
-    rate = load * out.capacity;
+    RunResult r;
+    RETURN_IF_ERROR(Warm(name, *c, model_name, warm, 3 * warm_concurrency, f, &r));
+    out->capacity = static_cast<double>(warm.size()) / r.wall_s;
+    out->rate = load * out->capacity;
   }
-  out.rate = rate;
-  const std::vector<BenchRequest> measured = MeasuredAt(reqs, warm_n, rate);
-  Progress(absl::StrFormat("%s: %zu measured requests at %.2f req/s (~%.0f s)", name, measured.size(), rate,
-                           measured.back().arrival_s));
-  RETURN_IF_ERROR(Measure(name, *c, model_name, measured, f, &out));
-  c->Stop();
-  return out;
+  return c;
+}
+
+// `part` appended to `into`, its times moved to count from into's t0.
+void AppendPart(const RunResult& part, RunResult* into) {
+  if (into->outcomes.empty()) {
+    *into = part;
+    return;
+  }
+  const double shift = Seconds(part.t0 - into->t0);
+  for (Outcome o : part.outcomes) {
+    o.send_s += shift;
+    if (o.first_token_s >= 0) o.first_token_s += shift;
+    if (o.last_token_s >= 0) o.last_token_s += shift;
+    into->outcomes.push_back(std::move(o));
+  }
+  into->wall_s += part.wall_s;
+}
+
+// Two clusters' measured requests, at a's rate, in turns: each cluster's
+// `parts` consecutive slices sent A B B A A B B A ... (a slice's arrivals
+// from its own start; the other cluster idles meanwhile), so a drift of
+// the machine's speed over the minutes of the run falls on both alike
+// rather than on whichever ran second. Each cluster's slices merge into its
+// `measured`, timed from its first slice.
+absl::Status MeasureInTurns(const std::string& a_name, cluster::LocalCluster& a, const std::string& b_name,
+                            cluster::LocalCluster& b, const std::string& model_dir,
+                            const std::vector<BenchRequest>& reqs, size_t warm_n, int parts, const FlagSet& f,
+                            ClusterRun* ra, ClusterRun* rb) {
+  const std::string model_name = testing::ModelBaseName(model_dir);
+  rb->rate = ra->rate;
+  const std::vector<BenchRequest> measured = MeasuredAt(reqs, warm_n, ra->rate);
+  Progress(absl::StrFormat("%s and %s: %zu measured requests each at %.2f req/s, in %d turns each (~%.0f s)", a_name,
+                           b_name, measured.size(), ra->rate, parts, 2 * measured.back().arrival_s));
+  const double timeout_s = f.GetDouble("timeout-s");
+  for (int k = 0; k < 2 * parts; ++k) {
+    const int part = k / 2;
+    // A B, B A, A B, ...: pair k/2 leads with a when even.
+    const bool use_a = (part % 2 == 0) == (k % 2 == 0);
+    const size_t from = measured.size() * static_cast<size_t>(part) / static_cast<size_t>(parts),
+                 to = measured.size() * static_cast<size_t>(part + 1) / static_cast<size_t>(parts);
+    std::vector<BenchRequest> slice(measured.begin() + static_cast<long>(from),
+                                    measured.begin() + static_cast<long>(to));
+    const double first = slice.front().arrival_s;
+    for (BenchRequest& r : slice) r.arrival_s -= first;
+    const std::string& name = use_a ? a_name : b_name;
+    cluster::LocalCluster& c = use_a ? a : b;
+    ClusterRun* run = use_a ? ra : rb;
+    Progress(absl::StrFormat("%s: measured requests %zu-%zu", name, from, to - 1));
+    const RunResult r = Replay(c.http_port(), model_name, slice, timeout_s);
+    RETURN_IF_ERROR(CheckOutcomes(name, r));
+    RETURN_IF_ERROR(c.CheckAlive());
+    AppendPart(r, &run->measured);
+  }
+  return absl::OkStatus();
 }
 
 // Two clusters side by side on the same cores, each request sent to both at
@@ -402,10 +456,15 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   const bool two_only = f.GetBool("two-prefill-only");
   ClusterRun none, pgdsf;
   if (!two_only) {
-    ASSIGN_OR_RETURN(none, RunCluster("no-cache", run_dir, model_dir, one(none_args), "least_loaded", reqs, warm_n, 1,
-                                      0, load, f));
-    ASSIGN_OR_RETURN(pgdsf, RunCluster("pgdsf", run_dir, model_dir, one(cache_args), "least_loaded", reqs, warm_n, 1,
-                                       none.rate, load, f));
+    // Both started and warmed up (the no-cache one's capacity measured),
+    // then measured in turns.
+    ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> none_c,
+                     StartWarm("no-cache", run_dir, model_dir, one(none_args), reqs, warm_n, 1, true, load, f, &none));
+    ASSIGN_OR_RETURN(std::unique_ptr<cluster::LocalCluster> pg_c,
+                     StartWarm("pgdsf", run_dir, model_dir, one(cache_args), reqs, warm_n, 1, false, load, f, &pgdsf));
+    RETURN_IF_ERROR(MeasureInTurns("no-cache", *none_c, "pgdsf", *pg_c, model_dir, reqs, warm_n, 4, f, &none, &pgdsf));
+    none_c->Stop();
+    pg_c->Stop();
   }
   // The two prefills share the same 20%: half each, device:host 1:3.
   const int64_t half = cache_blocks / 2, half_device = half / 4, half_host = half - half_device;
@@ -596,7 +655,7 @@ int main(int argc, char** argv) {
                   "The knowledge tree on RAGCache's workload: every policy's document hit rate in duet sim,\n"
                   "then real clusters of the bench model with and without the cache, and two prefills under\n"
                   "cache_aware and least_loaded dispatch.");
-  f.Bool("sim-only", "print the simulator table alone (seconds; the real clusters take ~20 minutes)");
+  f.Bool("sim-only", "print the simulator table alone (seconds; the real clusters take ~17 minutes)");
   f.Int("warmup", 100, "real clusters: warm-up requests");
   f.Int("requests", 300, "real clusters: measured requests");
   f.Double("load", 0.6, "real clusters: the measured arrival rate as a fraction of the no-cache prefill's capacity");
@@ -606,7 +665,7 @@ int main(int argc, char** argv) {
   f.Int("heartbeat-ms", 500, "heartbeat interval of router and workers");
   f.Double("timeout-s", 300, "a request not done after this long fails the bench");
   f.Bool("two-prefill-only",
-         "real clusters: only the two-prefill comparison of least_loaded and cache_aware (about 9 minutes after "
+         "real clusters: only the two-prefill comparison of least_loaded and cache_aware (about 6 minutes with "
          "the simulator table), for trying dispatch settings");
   f.String("cache-aware-weights", duet::CacheAwareWeights{}.ToString(),
            "the cache_aware router's weights U,Q (the router's --cache-aware-weights; default its default)");
