@@ -301,7 +301,8 @@ absl::StatusOr<std::unique_ptr<cluster::LocalCluster>> StartWarm(const std::stri
   return c;
 }
 
-// `part` appended to `into`, its times moved to count from into's t0.
+// `part` appended to `into`, its times moved to count from into's t0 (its
+// wall_s added: the parts' busy time, not their span).
 void AppendPart(const RunResult& part, RunResult* into) {
   if (into->outcomes.empty()) {
     *into = part;
@@ -339,6 +340,7 @@ absl::Status MeasureInTurns(const std::string& a_name, cluster::LocalCluster& a,
     const bool use_a = (part % 2 == 0) == (k % 2 == 0);
     const size_t from = measured.size() * static_cast<size_t>(part) / static_cast<size_t>(parts),
                  to = measured.size() * static_cast<size_t>(part + 1) / static_cast<size_t>(parts);
+    if (from == to) continue;  // fewer requests than parts
     std::vector<BenchRequest> slice(measured.begin() + static_cast<long>(from),
                                     measured.begin() + static_cast<long>(to));
     const double first = slice.front().arrival_s;
