@@ -28,9 +28,9 @@ inline constexpr int64_t kDefaultMaxBatchTokens = 2048;
 // within 3% of weight 1's). On the bench's real clusters, side by side with
 // least_loaded, the weight trades hits for TTFT p90 under load: 31.0% at
 // 0.25 (+4.7 to +6.6 pp over least_loaded in four runs, p90 0.74-0.98x), at
-// 0.2 31.7-31.8% (+5.0, +5.6 pp; p90 0.53x, 0.97x), at 0.15 32.1% (+5.7 pp,
-// p90 1.08x); one prefill holding both halves' cache reuses 32%, the most
-// the routing can recover.
+// 0.2 31.2-32.1% (+4.2 to +6.0 pp in six runs, p90 0.53-0.98x), at 0.15
+// 32.1% (+5.7 pp, p90 1.08x); one prefill holding both halves' cache reuses
+// 32%, the most the routing can recover.
 struct CacheAwareWeights {
   double uncached = 1.0;
   double queued = 0.2;
