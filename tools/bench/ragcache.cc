@@ -263,12 +263,21 @@ std::vector<BenchRequest> MeasuredAt(const std::vector<BenchRequest>& reqs, size
   return measured;
 }
 
+// `reqs` sent at their arrival times; every one must succeed and the
+// cluster must still be whole.
+absl::StatusOr<RunResult> ReplayChecked(const std::string& name, cluster::LocalCluster& c,
+                                        const std::string& model_name, const std::vector<BenchRequest>& reqs,
+                                        const FlagSet& f) {
+  RunResult r = Replay(c.http_port(), model_name, reqs, f.GetDouble("timeout-s"));
+  RETURN_IF_ERROR(CheckOutcomes(name, r));
+  RETURN_IF_ERROR(c.CheckAlive());
+  return r;
+}
+
 absl::Status Measure(const std::string& name, cluster::LocalCluster& c, const std::string& model_name,
                      const std::vector<BenchRequest>& measured, const FlagSet& f, ClusterRun* out) {
   ASSIGN_OR_RETURN(const auto before, Dispatched(c));
-  out->measured = Replay(c.http_port(), model_name, measured, f.GetDouble("timeout-s"));
-  RETURN_IF_ERROR(CheckOutcomes(name, out->measured));
-  RETURN_IF_ERROR(c.CheckAlive());
+  ASSIGN_OR_RETURN(out->measured, ReplayChecked(name, c, model_name, measured, f));
   ASSIGN_OR_RETURN(const auto after, Dispatched(c));
   for (const auto& [id, n] : after) out->dispatched[id] = n - (before.count(id) ? before.at(id) : 0);
   return absl::OkStatus();
@@ -333,7 +342,6 @@ absl::Status MeasureInTurns(const std::string& a_name, cluster::LocalCluster& a,
   const std::vector<BenchRequest> measured = MeasuredAt(reqs, warm_n, ra->rate);
   Progress(absl::StrFormat("%s and %s: %zu measured requests each at %.2f req/s, in %d turns each (~%.0f s)", a_name,
                            b_name, measured.size(), ra->rate, parts, 2 * measured.back().arrival_s));
-  const double timeout_s = f.GetDouble("timeout-s");
   for (int k = 0; k < 2 * parts; ++k) {
     const int part = k / 2;
     // A B, B A, A B, ...: pair k/2 leads with a when even.
@@ -349,9 +357,7 @@ absl::Status MeasureInTurns(const std::string& a_name, cluster::LocalCluster& a,
     cluster::LocalCluster& c = use_a ? a : b;
     ClusterRun* run = use_a ? ra : rb;
     Progress(absl::StrFormat("%s: measured requests %zu-%zu", name, from, to - 1));
-    const RunResult r = Replay(c.http_port(), model_name, slice, timeout_s);
-    RETURN_IF_ERROR(CheckOutcomes(name, r));
-    RETURN_IF_ERROR(c.CheckAlive());
+    ASSIGN_OR_RETURN(const RunResult r, ReplayChecked(name, c, model_name, slice, f));
     AppendPart(r, &run->measured);
   }
   return absl::OkStatus();
