@@ -170,9 +170,9 @@ EngineCounts BatchEngine::counts() const {
   c.prompt_tokens_computed = prompt_tokens_computed_;
   c.preemptions = preemptions_;
   c.last_request_id = last_request_id_;
-  c.cache_query_tokens = cache_query_tokens_;
-  c.cache_hit_tokens[0] = cache_hit_tokens_[0];
-  c.cache_hit_tokens[1] = cache_hit_tokens_[1];
+  c.cache_query_tokens = cache_hits_.query_tokens;
+  c.cache_hit_tokens[0] = cache_hits_.hit_tokens[0];
+  c.cache_hit_tokens[1] = cache_hits_.hit_tokens[1];
   return c;
 }
 
@@ -289,35 +289,29 @@ bool BatchEngine::Reserve(Seq* s, int64_t positions, int64_t reserve) {
   s->computed = 0;
   if (tree == nullptr || s->import_kv) {
     if (pool_->num_free() < CeilDiv(positions, bs) + reserve || !s->kv.Reserve(positions).ok()) return false;
-    if (!s->import_kv) cache_query_tokens_ += s->PrefillTarget();  // every one a miss
+    if (!s->import_kv) cache_hits_.query_tokens += s->PrefillTarget();  // every one a miss
     if (s->first_pending) s->cached_prompt_tokens = 0;
     return true;
   }
   // At least the last token of the prefill is computed: a fresh request
-  // needs its logits, and a chunk is never empty.
+  // needs its logits, and a chunk is never empty. Room is made
+  // (kvcache::Admit) from everything but what the match uses: with nothing
+  // else active, a request that fits the pool is always admitted.
   const absl::Span<const int32_t> prefix =
       absl::MakeConstSpan(s->tokens).subspan(0, static_cast<size_t>(s->PrefillTarget() - 1));
-  // Pinned first, so that making room evicts everything but what it uses:
-  // with nothing else active, the whole pool less its own cached blocks is
-  // then free, and a request that fits the pool is always admitted.
-  kvcache::Match m = tree->Acquire(prefix, /*hit=*/false);
-  const int64_t need = CeilDiv(positions, bs) - m.device_tokens / bs + reserve;
-  if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
-  absl::StatusOr<std::vector<int32_t>> cached =
-      pool_->num_free() < need ? absl::ResourceExhaustedError("no room") : tree->SwapIn(m);
-  if (!cached.ok() || !s->kv.ShareBlocks(*cached).ok() || !s->kv.Reserve(positions).ok()) {
+  absl::StatusOr<kvcache::Admission> a = kvcache::Admit(*tree, prefix, CeilDiv(positions, bs) + reserve,
+                                                        [this] { return pool_->num_free(); });
+  if (!a.ok()) return false;
+  if (!s->kv.ShareBlocks(a->blocks).ok() || !s->kv.Reserve(positions).ok()) {
     s->kv.Release();
-    tree->Release(m);
+    kvcache::Abandon(*tree, *a);
     return false;
   }
-  tree->Hit(m);
-  s->cached = m;
+  kvcache::Commit(*tree, *a, s->PrefillTarget(), &cache_hits_);
+  s->cached = a->match;
   s->pinned = true;
-  s->computed = m.tokens;
-  cache_query_tokens_ += s->PrefillTarget();
-  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kDevice)] += m.device_tokens;
-  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kHost)] += m.tokens - m.device_tokens;
-  if (s->first_pending) s->cached_prompt_tokens = std::min(m.tokens, s->num_prompt);
+  s->computed = a->match.tokens;
+  if (s->first_pending) s->cached_prompt_tokens = std::min(a->match.tokens, s->num_prompt);
   return true;
 }
 
@@ -375,7 +369,7 @@ StepResult BatchEngine::Step() {
     return out;
   }
 
-  const engine::ModelConfig& c = model_->config();
+  const spec::ModelConfig& c = model_->config();
   int64_t row = 0;
   for (const Entry& e : entries) {
     Seq* s = e.seq;
@@ -406,14 +400,14 @@ StepResult BatchEngine::Step() {
                           .first = s->first_pending,
                           .cached_tokens = s->cached_prompt_tokens});
     s->first_pending = false;
-    switch (engine::FinishAfter(p, c, s->generated(), pos, token)) {
-      case engine::FinishDecision::kStop:
+    switch (spec::FinishAfter(p, c, s->generated(), pos, token)) {
+      case spec::FinishDecision::kStop:
         Finish(s, FinishKind::kStop, absl::OkStatus(), out);
         break;
-      case engine::FinishDecision::kLength:
+      case spec::FinishDecision::kLength:
         Finish(s, FinishKind::kLength, absl::OkStatus(), out);
         break;
-      case engine::FinishDecision::kContinue:
+      case spec::FinishDecision::kContinue:
         break;
     }
   }

@@ -2,7 +2,7 @@
 // colocated worker. It owns the scheduling of one engine: a FIFO waiting
 // queue, admission when the KV pool has room, one Forward per step over every
 // running request's next token plus chunked prefills under a token budget,
-// sampling and finishing exactly as engine::Generate does (engine::FinishAfter), and preemption
+// sampling and finishing exactly as engine::Generate does (spec::FinishAfter), and preemption
 // (newest first, recomputed locally) when a running request needs a block
 // and none is free.
 //
@@ -38,14 +38,15 @@
 #include "absl/status/status.h"
 #include "decode/kv_importer.h"
 #include "engine/block_pool.h"
-#include "engine/generation.h"
+#include "spec/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "kvcache/admission.h"
 #include "kvcache/prefix_tree.h"
 
 namespace duet::decode {
 
-using engine::GenerationParams;
+using spec::GenerationParams;
 
 struct SequenceRequest {
   uint64_t request_id = 0;
@@ -178,8 +179,7 @@ class BatchEngine {
   int64_t prompt_tokens_computed_ = 0;
   int64_t preemptions_ = 0;
   uint64_t last_request_id_ = 0;
-  int64_t cache_query_tokens_ = 0;
-  int64_t cache_hit_tokens_[2] = {0, 0};
+  kvcache::HitCounts cache_hits_;
   // Ids cancelled before they arrived, oldest first (bounded).
   std::deque<uint64_t> cancelled_order_;
   std::unordered_set<uint64_t> cancelled_;

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
-#include "engine/generation.h"
+#include "spec/generation.h"
 
 namespace duet::decode {
 
@@ -80,7 +80,7 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
     req.clear_sibling_request_ids();
   }
   const uint64_t id = req.request_id();
-  const engine::ModelConfig& c = engine_.model->config();
+  const spec::ModelConfig& c = engine_.model->config();
   absl::Status valid;
   for (int32_t t : req.resume_ids()) {
     if (t < 0 || t >= c.vocab_size) {
@@ -98,14 +98,12 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
   }
   // The client already has every token it asked for, or the last of them
   // ended the request.
-  const engine::FinishDecision resumed_end =
-      req.resume_ids_size() >= params->max_tokens
-          ? engine::FinishDecision::kLength
-          : engine::ResumedEnd(*params, c, req.spec().prompt_ids_size(), req.resume_ids());
-  if (resumed_end != engine::FinishDecision::kContinue) {
+  const spec::FinishDecision resumed_end =
+      spec::ResumedEnd(*params, c, req.spec().prompt_ids_size(), req.resume_ids());
+  if (resumed_end != spec::FinishDecision::kContinue) {
     proto::Frame f = EngineLoop::NewFrame();
     f.mutable_finish()->set_request_id(id);
-    f.mutable_finish()->set_reason(resumed_end == engine::FinishDecision::kStop ? proto::FINISH_STOP
+    f.mutable_finish()->set_reason(resumed_end == spec::FinishDecision::kStop ? proto::FINISH_STOP
                                                                                  : proto::FINISH_LENGTH);
     sink_->SendToRouter(f);
     return;

@@ -142,6 +142,25 @@ TEST_CASE("colocated: a resumed request whose last token already ended it finish
   CHECK(c.service->Stats().prompt_tokens_computed() == 25 + 3);
 }
 
+TEST_CASE("colocated: a resumed request whose max_tokens-th token is an EOS stops, not length", "[colocated]") {
+  Colocated c(64);
+  const int32_t eos = ReferenceModel().config().eos_token_ids.at(0);
+  proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), 3, false, 11, 1);
+  spec.set_ignore_eos(false);
+  c.Send(1, spec, {5, 6, eos});
+  c.Send(2, spec, {5, 6, 8});
+  REQUIRE(c.WaitFinishes(2));
+  auto out = CollectRouterFrames(c.sink.router());
+  for (uint64_t id : {1, 2}) {
+    CHECK(out[id].first_tokens == 0);
+    CHECK(out[id].tokens.empty());
+    REQUIRE(out[id].finish.has_value());
+  }
+  CHECK(out[1].finish->reason() == proto::FINISH_STOP);
+  CHECK(out[2].finish->reason() == proto::FINISH_LENGTH);
+  CHECK(c.service->Stats().prompt_tokens_computed() == 0);
+}
+
 TEST_CASE("colocated: a pool too small preempts, outputs unchanged", "[colocated]") {
   Colocated c(10, /*token_budget=*/32);
   for (uint64_t id = 1; id <= 4; ++id) {

@@ -99,7 +99,7 @@ void DecodeService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
 void DecodeService::HandleOffer(proto::KvOffer offer) {
   const uint64_t id = offer.request_id();
   const proto::KvHandle& h = offer.handle();
-  const engine::ModelConfig& c = engine_.model->config();
+  const spec::ModelConfig& c = engine_.model->config();
   absl::Status valid = kvtransfer::CheckHandle(h, layout_);
   if (valid.ok() && offer.generated_ids_size() == 0) {
     valid = absl::InvalidArgumentError("KvOffer: no generated token to continue from");
@@ -126,11 +126,14 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
     SendReleased(sink_, id, h.control_address());
     return;
   }
-  if (offer.generated_ids_size() >= params->max_tokens) {
-    // Nothing left to generate (a prefill would normally have finished it).
+  // The last token already ended the request (a prefill would normally
+  // have finished it): the one finish rule, not a guard of this worker's.
+  const spec::FinishDecision end =
+      spec::ResumedEnd(*params, c, offer.spec().prompt_ids_size(), offer.generated_ids());
+  if (end != spec::FinishDecision::kContinue) {
     proto::Frame f = EngineLoop::NewFrame();
     f.mutable_finish()->set_request_id(id);
-    f.mutable_finish()->set_reason(proto::FINISH_LENGTH);
+    f.mutable_finish()->set_reason(end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
     sink_->SendToRouter(f);
     SendReleased(sink_, id, h.control_address());
     return;

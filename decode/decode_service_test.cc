@@ -214,6 +214,34 @@ TEST_CASE("decode: greedy and seeded outputs equal Generate; every block comes b
   REQUIRE(usage->Value() == 0.0);
 }
 
+TEST_CASE("decode: an offer whose max_tokens-th token is an EOS stops, not length", "[decode]") {
+  // A resumed request's last generated token, sampled by an attempt that
+  // died before its Finish, is both the max_tokens-th and an EOS: the one
+  // finish rule says STOP, as every other path does.
+  Cluster c(64);
+  const int32_t eos = PrefillModel().config().eos_token_ids.at(0);
+  proto::GenerationSpec spec = TestSpec(TestPrompt(20, 1), 1, /*greedy=*/true);
+  spec.set_ignore_eos(false);
+  for (uint64_t id : {1, 2}) {
+    proto::Frame f = c.prefill.Offer(id, spec);
+    f.mutable_kv_offer()->set_generated_ids(0, id == 1 ? eos : eos + 1);
+    c.specs[id] = spec;
+    c.service->OnFrame(nullptr, f);
+  }
+  REQUIRE(c.WaitFinishes(2));
+  auto out = CollectRouterFrames(c.sink.router());
+  for (uint64_t id : {1, 2}) {
+    CHECK(out[id].tokens.empty());
+    REQUIRE(out[id].finish.has_value());
+  }
+  CHECK(out[1].finish->reason() == proto::FINISH_STOP);
+  CHECK(out[2].finish->reason() == proto::FINISH_LENGTH);
+  // Nothing pulled: both handles go back to the prefill unpulled.
+  auto releases = c.Releases();
+  CHECK(releases[1] == std::vector<bool>{false});
+  CHECK(releases[2] == std::vector<bool>{false});
+}
+
 TEST_CASE("decode: a pool too small preempts and recomputes, outputs unchanged", "[decode]") {
   // Each request ends at 8 blocks of the 12 (40 tokens, 4 blocks, left it
   // to scheduling: one could finish before the last was offered). Offered

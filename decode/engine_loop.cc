@@ -8,7 +8,7 @@
 #include "base/status_macros.h"
 #include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 
 namespace duet::decode {
 namespace {
@@ -73,9 +73,9 @@ proto::KvLayout EngineResources::LayoutProto() const {
   return kvtransfer::WholeModelLayout(pool->layout());
 }
 
-absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const engine::ModelConfig& c,
+absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const spec::ModelConfig& c,
                                               int64_t context_tokens) {
-  ASSIGN_OR_RETURN(GenerationParams p, worker::ParamsFromSpec(spec, c));
+  ASSIGN_OR_RETURN(GenerationParams p, spec::ParamsFromSpec(spec, c));
   // Room for the tokens already in the cache and the next one fed.
   if (context_tokens + 1 > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("the request has ", context_tokens,

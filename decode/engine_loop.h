@@ -37,7 +37,7 @@
 #include "base/metrics.h"
 #include "decode/batch_engine.h"
 #include "engine/model.h"
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 #include "kernels/backend.h"
 #include "proto/control.pb.h"
 #include "worker/frame_sink.h"
@@ -107,10 +107,10 @@ class EngineLoop {
   std::thread thread_;
 };
 
-// The engine's parameters for a request (worker::ParamsFromSpec), or
+// The engine's parameters for a request (spec::ParamsFromSpec), or
 // InvalidArgument naming what is wrong: what that refuses, or a request of
 // `context_tokens` that leaves no room in the context for the next token.
-absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const engine::ModelConfig& config,
+absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const spec::ModelConfig& config,
                                               int64_t context_tokens);
 
 // What a worker's engine runs on, in destruction order (pool, model, backend).

@@ -58,7 +58,7 @@ inline engine::GenerateResult ReferenceRun(engine::Model& model, const proto::Ge
   REQUIRE(p.ok());
   engine::BlockPool pool(model.KvLayoutFor(16), 80);
   engine::GenerateOptions o;
-  static_cast<engine::GenerationParams&>(o) = *p;
+  static_cast<spec::GenerationParams&>(o) = *p;
   std::vector<int32_t> prompt(spec.prompt_ids().begin(), spec.prompt_ids().end());
   auto r = engine::Generate(model, pool, prompt, o);
   REQUIRE(r.ok());

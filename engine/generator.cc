@@ -11,7 +11,7 @@ namespace duet::engine {
 absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options) {
-  const ModelConfig& c = model.config();
+  const spec::ModelConfig& c = model.config();
   RETURN_IF_ERROR(options.Validate());
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -48,10 +48,10 @@ absl::StatusOr<GenerateResult> Generate(Model& model, BlockPool& pool,
     result.ids.push_back(s.token);
     result.logprobs.push_back(s.logprob);
     result.top_logprobs.push_back(std::move(s.top_logprobs));
-    const FinishDecision end =
-        FinishAfter(options, c, static_cast<int64_t>(result.ids.size()), pos, s.token);
-    if (end != FinishDecision::kContinue) {
-      result.finish_reason = end == FinishDecision::kStop ? "stop" : "length";
+    const spec::FinishDecision end =
+        spec::FinishAfter(options, c, static_cast<int64_t>(result.ids.size()), pos, s.token);
+    if (end != spec::FinishDecision::kContinue) {
+      result.finish_reason = end == spec::FinishDecision::kStop ? "stop" : "length";
       break;
     }
     RETURN_IF_ERROR(seq.Reserve(pos + 1));

@@ -19,14 +19,14 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
-#include "engine/generation.h"
+#include "spec/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
 namespace duet::engine {
 
 // A request's parameters (generation.h) and how the reference runs it.
-struct GenerateOptions : GenerationParams {
+struct GenerateOptions : spec::GenerationParams {
   int64_t prefill_chunk = 0;  // 0: the whole prompt in one step.
   // The model the prompt runs on and the first token is sampled from, as a
   // disaggregated cluster's prefill pool does; null: `model` itself. It must

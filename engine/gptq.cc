@@ -37,7 +37,7 @@ uint16_t U16At(const TensorView& t, int64_t i) {
 }  // namespace
 
 absl::StatusOr<kernels::HostWeights> LoadGptqLinear(const SafetensorsModel& st, const std::string& base, int64_t n,
-                                                    int64_t k, const ModelConfig::Gptq& gptq) {
+                                                    int64_t k, const spec::ModelConfig::Gptq& gptq) {
   const int64_t group = gptq.group_size == -1 ? k : gptq.group_size;
   if (k % 8 != 0 || n % 8 != 0 || k % group != 0) {
     return absl::InvalidArgumentError(absl::StrCat(base, ": a GPTQ layer of ", n, " x ", k,

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 #include "engine/safetensors.h"
 #include "kernels/dtype.h"
 
@@ -29,7 +29,7 @@ namespace duet::engine {
 // tensor when one is missing, has the wrong dtype or shape, or holds a
 // group index other than i / group_size.
 absl::StatusOr<kernels::HostWeights> LoadGptqLinear(const SafetensorsModel& st, const std::string& base, int64_t n,
-                                                    int64_t k, const ModelConfig::Gptq& gptq);
+                                                    int64_t k, const spec::ModelConfig::Gptq& gptq);
 
 }  // namespace duet::engine
 

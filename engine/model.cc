@@ -96,7 +96,7 @@ absl::StatusOr<kernels::HostWeights> LoadMatrix(const SafetensorsModel& st, cons
 // A linear layer made of `parts` stacked by rows: a GPTQ checkpoint's as
 // kQ4Z (each part's base name is its name without ".weight"; whole
 // tensors only, as Load refuses tp with GPTQ), else as LoadMatrix loads it.
-absl::StatusOr<kernels::HostWeights> LoadLinear(const SafetensorsModel& st, const ModelConfig& c,
+absl::StatusOr<kernels::HostWeights> LoadLinear(const SafetensorsModel& st, const spec::ModelConfig& c,
                                                 const std::vector<Part>& parts, int64_t k,
                                                 std::optional<kernels::DType> dtype,
                                                 const kernels::KernelBackend& backend, Cols cols = {}) {
@@ -269,9 +269,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   m->backend_ = backend;
-  ASSIGN_OR_RETURN(m->config_, ModelConfig::FromFile(
+  ASSIGN_OR_RETURN(m->config_, spec::ModelConfig::FromFile(
                                    (std::filesystem::path(dir) / "config.json").string()));
-  const ModelConfig& c = m->config_;
+  const spec::ModelConfig& c = m->config_;
   if (c.mlp_bias) {
     return absl::UnimplementedError(absl::StrCat(dir, "/config.json: mlp_bias=true is not supported"));
   }
@@ -342,7 +342,7 @@ std::pair<int64_t, int64_t> Model::VocabRange(int r) const {
 }
 
 absl::Status Model::LoadWeights(const LoadOptions& options) {
-  const ModelConfig& c = config_;
+  const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
   const int64_t H = c.hidden_size, V = c.vocab_size;
@@ -410,7 +410,7 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
 }
 
 absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std::optional<kernels::DType> dt) {
-  const ModelConfig& c = config_;
+  const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
   // This rank's slices: its heads' rows of q, k and v and columns of o_proj;
@@ -495,7 +495,7 @@ std::vector<kernels::DType> Model::layer_dtypes() const {
 }
 
 absl::Status Model::CheckBatch(absl::Span<const BatchSeq> batch, const BlockPool& pool) const {
-  const ModelConfig& c = config_;
+  const spec::ModelConfig& c = config_;
   const kernels::KvLayout& kl = pool.layout();
   if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
       kl.head_dim != c.head_dim) {
@@ -549,7 +549,7 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
 }
 
 absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool) {
-  const ModelConfig& c = config_;
+  const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
   const kernels::KvLayout& kl = pool.layout();
   const int64_t bs = kl.block_size;

@@ -47,7 +47,7 @@
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
 #include "engine/communicator.h"
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 #include "engine/precision_map.h"
 #include "engine/safetensors.h"
 #include "kernels/backend.h"
@@ -113,7 +113,7 @@ class Model {
                                                      const LoadOptions& options = {});
   ~Model();
 
-  const ModelConfig& config() const { return config_; }
+  const spec::ModelConfig& config() const { return config_; }
   // The bytes of every weight the model holds, as loaded.
   int64_t weight_bytes() const;
   const std::string& dir() const { return dir_; }
@@ -163,7 +163,7 @@ class Model {
   absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
 
   std::string dir_;
-  ModelConfig config_;
+  spec::ModelConfig config_;
   kernels::KernelBackend* backend_ = nullptr;
   kernels::DType kv_dtype_ = kernels::DType::kF32;
   kernels::HostWeights embed_;    // [vocab][hidden]

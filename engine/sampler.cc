@@ -29,27 +29,6 @@ void Philox(uint32_t ctr[4], uint32_t key[2]) {
 
 }  // namespace
 
-absl::Status SamplingParams::Validate() const {
-  if (!(temperature >= 0) || !std::isfinite(temperature)) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
-  }
-  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
-  if (!(top_p > 0 && top_p <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
-  }
-  if (!(min_p >= 0 && min_p <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
-  }
-  if (logprobs < 0) return absl::InvalidArgumentError("logprobs must be >= 0");
-  for (auto [name, v] : {std::pair<const char*, float>{"presence_penalty", presence_penalty},
-                         {"frequency_penalty", frequency_penalty}}) {
-    if (!(v >= -2 && v <= 2)) {
-      return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2]: ", name, " is ", v));
-    }
-  }
-  return absl::OkStatus();
-}
-
 double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position) {
   uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
   uint64_t pos = static_cast<uint64_t>(position);
@@ -60,7 +39,7 @@ double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position) {
   return static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) / static_cast<double>(uint64_t{1} << 53);
 }
 
-SampleResult Sample(const float* logits, int64_t vocab, const SamplingParams& p,
+SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingParams& p,
                     uint64_t choice_index, int64_t position, absl::Span<const int32_t> generated) {
   SampleResult out;
   // Penalties apply to a copy that the choice is made from; logprobs stay

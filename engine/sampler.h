@@ -1,7 +1,7 @@
 // Token sampling: greedy, temperature, top-k, top-p, min-p, presence and
 // frequency penalties, and logprobs.
 //
-//   SamplingParams p{.temperature = 0.8f, .top_p = 0.95f, .seed = 42};
+//   spec::SamplingParams p{.temperature = 0.8f, .top_p = 0.95f, .seed = 42};
 //   SampleResult r = Sample(logits.row(i), vocab, p, /*choice=*/0, /*position=*/n);
 //
 // Logprobs are the log-softmax of the raw logits, before temperature and
@@ -22,22 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "spec/generation.h"
 
 namespace duet::engine {
-
-struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy.
-  int32_t top_k = 0;         // 0 = off.
-  float top_p = 1.0f;        // 1 = off.
-  float min_p = 0.0f;        // 0 = off.
-  uint64_t seed = 0;
-  int32_t logprobs = 0;      // Top alternatives to report per position.
-  float presence_penalty = 0.0f;   // [-2, 2]
-  float frequency_penalty = 0.0f;  // [-2, 2]
-
-  // InvalidArgument naming the parameter when out of range.
-  absl::Status Validate() const;
-};
 
 struct SampleResult {
   int32_t token = -1;
@@ -45,7 +32,7 @@ struct SampleResult {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // Best first.
 };
 
-SampleResult Sample(const float* logits, int64_t vocab_size, const SamplingParams& params,
+SampleResult Sample(const float* logits, int64_t vocab_size, const spec::SamplingParams& params,
                     uint64_t choice_index, int64_t position,
                     absl::Span<const int32_t> generated = {});
 

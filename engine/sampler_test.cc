@@ -11,13 +11,13 @@ namespace {
 
 TEST_CASE("greedy picks the argmax, ties to the lower id", "[sampler]") {
   std::vector<float> l = {0.5f, 2.0f, -1.0f, 2.0f};
-  SamplingParams p{.temperature = 0};
+  spec::SamplingParams p{.temperature = 0};
   REQUIRE(Sample(l.data(), 4, p, 0, 0).token == 1);
 }
 
 TEST_CASE("logprobs are the log-softmax of the raw logits, best first", "[sampler]") {
   std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.0f};
-  SamplingParams p{.temperature = 0.5f, .top_k = 2, .logprobs = 4};
+  spec::SamplingParams p{.temperature = 0.5f, .top_k = 2, .logprobs = 4};
   SampleResult r = Sample(l.data(), 4, p, 0, 5);
   double z = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0) + std::exp(0.0));
   REQUIRE(r.top_logprobs.size() == 4);
@@ -74,24 +74,24 @@ TEST_CASE("draws are a pure function of (seed, choice, position)", "[sampler]") 
 }
 
 TEST_CASE("invalid parameters are named", "[sampler]") {
-  REQUIRE(SamplingParams{.temperature = -1}.Validate().message().find("temperature") != std::string::npos);
-  REQUIRE(SamplingParams{.top_p = 0}.Validate().message().find("top_p") != std::string::npos);
-  REQUIRE(SamplingParams{.top_p = 1.5f}.Validate().message().find("top_p") != std::string::npos);
-  REQUIRE(SamplingParams{.min_p = 2}.Validate().message().find("min_p") != std::string::npos);
-  REQUIRE(SamplingParams{.top_k = -3}.Validate().message().find("top_k") != std::string::npos);
-  REQUIRE(SamplingParams{.temperature = NAN}.Validate().code() == absl::StatusCode::kInvalidArgument);
-  REQUIRE(SamplingParams{}.Validate().ok());
+  REQUIRE(spec::SamplingParams{.temperature = -1}.Validate().message().find("temperature") != std::string::npos);
+  REQUIRE(spec::SamplingParams{.top_p = 0}.Validate().message().find("top_p") != std::string::npos);
+  REQUIRE(spec::SamplingParams{.top_p = 1.5f}.Validate().message().find("top_p") != std::string::npos);
+  REQUIRE(spec::SamplingParams{.min_p = 2}.Validate().message().find("min_p") != std::string::npos);
+  REQUIRE(spec::SamplingParams{.top_k = -3}.Validate().message().find("top_k") != std::string::npos);
+  REQUIRE(spec::SamplingParams{.temperature = NAN}.Validate().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(spec::SamplingParams{}.Validate().ok());
 }
 
 
 TEST_CASE("penalties lower generated tokens' logits, not the reported logprobs", "[sampler]") {
   // Token 0 leads by 1.0 over token 1, by 1.5 over token 2.
   const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f};
-  SamplingParams greedy{.temperature = 0.0f, .logprobs = 2};
+  spec::SamplingParams greedy{.temperature = 0.0f, .logprobs = 2};
   const std::vector<int32_t> once = {0}, twice = {0, 3, 0};
   // No penalty, or nothing generated: the argmax.
   REQUIRE(Sample(logits.data(), 4, greedy, 0, 5, twice).token == 0);
-  SamplingParams p = greedy;
+  spec::SamplingParams p = greedy;
   p.frequency_penalty = 0.6f;
   REQUIRE(Sample(logits.data(), 4, p, 0, 5, {}).token == 0);
   REQUIRE(Sample(logits.data(), 4, p, 0, 5, once).token == 0);   // 2.0 - 0.6 > 1.0

@@ -136,6 +136,7 @@ class PrefixTree {
   // Drops every unpinned node from both tiers (vLLM's reset_prefix_cache).
   void Clear();
 
+  int64_t block_size() const { return options_.block_size; }
   int64_t blocks(Tier t) const { return blocks_[static_cast<int>(t)]; }
   int64_t nodes() const { return live_nodes_; }
   struct Stats {

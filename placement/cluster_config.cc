@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "dispatch/dispatch.h"
 #include "kernels/dtype.h"
 
 namespace duet::placement {
@@ -61,7 +62,9 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& text, const 
       c.router_port = r["port"];
     }
     if (r.contains("policy")) {
-      if (!r["policy"].is_string()) return Bad(source, "router.policy", "must be a string");
+      if (!r["policy"].is_string() || !dispatch::ParseDispatchPolicy(r["policy"].get<std::string>()).ok()) {
+        return Bad(source, "router.policy", "must be \"least_loaded\", \"round_robin\" or \"cache_aware\"");
+      }
       c.policy = r["policy"];
     }
   }

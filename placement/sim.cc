@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "base/logging.h"
+#include "kvcache/admission.h"
+#include "placement/sim_dispatch.h"
 
 namespace duet::placement {
 namespace {
@@ -31,7 +33,7 @@ struct Req {
   int64_t generated = 0;   // tokens so far (the first included)
   int64_t prefilled = 0;   // chunked prefill progress
   int32_t decode = -1;
-  int64_t charged = 0;     // cache_aware: its uncached tokens at dispatch, until its first token
+  int64_t charged = 0;     // the tokens dispatch charged its prefill (the router's book), until its first token
 };
 
 // A request's cached prefix in its prefill instance's tree, pinned through
@@ -89,9 +91,8 @@ class CountingStore : public kvcache::BlockStore {
 struct Inst {
   InstanceSpec spec;
   std::deque<int64_t> waiting;
-  int64_t queued_tokens = 0;
   int64_t computing_tokens = 0;  // prefill: the uncached tokens of the batches in flight
-  int64_t charged_tokens = 0;    // cache_aware's queue, the router's book: Req::charged summed
+  int64_t charged_tokens = 0;    // dispatch's queue, the router's book: Req::charged summed
   // Prefill: batches in flight, one per pipeline stage at most; stage 1
   // takes the next at next_start.
   int in_flight = 0;
@@ -116,7 +117,7 @@ struct Inst {
 class Sim {
  public:
   Sim(const ClusterSpec& c, const ModelSpec& m, LatencyModel& lat, const std::vector<SimRequest>& reqs)
-      : c_(c), m_(m), lat_(lat), in_(reqs) {
+      : c_(c), m_(m), lat_(lat), in_(reqs), dispatch_(c.policy, c.cache_aware_weights) {
     for (const InstanceSpec& s : c.instances) {
       Inst i;
       i.spec = s;
@@ -221,73 +222,36 @@ class Sim {
     return penalty > 0 && !OtherBusy(s) ? penalty : 0.0;
   }
 
+  // Dispatch is the router's (sim_dispatch.h): each instance's load as it
+  // stands now (the vector is kept between picks).
+  absl::Span<const InstanceLoad> Loads() {
+    loads_.resize(insts_.size());
+    for (size_t i = 0; i < insts_.size(); ++i) {
+      const Inst& s = insts_[i];
+      InstanceLoad& l = loads_[i];
+      l.role = s.spec.role;
+      l.charged_tokens = s.charged_tokens;
+      l.kv_used = s.kv_used;
+      l.kv_cap = s.kv_cap;
+      l.requests = static_cast<int64_t>(s.running.size() + s.waiting.size() + s.step_decode.size()) + s.pulling;
+      l.tree = s.tree.get();
+    }
+    return loads_;
+  }
+
+  // The prefill (or colocated) instance for request r; sets its charge.
   int32_t PickEntry(int64_t r) {
-    if (c_.policy == "round_robin") return entries_[rr_entry_++ % entries_.size()];
-    if (c_.policy == "cache_aware" && in_[static_cast<size_t>(r)].content != nullptr) return PickCached(r);
-    int32_t best = entries_[0];
-    double best_load = std::numeric_limits<double>::infinity();
-    for (int32_t i : entries_) {
-      const Inst& s = insts_[i];
-      const double load = static_cast<double>(s.queued_tokens) + s.kv_used / 4.0 + (s.busy ? 1.0 : 0.0);
-      if (load < best_load) {
-        best_load = load;
-        best = i;
-      }
-    }
-    return best;
-  }
-
-  // The router's cache_aware (router/dispatch_cache_aware.cc),
-  // on the trees themselves rather than an index of their events: the
-  // fewest uncached plus queued tokens, ties to the shorter queue. The
-  // queue is the router's book (router/registry.h): the uncached tokens
-  // each request was charged at dispatch, until its first token. Sets the
-  // request's charge.
-  int32_t PickCached(int64_t r) {
-    int32_t best = -1;
-    double best_score = 0;
-    int64_t best_uncached = 0;
-    for (int32_t i : entries_) {
-      const Inst& s = insts_[i];
-      const int64_t cached = s.tree != nullptr ? s.tree->Lookup(CachePrefix(r)).tokens : 0;
-      const int64_t uncached = reqs_[r].prompt - cached;
-      const double score = c_.cache_aware_weights.uncached * static_cast<double>(uncached) +
-                           c_.cache_aware_weights.queued * static_cast<double>(s.charged_tokens);
-      if (best < 0 || score < best_score ||
-          (score == best_score && s.charged_tokens < insts_[best].charged_tokens)) {
-        best = i;
-        best_score = score;
-        best_uncached = uncached;
-      }
-    }
-    reqs_[r].charged = best_uncached;
-    return best;
-  }
-
-  int32_t PickDecode(int64_t r) {
-    if (c_.policy == "round_robin") return decodes_[rr_decode_++ % decodes_.size()];
-    int32_t best = decodes_[0];
-    double best_load = std::numeric_limits<double>::infinity();
-    for (int32_t i : decodes_) {
-      const Inst& s = insts_[i];
-      const double queued =
-          static_cast<double>(s.running.size() + s.waiting.size()) + static_cast<double>(s.pulling + static_cast<int64_t>(s.step_decode.size()));
-      double load = s.kv_used / s.kv_cap * 1e6 + queued;
-      if (!std::isfinite(s.kv_cap)) load = queued;
-      if (load < best_load) {
-        best_load = load;
-        best = i;
-      }
-    }
-    (void)r;
-    return best;
+    const PromptTokens* c = in_[static_cast<size_t>(r)].content;
+    const SimDispatch::Pick p = dispatch_.PickPrefill(
+        Loads(), c != nullptr ? absl::MakeConstSpan(c->tokens) : absl::Span<const int32_t>(), reqs_[r].prompt);
+    reqs_[r].charged = p.charged;
+    return p.instance;
   }
 
   void OnArrival(int64_t r) {
     const int32_t i = PickEntry(r);
     Inst& s = insts_[i];
     s.waiting.push_back(r);
-    s.queued_tokens += reqs_[r].prompt;
     s.charged_tokens += reqs_[r].charged;
     if (s.spec.role == InstanceRole::kPrefill) {
       TryPrefill(i);
@@ -344,7 +308,6 @@ class Sim {
           break;
         }
         s.waiting.pop_front();
-        s.queued_tokens -= reqs_[r].prompt;
         batch.push_back(r);
         const int64_t computed = reqs_[r].prompt - (s.tree != nullptr ? AcquireCached(s, r, &swap_blocks) : 0);
         lens_.push_back(computed);
@@ -372,7 +335,7 @@ class Sim {
                                              : absl::MakeConstSpan(c->tokens).subspan(0, c->tokens.size() - 1);
   }
 
-  // As a worker admits a request (prefill::PrefillScheduler::Admit): its
+  // As a worker admits a request (kvcache::Admit, as prefill::PrefillScheduler does): its
   // cached prefix pinned, room made for every block the prompt fills but
   // its cached device ones (unpinned leaves evicted), the host part swapped
   // in (its blocks added to `swap_blocks`) and the rest allocated, a hit
@@ -386,23 +349,21 @@ class Sim {
     st.doc_tokens += in->doc_end - in->doc_begin;
     const int64_t bs = c_.cache.block_size;
     const int64_t all = (static_cast<int64_t>(in->tokens.size()) + bs - 1) / bs;
-    kvcache::Match m = s.tree->Acquire(CachePrefix(r), /*hit=*/false);
-    const int64_t need = all - m.device_tokens / bs;
-    if (s.store->free_device() < need) s.tree->Evict(kvcache::Tier::kDevice, need - s.store->free_device());
-    if (s.store->free_device() < need) {
-      s.tree->Release(m);
-      return 0;
-    }
     const int64_t copied = s.store->copied_in;
-    std::vector<int32_t> blocks = s.tree->SwapIn(m).value();  // room was made above
-    s.tree->Hit(m);
+    absl::StatusOr<kvcache::Admission> a =
+        kvcache::Admit(*s.tree, CachePrefix(r), all, [&s] { return s.store->free_device(); });
+    if (!a.ok()) return 0;
+    const kvcache::Match m = a->match;
+    std::vector<int32_t> blocks = std::move(a->blocks);
     s.store->RefDevice(blocks);  // the sequence's, until its blocks join the tree
     *swap_blocks += s.store->copied_in - copied;
     std::vector<int32_t> fresh = s.store->AllocateDevice(all - m.tokens / bs).value();
     blocks.insert(blocks.end(), fresh.begin(), fresh.end());
     cached_[r] = Cached{.match = m, .blocks = std::move(blocks)};
-    st.hit_device += m.device_tokens;
-    st.hit_host += m.tokens - m.device_tokens;
+    kvcache::HitCounts hits;
+    kvcache::Commit(*s.tree, *a, /*query_tokens=*/0, &hits);  // its query is counted above, admitted or not
+    st.hit_device += hits.hits(kvcache::Tier::kDevice);
+    st.hit_host += hits.hits(kvcache::Tier::kHost);
     st.doc_hits += std::clamp<int64_t>(m.tokens - in->doc_begin, 0, in->doc_end - in->doc_begin);
     out_.requests[r].cached = m.tokens;
     return m.tokens;
@@ -440,7 +401,7 @@ class Sim {
         out_.requests[r].finish = now_;
         continue;
       }
-      const int32_t d = PickDecode(r);
+      const int32_t d = dispatch_.PickDecode(Loads());
       insts_[d].waiting.push_back(r);
       TryDecode(d);
     }
@@ -555,7 +516,6 @@ class Sim {
         if (!s.step_prefill.empty() && tokens + reqs_[r].prompt > s.spec.max_batch_tokens) break;
         if (s.kv_used + Need(r) > s.kv_cap && !(s.running.empty() && s.step_prefill.empty())) break;
         s.waiting.pop_front();
-        s.queued_tokens -= reqs_[r].prompt;
         s.kv_used += Need(r);
         s.step_prefill.push_back(r);
         lens_.push_back(reqs_[r].prompt);
@@ -611,7 +571,6 @@ class Sim {
         // Leaves the waiting queue now that its prompt is done.
         auto it = std::find(s.waiting.begin(), s.waiting.end(), r);
         if (it != s.waiting.end()) s.waiting.erase(it);
-        s.queued_tokens -= q.prompt;
       }
       out_.requests[r].first_token = now_;
       q.generated = 1;
@@ -640,7 +599,8 @@ class Sim {
   uint64_t seq_ = 0;
   double now_ = 0;
   double kv_bytes_ = 0;
-  size_t rr_entry_ = 0, rr_decode_ = 0;
+  SimDispatch dispatch_;
+  std::vector<InstanceLoad> loads_;
   std::vector<int64_t> lens_, ctx_;
   double last_end_ = 0;  // when any instance last ended a batch or step (idle penalty)
 };

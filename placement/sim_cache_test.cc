@@ -163,11 +163,13 @@ TEST_CASE("cache_aware sends a request to the prefill instance holding its docum
   CHECK(aware.cache.doc_hits == 10 * 192);
   c.policy = "least_loaded";
   const SimResult idlest = Simulate(c, m, **lat, w);
-  // All to the first instance (the second of the first two waits there:
-  // least_loaded counts waiting prompts alone), where A and B evict each
-  // other: only the system prompt is found.
-  CHECK(idlest.cache.hit_device == 11 * 32);
-  CHECK(idlest.cache.doc_hits == 0);
+  // The router's book: the first request is charged its whole prompt to
+  // the first instance, so the second goes to the other; each later one
+  // finds both idle and goes to the first (ties by id). There the second A
+  // finds the first's document (224 tokens), then A and B evict each other:
+  // only the system prompt is found, 9 times.
+  CHECK(idlest.cache.hit_device == 224 + 9 * 32);
+  CHECK(idlest.cache.doc_hits == 192);
 }
 
 TEST_CASE("cache_aware's queue is the router's book: a burst's charges are its uncached tokens, not whole prompts",

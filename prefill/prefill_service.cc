@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
-#include "engine/generation.h"
+#include "spec/generation.h"
 #include "engine/sampler.h"
 #include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
 #include "prefill/request.h"
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 
 namespace duet::prefill {
 
@@ -163,22 +163,17 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
   switch (frame.msg_case()) {
     case proto::Frame::kPrefill: {
       const proto::PrefillRequest& r = frame.prefill();
-      absl::Status valid = ValidatePrefillRequest(r, model_->config());
+      absl::StatusOr<spec::FinishDecision> end = ResumedEnd(r, model_->config());
+      absl::Status valid = end.ok() ? absl::OkStatus() : end.status();
+      if (valid.ok() && *end == spec::FinishDecision::kContinue) valid = ValidatePrefillRequest(r, model_->config());
       if (!valid.ok()) {
         LOG(WARNING) << "request " << r.request_id() << " rejected: " << valid;
         SendFinish(r.request_id(), proto::FINISH_ERROR, valid);
         return;
       }
-      switch (engine::ResumedEnd(worker::ToGenerationParams(r.spec()), model_->config(), r.spec().prompt_ids_size(),
-                                 r.resume_ids())) {
-        case engine::FinishDecision::kStop:
-          SendFinish(r.request_id(), proto::FINISH_STOP);
-          return;
-        case engine::FinishDecision::kLength:
-          SendFinish(r.request_id(), proto::FINISH_LENGTH);
-          return;
-        case engine::FinishDecision::kContinue:
-          break;
+      if (*end != spec::FinishDecision::kContinue) {
+        SendFinish(r.request_id(), *end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
+        return;
       }
       Event e{.kind = Event::Kind::kRequest, .request_id = r.request_id()};
       e.request = std::move(*frame.mutable_prefill());
@@ -350,7 +345,7 @@ bool PrefillService::IsPendingSibling(uint64_t id) const { return scheduler_->Is
 void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits, int64_t row) {
   const PrefillSequence* s = scheduler_->Find(id);
   CHECK(s != nullptr) << "completed request " << id << " vanished";
-  const engine::GenerationParams params = worker::ToGenerationParams(s->request.spec());
+  const spec::GenerationParams params = spec::ToGenerationParams(s->request.spec());
   // Position = tokens before the sampled one, as engine::Generate keys it.
   // Tokens already generated (a resumed request) count for penalties.
   const engine::SampleResult r = engine::Sample(
@@ -376,15 +371,15 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   sink_->SendToRouter(f);
 
   switch (DecideFirstTokenEnd(s->request, params, model_->config(), r.token)) {
-    case engine::FinishDecision::kStop:
+    case spec::FinishDecision::kStop:
       SendFinish(id, proto::FINISH_STOP);
       scheduler_->Finish(id);
       return;
-    case engine::FinishDecision::kLength:
+    case spec::FinishDecision::kLength:
       SendFinish(id, proto::FINISH_LENGTH);
       scheduler_->Finish(id);
       return;
-    case engine::FinishDecision::kContinue:
+    case spec::FinishDecision::kContinue:
       Offer(id, token);
       return;
   }

@@ -88,7 +88,7 @@ class PrefillService : public worker::WorkerService {
   bool WaitForStats(const std::function<bool(const proto::WorkerStats&)>& pred,
                     absl::Duration timeout);
 
-  const engine::ModelConfig& model_config() const { return model_->config(); }
+  const spec::ModelConfig& model_config() const { return model_->config(); }
   // The pool, for tests that compare KV bytes (read it only while idle).
   const engine::BlockPool& pool() const { return *pool_; }
   const proto::KvLayout& layout() const { return layout_; }

@@ -202,7 +202,7 @@ struct Reference {
     opt.max_tokens = 1;
     opt.ignore_eos = spec.ignore_eos();
     opt.choice_index = spec.choice_index();
-    opt.sampling = engine::SamplingParams{.temperature = spec.sampling().temperature(),
+    opt.sampling = spec::SamplingParams{.temperature = spec.sampling().temperature(),
                                           .top_k = spec.sampling().top_k(),
                                           .top_p = spec.sampling().top_p(),
                                           .seed = spec.sampling().seed(),
@@ -404,6 +404,33 @@ TEST_CASE("prefill: a resumed request whose last token already ended it finishes
   CHECK(h.sink.CountFor(31) == 1);  // The Finish alone: nothing computed.
   CHECK(h.sink.CountFor(32) == 1);
   CHECK(h.svc->Stats().prompt_tokens_computed() == 2 * (12 + 2));
+}
+
+TEST_CASE("prefill: a resumed request whose max_tokens-th token is an EOS stops, not length", "[prefill][service]") {
+  // Every token the client asked for is resumed and the last is an EOS:
+  // the one finish rule says STOP (a guard on the count alone said LENGTH,
+  // or refused the request as having nothing left to generate).
+  Harness h;
+  Reference ref;
+  const int32_t eos = ref.model->config().eos_token_ids.at(0);
+  proto::Frame f = Request(41, Prompt(12, 5), /*max_tokens=*/3);
+  f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
+  for (int32_t t : {7, 9, eos}) f.mutable_prefill()->add_resume_ids(t);
+  h.Send(f);
+  auto fin = h.sink.WaitRouter(41, proto::Frame::kFinish);
+  REQUIRE(fin.has_value());
+  CHECK(fin->finish().reason() == proto::FINISH_STOP);
+  // The same count ending on an ordinary token is LENGTH.
+  f = Request(42, Prompt(12, 5), /*max_tokens=*/3);
+  f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
+  for (int32_t t : {7, 9, 11}) f.mutable_prefill()->add_resume_ids(t);
+  h.Send(f);
+  fin = h.sink.WaitRouter(42, proto::Frame::kFinish);
+  REQUIRE(fin.has_value());
+  CHECK(fin->finish().reason() == proto::FINISH_LENGTH);
+  CHECK(h.sink.CountFor(41) == 1);  // The Finish alone: nothing computed.
+  CHECK(h.sink.CountFor(42) == 1);
+  CHECK(h.svc->Stats().prompt_tokens_computed() == 0);
 }
 
 TEST_CASE("prefill: invalid requests get INVALID_ARGUMENT", "[prefill][service]") {

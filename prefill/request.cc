@@ -4,12 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 
 namespace duet::prefill {
 
 absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
-                                    const engine::ModelConfig& config) {
+                                    const spec::ModelConfig& config) {
   const proto::GenerationSpec& spec = request.spec();
   const int64_t n = spec.prompt_ids().size() + request.resume_ids().size();
   if (n > config.max_position_embeddings) {
@@ -18,8 +18,8 @@ absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
         request.resume_ids().empty() ? "" : absl::StrCat(" (+", request.resume_ids().size(), " resumed)"),
         ", more than the model's context of ", config.max_position_embeddings));
   }
-  RETURN_IF_ERROR(worker::ParamsFromSpec(spec, config).status());
-  RETURN_IF_ERROR(worker::CheckTokenIds(request.resume_ids(), "resume_ids", config.vocab_size));
+  RETURN_IF_ERROR(spec::ParamsFromSpec(spec, config).status());
+  RETURN_IF_ERROR(spec::CheckTokenIds(request.resume_ids(), "resume_ids", config.vocab_size));
   if (request.sibling_request_ids_size() > 0) {
     if (request.resume_ids_size() > 0) {
       return absl::InvalidArgumentError("a request with resumed tokens cannot have sibling choices");
@@ -48,11 +48,18 @@ absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
   return absl::OkStatus();
 }
 
-engine::FinishDecision DecideFirstTokenEnd(const proto::PrefillRequest& request,
-                                           const engine::GenerationParams& params,
-                                           const engine::ModelConfig& config, int32_t token) {
+absl::StatusOr<spec::FinishDecision> ResumedEnd(const proto::PrefillRequest& request,
+                                                const spec::ModelConfig& config) {
+  ASSIGN_OR_RETURN(spec::GenerationParams params, spec::ParamsFromSpec(request.spec(), config));
+  RETURN_IF_ERROR(spec::CheckTokenIds(request.resume_ids(), "resume_ids", config.vocab_size));
+  return spec::ResumedEnd(params, config, request.spec().prompt_ids_size(), request.resume_ids());
+}
+
+spec::FinishDecision DecideFirstTokenEnd(const proto::PrefillRequest& request,
+                                           const spec::GenerationParams& params,
+                                           const spec::ModelConfig& config, int32_t token) {
   const int64_t resumed = request.resume_ids().size();
-  return engine::FinishAfter(params, config, /*generated=*/resumed + 1,
+  return spec::FinishAfter(params, config, /*generated=*/resumed + 1,
                              /*position=*/request.spec().prompt_ids().size() + resumed, token);
 }
 

@@ -3,10 +3,10 @@
 // the service and its tests share them.
 //
 //   RETURN_IF_ERROR(ValidatePrefillRequest(request, model.config()));
-//   engine::GenerationParams params = worker::ToGenerationParams(request.spec());
-//   engine::FinishDecision end = DecideFirstTokenEnd(request, params, config, s.token);
+//   spec::GenerationParams params = spec::ToGenerationParams(request.spec());
+//   spec::FinishDecision end = DecideFirstTokenEnd(request, params, config, s.token);
 //
-// The end rule is engine::FinishAfter, the one engine::Generate (the
+// The end rule is spec::FinishAfter, the one engine::Generate (the
 // reference the cluster must reproduce) and the decode batch apply; tokens
 // an earlier attempt generated (resume_ids) count toward max_tokens and
 // min_tokens.
@@ -16,28 +16,38 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "engine/model_config.h"
-#include "engine/generation.h"
+#include "spec/model_config.h"
+#include "absl/status/statusor.h"
+#include "spec/generation.h"
 #include "proto/control.pb.h"
 
 namespace duet::prefill {
 
 // InvalidArgument with a message naming the offending field: prompt + resume
-// longer than the model's context, what worker::ParamsFromSpec refuses (an
+// longer than the model's context, what spec::ParamsFromSpec refuses (an
 // empty prompt, an id outside the vocabulary, bad sampling parameters,
 // max_tokens < 1, min_tokens outside [0, max_tokens]), a resumed id outside
 // the vocabulary, resume_ids not shorter than max_tokens, or no
 // decode_address when the request may need a decode.
 absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
-                                    const engine::ModelConfig& config);
+                                    const spec::ModelConfig& config);
+
+// Whether the resumed tokens already ended the request (spec::ResumedEnd:
+// the attempt that sampled a stop, or the max_tokens-th token, died before
+// its Finish): such a request is finished, not prefilled, so the service
+// asks this before ValidatePrefillRequest, which refuses a request with
+// nothing left to generate. InvalidArgument for what spec::ParamsFromSpec
+// refuses or a resumed id outside the vocabulary.
+absl::StatusOr<spec::FinishDecision> ResumedEnd(const proto::PrefillRequest& request,
+                                                const spec::ModelConfig& config);
 
 // Whether `token`, this attempt's first (sampled at position len(prompt) +
-// len(resume)), ends the request: engine::FinishAfter, with the resumed
+// len(resume)), ends the request: spec::FinishAfter, with the resumed
 // tokens counted toward max_tokens and min_tokens. `params` are the spec's
-// (worker::ToGenerationParams).
-engine::FinishDecision DecideFirstTokenEnd(const proto::PrefillRequest& request,
-                                           const engine::GenerationParams& params,
-                                           const engine::ModelConfig& config, int32_t token);
+// (spec::ToGenerationParams).
+spec::FinishDecision DecideFirstTokenEnd(const proto::PrefillRequest& request,
+                                           const spec::GenerationParams& params,
+                                           const spec::ModelConfig& config, int32_t token);
 
 }  // namespace duet::prefill
 

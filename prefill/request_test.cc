@@ -4,13 +4,13 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 
 namespace duet::prefill {
 namespace {
 
-engine::ModelConfig Config() {
-  engine::ModelConfig c;
+spec::ModelConfig Config() {
+  spec::ModelConfig c;
   c.vocab_size = 100;
   c.max_position_embeddings = 16;
   c.eos_token_ids = {2};
@@ -85,39 +85,39 @@ TEST_CASE("valid requests pass; each malformed field is named", "[prefill][reque
 TEST_CASE("first-token end rules follow Generate, min_tokens and resume_ids", "[prefill][request]") {
   const auto c = Config();
   auto r = Valid();
-  auto end = [&](int32_t token) { return DecideFirstTokenEnd(r, worker::ToGenerationParams(r.spec()), c, token); };
-  REQUIRE(end(50) == engine::FinishDecision::kContinue);
-  REQUIRE(end(2) == engine::FinishDecision::kStop);  // EOS
+  auto end = [&](int32_t token) { return DecideFirstTokenEnd(r, spec::ToGenerationParams(r.spec()), c, token); };
+  REQUIRE(end(50) == spec::FinishDecision::kContinue);
+  REQUIRE(end(2) == spec::FinishDecision::kStop);  // EOS
 
   r.mutable_spec()->set_ignore_eos(true);
-  REQUIRE(end(2) == engine::FinishDecision::kContinue);
+  REQUIRE(end(2) == spec::FinishDecision::kContinue);
   r.mutable_spec()->add_stop_token_ids(50);
-  REQUIRE(end(50) == engine::FinishDecision::kStop);  // stop ids ignore ignore_eos
+  REQUIRE(end(50) == spec::FinishDecision::kStop);  // stop ids ignore ignore_eos
 
   r = Valid();
   r.mutable_spec()->set_min_tokens(2);
-  REQUIRE(end(2) == engine::FinishDecision::kContinue);  // EOS before min_tokens
+  REQUIRE(end(2) == spec::FinishDecision::kContinue);  // EOS before min_tokens
   r.add_resume_ids(40);  // Token 1 of this attempt is the request's second.
-  REQUIRE(end(2) == engine::FinishDecision::kStop);
+  REQUIRE(end(2) == spec::FinishDecision::kStop);
 
   r = Valid();
   r.mutable_spec()->set_max_tokens(1);
-  REQUIRE(end(50) == engine::FinishDecision::kLength);
-  REQUIRE(end(2) == engine::FinishDecision::kStop);  // stop wins, as in Generate
+  REQUIRE(end(50) == spec::FinishDecision::kLength);
+  REQUIRE(end(2) == spec::FinishDecision::kStop);  // stop wins, as in Generate
   r.mutable_spec()->set_max_tokens(3);
   r.add_resume_ids(40);
-  REQUIRE(end(50) == engine::FinishDecision::kContinue);
+  REQUIRE(end(50) == spec::FinishDecision::kContinue);
   r.add_resume_ids(41);
-  REQUIRE(end(50) == engine::FinishDecision::kLength);
+  REQUIRE(end(50) == spec::FinishDecision::kLength);
 
   // Context 16: after 14 prompt tokens, token 1 (position 14) leaves room
   // for one more; after 15 it fills the context.
   r = Valid();
   r.mutable_spec()->set_max_tokens(100);
   for (int i = 0; i < 9; ++i) r.mutable_spec()->add_prompt_ids(1);
-  REQUIRE(end(50) == engine::FinishDecision::kContinue);
+  REQUIRE(end(50) == spec::FinishDecision::kContinue);
   r.mutable_spec()->add_prompt_ids(1);
-  REQUIRE(end(50) == engine::FinishDecision::kLength);
+  REQUIRE(end(50) == spec::FinishDecision::kLength);
 }
 
 }  // namespace

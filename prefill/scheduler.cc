@@ -134,33 +134,27 @@ bool PrefillScheduler::Admit(PrefillSequence& head) {
   kvcache::PrefixTree* tree = options_.cache;
   if (tree == nullptr) {
     if (!head.kv.Reserve(head.num_tokens()).ok()) return false;
-    cache_query_tokens_ += head.num_tokens();  // every one a miss
+    cache_hits_.query_tokens += head.num_tokens();  // every one a miss
     return true;
   }
   const int64_t bs = pool_->layout().block_size;
-  // The last token is always computed: its logits give token 1.
+  // The last token is always computed: its logits give token 1. Room is
+  // made (kvcache::Admit) from the tree's other unpinned leaves if the pool
+  // lacks it (blocks running or leased sequences share are not freed by
+  // that): with nothing else held, a prompt that fits the pool always fits.
   const absl::Span<const int32_t> prefix = absl::MakeConstSpan(head.tokens).subspan(0, head.tokens.size() - 1);
-  // Its cached path pinned first, then room for the blocks to compute and
-  // to swap in, from the tree's other unpinned leaves if the pool lacks
-  // them (blocks running or leased sequences share are not freed by that):
-  // with nothing else held, a prompt that fits the pool always fits.
-  kvcache::Match m = tree->Acquire(prefix, /*hit=*/false);
-  const int64_t need = (head.num_tokens() + bs - 1) / bs - m.device_tokens / bs;
-  if (pool_->num_free() < need) tree->Evict(kvcache::Tier::kDevice, need - pool_->num_free());
-  absl::StatusOr<std::vector<int32_t>> cached =
-      pool_->num_free() < need ? absl::ResourceExhaustedError("no room") : tree->SwapIn(m);
-  if (!cached.ok() || !head.kv.ShareBlocks(*cached).ok() || !head.kv.Reserve(head.num_tokens()).ok()) {
+  absl::StatusOr<kvcache::Admission> a =
+      kvcache::Admit(*tree, prefix, (head.num_tokens() + bs - 1) / bs, [this] { return pool_->num_free(); });
+  if (!a.ok()) return false;
+  if (!head.kv.ShareBlocks(a->blocks).ok() || !head.kv.Reserve(head.num_tokens()).ok()) {
     head.kv.Release();
-    tree->Release(m);
+    kvcache::Abandon(*tree, *a);
     return false;
   }
+  kvcache::Commit(*tree, *a, head.num_tokens(), &cache_hits_);
   head.cache = tree;
-  tree->Hit(m);
-  head.cached = m;
-  head.computed = m.tokens;
-  cache_query_tokens_ += head.num_tokens();
-  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kDevice)] += m.device_tokens;
-  cache_hit_tokens_[static_cast<int>(kvcache::Tier::kHost)] += m.tokens - m.device_tokens;
+  head.cached = a->match;
+  head.computed = a->match.tokens;
   return true;
 }
 

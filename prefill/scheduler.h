@@ -49,6 +49,7 @@
 #include "absl/types/span.h"
 #include "base/clock.h"
 #include "engine/block_pool.h"
+#include "kvcache/admission.h"
 #include "kvcache/prefix_tree.h"
 #include "kvtransfer/lease.h"
 #include "kvtransfer/transport.h"
@@ -175,8 +176,8 @@ class PrefillScheduler {
   int64_t prompt_tokens_computed() const { return prompt_tokens_computed_; }
   // Prompt tokens of admitted requests looked up in the cache (all of them,
   // with no cache), and found on device and on host (since start).
-  int64_t cache_query_tokens() const { return cache_query_tokens_; }
-  int64_t cache_hit_tokens(kvcache::Tier t) const { return cache_hit_tokens_[static_cast<int>(t)]; }
+  int64_t cache_query_tokens() const { return cache_hits_.query_tokens; }
+  int64_t cache_hit_tokens(kvcache::Tier t) const { return cache_hits_.hits(t); }
   uint64_t lease_expirations() const { return lease_expirations_; }
 
  private:
@@ -200,8 +201,7 @@ class PrefillScheduler {
   std::map<uint64_t, uint64_t> lease_owner_;  // Lease id -> request.
   int64_t leased_blocks_ = 0;
   int64_t prompt_tokens_computed_ = 0;
-  int64_t cache_query_tokens_ = 0;
-  int64_t cache_hit_tokens_[2] = {0, 0};
+  kvcache::HitCounts cache_hits_;
   uint64_t lease_expirations_ = 0;
   // Last: its callback touches the maps above, and it must end (CancelAll)
   // before they are destroyed.

@@ -48,6 +48,15 @@ int64_t CacheIndex::CachedTokens(const std::string& worker_id, absl::Span<const 
   return static_cast<int64_t>(n) * en.block_size;
 }
 
+std::vector<int64_t> CacheIndex::CachedTokens(absl::Span<const dispatch::WorkerLoad* const> workers,
+                                              absl::Span<const int32_t> prompt) const {
+  PromptHashes hashes;  // the prompt's, computed once per block size
+  std::vector<int64_t> out;
+  out.reserve(workers.size());
+  for (const dispatch::WorkerLoad* w : workers) out.push_back(CachedTokens(w->id, prompt, &hashes));
+  return out;
+}
+
 int64_t CacheIndex::blocks(const std::string& worker_id) const {
   auto it = entries_.find(worker_id);
   return it == entries_.end() ? 0 : static_cast<int64_t>(it->second.hashes.size());

@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "dispatch/dispatch.h"
 #include "proto/control.pb.h"
 
 namespace duet::router {
 
-class CacheIndex {
+// The router's dispatch::CacheView for cache_aware.
+class CacheIndex : public dispatch::CacheView {
  public:
   // Applies one worker's events. A snapshot replaces its set; deltas apply
   // in order. False when the worker's set is not current (a delta before
@@ -40,6 +42,9 @@ class CacheIndex {
   using PromptHashes = std::map<int64_t, std::vector<uint64_t>>;  // by block size
   int64_t CachedTokens(const std::string& worker_id, absl::Span<const int32_t> prompt,
                        PromptHashes* hashes = nullptr) const;
+  // Each worker's, the prompt's hashes computed once (dispatch::CacheView).
+  std::vector<int64_t> CachedTokens(absl::Span<const dispatch::WorkerLoad* const> workers,
+                                    absl::Span<const int32_t> prompt) const override;
 
   // Hashes held for a worker (0 when unknown), and the workers known.
   int64_t blocks(const std::string& worker_id) const;

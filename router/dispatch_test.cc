@@ -1,6 +1,7 @@
-#include "router/dispatch.h"
+#include "dispatch/dispatch.h"
 
 #include "kvcache/block_hash.h"
+#include "router/cache_index.h"
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -10,31 +11,31 @@
 namespace duet::router {
 namespace {
 
-WorkerLoad Prefill(std::string id, int64_t queued) {
-  return {.id = id, .role = proto::ROLE_PREFILL, .control_address = id + ":1", .queued_prefill_tokens = queued};
+dispatch::WorkerLoad Prefill(std::string id, int64_t queued) {
+  return {.id = id, .role = dispatch::Role::kPrefill, .control_address = id + ":1", .queued_prefill_tokens = queued};
 }
-WorkerLoad Decode(std::string id, int64_t free, int64_t running) {
-  return {.id = id, .role = proto::ROLE_DECODE, .control_address = id + ":2", .kv_blocks_free = free,
+dispatch::WorkerLoad Decode(std::string id, int64_t free, int64_t running) {
+  return {.id = id, .role = dispatch::Role::kDecode, .control_address = id + ":2", .kv_blocks_free = free,
           .running_requests = running};
 }
-WorkerLoad Colocated(std::string id, int64_t queued, int64_t free) {
-  return {.id = id, .role = proto::ROLE_COLOCATED, .control_address = id + ":3",
+dispatch::WorkerLoad Colocated(std::string id, int64_t queued, int64_t free) {
+  return {.id = id, .role = dispatch::Role::kColocated, .control_address = id + ":3",
           .queued_prefill_tokens = queued, .kv_blocks_free = free};
 }
 
 // A policy through its interface, with the request's tokens optional.
 struct Dispatch {
-  explicit Dispatch(DispatchPolicy p, const CacheIndex* index = nullptr, double uncached = 1, double queued = 1)
-      : d(NewDispatcher(p, {.index = index, .uncached_weight = uncached, .queued_weight = queued}).value()) {}
-  absl::StatusOr<Assignment> Pick(absl::Span<const WorkerLoad> w, absl::Span<const int32_t> prompt = {}) {
-    return d->Pick(w, {.prompt = prompt});
+  explicit Dispatch(dispatch::DispatchPolicy p, const CacheIndex* index = nullptr, double uncached = 1, double queued = 1)
+      : d(dispatch::NewDispatcher(p, {.cache = index, .uncached_weight = uncached, .queued_weight = queued}).value()) {}
+  absl::StatusOr<dispatch::Assignment> Pick(absl::Span<const dispatch::WorkerLoad> w, absl::Span<const int32_t> prompt = {}) {
+    return dispatch::Pick(*d, w, {.prompt = prompt});
   }
-  std::unique_ptr<Dispatcher> d;
+  std::unique_ptr<dispatch::Dispatcher> d;
 };
 
 TEST_CASE("least-loaded prefill: fewest queued prefill tokens, ties by id") {
-  Dispatch d(DispatchPolicy::kLeastLoaded);
-  std::vector<WorkerLoad> w = {Prefill("p2", 300), Prefill("p0", 500), Prefill("p1", 100), Decode("d0", 10, 0)};
+  Dispatch d(dispatch::DispatchPolicy::kLeastLoaded);
+  std::vector<dispatch::WorkerLoad> w = {Prefill("p2", 300), Prefill("p0", 500), Prefill("p1", 100), Decode("d0", 10, 0)};
   auto a = d.Pick(w);
   REQUIRE(a.ok());
   CHECK(a->prefill_id == "p1");
@@ -49,8 +50,8 @@ TEST_CASE("least-loaded prefill: fewest queued prefill tokens, ties by id") {
 }
 
 TEST_CASE("least-loaded decode: most free blocks, then fewest running") {
-  Dispatch d(DispatchPolicy::kLeastLoaded);
-  std::vector<WorkerLoad> w = {Prefill("p0", 0), Decode("d0", 50, 1), Decode("d1", 80, 9), Decode("d2", 80, 3)};
+  Dispatch d(dispatch::DispatchPolicy::kLeastLoaded);
+  std::vector<dispatch::WorkerLoad> w = {Prefill("p0", 0), Decode("d0", 50, 1), Decode("d1", 80, 9), Decode("d2", 80, 3)};
   auto a = d.Pick(w);
   REQUIRE(a.ok());
   CHECK(a->decode_id == "d2");
@@ -62,8 +63,8 @@ TEST_CASE("least-loaded decode: most free blocks, then fewest running") {
 }
 
 TEST_CASE("a colocated worker is its own decode") {
-  Dispatch d(DispatchPolicy::kLeastLoaded);
-  std::vector<WorkerLoad> w = {Colocated("c0", 40, 5), Colocated("c1", 10, 1)};
+  Dispatch d(dispatch::DispatchPolicy::kLeastLoaded);
+  std::vector<dispatch::WorkerLoad> w = {Colocated("c0", 40, 5), Colocated("c1", 10, 1)};
   auto a = d.Pick(w);
   REQUIRE(a.ok());
   CHECK(a->prefill_id == "c1");
@@ -72,8 +73,8 @@ TEST_CASE("a colocated worker is its own decode") {
 }
 
 TEST_CASE("colocated and disaggregated workers share the prefill choice") {
-  Dispatch d(DispatchPolicy::kLeastLoaded);
-  std::vector<WorkerLoad> w = {Colocated("c0", 40, 5), Prefill("p0", 10), Decode("d0", 3, 0)};
+  Dispatch d(dispatch::DispatchPolicy::kLeastLoaded);
+  std::vector<dispatch::WorkerLoad> w = {Colocated("c0", 40, 5), Prefill("p0", 10), Decode("d0", 3, 0)};
   auto a = d.Pick(w);
   REQUIRE(a.ok());
   CHECK(a->prefill_id == "p0");
@@ -85,32 +86,32 @@ TEST_CASE("colocated and disaggregated workers share the prefill choice") {
 }
 
 TEST_CASE("a prefill without any decode is not a candidate") {
-  Dispatch d(DispatchPolicy::kLeastLoaded);
-  std::vector<WorkerLoad> w = {Prefill("p0", 0), Colocated("c0", 1000, 1)};
+  Dispatch d(dispatch::DispatchPolicy::kLeastLoaded);
+  std::vector<dispatch::WorkerLoad> w = {Prefill("p0", 0), Colocated("c0", 1000, 1)};
   auto a = d.Pick(w);
   REQUIRE(a.ok());
   CHECK(a->prefill_id == "c0");
-  CHECK(CanServe(w).ok());
+  CHECK(dispatch::CanServe(w).ok());
 }
 
 TEST_CASE("no live worker of a needed role is Unavailable naming it") {
-  Dispatch d(DispatchPolicy::kLeastLoaded);
+  Dispatch d(dispatch::DispatchPolicy::kLeastLoaded);
   auto none = d.Pick({});
   CHECK(none.status().code() == absl::StatusCode::kUnavailable);
   CHECK(none.status().message() == "no live worker");
-  std::vector<WorkerLoad> only_prefill = {Prefill("p0", 0)};
+  std::vector<dispatch::WorkerLoad> only_prefill = {Prefill("p0", 0)};
   CHECK(d.Pick(only_prefill).status().message() == "no live decode worker");
-  CHECK(CanServe(only_prefill).code() == absl::StatusCode::kUnavailable);
-  std::vector<WorkerLoad> only_decode = {Decode("d0", 1, 0)};
+  CHECK(dispatch::CanServe(only_prefill).code() == absl::StatusCode::kUnavailable);
+  std::vector<dispatch::WorkerLoad> only_decode = {Decode("d0", 1, 0)};
   CHECK(d.Pick(only_decode).status().message() == "no live prefill worker");
-  std::vector<WorkerLoad> both = {Prefill("p0", 0), Decode("d0", 1, 0)};
-  CHECK(CanServe(both).ok());
+  std::vector<dispatch::WorkerLoad> both = {Prefill("p0", 0), Decode("d0", 1, 0)};
+  CHECK(dispatch::CanServe(both).ok());
 }
 
 TEST_CASE("round-robin cycles over prefills and decodes in id order") {
-  Dispatch d(DispatchPolicy::kRoundRobin);
+  Dispatch d(dispatch::DispatchPolicy::kRoundRobin);
   // Loads are ignored: p1 is busiest and still gets its turn.
-  std::vector<WorkerLoad> w = {Prefill("p1", 1000), Prefill("p0", 0), Decode("d1", 0, 50), Decode("d0", 90, 0),
+  std::vector<dispatch::WorkerLoad> w = {Prefill("p1", 1000), Prefill("p0", 0), Decode("d1", 0, 50), Decode("d0", 90, 0),
                                Decode("d2", 5, 5)};
   std::vector<std::string> prefills, decodes;
   for (int i = 0; i < 6; ++i) {
@@ -124,8 +125,8 @@ TEST_CASE("round-robin cycles over prefills and decodes in id order") {
 }
 
 TEST_CASE("round-robin over colocated workers spreads evenly") {
-  Dispatch d(DispatchPolicy::kRoundRobin);
-  std::vector<WorkerLoad> w = {Colocated("c0", 0, 1), Colocated("c1", 0, 1), Colocated("c2", 0, 1)};
+  Dispatch d(dispatch::DispatchPolicy::kRoundRobin);
+  std::vector<dispatch::WorkerLoad> w = {Colocated("c0", 0, 1), Colocated("c1", 0, 1), Colocated("c2", 0, 1)};
   std::map<std::string, int> count;
   for (int i = 0; i < 9; ++i) {
     auto a = d.Pick(w);
@@ -197,8 +198,8 @@ TEST_CASE("cache-aware prefill: the worker holding the prefix, unless its queue 
   // p1 holds the prompt's first 3 blocks (48 tokens), p0 an unrelated prompt.
   REQUIRE(index.Apply("p1", Snapshot(1, {std::vector<int32_t>(prompt.begin(), prompt.begin() + 48)})));
   REQUIRE(index.Apply("p0", Snapshot(1, {other})));
-  Dispatch d(DispatchPolicy::kCacheAware, &index);
-  std::vector<WorkerLoad> w = {Prefill("p0", 0), Prefill("p1", 20), Decode("d0", 10, 0)};
+  Dispatch d(dispatch::DispatchPolicy::kCacheAware, &index);
+  std::vector<dispatch::WorkerLoad> w = {Prefill("p0", 0), Prefill("p1", 20), Decode("d0", 10, 0)};
   // p1: 32 uncached + 20 queued = 52 against p0's 80 + 0.
   CHECK(d.Pick(w, prompt)->prefill_id == "p1");
   CHECK(d.Pick(w, prompt)->prefill_tokens == 32);  // what p1's queue is charged
@@ -207,31 +208,31 @@ TEST_CASE("cache-aware prefill: the worker holding the prefix, unless its queue 
   w[1].queued_prefill_tokens = 100;
   CHECK(d.Pick(w, prompt)->prefill_id == "p0");
   // With the queue weighed at 0, the cache alone decides.
-  Dispatch cache_only(DispatchPolicy::kCacheAware, &index, 1, 0);
+  Dispatch cache_only(dispatch::DispatchPolicy::kCacheAware, &index, 1, 0);
   CHECK(cache_only.Pick(w, prompt)->prefill_id == "p1");
   // The other prompt is p0's.
   w[0].queued_prefill_tokens = 60;
   CHECK(d.Pick(w, other)->prefill_id == "p0");  // 16 + 60 against 80 + 100
   // Nothing cached anywhere: least-loaded's choice.
   const std::vector<int32_t> fresh = Tokens(80, 5);
-  Dispatch least(DispatchPolicy::kLeastLoaded);
+  Dispatch least(dispatch::DispatchPolicy::kLeastLoaded);
   for (int64_t q : {0, 59, 61, 200}) {
     w[0].queued_prefill_tokens = q;
     INFO("p0 queued " << q);
     CHECK(d.Pick(w, fresh)->prefill_id == least.Pick(w, fresh)->prefill_id);
   }
   // A cache-aware dispatcher needs the index.
-  CHECK_FALSE(NewDispatcher(DispatchPolicy::kCacheAware, {}).ok());
+  CHECK_FALSE(dispatch::NewDispatcher(dispatch::DispatchPolicy::kCacheAware, {}).ok());
 }
 
 TEST_CASE("policy names parse") {
-  CHECK(*ParseDispatchPolicy("least_loaded") == DispatchPolicy::kLeastLoaded);
-  CHECK(*ParseDispatchPolicy("round_robin") == DispatchPolicy::kRoundRobin);
-  CHECK(*ParseDispatchPolicy("cache_aware") == DispatchPolicy::kCacheAware);
-  CHECK(DispatchPolicyName(DispatchPolicy::kCacheAware) == "cache_aware");
-  auto bad = ParseDispatchPolicy("random");
+  CHECK(*dispatch::ParseDispatchPolicy("least_loaded") == dispatch::DispatchPolicy::kLeastLoaded);
+  CHECK(*dispatch::ParseDispatchPolicy("round_robin") == dispatch::DispatchPolicy::kRoundRobin);
+  CHECK(*dispatch::ParseDispatchPolicy("cache_aware") == dispatch::DispatchPolicy::kCacheAware);
+  CHECK(dispatch::DispatchPolicyName(dispatch::DispatchPolicy::kCacheAware) == "cache_aware");
+  auto bad = dispatch::ParseDispatchPolicy("random");
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(DispatchPolicyName(DispatchPolicy::kRoundRobin) == "round_robin");
+  CHECK(dispatch::DispatchPolicyName(dispatch::DispatchPolicy::kRoundRobin) == "round_robin");
 }
 
 }  // namespace

@@ -85,6 +85,15 @@ void CloseLater(asio::io_context& io, rpc::ConnectionPtr conn) {
   asio::post(io, [conn] { conn->Close(); });
 }
 
+// Registration accepts only these three roles.
+dispatch::Role DispatchRole(proto::Role role) {
+  switch (role) {
+    case proto::ROLE_DECODE: return dispatch::Role::kDecode;
+    case proto::ROLE_COLOCATED: return dispatch::Role::kColocated;
+    default: return dispatch::Role::kPrefill;
+  }
+}
+
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(asio::io_context& io, RegistryOptions options, RegistryListener* listener)
@@ -410,14 +419,14 @@ bool WorkerRegistry::Send(const std::string& worker_id, const proto::Frame& fram
   return true;
 }
 
-std::vector<WorkerLoad> WorkerRegistry::LiveLoads() const {
-  std::vector<WorkerLoad> out;
+std::vector<dispatch::WorkerLoad> WorkerRegistry::LiveLoads() const {
+  std::vector<dispatch::WorkerLoad> out;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, w] : workers_) {
     if (!w->live || w->draining) continue;
-    WorkerLoad load{
+    dispatch::WorkerLoad load{
         .id = id,
-        .role = w->reg.role(),
+        .role = DispatchRole(w->reg.role()),
         .control_address = w->reg.control_address(),
         .queued_prefill_tokens = w->prefilling_tokens,
         .kv_blocks_free = w->stats.kv_blocks_free(),
@@ -450,7 +459,7 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
   return out;
 }
 
-WorkerRegistry::Charged WorkerRegistry::Charge(const Assignment& a, int64_t tokens, uint64_t request_id) {
+WorkerRegistry::Charged WorkerRegistry::Charge(const dispatch::Assignment& a, int64_t tokens, uint64_t request_id) {
   absl::MutexLock lock(&mu_);
   Charged out;
   if (auto it = workers_.find(a.prefill_id); it != workers_.end()) {

@@ -43,7 +43,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "proto/control.pb.h"
-#include "router/dispatch.h"
+#include "dispatch/dispatch.h"
 #include "rpc/connection.h"
 
 namespace duet::router {
@@ -109,7 +109,7 @@ class WorkerRegistry {
   bool Send(const std::string& worker_id, const proto::Frame& frame);
 
   // Live workers that take new requests (not draining).
-  std::vector<WorkerLoad> LiveLoads() const;
+  std::vector<dispatch::WorkerLoad> LiveLoads() const;
   std::vector<WorkerSnapshot> Snapshot() const;
   // Counts a dispatch of `tokens` (prompt + resumed), sent as `request_id`,
   // against the workers' loads. The prefill's queue is the router's own
@@ -126,7 +126,7 @@ class WorkerRegistry {
     std::string prefill_id;
     uint64_t request_id = 0;
   };
-  Charged Charge(const Assignment& assignment, int64_t tokens, uint64_t request_id);
+  Charged Charge(const dispatch::Assignment& assignment, int64_t tokens, uint64_t request_id);
   void Uncharge(const Charged& charged);
 
   // Drops every live worker silent for missed_heartbeats intervals. The

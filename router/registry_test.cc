@@ -155,7 +155,7 @@ TEST_CASE("registration: greeting on the worker's port, then the reply; events f
   auto loads = fx.registry->LiveLoads();
   REQUIRE(loads.size() == 1);
   CHECK(loads[0].id == "c0");
-  CHECK(loads[0].role == proto::ROLE_COLOCATED);
+  CHECK(loads[0].role == dispatch::Role::kColocated);
   CHECK(loads[0].control_address == w.control_address());
   CHECK(loads[0].kv_blocks_free == 64);  // Before any heartbeat: the whole pool.
 

@@ -5,38 +5,6 @@
 
 namespace duet::router {
 
-namespace {
-
-// What the router needs of config.json: the context and the embedding rows.
-struct ModelShape {
-  int64_t max_position_embeddings = 0;
-  int64_t vocab_size = 0;
-};
-
-absl::StatusOr<ModelShape> ReadModelShape(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Json cfg = Json::parse(ss.str(), nullptr, false);
-  if (cfg.is_discarded() || !cfg.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
-  }
-  ModelShape shape;
-  for (auto [field, out] : {std::pair<const char*, int64_t*>{"max_position_embeddings", &shape.max_position_embeddings},
-                            std::pair<const char*, int64_t*>{"vocab_size", &shape.vocab_size}}) {
-    auto it = cfg.find(field);
-    if (it == cfg.end() || !it->is_number_integer() || it->get<int64_t>() < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", field, "\" is missing or not a positive integer"));
-    }
-    *out = it->get<int64_t>();
-  }
-  return shape;
-}
-
-}  // namespace
-
 absl::Status Router::Impl::Start(RouterOptions options) {
   if (started_) return absl::FailedPreconditionError("the router is already started");
   options_ = std::move(options);
@@ -59,13 +27,14 @@ absl::Status Router::Impl::Start(RouterOptions options) {
     LOG(WARNING) << "chat completions are unavailable (" << format_.chat_unavailable()
                  << "); serving /v1/completions only";
   }
-  ASSIGN_OR_RETURN(ModelShape shape, ReadModelShape(options_.model_dir));
-  const int64_t context = options_.max_model_len > 0 ? options_.max_model_len : shape.max_position_embeddings;
+  ASSIGN_OR_RETURN(config_, spec::ModelConfig::ServingFromFile(
+                                (std::filesystem::path(options_.model_dir) / "config.json").string()));
+  const int64_t context = options_.max_model_len > 0 ? options_.max_model_len : config_.max_position_embeddings;
   served_ = ServedModel{.name = options_.served_model_name,
                         .tokenizer = tokenizer_.get(),
                         .format = &format_,
                         .max_model_len = context,
-                        .vocab_size = shape.vocab_size};
+                        .vocab_size = config_.vocab_size};
   created_ = absl::ToUnixSeconds(absl::Now());
   // Names this build and model, as OpenAI's field does its backend config.
   system_fingerprint_ = absl::StrFormat(
@@ -74,7 +43,7 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                            0xffffffffffull);
   {
     absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(dispatcher_, NewDispatcher(options_.policy, {.index = &cache_index_,
+    ASSIGN_OR_RETURN(dispatcher_, dispatch::NewDispatcher(options_.policy, {.cache = &cache_index_,
                                                                   .uncached_weight = options_.cache_aware_weights.uncached,
                                                                   .queued_weight = options_.cache_aware_weights.queued}));
   }
@@ -139,7 +108,7 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   http_ = std::move(*http);
   LOG(INFO) << "router serving model \"" << options_.served_model_name << "\" (context " << context
             << ") on HTTP port " << http_->port() << ", control " << registry_->address() << ", policy "
-            << DispatchPolicyName(options_.policy);
+            << dispatch::DispatchPolicyName(options_.policy);
   return absl::OkStatus();
 }
 
@@ -209,8 +178,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   o.served_model_name = f.GetString("served-model-name");
   o.http_listen = f.GetString("listen");
   o.control_listen = f.GetString("control-listen");
-  ASSIGN_OR_RETURN(o.policy, ParseDispatchPolicy(f.GetString("policy")));
-  RETURN_IF_ERROR(f.RefuseUnless(o.policy == DispatchPolicy::kCacheAware, {"cache-aware-weights"},
+  ASSIGN_OR_RETURN(o.policy, dispatch::ParseDispatchPolicy(f.GetString("policy")));
+  RETURN_IF_ERROR(f.RefuseUnless(o.policy == dispatch::DispatchPolicy::kCacheAware, {"cache-aware-weights"},
                                  "unless --policy cache_aware"));
   ASSIGN_OR_RETURN(o.cache_aware_weights, ParseCacheAwareWeights(f.GetString("cache-aware-weights")));
   if (f.GetInt("heartbeat-ms") < 1) return absl::InvalidArgumentError("--heartbeat-ms must be >= 1");

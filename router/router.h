@@ -45,7 +45,7 @@
 #include "base/clock.h"
 #include "base/flags.h"
 #include "http/server.h"
-#include "router/dispatch.h"
+#include "dispatch/dispatch.h"
 
 namespace duet::router {
 
@@ -58,7 +58,7 @@ struct RouterOptions {
   std::string served_model_name;
   std::string http_listen = "127.0.0.1:0";
   std::string control_listen = "127.0.0.1:0";
-  DispatchPolicy policy = DispatchPolicy::kLeastLoaded;
+  dispatch::DispatchPolicy policy = dispatch::DispatchPolicy::kLeastLoaded;
   // cache_aware: the weights of a prompt's uncached tokens and of queued
   // prefill tokens in a prefill's score.
   CacheAwareWeights cache_aware_weights;

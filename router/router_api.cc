@@ -108,7 +108,7 @@ void Router::Impl::HandleModel(const std::string& id, http::HttpExchangePtr ex) 
 }
 
 void Router::Impl::HandleHealth(http::HttpExchangePtr ex) {
-  absl::Status s = CanServe(registry_->LiveLoads());
+  absl::Status s = dispatch::CanServe(registry_->LiveLoads());
   Json out;
   out["status"] = s.ok() ? "ok" : "unavailable";
   if (!s.ok()) out["error"] = std::string(s.message());

@@ -19,7 +19,7 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
   tokens.insert(tokens.end(), resume.begin(), resume.end());
   // The registry may lose the picked worker between LiveLoads and Send; pick again.
   for (int tries = 0; tries < 3; ++tries) {
-    auto a = dispatcher_->Pick(registry_->LiveLoads(), {.prompt = tokens});
+    auto a = dispatch::Pick(*dispatcher_, registry_->LiveLoads(), {.prompt = tokens});
     if (!a.ok()) return a.status();
     const uint64_t id = next_attempt_id_++;
     proto::Frame f = NewFrame();
@@ -56,7 +56,7 @@ absl::Status Router::Impl::StartPrompt(const GroupPtr& g, size_t first, size_t n
   const proto::GenerationSpec& spec = g->choices[first]->spec;
   const std::vector<int32_t> tokens(spec.prompt_ids().begin(), spec.prompt_ids().end());
   for (int tries = 0; tries < 3; ++tries) {
-    auto a = dispatcher_->Pick(registry_->LiveLoads(), {.prompt = tokens});
+    auto a = dispatch::Pick(*dispatcher_, registry_->LiveLoads(), {.prompt = tokens});
     if (!a.ok()) return a.status();
     proto::Frame f = NewFrame();
     proto::PrefillRequest* pr = f.mutable_prefill();
@@ -89,9 +89,19 @@ absl::Status Router::Impl::StartPrompt(const GroupPtr& g, size_t first, size_t n
 void Router::Impl::Redispatch(const RequestPtr& r, const std::string& reason, Pending& p) {
   Forget(r);
   r->last_failure = reason;
-  if (static_cast<int64_t>(r->builder->token_ids().size()) >= r->spec.max_tokens()) {
-    Complete(r, proto::FINISH_LENGTH, p);  // Nothing is left to generate.
-    return;
+  // The client has every token it asked for, or the last of them ended the
+  // request (the attempt that sampled it died before its Finish): the one
+  // finish rule, as a worker given the resumed tokens would judge them.
+  switch (spec::ResumedEnd(spec::ToGenerationParams(r->spec), config_, r->spec.prompt_ids_size(),
+                           r->builder->token_ids())) {
+    case spec::FinishDecision::kStop:
+      Complete(r, proto::FINISH_STOP, p);
+      return;
+    case spec::FinishDecision::kLength:
+      Complete(r, proto::FINISH_LENGTH, p);
+      return;
+    case spec::FinishDecision::kContinue:
+      break;
   }
   absl::Status s = StartAttempt(r, p);
   if (!s.ok()) {

@@ -36,8 +36,12 @@
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "http/server.h"
+#include "router/cache_index.h"
 #include "router/completions.h"
 #include "router/registry.h"
+#include "spec/generation.h"
+#include "spec/generation_spec.h"
+#include "spec/model_config.h"
 #include "base/io_thread.h"
 
 namespace duet::router {
@@ -265,6 +269,9 @@ class Router::Impl : public RegistryListener {
   std::unique_ptr<engine::Tokenizer> tokenizer_;
   engine::PromptFormat format_;
   ServedModel served_;
+  // config.json as the router reads it (spec::ModelConfig::ServingFromFile):
+  // the EOS ids and context the finish rule needs on a redispatch.
+  spec::ModelConfig config_;
   int64_t created_ = 0;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<http::HttpServer> http_;
@@ -289,7 +296,7 @@ class Router::Impl : public RegistryListener {
   // Where the workers' prefix caches hold which prefixes (from their
   // CacheEvents), and the policy that reads it.
   CacheIndex cache_index_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<dispatch::Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
   uint64_t next_attempt_id_ ABSL_GUARDED_BY(mu_) = 1;  // Set by Start.
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, RequestPtr> attempts_ ABSL_GUARDED_BY(mu_);  // By attempt (request_id).

@@ -82,7 +82,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
   }
   router["worker_restarts"] = std::move(restarts);
   router["live_workers"] = static_cast<int64_t>(workers.size());
-  router["policy"] = std::string(DispatchPolicyName(options_.policy));
+  router["policy"] = std::string(dispatch::DispatchPolicyName(options_.policy));
   router["cache_index_workers"] = static_cast<int64_t>(cache_index_.workers());
   Json out;
   out["model"] = options_.served_model_name;

@@ -27,6 +27,7 @@
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "router/fake_worker.h"
+#include "spec/model_config.h"
 #include "engine/testing/tiny_model.h"
 #include "base/io_thread.h"
 
@@ -609,6 +610,44 @@ TEST_CASE("a failed KV pull resumes on a new attempt with the tokens already sen
   CHECK(ids == out);  // Seamless: every token once, in order.
   CHECK(text == " the quick brown fox jumps");
   CHECK(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"] == "length");
+}
+
+TEST_CASE("a redispatch whose resumed max_tokens-th token is an EOS ends STOP, with no new attempt") {
+  // The decode sent the request's last allowed token, an EOS, then failed
+  // before its Finish: the router judges the tokens the client has by the
+  // one finish rule (STOP), as a worker given them would.
+  Fixture fx;
+  auto config = spec::ModelConfig::ServingFromFile(fx.dir + "/config.json");
+  REQUIRE(config.ok());
+  const int32_t eos = config->eos_token_ids.at(0);
+  std::vector<int32_t> out = fx.Encode(" ok");
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {});
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  p0->on_frame = [out](FakeWorker& w, const proto::Frame& f) {
+    if (f.has_prefill()) w.Send(FirstTokenFrame(f.prefill().request_id(), out[0], "p0"));
+    return false;
+  };
+  Client c(fx.router.http_port());
+  c.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": 2})");
+  REQUIRE(c.ReadHead().status == 200);
+  auto a1 = p0->NextFrame();
+  REQUIRE(a1.ok());
+  const uint64_t id1 = a1->prefill().request_id();
+  REQUIRE(c.NextEvent().has_value());  // Token 1, so the decode's events come after.
+  d0->Send(TokenFrame(id1, eos));
+  d0->Send(FinishFrame(id1, proto::FINISH_ERROR, static_cast<int>(absl::StatusCode::kUnavailable), "lease expired"));
+  std::vector<std::string> events = c.AllEvents();
+  REQUIRE(events.size() >= 2);
+  CHECK(events.back() == "[DONE]");
+  CHECK(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"] == "stop");
+  // No second attempt: the prefill's next PrefillRequest is the next
+  // client's, with nothing resumed.
+  Client c2(fx.router.http_port());
+  c2.Request("POST", "/v1/completions", R"({"model": "tiny", "prompt": "y", "max_tokens": 1})");
+  auto next = p0->WaitFor([id1](const proto::Frame& f) { return f.has_prefill() && f.prefill().request_id() != id1; });
+  REQUIRE(next.ok());
+  CHECK(next->prefill().resume_ids_size() == 0);
+  CHECK(next->prefill().spec().max_tokens() == 1);
 }
 
 TEST_CASE("at most three attempts, then an error") {

@@ -18,26 +18,26 @@
 
 #include "decode/batch_engine.h"
 #include "engine/block_pool.h"
-#include "engine/generation.h"
+#include "spec/generation.h"
 #include "engine/generator.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/testing/tiny_model.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "prefill/request.h"
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 #include "kernels/dtype.h"
 
 namespace duet::testing {
 namespace {
 namespace fs = std::filesystem;
-using engine::FinishDecision;
+using spec::FinishDecision;
 
 constexpr int32_t kFiller = 7;  // Prompt tokens before the chain's first.
 
 struct Row {
   const char* what;
-  engine::GenerationParams params;
+  spec::GenerationParams params;
   int64_t prompt_len;              // Including the chain's first token.
   std::vector<int32_t> generated;  // Before `next`.
   int32_t next;
@@ -89,9 +89,9 @@ std::string ForcedModel(const std::map<int32_t, int32_t>& next) {
   return dir;
 }
 
-engine::GenerationParams Params(int64_t max_tokens, int64_t min_tokens = 0, bool ignore_eos = false,
+spec::GenerationParams Params(int64_t max_tokens, int64_t min_tokens = 0, bool ignore_eos = false,
                                 std::vector<int32_t> stop = {}) {
-  engine::GenerationParams p;
+  spec::GenerationParams p;
   p.sampling.temperature = 0;
   p.max_tokens = max_tokens;
   p.min_tokens = min_tokens;
@@ -131,7 +131,7 @@ TEST_CASE("every entry point ends a request at the same token for the same reaso
   auto tok = [&] { return fresh++; };
   const int32_t stop = 900;
   std::vector<Row> rows;
-  auto add = [&](const char* what, engine::GenerationParams p, int64_t prompt_len, int generated, int32_t next,
+  auto add = [&](const char* what, spec::GenerationParams p, int64_t prompt_len, int generated, int32_t next,
                  FinishDecision want) {
     Row r{what, std::move(p), prompt_len, {}, 0, want};
     for (int i = 0; i < generated; ++i) r.generated.push_back(tok());
@@ -180,7 +180,7 @@ TEST_CASE("every entry point ends a request at the same token for the same reaso
     // engine::Generate: the table's tokens come first; it goes on past `next` only on kContinue.
     engine::BlockPool gen_pool((*model)->KvLayoutFor(16), blocks);
     engine::GenerateOptions opt;
-    static_cast<engine::GenerationParams&>(opt) = r.params;
+    static_cast<spec::GenerationParams&>(opt) = r.params;
     auto g = engine::Generate(**model, gen_pool, prompt, opt);
     REQUIRE(g.ok());
     REQUIRE(g->ids.size() >= k + 1);
@@ -196,7 +196,7 @@ TEST_CASE("every entry point ends a request at the same token for the same reaso
     const proto::PrefillRequest q = AsPrefillRequest(r, prompt);
     REQUIRE(prefill::ValidatePrefillRequest(q, (*model)->config()).ok());
     const FinishDecision by_prefill =
-        prefill::DecideFirstTokenEnd(q, worker::ToGenerationParams(q.spec()), (*model)->config(), r.next);
+        prefill::DecideFirstTokenEnd(q, spec::ToGenerationParams(q.spec()), (*model)->config(), r.next);
 
     // A decode batch step over the same request, resumed, sampling `next`.
     engine::BlockPool pool((*model)->KvLayoutFor(16), blocks);

@@ -195,7 +195,7 @@ TEST_CASE("a window-sized decode on mistral differs from full attention", "[forw
   auto windowed = f.ref.Logits(tokens).back();
   testing::ReferenceModel full(f.dir);
   // Same weights, no window: patch the config copy the reference holds.
-  const_cast<engine::ModelConfig&>(full.config()).layer_window.assign(f.model->config().num_layers, 0);
+  const_cast<spec::ModelConfig&>(full.config()).layer_window.assign(f.model->config().num_layers, 0);
   auto unwindowed = full.Logits(tokens).back();
   std::vector<float> wf(windowed.begin(), windowed.end());
   REQUIRE(NormalizedError(wf, unwindowed) > 1e-3);

@@ -62,7 +62,7 @@ Tensors HandLayer(std::vector<int32_t> g_idx) {
   return t;
 }
 
-absl::StatusOr<kernels::HostWeights> LoadHand(Tensors t, engine::ModelConfig::Gptq g, int64_t n = 8) {
+absl::StatusOr<kernels::HostWeights> LoadHand(Tensors t, spec::ModelConfig::Gptq g, int64_t n = 8) {
   const std::string dir = testing::FreshDir("gptq-hand");
   t.Write(dir + "/model.safetensors");
   auto st = engine::SafetensorsModel::Open(dir);

@@ -93,7 +93,7 @@ std::string Violation::ToString() const {
 }
 
 std::vector<Violation> CheckTree(const std::string& root, const LayerRules& rules) {
-  static const std::regex kInclude(R"re(^\s*#\s*include\s+"([A-Za-z0-9_]+)/)re");
+  static const std::regex kInclude(R"re(^\s*#\s*include\s+"([A-Za-z0-9_]+)/([^"]*)")re");
   // A label in quotes: //pkg..., its target after the colon (visibility
   // labels end in __pkg__ or __subpackages__).
   static const std::regex kLabel(R"re("//([A-Za-z0-9_]+)([^":]*)(:([^"]*))?")re");
@@ -131,7 +131,15 @@ std::vector<Violation> CheckTree(const std::string& root, const LayerRules& rule
       };
       std::smatch m;
       if (source) {
-        if (std::regex_search(line, m, kInclude)) reject(m[1].str(), "");
+        if (std::regex_search(line, m, kInclude)) {
+          // A header directly in a package is its target's of the same stem
+          // (one library per header): `kernels/rope.h` is kernels:rope.
+          const std::string rest = m[2].str();
+          const bool direct = rest.find('/') == std::string::npos;
+          if (!direct || !allowed.count(absl::StrCat(m[1].str(), ":", rest.substr(0, rest.rfind('.'))))) {
+            reject(m[1].str(), "");
+          }
+        }
         continue;
       }
       for (auto i = std::sregex_iterator(line.begin(), line.end(), kLabel); i != std::sregex_iterator(); ++i) {

@@ -117,6 +117,19 @@ TEST_CASE("a target entry allows no other target of its package, and an unlisted
         "tests/BUILD:1: tests may not depend on tools:cluster_config");
 }
 
+TEST_CASE("a target entry allows its own header and no other of its package") {
+  fs::path root = CleanTree("e");
+  std::string readme = kReadme;
+  readme.replace(readme.find("router  -> engine"), 17, "router  -> engine tools:duet");
+  Write(root / "README.md", readme);
+  Write(root / "router/x.cc", "#include \"tools/duet.h\"\n#include \"tools/other.h\"\n#include \"tools/sub/duet.h\"\n");
+  std::vector<Violation> v = Check(root);
+  std::vector<std::string> s;
+  for (const Violation& x : v) s.push_back(x.ToString());
+  CHECK(absl::StrJoin(s, "|") ==
+        "router/x.cc:2: router may not depend on tools|router/x.cc:3: router may not depend on tools");
+}
+
 TEST_CASE("a list that is malformed is refused") {
   CHECK(!ParseLayerRules("no block").ok());
   CHECK(!ParseLayerRules("<!-- layers -->\n```\nbase\n```\n").ok());

@@ -33,7 +33,7 @@ std::vector<double> Linear(const std::vector<double>& W, const std::vector<doubl
 }  // namespace
 
 ReferenceModel::ReferenceModel(const std::string& dir, std::optional<kernels::DType> weights) {
-  auto cfg = engine::ModelConfig::FromFile(dir + "/config.json");
+  auto cfg = spec::ModelConfig::FromFile(dir + "/config.json");
   if (!cfg.ok()) throw std::runtime_error(cfg.status().ToString());
   config_ = *cfg;
   auto st = engine::SafetensorsModel::Open(dir);

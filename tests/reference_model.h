@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 #include "kernels/dtype.h"
 
 namespace duet::testing {
@@ -25,13 +25,13 @@ class ReferenceModel {
   // what that dtype holds of it (kernels::Dequantize of QuantizeWeights),
   // as the engine's --weight-dtype loads it.
   explicit ReferenceModel(const std::string& dir, std::optional<kernels::DType> weights = std::nullopt);
-  const engine::ModelConfig& config() const { return config_; }
+  const spec::ModelConfig& config() const { return config_; }
   // Logits for every position of `tokens`, causal over the whole list.
   std::vector<std::vector<double>> Logits(const std::vector<int32_t>& tokens) const;
 
  private:
   const std::vector<double>& W(const std::string& name) const;
-  engine::ModelConfig config_;
+  spec::ModelConfig config_;
   std::map<std::string, std::vector<double>> w_;
   std::vector<double> inv_freq_;
 };

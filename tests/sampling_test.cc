@@ -15,7 +15,7 @@ namespace duet {
 namespace {
 
 using engine::BatchSeq;
-using engine::SamplingParams;
+using spec::SamplingParams;
 
 std::vector<int32_t> Prompt(int n) {
   std::vector<int32_t> p(n);

@@ -240,7 +240,7 @@ std::string CheckTeacherForced(const std::string& model_dir, const ParsedComplet
   const int64_t vocab = ref.model->config().vocab_size;
   auto logits = TeacherForcedLogits(ref, r, got.ids);
   if (!logits.ok()) return "reference forward failed: " + logits.status().ToString();
-  engine::SamplingParams sp{.temperature = r.temperature, .seed = r.seed, .logprobs = r.logprobs};
+  spec::SamplingParams sp{.temperature = r.temperature, .seed = r.seed, .logprobs = r.logprobs};
   for (size_t i = 0; i < got.ids.size(); ++i) {
     const float* L = logits->row(i);
     const int64_t pos = static_cast<int64_t>(r.prompt.size() + i);

@@ -46,7 +46,7 @@ absl::StatusOr<std::vector<kernels::DType>> ParseDTypes(const std::string& list)
 }
 
 // The linear weights of one layer, counted from the config.
-int64_t LayerWeights(const engine::ModelConfig& c) {
+int64_t LayerWeights(const spec::ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   return H * (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() * H + 3 * I * H;
 }
@@ -86,7 +86,7 @@ absl::Status Run(const FlagSet& f) {
                    kernels::NewBackend({.threads = static_cast<int>(f.GetInt("threads"))}));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
                    engine::Model::Load(dir, backend.get(), {.weight_dtype = base}));
-  const engine::ModelConfig& c = model->config();
+  const spec::ModelConfig& c = model->config();
   if (c.gptq) return absl::InvalidArgumentError(absl::StrCat(dir, " is a GPTQ checkpoint: its layers are q4z already"));
   std::fprintf(stderr, "[duet precision-plan] %s: %lld layers, %zu calibration tokens, candidates %s\n", dir.c_str(),
                static_cast<long long>(c.num_layers), tokens.size(),

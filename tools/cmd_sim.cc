@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/dispatch.h"
 #include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -266,10 +267,7 @@ absl::Status CheckSimFlags(const FlagSet& f) {
                                  "without --cache-blocks"));
   RETURN_IF_ERROR(f.RefuseUnless(f.GetInt("cache-host-blocks") > 0, {"host-link-gbps"}, "without --cache-host-blocks"));
   const std::string policy = f.GetString("policy");
-  if (policy != "least_loaded" && policy != "round_robin" && policy != "cache_aware") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--policy must be least_loaded, round_robin or cache_aware, got \"", policy, "\""));
-  }
+  RETURN_IF_ERROR(dispatch::ParseDispatchPolicy(policy).status());
   if (policy == "cache_aware" && f.GetInt("cache-blocks") <= 0) {
     return absl::InvalidArgumentError("--policy cache_aware needs --cache-blocks (the caches it reads)");
   }

@@ -12,7 +12,7 @@ namespace duet::worker {
 absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(const PrefixCacheOptions& o,
                                                                   engine::BlockPool* pool,
                                                                   const std::string& model_dir,
-                                                                  const engine::ModelConfig& c) {
+                                                                  const spec::ModelConfig& c) {
   if (o.host_blocks < 0 || o.host_memory_bytes < 0) {
     return absl::InvalidArgumentError("the host KV tier's size must be >= 0");
   }

@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "base/metrics.h"
 #include "engine/block_pool.h"
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 #include "kvcache/prefix_tree.h"
 #include "proto/control.pb.h"
 #include "worker/pool_block_store.h"
@@ -50,7 +50,7 @@ class PrefixCache {
   // `pool` must outlive the cache; `model_dir` names the model for a cost profile.
   static absl::StatusOr<std::unique_ptr<PrefixCache>> Create(const PrefixCacheOptions& options,
                                                              engine::BlockPool* pool, const std::string& model_dir,
-                                                             const engine::ModelConfig& config);
+                                                             const spec::ModelConfig& config);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;

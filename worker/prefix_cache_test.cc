@@ -13,7 +13,7 @@
 
 #include "base/metrics.h"
 #include "engine/block_pool.h"
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 #include "engine/testing/tiny_model.h"
 
 namespace duet::worker {
@@ -21,7 +21,7 @@ namespace {
 
 struct Fixture {
   std::string dir = testing::TinyModelDir("llama");
-  engine::ModelConfig config = engine::ModelConfig::FromFile(dir + "/config.json").value();
+  spec::ModelConfig config = spec::ModelConfig::FromFile(dir + "/config.json").value();
   kernels::KvLayout layout{
       .num_layers = config.num_layers, .num_kv_heads = config.num_kv_heads, .block_size = 16, .head_dim = config.head_dim};
   engine::BlockPool pool{layout, 32};

@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 using engine::BatchSeq;
 using engine::BlockPool;
 using engine::Model;
-using engine::ModelConfig;
+using spec::ModelConfig;
 using engine::SequenceKv;
 
 constexpr int64_t kPrefillTokens = 512;

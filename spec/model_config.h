@@ -7,8 +7,8 @@
 // sliding_window) and qwen2 (q/k/v bias, per-layer sliding window when
 // use_sliding_window is set). Anything else, or a missing or ill-typed field,
 // is InvalidArgument naming the file and the field.
-#ifndef DUET_ENGINE_MODEL_CONFIG_H_
-#define DUET_ENGINE_MODEL_CONFIG_H_
+#ifndef DUET_SPEC_MODEL_CONFIG_H_
+#define DUET_SPEC_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <optional>
@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/rope.h"
 
-namespace duet::engine {
+namespace duet::spec {
 
 struct ModelConfig {
   std::string model_type;  // llama | mistral | qwen2
@@ -53,6 +53,12 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(const std::string& json_text,
                                               const std::string& source_name);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
+  // Only what serving a request's tokens needs, by the same field rules:
+  // vocab_size and max_position_embeddings (both required here), the EOS
+  // and BOS ids; the rest stays zero. The router reads this, so it serves
+  // any model whose tokenizer it has, architectures the engine lacks too.
+  static absl::StatusOr<ModelConfig> ServingFromJson(const std::string& json_text, const std::string& source_name);
+  static absl::StatusOr<ModelConfig> ServingFromFile(const std::string& path);
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -61,6 +67,6 @@ struct ModelConfig {
   int64_t NumParameters() const;
 };
 
-}  // namespace duet::engine
+}  // namespace duet::spec
 
-#endif  // DUET_ENGINE_MODEL_CONFIG_H_
+#endif  // DUET_SPEC_MODEL_CONFIG_H_

@@ -1,4 +1,4 @@
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 
 #include <algorithm>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
-namespace duet::engine {
+namespace duet::spec {
 namespace {
 
 using nlohmann::json;
@@ -55,13 +55,50 @@ class Reader {
   const std::string& source_;
 };
 
+// The ids a request's end depends on: eos_token_id (an integer or a list)
+// and bos_token_id, checked against c.vocab_size.
+absl::Status ReadTokenIds(const json& j, const Reader& r, ModelConfig& c) {
+  auto eos = j.find("eos_token_id");
+  if (eos != j.end() && !eos->is_null()) {
+    if (eos->is_number_integer()) {
+      c.eos_token_ids.push_back(eos->get<int32_t>());
+    } else if (eos->is_array()) {
+      for (const auto& e : *eos) {
+        if (!e.is_number_integer()) return r.Error("eos_token_id", "must hold integers");
+        c.eos_token_ids.push_back(e.get<int32_t>());
+      }
+    } else {
+      return r.Error("eos_token_id", "must be an integer or a list of integers");
+    }
+  }
+  for (int32_t id : c.eos_token_ids) {
+    if (id < 0 || id >= c.vocab_size) return r.Error("eos_token_id", "is outside the vocabulary");
+  }
+  ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", false, -1, -1));
+  c.bos_token_id = static_cast<int32_t>(bos);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ParseObject(const std::string& json_text, const std::string& source) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  return j;
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
                                                   const std::string& source) {
-  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  ASSIGN_OR_RETURN(json j, ParseObject(json_text, source));
   Reader r(j, source);
   ModelConfig c;
   auto mt = j.find("model_type");
@@ -138,24 +175,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
       for (int64_t i = first; i < c.num_layers; ++i) c.layer_window[i] = w;
     }
   }
-  auto eos = j.find("eos_token_id");
-  if (eos != j.end() && !eos->is_null()) {
-    if (eos->is_number_integer()) {
-      c.eos_token_ids.push_back(eos->get<int32_t>());
-    } else if (eos->is_array()) {
-      for (const auto& e : *eos) {
-        if (!e.is_number_integer()) return r.Error("eos_token_id", "must hold integers");
-        c.eos_token_ids.push_back(e.get<int32_t>());
-      }
-    } else {
-      return r.Error("eos_token_id", "must be an integer or a list of integers");
-    }
-  }
-  for (int32_t id : c.eos_token_ids) {
-    if (id < 0 || id >= c.vocab_size) return r.Error("eos_token_id", "is outside the vocabulary");
-  }
-  ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", false, -1, -1));
-  c.bos_token_id = static_cast<int32_t>(bos);
+  RETURN_IF_ERROR(ReadTokenIds(j, r, c));
   if (auto d = j.find("torch_dtype"); d != j.end() && d->is_string()) c.torch_dtype = d->get<std::string>();
   if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
     if (!q->is_object()) return r.Error("quantization_config", "must be an object");
@@ -193,11 +213,24 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return FromJson(ss.str(), path);
+  ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  return FromJson(text, path);
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::ServingFromJson(const std::string& json_text, const std::string& source) {
+  ASSIGN_OR_RETURN(json j, ParseObject(json_text, source));
+  Reader r(j, source);
+  ModelConfig c;
+  if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string()) c.model_type = mt->get<std::string>();
+  ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c.max_position_embeddings, r.Int("max_position_embeddings", true, 0, 1));
+  RETURN_IF_ERROR(ReadTokenIds(j, r, c));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::ServingFromFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  return ServingFromJson(text, path);
 }
 
 bool ModelConfig::IsEos(int32_t id) const {
@@ -213,4 +246,4 @@ int64_t ModelConfig::NumParameters() const {
   return total;
 }
 
-}  // namespace duet::engine
+}  // namespace duet::spec

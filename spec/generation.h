@@ -7,18 +7,32 @@
 //   switch (FinishAfter(params, config, /*generated=*/n, /*position=*/pos, token)) { ... }
 //
 // Plain values: thread-compatible.
-#ifndef DUET_ENGINE_GENERATION_H_
-#define DUET_ENGINE_GENERATION_H_
+#ifndef DUET_SPEC_GENERATION_H_
+#define DUET_SPEC_GENERATION_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "engine/model_config.h"
-#include "engine/sampler.h"
+#include "spec/model_config.h"
 
-namespace duet::engine {
+namespace duet::spec {
+
+// How a token is drawn (engine/sampler.h applies it).
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy.
+  int32_t top_k = 0;         // 0 = off.
+  float top_p = 1.0f;        // 1 = off.
+  float min_p = 0.0f;        // 0 = off.
+  uint64_t seed = 0;
+  int32_t logprobs = 0;      // Top alternatives to report per position.
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
+
+  // InvalidArgument naming the parameter when out of range.
+  absl::Status Validate() const;
+};
 
 struct GenerationParams {
   SamplingParams sampling;
@@ -58,6 +72,6 @@ FinishDecision FinishAfter(const GenerationParams& params, const ModelConfig& co
 FinishDecision ResumedEnd(const GenerationParams& params, const ModelConfig& config, int64_t prompt_tokens,
                           absl::Span<const int32_t> resumed);
 
-}  // namespace duet::engine
+}  // namespace duet::spec
 
-#endif  // DUET_ENGINE_GENERATION_H_
+#endif  // DUET_SPEC_GENERATION_H_

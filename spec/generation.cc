@@ -1,11 +1,34 @@
-#include "engine/generation.h"
+#include "spec/generation.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
-namespace duet::engine {
+namespace duet::spec {
+
+absl::Status SamplingParams::Validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
+  if (!(top_p > 0 && top_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  if (!(min_p >= 0 && min_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
+  if (logprobs < 0) return absl::InvalidArgumentError("logprobs must be >= 0");
+  for (auto [name, v] : {std::pair<const char*, float>{"presence_penalty", presence_penalty},
+                         {"frequency_penalty", frequency_penalty}}) {
+    if (!(v >= -2 && v <= 2)) {
+      return absl::InvalidArgumentError(absl::StrCat("penalties must be in [-2, 2]: ", name, " is ", v));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status GenerationParams::Validate() const {
   RETURN_IF_ERROR(sampling.Validate());
@@ -37,4 +60,4 @@ FinishDecision ResumedEnd(const GenerationParams& params, const ModelConfig& con
   return FinishAfter(params, config, /*generated=*/n, /*position=*/prompt_tokens + n - 1, resumed.back());
 }
 
-}  // namespace duet::engine
+}  // namespace duet::spec

@@ -1,9 +1,9 @@
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
-namespace duet::worker {
+namespace duet::spec {
 
 absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, const char* field,
                            int64_t vocab_size) {
@@ -16,9 +16,9 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, 
   return absl::OkStatus();
 }
 
-engine::GenerationParams ToGenerationParams(const proto::GenerationSpec& spec) {
+spec::GenerationParams ToGenerationParams(const proto::GenerationSpec& spec) {
   const proto::SamplingParams& s = spec.sampling();
-  engine::GenerationParams p;
+  spec::GenerationParams p;
   p.sampling = {.temperature = s.temperature(),
                 .top_k = s.top_k(),
                 .top_p = s.top_p(),
@@ -35,8 +35,8 @@ engine::GenerationParams ToGenerationParams(const proto::GenerationSpec& spec) {
   return p;
 }
 
-absl::StatusOr<engine::GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spec,
-                                                        const engine::ModelConfig& config) {
+absl::StatusOr<spec::GenerationParams> ParamsFromSpec(const proto::GenerationSpec& spec,
+                                                        const spec::ModelConfig& config) {
   if (spec.prompt_ids().empty()) return absl::InvalidArgumentError("the prompt is empty");
   RETURN_IF_ERROR(CheckTokenIds(spec.prompt_ids(), "prompt_ids", config.vocab_size));
   int32_t last = 0;
@@ -47,9 +47,9 @@ absl::StatusOr<engine::GenerationParams> ParamsFromSpec(const proto::GenerationS
     }
     last = b;
   }
-  engine::GenerationParams p = ToGenerationParams(spec);
+  spec::GenerationParams p = ToGenerationParams(spec);
   RETURN_IF_ERROR(p.Validate());
   return p;
 }
 
-}  // namespace duet::worker
+}  // namespace duet::spec

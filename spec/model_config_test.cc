@@ -1,8 +1,8 @@
-#include "engine/model_config.h"
+#include "spec/model_config.h"
 
 #include <catch2/catch.hpp>
 
-namespace duet::engine {
+namespace duet::spec {
 namespace {
 
 using Catch::Matchers::Contains;
@@ -67,4 +67,4 @@ TEST_CASE("bad configs name the file and the field", "[config]") {
 }
 
 }  // namespace
-}  // namespace duet::engine
+}  // namespace duet::spec

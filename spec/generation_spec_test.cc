@@ -1,13 +1,13 @@
-#include "worker/generation_spec.h"
+#include "spec/generation_spec.h"
 
 #include <catch2/catch.hpp>
 #include <string>
 
-namespace duet::worker {
+namespace duet::spec {
 namespace {
 
-engine::ModelConfig Config() {
-  engine::ModelConfig c;
+spec::ModelConfig Config() {
+  spec::ModelConfig c;
   c.vocab_size = 100;
   c.max_position_embeddings = 16;
   return c;
@@ -22,7 +22,7 @@ proto::GenerationSpec Valid() {
 }
 
 std::string Refusal(const proto::GenerationSpec& s) {
-  absl::StatusOr<engine::GenerationParams> p = ParamsFromSpec(s, Config());
+  absl::StatusOr<spec::GenerationParams> p = ParamsFromSpec(s, Config());
   REQUIRE(p.status().code() == absl::StatusCode::kInvalidArgument);
   return std::string(p.status().message());
 }
@@ -36,7 +36,7 @@ TEST_CASE("sampling params are taken literally", "[worker][generation_spec]") {
   p.set_min_p(0.1f);
   p.set_seed(123);
   p.set_logprobs(2);
-  engine::SamplingParams e = ToGenerationParams(spec).sampling;
+  spec::SamplingParams e = ToGenerationParams(spec).sampling;
   REQUIRE(e.temperature == 0.5f);
   REQUIRE(e.top_k == 7);
   REQUIRE(e.top_p == 0.9f);
@@ -53,7 +53,7 @@ TEST_CASE("the spec's generation fields carry over", "[worker][generation_spec]"
   spec.add_stop_token_ids(42);
   spec.add_stop_token_ids(7);
   spec.set_choice_index(5);
-  absl::StatusOr<engine::GenerationParams> p = ParamsFromSpec(spec, Config());
+  absl::StatusOr<spec::GenerationParams> p = ParamsFromSpec(spec, Config());
   REQUIRE(p.ok());
   CHECK(p->max_tokens == 9);
   CHECK(p->min_tokens == 3);
@@ -84,4 +84,4 @@ TEST_CASE("a spec outside the contract is refused, naming the field", "[worker][
 }
 
 }  // namespace
-}  // namespace duet::worker
+}  // namespace duet::spec

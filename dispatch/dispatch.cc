@@ -1,10 +1,11 @@
-#include "router/dispatch.h"
+#include "dispatch/dispatch.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
-namespace duet::router {
+namespace duet::dispatch {
 
 absl::StatusOr<DispatchPolicy> ParseDispatchPolicy(absl::string_view name) {
   if (name == "least_loaded") return DispatchPolicy::kLeastLoaded;
@@ -24,36 +25,31 @@ absl::string_view DispatchPolicyName(DispatchPolicy policy) {
 }
 
 Candidates SplitCandidates(absl::Span<const WorkerLoad> workers) {
+  // A dedicated prefill is useless without a decode to hand its KV to.
+  bool any_decode = false;
+  for (const WorkerLoad& w : workers) any_decode |= w.role == Role::kDecode;
   Candidates c;
-  std::vector<const WorkerLoad*> prefill_only;
+  c.prefill.reserve(workers.size());
+  if (any_decode) c.decode.reserve(workers.size());
   for (const WorkerLoad& w : workers) {
-    switch (w.role) {
-      case proto::ROLE_COLOCATED:
-        c.prefill.push_back(&w);
-        break;
-      case proto::ROLE_PREFILL:
-        prefill_only.push_back(&w);
-        break;
-      case proto::ROLE_DECODE:
-        c.decode.push_back(&w);
-        break;
-      default:
-        break;
+    if (w.role == Role::kDecode) {
+      c.decode.push_back(&w);
+    } else if (w.role == Role::kColocated || any_decode) {
+      c.prefill.push_back(&w);
     }
   }
-  // A dedicated prefill is useless without a decode to hand its KV to.
-  if (!c.decode.empty()) c.prefill.insert(c.prefill.end(), prefill_only.begin(), prefill_only.end());
+  // By id (callers usually list them so already: the simulator always).
   auto by_id = [](const WorkerLoad* a, const WorkerLoad* b) { return a->id < b->id; };
-  std::sort(c.prefill.begin(), c.prefill.end(), by_id);
-  std::sort(c.decode.begin(), c.decode.end(), by_id);
+  if (!std::is_sorted(c.prefill.begin(), c.prefill.end(), by_id)) std::sort(c.prefill.begin(), c.prefill.end(), by_id);
+  if (!std::is_sorted(c.decode.begin(), c.decode.end(), by_id)) std::sort(c.decode.begin(), c.decode.end(), by_id);
   return c;
 }
 
 absl::Status MissingRole(absl::Span<const WorkerLoad> workers) {
   bool prefill = false, decode = false;
   for (const WorkerLoad& w : workers) {
-    prefill |= w.role == proto::ROLE_PREFILL;
-    decode |= w.role == proto::ROLE_DECODE;
+    prefill |= w.role == Role::kPrefill;
+    decode |= w.role == Role::kDecode;
   }
   if (!prefill && !decode) return absl::UnavailableError("no live worker");
   if (!decode) return absl::UnavailableError("no live decode worker");
@@ -62,6 +58,11 @@ absl::Status MissingRole(absl::Span<const WorkerLoad> workers) {
 
 absl::Status CanServe(absl::Span<const WorkerLoad> workers) {
   return SplitCandidates(workers).prefill.empty() ? MissingRole(workers) : absl::OkStatus();
+}
+
+bool FewerQueued(const WorkerLoad* a, const WorkerLoad* b) {
+  if (a->queued_prefill_tokens != b->queued_prefill_tokens) return a->queued_prefill_tokens < b->queued_prefill_tokens;
+  return a->running_requests < b->running_requests;
 }
 
 const WorkerLoad* LeastLoadedDecode(const Candidates& c) {
@@ -73,11 +74,15 @@ const WorkerLoad* LeastLoadedDecode(const Candidates& c) {
   });
 }
 
-Assignment Assign(const WorkerLoad& prefill, const WorkerLoad* decode) {
-  if (prefill.role == proto::ROLE_COLOCATED || decode == nullptr) {
-    return Assignment{prefill.id, prefill.id, prefill.control_address};
-  }
-  return Assignment{prefill.id, decode->id, decode->control_address};
+absl::StatusOr<Assignment> Pick(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers,
+                                const DispatchRequest& request) {
+  ASSIGN_OR_RETURN(PrefillPick p, dispatcher.PickPrefill(workers, request));
+  const WorkerLoad* decode = p.worker->role == Role::kColocated ? nullptr : dispatcher.PickDecode(workers);
+  if (decode == nullptr) decode = p.worker;  // A colocated worker is its own decode.
+  return Assignment{.prefill_id = p.worker->id,
+                    .decode_id = decode->id,
+                    .decode_address = decode->control_address,
+                    .prefill_tokens = p.prefill_tokens};
 }
 
 absl::StatusOr<std::unique_ptr<Dispatcher>> NewDispatcher(DispatchPolicy policy, DispatchOptions o) {
@@ -85,15 +90,15 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> NewDispatcher(DispatchPolicy policy,
     case DispatchPolicy::kRoundRobin:
       return NewRoundRobinDispatcher();
     case DispatchPolicy::kCacheAware:
-      if (o.index == nullptr) return absl::InvalidArgumentError("cache_aware dispatch needs the router's cache index");
+      if (o.cache == nullptr) return absl::InvalidArgumentError("cache_aware dispatch needs a view of the caches");
       if (o.uncached_weight < 0 || o.queued_weight < 0) {
         return absl::InvalidArgumentError("cache_aware weights must be >= 0");
       }
-      return NewCacheAwareDispatcher(o.index, o.uncached_weight, o.queued_weight);
+      return NewCacheAwareDispatcher(o.cache, o.uncached_weight, o.queued_weight);
     case DispatchPolicy::kLeastLoaded:
       break;
   }
   return NewLeastLoadedDispatcher();
 }
 
-}  // namespace duet::router
+}  // namespace duet::dispatch
