@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kvtransfer/layout_proto.h"
 #include "spec/generation.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
 
@@ -13,23 +15,23 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
                                                                            worker::FrameSink* sink) {
   if (sink == nullptr) return absl::InvalidArgumentError("colocated needs a frame sink");
   std::unique_ptr<ColocatedService> s(new ColocatedService());
-  ASSIGN_OR_RETURN(s->engine_, LoadEngine(options.model_dir, options.threads, options.kv_blocks,
-                                          options.kv_bytes, options.block_size, options.load));
+  options.engine.served_model_name = options.engine.ServedName();
+  ASSIGN_OR_RETURN(s->engine_, worker::LoadEngine(options.engine));
   s->options_ = std::move(options);
   s->sink_ = sink;
-  s->layout_ = s->engine_.LayoutProto();
-  ASSIGN_OR_RETURN(s->cache_, worker::PrefixCache::Create(s->options_.cache, s->engine_.pool.get(),
-                                                          s->options_.model_dir, s->engine_.model->config()));
+  s->layout_ = kvtransfer::WholeModelLayout(s->engine_.pool->layout());
+  ASSIGN_OR_RETURN(s->cache_, worker::PrefixCache::Create(s->options_.engine.cache, s->engine_.pool.get(),
+                                                          s->options_.engine.model_dir, s->engine_.model->config()));
   s->loop_ = std::make_unique<EngineLoop>(
       s->engine_.model.get(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
       EngineLoopOptions{.role = proto::ROLE_COLOCATED,
                         .engine = {.max_running = s->options_.max_running,
-                                   .token_budget = s->options_.token_budget,
+                                   .token_budget = s->options_.engine.token_budget,
                                    .cache = s->cache_->tree()},
                         .cache = s->cache_.get()});
   LOG(INFO) << "colocated worker " << sink->worker_id() << ": " << s->engine_.pool->num_blocks()
-            << " KV blocks of " << s->options_.block_size << " tokens, token budget "
-            << s->options_.token_budget << ", prefix cache " << (s->cache_->tree() ? "on" : "off");
+            << " KV blocks of " << s->options_.engine.block_size << " tokens, token budget "
+            << s->options_.engine.token_budget << ", prefix cache " << (s->cache_->tree() ? "on" : "off");
   return s;
 }
 
@@ -40,7 +42,7 @@ ColocatedService::~ColocatedService() {
 
 worker::RegistrationInfo ColocatedService::Registration() {
   return {.role = proto::ROLE_COLOCATED,
-          .model = options_.served_model_name,
+          .model = options_.engine.served_model_name,
           .kv_blocks_total = engine_.pool->num_blocks(),
           .layout = layout_,
           .max_model_len = engine_.model->config().max_position_embeddings};
@@ -101,7 +103,7 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
   const spec::FinishDecision resumed_end =
       spec::ResumedEnd(*params, c, req.spec().prompt_ids_size(), req.resume_ids());
   if (resumed_end != spec::FinishDecision::kContinue) {
-    proto::Frame f = EngineLoop::NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_finish()->set_request_id(id);
     f.mutable_finish()->set_reason(resumed_end == spec::FinishDecision::kStop ? proto::FINISH_STOP
                                                                                  : proto::FINISH_LENGTH);

@@ -35,16 +35,10 @@
 namespace duet::decode {
 
 struct ColocatedOptions {
-  std::string model_dir;
-  std::string served_model_name;
-  int threads = 0;          // CPU backend threads; <= 0: every core.
-  engine::LoadOptions load;  // The weights' dtype.
-  int64_t kv_blocks = 0;    // Pool size in blocks; when 0, from kv_bytes.
-  int64_t kv_bytes = 0;
-  int64_t block_size = 16;
+  // Model, threads, KV pool, token budget (per step: decodes first, prefill
+  // chunks fill the rest) and the prefix cache (on by default; see BatchEngine).
+  worker::EngineOptions engine;
   int64_t max_running = 256;
-  int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per step: decodes first, prefill chunks fill the rest.
-  worker::PrefixCacheOptions cache;  // Reuse of cached prefixes (on by default; see BatchEngine).
 };
 
 class ColocatedService : public worker::WorkerService {
@@ -67,7 +61,7 @@ class ColocatedService : public worker::WorkerService {
 
   ColocatedOptions options_;
   worker::FrameSink* sink_ = nullptr;
-  EngineResources engine_;
+  worker::EngineResources engine_;
   std::unique_ptr<worker::PrefixCache> cache_;  // Before loop_: the engine's sequences pin it.
   proto::KvLayout layout_;
   std::unique_ptr<EngineLoop> loop_;

@@ -14,6 +14,7 @@
 #include "decode/service_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "engine/testing/tiny_model.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
 namespace {
@@ -31,11 +32,11 @@ engine::Model& ReferenceModel() {
 struct Colocated {
   explicit Colocated(int64_t kv_blocks, int64_t token_budget = 2048, int64_t max_running = 256) {
     ColocatedOptions o;
-    o.model_dir = testing::TinyModelDir("qwen2");
-    o.served_model_name = "tiny";
-    o.threads = 1;
-    o.kv_blocks = kv_blocks;
-    o.token_budget = token_budget;
+    o.engine.model_dir = testing::TinyModelDir("qwen2");
+    o.engine.served_model_name = "tiny";
+    o.engine.threads = 1;
+    o.engine.kv_blocks = kv_blocks;
+    o.engine.token_budget = token_budget;
     o.max_running = max_running;
     auto s = ColocatedService::Create(std::move(o), &sink);
     REQUIRE(s.ok());
@@ -44,14 +45,14 @@ struct Colocated {
 
   void Send(uint64_t id, const proto::GenerationSpec& spec, const std::vector<int32_t>& resume = {}) {
     specs[id] = spec;
-    proto::Frame f = EngineLoop::NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_prefill()->set_request_id(id);
     *f.mutable_prefill()->mutable_spec() = spec;
     for (int32_t t : resume) f.mutable_prefill()->add_resume_ids(t);
     service->OnFrame(nullptr, f);
   }
   void Cancel(uint64_t id) {
-    proto::Frame f = EngineLoop::NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_cancel()->set_request_id(id);
     service->OnFrame(nullptr, f);
   }

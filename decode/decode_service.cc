@@ -5,13 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kvtransfer/layout_proto.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
 namespace {
 
 void SendReleased(worker::FrameSink* sink, uint64_t request_id, const std::string& address) {
   if (address.empty()) return;
-  proto::Frame f = EngineLoop::NewFrame();
+  proto::Frame f = proto::NewFrame();
   f.mutable_kv_released()->set_request_id(request_id);
   f.mutable_kv_released()->set_pulled(false);
   sink->SendToPeer(address, f, [request_id, address](absl::Status s) {
@@ -26,8 +28,8 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
   if (options.transport == nullptr) return absl::InvalidArgumentError("decode needs a KV transport");
   if (sink == nullptr) return absl::InvalidArgumentError("decode needs a frame sink");
   std::unique_ptr<DecodeService> s(new DecodeService());
-  ASSIGN_OR_RETURN(s->engine_, LoadEngine(options.model_dir, options.threads, options.kv_blocks,
-                                          options.kv_bytes, options.block_size, options.load));
+  options.engine.served_model_name = options.engine.ServedName();
+  ASSIGN_OR_RETURN(s->engine_, worker::LoadEngine(options.engine));
   s->sink_ = sink;
   s->transport_ = std::move(options.transport);
   s->options_ = std::move(options);
@@ -35,7 +37,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
   // The pool is a pull destination only: no epochs (those guard exports).
   ASSIGN_OR_RETURN(s->region_, s->transport_->RegisterRegion(
                                    pool.data(), static_cast<uint64_t>(pool.num_blocks() * pool.block_bytes()), 0));
-  s->layout_ = s->engine_.LayoutProto();
+  s->layout_ = kvtransfer::WholeModelLayout(pool.layout());
   s->puller_ = std::make_unique<KvPuller>(KvPuller::Options{.transport = s->transport_.get(),
                                                             .local_region = s->region_,
                                                             .local_layout = s->layout_,
@@ -45,10 +47,10 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
       s->engine_.model.get(), &pool, s->puller_.get(), sink,
       EngineLoopOptions{.role = proto::ROLE_DECODE,
                         .engine = {.max_running = s->options_.max_running,
-                                   .token_budget = s->options_.token_budget},
+                                   .token_budget = s->options_.engine.token_budget},
                         .poll_interval = s->options_.poll_interval});
   LOG(INFO) << "decode worker " << sink->worker_id() << ": " << pool.num_blocks() << " KV blocks of "
-            << s->options_.block_size << " tokens, transport " << s->transport_->Name();
+            << s->options_.engine.block_size << " tokens, transport " << s->transport_->Name();
   return s;
 }
 
@@ -66,7 +68,7 @@ DecodeService::~DecodeService() {
 
 worker::RegistrationInfo DecodeService::Registration() {
   return {.role = proto::ROLE_DECODE,
-          .model = options_.served_model_name,
+          .model = options_.engine.served_model_name,
           .data_address = transport_->address(),
           .transport = transport_->Name(),
           .kv_blocks_total = engine_.pool->num_blocks(),
@@ -131,7 +133,7 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
   const spec::FinishDecision end =
       spec::ResumedEnd(*params, c, offer.spec().prompt_ids_size(), offer.generated_ids());
   if (end != spec::FinishDecision::kContinue) {
-    proto::Frame f = EngineLoop::NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_finish()->set_request_id(id);
     f.mutable_finish()->set_reason(end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
     sink_->SendToRouter(f);

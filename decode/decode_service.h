@@ -41,15 +41,10 @@
 namespace duet::decode {
 
 struct DecodeOptions {
-  std::string model_dir;
-  std::string served_model_name;
-  int threads = 0;          // CPU backend threads; <= 0: every core.
-  engine::LoadOptions load;  // The weights' dtype.
-  int64_t kv_blocks = 0;    // Pool size in blocks; when 0, from kv_bytes.
-  int64_t kv_bytes = 0;
-  int64_t block_size = 16;  // Must equal the prefill workers'.
+  // Model, threads, KV pool (block size: the prefill workers'), token
+  // budget (decodes plus recompute chunks per step); its cache is unused.
+  worker::EngineOptions engine;
   int64_t max_running = 256;
-  int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per step (decodes plus recompute chunks).
   absl::Duration pull_timeout = absl::Seconds(5);
   absl::Duration poll_interval = absl::Microseconds(500);  // Pull polling when idle.
   kvtransfer::KvTransportPtr transport;  // UCX in production, loopback in tests.
@@ -76,7 +71,7 @@ class DecodeService : public worker::WorkerService {
 
   DecodeOptions options_;
   worker::FrameSink* sink_ = nullptr;
-  EngineResources engine_;
+  worker::EngineResources engine_;
   kvtransfer::KvTransportPtr transport_;  // After the pool: destroyed before it.
   kvtransfer::RegionId region_ = 0;
   proto::KvLayout layout_;

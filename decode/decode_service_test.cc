@@ -21,6 +21,7 @@
 #include "kvtransfer/lease.h"
 #include "kvtransfer/loopback/loopback_transport.h"
 #include "engine/testing/tiny_model.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
 namespace {
@@ -70,7 +71,7 @@ class TestPrefill {
     auto lease = leases_.Grant(seq->block_table(), absl::Seconds(30));
     REQUIRE(lease.ok());
 
-    proto::Frame f = EngineLoop::NewFrame();
+    proto::Frame f = proto::NewFrame();
     proto::KvOffer* o = f.mutable_kv_offer();
     o->set_request_id(id);
     *o->mutable_spec() = spec;
@@ -129,12 +130,12 @@ struct Cluster {
   explicit Cluster(int64_t kv_blocks, int64_t max_running = 256, int64_t token_budget = 2048) {
     sink.on_peer = [this](const std::string& a, const proto::Frame& f) { prefill.OnPeerFrame(a, f); };
     DecodeOptions o;
-    o.model_dir = testing::TinyModelDir("llama");
-    o.served_model_name = "tiny";
-    o.threads = 1;
-    o.kv_blocks = kv_blocks;
+    o.engine.model_dir = testing::TinyModelDir("llama");
+    o.engine.served_model_name = "tiny";
+    o.engine.threads = 1;
+    o.engine.kv_blocks = kv_blocks;
     o.max_running = max_running;
-    o.token_budget = token_budget;
+    o.engine.token_budget = token_budget;
     o.transport = kvtransfer::NewLoopbackTransport();
     auto s = DecodeService::Create(std::move(o), &sink);
     REQUIRE(s.ok());
@@ -147,7 +148,7 @@ struct Cluster {
     service->OnFrame(nullptr, prefill.Offer(id, spec));
   }
   void Cancel(uint64_t id) {
-    proto::Frame f = EngineLoop::NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_cancel()->set_request_id(id);
     service->OnFrame(nullptr, f);
   }
@@ -391,7 +392,7 @@ TEST_CASE("decode: registration, stats requests and malformed offers", "[decode]
   REQUIRE(r.layout.layer_end() == r.layout.num_layers());
   REQUIRE(r.max_model_len == 1024);
 
-  proto::Frame stats = EngineLoop::NewFrame();
+  proto::Frame stats = proto::NewFrame();
   stats.mutable_stats_request();
   c.service->OnFrame(nullptr, stats);
   REQUIRE(c.sink.router().size() == 1);

@@ -9,6 +9,7 @@
 #include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
 #include "spec/generation_spec.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
 namespace {
@@ -36,41 +37,14 @@ proto::Token TokenProto(const engine::SampleResult& s) {
 
 }  // namespace
 
-proto::Frame EngineLoop::NewFrame() {
-  proto::Frame f;
-  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  return f;
-}
-
 proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status) {
-  proto::Frame f = EngineLoop::NewFrame();
+  proto::Frame f = proto::NewFrame();
   proto::Finish* fin = f.mutable_finish();
   fin->set_request_id(request_id);
   fin->set_reason(proto::FINISH_ERROR);
   fin->set_error(std::string(status.message()));
   fin->set_error_code(static_cast<int32_t>(status.code()));
   return f;
-}
-
-absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
-                                           int64_t kv_bytes, int64_t block_size, const engine::LoadOptions& load) {
-  if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
-  EngineResources r;
-  ASSIGN_OR_RETURN(r.backend, kernels::NewBackend({.threads = threads}));
-  ASSIGN_OR_RETURN(r.model, engine::Model::Load(model_dir, r.backend.get(), load));
-  const kernels::KvLayout layout = r.model->KvLayoutFor(block_size);
-  const int64_t blocks = kv_blocks > 0 ? kv_blocks : engine::BlockPool::BlocksForBytes(layout, kv_bytes);
-  if (blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the KV pool would hold no block: kv_blocks=", kv_blocks,
-                                                   ", kv_bytes=", kv_bytes, ", block bytes ",
-                                                   layout.BlockBytes()));
-  }
-  r.pool = std::make_unique<engine::BlockPool>(layout, blocks);
-  return r;
-}
-
-proto::KvLayout EngineResources::LayoutProto() const {
-  return kvtransfer::WholeModelLayout(pool->layout());
 }
 
 absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const spec::ModelConfig& c,
@@ -111,7 +85,7 @@ bool EngineLoop::HandleCommonFrame(const proto::Frame& frame, absl::FunctionRef<
       return true;
     }
     case proto::Frame::kStatsRequest: {
-      proto::Frame f = NewFrame();
+      proto::Frame f = proto::NewFrame();
       *f.mutable_stats() = stats();
       sink_->SendToRouter(f);
       return true;
@@ -121,31 +95,20 @@ bool EngineLoop::HandleCommonFrame(const proto::Frame& frame, absl::FunctionRef<
   }
 }
 
-void EngineLoop::Post(Command command) {
-  absl::MutexLock lock(&mu_);
-  inbox_.push_back(std::move(command));
-}
+void EngineLoop::Post(Command command) { inbox_.Post(std::move(command)); }
 
 void EngineLoop::Sync() {
   auto done = std::make_shared<absl::Notification>();
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return;
-    // Stats show what the commands before it did.
-    inbox_.push_back([this, done](BatchEngine& e) {
-      Publish(e);
-      done->Notify();
-    });
-  }
-  done->WaitForNotification();
+  // Stats show what the commands before it did.
+  const bool posted = inbox_.Post([this, done](BatchEngine& e) {
+    Publish(e);
+    done->Notify();
+  });
+  if (posted) done->WaitForNotification();
 }
 
 void EngineLoop::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
+  if (!inbox_.Stop()) return;
   if (thread_.joinable()) thread_.join();
 }
 
@@ -178,7 +141,7 @@ void EngineLoop::Publish(const BatchEngine& engine) {
   if (options_.cache != nullptr) {
     options_.cache->Publish(c.cache_query_tokens, c.cache_hit_tokens[0], c.cache_hit_tokens[1]);
     // The router's index of where prefixes are cached.
-    if (proto::Frame f = NewFrame(); options_.cache->TakeEvents(f.mutable_cache_events())) sink_->SendToRouter(f);
+    if (proto::Frame f = proto::NewFrame(); options_.cache->TakeEvents(f.mutable_cache_events())) sink_->SendToRouter(f);
   }
   absl::MutexLock lock(&mu_);
   counts_ = c;
@@ -187,10 +150,10 @@ void EngineLoop::Publish(const BatchEngine& engine) {
 }
 
 void EngineLoop::Emit(StepResult& r) {
-  proto::Frame batch = NewFrame();
+  proto::Frame batch = proto::NewFrame();
   for (TokenOut& t : r.tokens) {
     if (t.first) {
-      proto::Frame f = NewFrame();
+      proto::Frame f = proto::NewFrame();
       f.mutable_first_token()->set_request_id(t.request_id);
       *f.mutable_first_token()->mutable_token() = TokenProto(t.sample);
       f.mutable_first_token()->set_worker_id(worker_id_);
@@ -209,7 +172,7 @@ void EngineLoop::Emit(StepResult& r) {
       sink_->SendToRouter(ErrorFinish(fin.request_id, fin.error));
       continue;
     }
-    proto::Frame f = NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_finish()->set_request_id(fin.request_id);
     f.mutable_finish()->set_reason(fin.kind == FinishKind::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
     sink_->SendToRouter(f);
@@ -221,17 +184,8 @@ void EngineLoop::Run() {
   // the engine computes, a poll interval while only pulls are in flight,
   // until a command arrives when there is nothing to do.
   absl::Duration wait = absl::InfiniteDuration();
-  while (true) {
-    std::vector<Command> commands;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !inbox_.empty(); };
-      if (wait > absl::ZeroDuration() && !ready()) {
-        mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
-      }
-      if (stop_) break;
-      commands.swap(inbox_);
-    }
+  std::vector<Command> commands;
+  while (inbox_.Take(wait, &commands)) {
     for (Command& c : commands) c(engine_);
     StepResult r;
     if (engine_.HasWork()) r = engine_.Step();
@@ -247,12 +201,7 @@ void EngineLoop::Run() {
     }
   }
   // Shutdown: nothing may still write the pool once the service frees it.
-  std::vector<Command> rest;
-  {
-    absl::MutexLock lock(&mu_);
-    rest.swap(inbox_);
-  }
-  for (Command& c : rest) c(engine_);  // Sync waiters must not hang.
+  for (Command& c : inbox_.Drain()) c(engine_);  // Sync waiters must not hang.
   engine_.DropAll();
   Publish(engine_);
 }

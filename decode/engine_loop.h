@@ -40,7 +40,9 @@
 #include "spec/model_config.h"
 #include "kernels/backend.h"
 #include "proto/control.pb.h"
+#include "worker/engine_core.h"
 #include "worker/frame_sink.h"
+#include "worker/inbox.h"
 #include "worker/prefix_cache.h"
 
 namespace duet::decode {
@@ -76,8 +78,6 @@ class EngineLoop {
   // Role, blocks, queue and counters; the services add their own fields.
   proto::WorkerStats Stats() const;
 
-  static proto::Frame NewFrame();
-
   // The frames both engine roles answer alike: Cancel (posted to the engine)
   // and StatsRequest (answered to the router with `stats()`, the service's
   // own snapshot). Returns whether `frame` was one of them.
@@ -96,9 +96,8 @@ class EngineLoop {
   Gauge* waiting_gauge_;
   Gauge* usage_gauge_;
 
+  worker::Inbox<Command> inbox_;
   mutable absl::Mutex mu_;
-  std::vector<Command> inbox_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   EngineCounts counts_ ABSL_GUARDED_BY(mu_);
   int64_t kv_blocks_free_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t prefix_cache_blocks_ ABSL_GUARDED_BY(mu_) = 0;
@@ -113,21 +112,6 @@ class EngineLoop {
 absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec, const spec::ModelConfig& config,
                                               int64_t context_tokens);
 
-// What a worker's engine runs on, in destruction order (pool, model, backend).
-struct EngineResources {
-  kernels::KernelBackendPtr backend;
-  std::unique_ptr<engine::Model> model;
-  std::unique_ptr<engine::BlockPool> pool;
-
-  // The pool as the control plane describes it (one shard: every layer and head).
-  proto::KvLayout LayoutProto() const;
-};
-
-// Loads the model (its weights as `load` says) on a CPU backend of
-// `threads` and sizes the pool: kv_blocks when > 0, else as many blocks as
-// kv_bytes holds. InvalidArgument when neither gives at least one block.
-absl::StatusOr<EngineResources> LoadEngine(const std::string& model_dir, int threads, int64_t kv_blocks,
-                                           int64_t kv_bytes, int64_t block_size, const engine::LoadOptions& load);
 
 // Finish{FINISH_ERROR, error_code, error} for `request_id`.
 proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status);

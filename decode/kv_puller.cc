@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
 namespace {
@@ -120,8 +121,7 @@ void KvPuller::Abandon(uint64_t request_id) {
 }
 
 void KvPuller::Release(uint64_t request_id, const proto::KvHandle& handle, bool pulled) {
-  proto::Frame f;
-  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  proto::Frame f = proto::NewFrame();
   f.mutable_kv_released()->set_request_id(request_id);
   f.mutable_kv_released()->set_pulled(pulled);
   const std::string address = handle.control_address();

@@ -14,6 +14,7 @@
 #include "kvtransfer/layout_proto.h"
 #include "prefill/request.h"
 #include "spec/generation_spec.h"
+#include "proto/frame.h"
 
 namespace duet::prefill {
 
@@ -27,18 +28,6 @@ struct PrefillService::Event {
   bool pulled = false;            // kReleased
   std::string decode_address;     // kOfferFailed
   absl::Status error;             // kOfferFailed
-};
-
-struct PrefillService::Inbox {
-  absl::Mutex mu;
-  std::deque<Event> events ABSL_GUARDED_BY(mu);
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-
-  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || !events.empty(); }
-  void Push(Event e) {
-    absl::MutexLock lock(&mu);
-    events.push_back(std::move(e));
-  }
 };
 
 namespace {
@@ -59,31 +48,21 @@ PrefillService::PrefillService(PrefillServiceOptions options, worker::FrameSink*
     : options_(std::move(options)),
       sink_(sink),
       worker_id_(sink->worker_id()),
-      inbox_(std::make_shared<Inbox>()) {}
+      inbox_(std::make_shared<worker::Inbox<Event>>()) {}
 
 absl::Status PrefillService::Init() {
   if (options_.transport == nullptr) return absl::InvalidArgumentError("PrefillService needs a KV transport");
-  if (options_.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
-  if (options_.max_batch_tokens < 1) return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
   if (options_.max_queued_requests < 0) return absl::InvalidArgumentError("max_queued_requests must be >= 0");
   if (options_.lease_duration <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the lease duration must be positive");
   }
   if (options_.clock == nullptr) options_.clock = RealClock();
-  if (options_.served_model_name.empty()) {
-    options_.served_model_name = std::filesystem::path(options_.model_dir).filename().string();
-  }
-  ASSIGN_OR_RETURN(backend_, kernels::NewBackend({.threads = options_.threads}));
-  ASSIGN_OR_RETURN(model_, engine::Model::Load(options_.model_dir, backend_.get(), options_.load));
-  const kernels::KvLayout kl = model_->KvLayoutFor(options_.block_size);
-  const int64_t blocks = options_.kv_blocks > 0
-                             ? options_.kv_blocks
-                             : engine::BlockPool::BlocksForBytes(kl, options_.kv_memory_bytes);
-  if (blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_memory_bytes = ", options_.kv_memory_bytes,
-                                                   " holds no KV block of this model"));
-  }
-  pool_ = std::make_unique<engine::BlockPool>(kl, blocks);
+  options_.engine.served_model_name = options_.engine.ServedName();
+  ASSIGN_OR_RETURN(worker::EngineResources r, worker::LoadEngine(options_.engine));
+  backend_ = std::move(r.backend);
+  model_ = std::move(r.model);
+  pool_ = std::move(r.pool);
+  const int64_t blocks = pool_->num_blocks();
   kvtransfer::KvTransport& t = *options_.transport;
   ASSIGN_OR_RETURN(region_, t.RegisterRegion(pool_->data(),
                                              static_cast<uint64_t>(blocks * pool_->block_bytes()), blocks));
@@ -93,10 +72,10 @@ absl::Status PrefillService::Init() {
   layout_ = kvtransfer::WholeModelLayout(pool_->layout());
 
   if (options_.reorder_window < 0) return absl::InvalidArgumentError("reorder_window must be >= 0");
-  ASSIGN_OR_RETURN(cache_, worker::PrefixCache::Create(options_.cache, pool_.get(), options_.model_dir,
+  ASSIGN_OR_RETURN(cache_, worker::PrefixCache::Create(options_.engine.cache, pool_.get(), options_.engine.model_dir,
                                                       model_->config()));
   scheduler_ = std::make_unique<PrefillScheduler>(
-      SchedulerOptions{.max_batch_tokens = options_.max_batch_tokens,
+      SchedulerOptions{.max_batch_tokens = options_.engine.token_budget,
                        .max_queued_requests = options_.max_queued_requests,
                        .lease_duration = options_.lease_duration,
                        .cache = cache_->tree(),
@@ -112,17 +91,14 @@ absl::Status PrefillService::Init() {
                                {{"role", kRole}}, LatencyBucketsSeconds());
   PublishStats();
   engine_ = std::thread([this] { EngineLoop(); });
-  LOG(INFO) << "prefill " << worker_id_ << ": " << options_.served_model_name << ", " << blocks
-            << " KV blocks of " << options_.block_size << " tokens, budget " << options_.max_batch_tokens
+  LOG(INFO) << "prefill " << worker_id_ << ": " << options_.engine.served_model_name << ", " << blocks
+            << " KV blocks of " << options_.engine.block_size << " tokens, budget " << options_.engine.token_budget
             << " tokens/step, transport " << t.Name();
   return absl::OkStatus();
 }
 
 PrefillService::~PrefillService() {
-  {
-    absl::MutexLock lock(&inbox_->mu);
-    inbox_->stopping = true;
-  }
+  inbox_->Stop();
   if (engine_.joinable()) engine_.join();
   // Leases end (epochs bumped) and blocks return before the pool's memory
   // leaves the transport.
@@ -138,7 +114,7 @@ PrefillService::~PrefillService() {
 worker::RegistrationInfo PrefillService::Registration() {
   worker::RegistrationInfo info;
   info.role = proto::ROLE_PREFILL;
-  info.model = options_.served_model_name;
+  info.model = options_.engine.served_model_name;
   info.data_address = options_.transport->address();
   info.transport = options_.transport->Name();
   info.kv_blocks_total = pool_->num_blocks();
@@ -148,7 +124,7 @@ worker::RegistrationInfo PrefillService::Registration() {
 }
 
 void PrefillService::SendFinish(uint64_t id, proto::FinishReason reason, const absl::Status& error) {
-  proto::Frame f = worker::WorkerRuntime::NewFrame();
+  proto::Frame f = proto::NewFrame();
   proto::Finish* fin = f.mutable_finish();
   fin->set_request_id(id);
   fin->set_reason(reason);
@@ -195,7 +171,7 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
       Post(Event{.kind = Event::Kind::kCacheSnapshot});
       return;
     case proto::Frame::kStatsRequest: {
-      proto::Frame reply = worker::WorkerRuntime::NewFrame();
+      proto::Frame reply = proto::NewFrame();
       *reply.mutable_stats() = Stats();
       if (from != nullptr) {
         from->Send(reply);
@@ -212,22 +188,14 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
 
 void PrefillService::OnRouterLost() { Post(Event{.kind = Event::Kind::kRouterLost}); }
 
-void PrefillService::Post(Event event) { inbox_->Push(std::move(event)); }
+void PrefillService::Post(Event event) { inbox_->Post(std::move(event)); }
 
 void PrefillService::EngineLoop() {
   // Leases must end on time even when no frame arrives.
   constexpr absl::Duration kExpiryPeriod = absl::Milliseconds(100);
   bool idle = false;
-  while (true) {
-    std::deque<Event> events;
-    {
-      absl::MutexLock lock(&inbox_->mu);
-      if (idle) {
-        inbox_->mu.AwaitWithTimeout(absl::Condition(inbox_.get(), &Inbox::Ready), kExpiryPeriod);
-      }
-      if (inbox_->stopping) break;
-      events.swap(inbox_->events);
-    }
+  std::vector<Event> events;
+  while (inbox_->Take(idle ? kExpiryPeriod : absl::ZeroDuration(), &events)) {
     for (Event& e : events) Handle(e);
     scheduler_->ExpireDue();
     Step step = scheduler_->Schedule();
@@ -361,7 +329,7 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
       t->set_logprob(lp);
     }
   }
-  proto::Frame f = worker::WorkerRuntime::NewFrame();
+  proto::Frame f = proto::NewFrame();
   proto::FirstToken* ft = f.mutable_first_token();
   ft->set_request_id(id);
   *ft->mutable_token() = token;
@@ -395,7 +363,7 @@ void PrefillService::Offer(uint64_t id, const proto::Token& token) {
     return;
   }
   const PrefillSequence* s = scheduler_->Find(id);
-  proto::Frame f = worker::WorkerRuntime::NewFrame();
+  proto::Frame f = proto::NewFrame();
   proto::KvOffer* offer = f.mutable_kv_offer();
   offer->set_request_id(id);
   *offer->mutable_spec() = s->request.spec();
@@ -415,11 +383,11 @@ void PrefillService::Offer(uint64_t id, const proto::Token& token) {
   h->set_num_tokens(s->num_tokens());
 
   const std::string address = s->request.decode_address();
-  std::weak_ptr<Inbox> weak = inbox_;
+  std::weak_ptr<worker::Inbox<Event>> weak = inbox_;
   sink_->SendToPeer(address, f, [weak, id, address](absl::Status error) {
-    std::shared_ptr<Inbox> inbox = weak.lock();
+    std::shared_ptr<worker::Inbox<Event>> inbox = weak.lock();
     if (inbox == nullptr) return;  // The service is gone; its leases ended with it.
-    inbox->Push(Event{.kind = Event::Kind::kOfferFailed,
+    inbox->Post(Event{.kind = Event::Kind::kOfferFailed,
                       .request_id = id,
                       .decode_address = address,
                       .error = std::move(error)});
@@ -444,7 +412,7 @@ void PrefillService::PublishStats() {
   cache_->Publish(scheduler_->cache_query_tokens(), scheduler_->cache_hit_tokens(kvcache::Tier::kDevice),
                   scheduler_->cache_hit_tokens(kvcache::Tier::kHost));
   // The router's index of where prefixes are cached.
-  if (proto::Frame f = worker::WorkerRuntime::NewFrame(); cache_->TakeEvents(f.mutable_cache_events())) {
+  if (proto::Frame f = proto::NewFrame(); cache_->TakeEvents(f.mutable_cache_events())) {
     sink_->SendToRouter(f);
   }
   waiting_gauge_->Set(static_cast<double>(s.queued_requests()));

@@ -42,26 +42,21 @@
 #include "kvtransfer/transport.h"
 #include "prefill/scheduler.h"
 #include "proto/control.pb.h"
+#include "worker/engine_core.h"
 #include "worker/frame_sink.h"
+#include "worker/inbox.h"
 #include "worker/prefix_cache.h"
 #include "worker/runtime.h"
 
 namespace duet::prefill {
 
 struct PrefillServiceOptions {
-  std::string model_dir;
-  std::string served_model_name;  // What Register reports; the directory's name when empty.
-  int threads = 0;                // CPU backend threads; <= 0: every core.
-  engine::LoadOptions load;       // The weights' dtype.
-  int64_t kv_blocks = 0;          // Pool size in blocks; 0: from kv_memory_bytes.
-  int64_t kv_memory_bytes = int64_t{256} << 20;
-  int64_t block_size = 16;
-  int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // Prompt tokens per step; longer prompts are chunked.
+  // Model, threads, KV pool, token budget (prompt tokens per step; longer
+  // prompts are chunked) and the knowledge tree (reuse of cached prompt
+  // prefixes, on by default).
+  worker::EngineOptions engine;
   int64_t max_queued_requests = 1024;  // Beyond this, Finish{RESOURCE_EXHAUSTED}.
   absl::Duration lease_duration = absl::Seconds(60);
-  // The knowledge tree: reuse of cached prompt prefixes (on by default), its
-  // host tier, policy and cost.
-  worker::PrefixCacheOptions cache;
   int64_t reorder_window = 0;  // SchedulerOptions::reorder_window
   Clock* clock = RealClock();  // Leases and queue times run on it.
   kvtransfer::KvTransportPtr transport;  // UCX in production; required.
@@ -94,7 +89,6 @@ class PrefillService : public worker::WorkerService {
   const proto::KvLayout& layout() const { return layout_; }
 
  private:
-  struct Inbox;
   struct Event;
 
   PrefillService(PrefillServiceOptions options, worker::FrameSink* sink);
@@ -123,7 +117,7 @@ class PrefillService : public worker::WorkerService {
   std::unique_ptr<PrefillScheduler> scheduler_;
 
   // Shared with callbacks (offer errors) that may outlive the service.
-  std::shared_ptr<Inbox> inbox_;
+  std::shared_ptr<worker::Inbox<Event>> inbox_;
   std::thread engine_;
 
   Gauge* waiting_gauge_ = nullptr;

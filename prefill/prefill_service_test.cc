@@ -140,9 +140,9 @@ proto::Frame CancelFrame(uint64_t id) {
 // The prefill worker plus what a test compares it with.
 struct Harness {
   explicit Harness(PrefillServiceOptions o = {}, Clock* clock = nullptr) {
-    o.model_dir = testing::TinyModelDir("llama");
-    o.threads = 1;
-    if (o.kv_blocks == 0) o.kv_blocks = 64;
+    o.engine.model_dir = testing::TinyModelDir("llama");
+    o.engine.threads = 1;
+    if (o.engine.kv_blocks == 0) o.engine.kv_blocks = 64;
     if (clock != nullptr) o.clock = clock;
     o.transport = kvtransfer::NewLoopbackTransport();
     auto s = PrefillService::Create(std::move(o), &sink);
@@ -246,7 +246,7 @@ struct Reference {
 
 TEST_CASE("prefill: token 1 and KV equal the single-process engine's", "[prefill][service]") {
   // A budget of 24 chunks the 40-token prompt and batches the others with it.
-  Harness h({.max_batch_tokens = 24});
+  Harness h({.engine = {.token_budget = 24}});
   Reference ref;
   struct Case {
     uint64_t id;
@@ -456,7 +456,7 @@ TEST_CASE("prefill: invalid requests get INVALID_ARGUMENT", "[prefill][service]"
 
 TEST_CASE("prefill: requests wait for leased blocks; a full queue rejects; cancel frees",
           "[prefill][service]") {
-  Harness h({.kv_blocks = 4, .max_queued_requests = 1});
+  Harness h({.engine = {.kv_blocks = 4}, .max_queued_requests = 1});
   h.Send(Request(41, Prompt(60, 5)));  // All 4 blocks, then leased.
   REQUIRE(h.sink.WaitOffer(41).has_value());
   h.Send(Request(42, Prompt(10, 6)));  // Waits for a block.
@@ -514,7 +514,7 @@ TEST_CASE("prefill: an expired lease frees its blocks and fails late pulls", "[p
 }
 
 TEST_CASE("prefill: router loss drops queued work; leases stay until released", "[prefill][service]") {
-  Harness h({.kv_blocks = 4});
+  Harness h({.engine = {.kv_blocks = 4}});
   h.Send(Request(71, Prompt(60, 11)));
   REQUIRE(h.sink.WaitOffer(71).has_value());
   h.Send(Request(72, Prompt(10, 12)));
@@ -534,7 +534,7 @@ TEST_CASE("prefill: router loss drops queued work; leases stay until released", 
 }
 
 TEST_CASE("prefill: registration describes the pool and the model", "[prefill][service]") {
-  Harness h({.served_model_name = "tiny-llama", .kv_blocks = 32});
+  Harness h({.engine = {.served_model_name = "tiny-llama", .kv_blocks = 32}});
   worker::RegistrationInfo r = h.svc->Registration();
   REQUIRE(r.role == proto::ROLE_PREFILL);
   REQUIRE(r.model == "tiny-llama");

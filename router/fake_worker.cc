@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/frame.h"
 
 namespace duet::router::testing {
 
@@ -30,12 +31,6 @@ struct FakeWorker::State {
   std::deque<proto::Frame> queue ABSL_GUARDED_BY(mu);
   std::vector<proto::Frame> all ABSL_GUARDED_BY(mu);
 };
-
-proto::Frame FakeWorker::NewFrame() {
-  proto::Frame f;
-  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  return f;
-}
 
 FakeWorker::FakeWorker(IoThread& io, FakeWorkerOptions options)
     : state_(std::make_shared<State>(io, std::move(options))) {
@@ -132,7 +127,7 @@ absl::StatusOr<proto::RegisterReply> FakeWorker::Register(const std::string& rou
             st->reg_closed = true;
           },
   });
-  proto::Frame reg = NewFrame();
+  proto::Frame reg = proto::NewFrame();
   auto* r = reg.mutable_register_();
   r->set_protocol_version(s.options.protocol_version);
   r->set_worker_id(s.options.id);
@@ -161,7 +156,7 @@ bool FakeWorker::WaitGreeting() {
 }
 
 void FakeWorker::Heartbeat(const proto::WorkerStats& stats) {
-  proto::Frame f = NewFrame();
+  proto::Frame f = proto::NewFrame();
   *f.mutable_heartbeat()->mutable_stats() = stats;
   absl::MutexLock lock(&state_->mu);
   if (state_->reg_conn) state_->reg_conn->Send(f);
@@ -233,7 +228,7 @@ bool FakeWorker::WaitRouterConnectionClosed() {
 }
 
 proto::Frame FirstTokenFrame(uint64_t id, int32_t token, const std::string& worker) {
-  proto::Frame f = FakeWorker::NewFrame();
+  proto::Frame f = proto::NewFrame();
   f.mutable_first_token()->set_request_id(id);
   f.mutable_first_token()->mutable_token()->set_id(token);
   f.mutable_first_token()->mutable_token()->set_logprob(-0.25f);
@@ -241,7 +236,7 @@ proto::Frame FirstTokenFrame(uint64_t id, int32_t token, const std::string& work
   return f;
 }
 proto::Frame TokenFrame(uint64_t id, int32_t token) {
-  proto::Frame f = FakeWorker::NewFrame();
+  proto::Frame f = proto::NewFrame();
   auto* ev = f.mutable_tokens()->add_events();
   ev->set_request_id(id);
   ev->mutable_token()->set_id(token);
@@ -249,7 +244,7 @@ proto::Frame TokenFrame(uint64_t id, int32_t token) {
   return f;
 }
 proto::Frame FinishFrame(uint64_t id, proto::FinishReason reason, int error_code, std::string error) {
-  proto::Frame f = FakeWorker::NewFrame();
+  proto::Frame f = proto::NewFrame();
   f.mutable_finish()->set_request_id(id);
   f.mutable_finish()->set_reason(reason);
   f.mutable_finish()->set_error_code(error_code);

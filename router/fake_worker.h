@@ -76,8 +76,6 @@ class FakeWorker {
   // then not queued for NextFrame).
   std::function<bool(FakeWorker&, const proto::Frame&)> on_frame;
 
-  static proto::Frame NewFrame();
-
  private:
   // Shared with the connections' handlers, which may run after this
   // FakeWorker is gone (until the io thread stops).

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "proto/frame.h"
 
 namespace duet::router {
 
@@ -71,12 +72,6 @@ struct WorkerRegistry::Ticker {
 };
 
 namespace {
-
-proto::Frame NewFrame() {
-  proto::Frame f;
-  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  return f;
-}
 
 // Closes on the io thread later, never inline: an inline close would run the
 // connection's on_close handler inside the caller's stack (and its locks).
@@ -228,7 +223,7 @@ void WorkerRegistry::OnRegistrationFrame(const rpc::ConnectionPtr& conn, proto::
 
 void WorkerRegistry::Refuse(const rpc::ConnectionPtr& conn, const std::string& error) {
   LOG(WARNING) << "refusing worker registration from " << conn->peer() << ": " << error;
-  proto::Frame reply = NewFrame();
+  proto::Frame reply = proto::NewFrame();
   reply.mutable_register_reply()->set_ok(false);
   reply.mutable_register_reply()->set_error(error);
   conn->Send(reply);
@@ -343,7 +338,7 @@ void WorkerRegistry::FinishConnect(const WorkerPtr& w) {
           },
   });
   // The greeting tells the worker this connection is the router's.
-  proto::Frame greeting = NewFrame();
+  proto::Frame greeting = proto::NewFrame();
   greeting.mutable_register_reply()->set_ok(true);
   greeting.mutable_register_reply()->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(options_.heartbeat_interval));

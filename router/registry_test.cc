@@ -8,6 +8,7 @@
 #include "base/clock.h"
 #include "router/fake_worker.h"
 #include "base/io_thread.h"
+#include "proto/frame.h"
 
 namespace duet::router {
 namespace {
@@ -160,7 +161,7 @@ TEST_CASE("registration: greeting on the worker's port, then the reply; events f
   CHECK(loads[0].kv_blocks_free == 64);  // Before any heartbeat: the whole pool.
 
   // Router -> worker on the greeting connection.
-  proto::Frame cancel = FakeWorker::NewFrame();
+  proto::Frame cancel = proto::NewFrame();
   cancel.mutable_cancel()->set_request_id(42);
   REQUIRE(fx.registry->Send("c0", cancel));
   CHECK_FALSE(fx.registry->Send("nobody", cancel));
@@ -169,7 +170,7 @@ TEST_CASE("registration: greeting on the worker's port, then the reply; events f
   CHECK(got->cancel().request_id() == 42);
 
   // Worker -> router events reach the listener tagged with the worker.
-  proto::Frame ft = FakeWorker::NewFrame();
+  proto::Frame ft = proto::NewFrame();
   ft.mutable_first_token()->set_request_id(7);
   ft.mutable_first_token()->mutable_token()->set_id(99);
   w.Send(ft);
@@ -300,7 +301,7 @@ TEST_CASE("a worker silent for three heartbeat intervals is removed") {
   // Both of its connections are closed.
   CHECK(w.WaitRegistrationClosed());
   CHECK(w.WaitRouterConnectionClosed());
-  proto::Frame f = FakeWorker::NewFrame();
+  proto::Frame f = proto::NewFrame();
   f.mutable_cancel();
   CHECK_FALSE(fx.registry->Send("d0", f));
 }

@@ -1,4 +1,5 @@
 #include "router/router_impl.h"
+#include "proto/frame.h"
 
 namespace duet::router {
 
@@ -47,7 +48,7 @@ void Router::Impl::HandleResetPrefixCache(http::HttpExchangePtr ex) {
   int sent = 0;
   {
     absl::MutexLock lock(&mu_);
-    proto::Frame f = NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_reset_prefix_cache();
     for (const WorkerSnapshot& w : registry_->Snapshot()) {
       if ((w.role == proto::ROLE_PREFILL || w.role == proto::ROLE_COLOCATED) && registry_->Send(w.id, f)) ++sent;

@@ -1,4 +1,5 @@
 #include "router/router_impl.h"
+#include "proto/frame.h"
 
 namespace duet::router {
 
@@ -22,7 +23,7 @@ absl::Status Router::Impl::StartAttempt(const RequestPtr& r, Pending& p) {
     auto a = dispatch::Pick(*dispatcher_, registry_->LiveLoads(), {.prompt = tokens});
     if (!a.ok()) return a.status();
     const uint64_t id = next_attempt_id_++;
-    proto::Frame f = NewFrame();
+    proto::Frame f = proto::NewFrame();
     proto::PrefillRequest* pr = f.mutable_prefill();
     pr->set_request_id(id);
     *pr->mutable_spec() = r->spec;
@@ -58,7 +59,7 @@ absl::Status Router::Impl::StartPrompt(const GroupPtr& g, size_t first, size_t n
   for (int tries = 0; tries < 3; ++tries) {
     auto a = dispatch::Pick(*dispatcher_, registry_->LiveLoads(), {.prompt = tokens});
     if (!a.ok()) return a.status();
-    proto::Frame f = NewFrame();
+    proto::Frame f = proto::NewFrame();
     proto::PrefillRequest* pr = f.mutable_prefill();
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < n; ++i) ids.push_back(next_attempt_id_++);
@@ -151,7 +152,7 @@ void Router::Impl::Deliver(const RequestPtr& r, const proto::Token& token, Pendi
 }
 
 void Router::Impl::SendCancel(const RequestPtr& r, const std::string& except) {
-  proto::Frame f = NewFrame();
+  proto::Frame f = proto::NewFrame();
   f.mutable_cancel()->set_request_id(r->attempt_id);
   if (r->prefill_id != except) registry_->Send(r->prefill_id, f);
   if (r->decode_id != except && r->decode_id != r->prefill_id) registry_->Send(r->decode_id, f);
@@ -339,7 +340,7 @@ void Router::Impl::HandleFrame(const std::string& worker_id, proto::Frame& frame
     case proto::Frame::kCacheEvents:
       if (!cache_index_.Apply(worker_id, frame.cache_events())) {
         // Not current (a gap, or deltas before any snapshot): ask for the whole set.
-        proto::Frame ask = NewFrame();
+        proto::Frame ask = proto::NewFrame();
         ask.mutable_cache_snapshot_request();
         registry_->Send(worker_id, ask);
       }
@@ -367,7 +368,7 @@ void Router::Impl::OnWorkerLive(const std::string& worker_id, proto::Role role, 
   }
   if (role != proto::ROLE_PREFILL && role != proto::ROLE_COLOCATED) return;
   // Its prefix cache's whole set, to start the index from.
-  proto::Frame ask = NewFrame();
+  proto::Frame ask = proto::NewFrame();
   ask.mutable_cache_snapshot_request();
   registry_->Send(worker_id, ask);
 }

@@ -50,12 +50,6 @@ namespace asio = boost::asio;
 using Json = nlohmann::ordered_json;
 
 
-inline proto::Frame NewFrame() {
-  proto::Frame f;
-  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  return f;
-}
-
 inline uint64_t RandomU64() {
   thread_local std::mt19937_64 gen(std::random_device{}());
   return gen();

@@ -1,4 +1,5 @@
 #include "router/router_impl.h"
+#include "proto/frame.h"
 
 namespace duet::router {
 
@@ -9,7 +10,7 @@ void Router::Impl::HandleStats(http::HttpExchangePtr ex) {
   q->out = std::make_shared<Outbox>(std::move(ex));
   Pending p;
   absl::MutexLock lock(&mu_);
-  proto::Frame f = NewFrame();
+  proto::Frame f = proto::NewFrame();
   f.mutable_stats_request();
   for (const WorkerSnapshot& w : registry_->Snapshot()) {
     if (registry_->Send(w.id, f)) q->waiting.insert(w.id);

@@ -30,6 +30,7 @@
 #include "spec/model_config.h"
 #include "engine/testing/tiny_model.h"
 #include "base/io_thread.h"
+#include "proto/frame.h"
 
 namespace duet::router {
 namespace {
@@ -203,7 +204,7 @@ void Script(FakeWorker& w, Scripted s, const std::string& id) {
     }
     if (f.has_stats_request()) {
       if (!s.answer_stats) return true;
-      proto::Frame r = FakeWorker::NewFrame();
+      proto::Frame r = proto::NewFrame();
       *r.mutable_stats() = s.stats;
       r.mutable_stats()->set_worker_id(id);
       w.Send(r);

@@ -26,6 +26,7 @@
 #include "tools/commands.h"
 #include "tools/load_flags.h"
 #include "engine/testing/model_maker.h"
+#include "worker/engine_core.h"
 #include "worker/runtime.h"
 
 namespace duet::tools {
@@ -178,20 +179,6 @@ int Drain(worker::WorkerRuntime& runtime, worker::WorkerService& service, const 
   return sig;
 }
 
-// The engine fields the decode and colocated workers share.
-template <typename Options>
-void FillBatchEngineOptions(const FlagSet& f, const std::string& dir, const std::string& name, int64_t kv_bytes,
-                            const engine::LoadOptions& load, Options& o) {
-  o.model_dir = dir;
-  o.served_model_name = name;
-  o.threads = static_cast<int>(f.GetInt("threads"));
-  o.load = load;
-  o.kv_blocks = f.GetInt("kv-blocks");
-  o.kv_bytes = kv_bytes;
-  o.block_size = f.GetInt("block-size");
-  o.max_running = f.GetInt("max-running");
-  o.token_budget = f.GetInt("max-batch-tokens");
-}
 
 int RunWorkerRole(const std::string& role, const FlagSet& f) {
   const std::string cmd = role == "colocated" ? "worker" : role;
@@ -229,13 +216,21 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   ro.metrics_port = static_cast<int>(f.GetInt("metrics-port"));
   ro.metrics_host = f.GetString("metrics-host");
   ro.heartbeat_interval = absl::Milliseconds(std::max<int64_t>(1, f.GetInt("heartbeat-ms")));
-  const int64_t kv_bytes = static_cast<int64_t>(f.GetDouble("kv-memory") * (1 << 30));
-  const worker::PrefixCacheOptions cache_options{
-      .enabled = cache,
-      .host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30)),
-      .host_blocks = f.GetInt("kv-host-blocks"),
-      .policy = *policy,
-      .cost_profile = f.GetString("kv-cache-cost-profile")};
+  // What every role's engine takes from the flags.
+  const worker::EngineOptions engine{
+      .model_dir = *dir,
+      .served_model_name = name,
+      .threads = static_cast<int>(f.GetInt("threads")),
+      .load = load,
+      .kv_blocks = f.GetInt("kv-blocks"),
+      .kv_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-memory") * (1 << 30)),
+      .block_size = f.GetInt("block-size"),
+      .token_budget = f.GetInt("max-batch-tokens"),
+      .cache = {.enabled = cache,
+                .host_memory_bytes = static_cast<int64_t>(f.GetDouble("kv-host-memory") * (1 << 30)),
+                .host_blocks = f.GetInt("kv-host-blocks"),
+                .policy = *policy,
+                .cost_profile = f.GetString("kv-cache-cost-profile")}};
 
   sigset_t sigs = BlockStopSignals();
   worker::WorkerRuntime runtime(ro);
@@ -249,23 +244,16 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
     }
     if (role == "prefill") {
       prefill::PrefillServiceOptions o;
-      o.model_dir = *dir;
-      o.served_model_name = name;
-      o.threads = static_cast<int>(f.GetInt("threads"));
-      o.load = load;
-      o.kv_blocks = f.GetInt("kv-blocks");
-      o.kv_memory_bytes = kv_bytes;
-      o.block_size = f.GetInt("block-size");
-      o.max_batch_tokens = f.GetInt("max-batch-tokens");
+      o.engine = engine;
       o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
-      o.cache = cache_options;
       o.reorder_window = f.GetInt("reorder-window");
       o.transport = std::move(*transport);
       auto svc = prefill::PrefillService::Create(std::move(o), &runtime);
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
     } else {
       decode::DecodeOptions o;
-      FillBatchEngineOptions(f, *dir, name, kv_bytes, load, o);
+      o.engine = engine;
+      o.max_running = f.GetInt("max-running");
       o.pull_timeout = absl::Milliseconds(f.GetInt("pull-timeout-ms"));
       o.transport = std::move(*transport);
       auto svc = decode::DecodeService::Create(std::move(o), &runtime);
@@ -273,8 +261,8 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
     }
   } else if (role == "colocated") {
     decode::ColocatedOptions o;
-    FillBatchEngineOptions(f, *dir, name, kv_bytes, load, o);
-    o.cache = cache_options;
+    o.engine = engine;
+    o.max_running = f.GetInt("max-running");
     auto svc = decode::ColocatedService::Create(std::move(o), &runtime);
     if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
   } else {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/metrics.h"
+#include "proto/frame.h"
 
 namespace duet::worker {
 
@@ -19,12 +20,6 @@ struct WorkerRuntime::Peer {
 WorkerRuntime::WorkerRuntime(RuntimeOptions options) : options_(std::move(options)) {}
 
 WorkerRuntime::~WorkerRuntime() { Stop(); }
-
-proto::Frame WorkerRuntime::NewFrame() {
-  proto::Frame f;
-  f.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  return f;
-}
 
 std::string WorkerRuntime::control_address() const {
   return server_ ? server_->address() : "";
@@ -200,7 +195,7 @@ void WorkerRuntime::SendToPeer(const std::string& address, const proto::Frame& f
 }
 
 void WorkerRuntime::SendHeartbeat(const rpc::ConnectionPtr& conn) {
-  proto::Frame hb = NewFrame();
+  proto::Frame hb = proto::NewFrame();
   *hb.mutable_heartbeat()->mutable_stats() = service_->Stats();
   {
     absl::MutexLock lock(&mu_);
@@ -269,7 +264,7 @@ void WorkerRuntime::RegistrationLoop() {
             },
     });
     RegistrationInfo info = service_->Registration();
-    proto::Frame reg = NewFrame();
+    proto::Frame reg = proto::NewFrame();
     auto* r = reg.mutable_register_();
     r->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
     r->set_worker_id(options_.worker_id);

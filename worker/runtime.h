@@ -103,8 +103,6 @@ class WorkerRuntime : public FrameSink {
   int metrics_port() const { return metrics_port_; }
   boost::asio::io_context& io() { return io_.context(); }
 
-  // A frame with the current protocol version set.
-  static proto::Frame NewFrame();
 
  private:
   void RegistrationLoop();

@@ -74,6 +74,7 @@
 #include "http/sse.h"
 #include "engine/testing/model_maker.h"
 #include "worker/runtime.h"
+#include "proto/frame.h"
 
 namespace duet::bench {
 namespace {
@@ -135,7 +136,7 @@ class SyntheticService : public worker::WorkerService {
     if (frame.has_prefill()) {
       const proto::PrefillRequest& p = frame.prefill();
       const uint32_t key = p.spec().prompt_ids_size() >= 2 ? KeyOf(p.spec().prompt_ids(0), p.spec().prompt_ids(1)) : 0;
-      proto::Frame f = worker::WorkerRuntime::NewFrame();
+      proto::Frame f = proto::NewFrame();
       f.mutable_first_token()->set_request_id(p.request_id());
       f.mutable_first_token()->mutable_token()->set_id(token_);
       f.mutable_first_token()->set_worker_id(sink_->worker_id());
@@ -182,7 +183,7 @@ class SyntheticService : public worker::WorkerService {
   };
 
   void Finish(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    proto::Frame f = worker::WorkerRuntime::NewFrame();
+    proto::Frame f = proto::NewFrame();
     f.mutable_finish()->set_request_id(id);
     f.mutable_finish()->set_reason(proto::FINISH_LENGTH);
     sink_->SendToRouter(f);
@@ -206,7 +207,7 @@ class SyntheticService : public worker::WorkerService {
       absl::MutexLock lock(&mu_);
       if (active_.empty()) continue;
       const absl::Time now = absl::Now();
-      proto::Frame f = worker::WorkerRuntime::NewFrame();
+      proto::Frame f = proto::NewFrame();
       std::vector<uint64_t> done;
       std::vector<std::pair<uint32_t, int>> sent;
       for (auto& [id, a] : active_) {

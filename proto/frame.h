@@ -1,0 +1,18 @@
+// NewFrame: a control-plane Frame stamped with this build's protocol
+// version, the one way every process (router, workers, test fakes) starts
+// a frame it sends.
+//
+//   proto::Frame f = proto::NewFrame();
+//   f.mutable_cancel()->set_request_id(id);
+#ifndef DUET_PROTO_FRAME_H_
+#define DUET_PROTO_FRAME_H_
+
+#include "proto/control.pb.h"
+
+namespace duet::proto {
+
+Frame NewFrame();
+
+}  // namespace duet::proto
+
+#endif  // DUET_PROTO_FRAME_H_
