@@ -49,7 +49,7 @@ struct BatchEngine::Seq {
 };
 
 BatchEngine::BatchEngine(engine::Model* model, engine::BlockPool* pool, KvImporter* importer,
-                         EngineOptions options)
+                         BatchEngineOptions options)
     : model_(model),
       pool_(pool),
       importer_(importer),

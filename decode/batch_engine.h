@@ -84,7 +84,7 @@ struct StepResult {
   int64_t batch_tokens = 0;  // Tokens fed to the model this step.
 };
 
-struct EngineOptions {
+struct BatchEngineOptions {
   int64_t max_running = 256;    // Requests holding blocks (pulling, prefilling, running).
   int64_t token_budget = kDefaultMaxBatchTokens;  // Tokens per Forward: decodes first, prefill chunks fill the rest.
   // The knowledge tree over the pool (not owned; outlives the engine), or
@@ -118,7 +118,7 @@ class BatchEngine {
   // model, pool and importer (null when nothing is imported) must outlive
   // the engine; the pool's layout must be the model's.
   BatchEngine(engine::Model* model, engine::BlockPool* pool, KvImporter* importer,
-              EngineOptions options);
+              BatchEngineOptions options);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
   BatchEngine& operator=(const BatchEngine&) = delete;
@@ -170,7 +170,7 @@ class BatchEngine {
   engine::Model* const model_;
   engine::BlockPool* const pool_;
   KvImporter* const importer_;
-  const EngineOptions options_;
+  const BatchEngineOptions options_;
 
   uint64_t next_arrival_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> seqs_;  // By request id; owns.

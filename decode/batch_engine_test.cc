@@ -133,14 +133,14 @@ struct Output {
   int64_t cached_tokens = -1;  // Reported with the first token.
 };
 
-EngineOptions WithCache(EngineOptions o, kvcache::PrefixTree* tree) {
+BatchEngineOptions WithCache(BatchEngineOptions o, kvcache::PrefixTree* tree) {
   o.cache = tree;
   return o;
 }
 
 struct Harness {
   // cache_host_blocks >= 0: a prefix cache over the pool, with that many host blocks.
-  explicit Harness(int64_t blocks, EngineOptions options = {}, engine::Model* m = &TinyModel(),
+  explicit Harness(int64_t blocks, BatchEngineOptions options = {}, engine::Model* m = &TinyModel(),
                    int64_t cache_host_blocks = -1)
       : model(m),
         pool(m->KvLayoutFor(16), blocks),

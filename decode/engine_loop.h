@@ -49,7 +49,7 @@ namespace duet::decode {
 
 struct EngineLoopOptions {
   proto::Role role = proto::ROLE_DECODE;
-  EngineOptions engine;  // engine.cache: cache->tree()
+  BatchEngineOptions engine;  // engine.cache: cache->tree()
   // The worker's prefix cache (not owned), or nullptr: its metrics are
   // published each step and its unpinned blocks count as free in Stats.
   worker::PrefixCache* cache = nullptr;
