@@ -5,14 +5,13 @@
 #include <cmath>
 #include <optional>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/dtype.h"
+#include "spec/model_config.h"
 
 namespace duet::placement {
 namespace {
@@ -127,35 +126,19 @@ absl::StatusOr<ModelSpec> ModelPreset(const std::string& name) {
 absl::StatusOr<ModelSpec> ModelFromConfig(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", p.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json c = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (c.is_discarded() || !c.is_object()) return absl::InvalidArgumentError(absl::StrCat(p.string(), " is not JSON"));
-  auto get = [&](std::initializer_list<const char*> keys, int64_t def) -> int64_t {
-    for (const char* k : keys) {
-      auto it = c.find(k);
-      if (it != c.end() && it->is_number_integer()) return it->get<int64_t>();
-    }
-    return def;
-  };
+  // The one config.json reader, in its planning mode (any architecture's shape).
+  ASSIGN_OR_RETURN(spec::ModelConfig c, spec::ModelConfig::ShapeFromFile(p.string()));
   ModelSpec m;
   m.name = p.parent_path().filename().string();
-  const std::string type = c.value("model_type", "");
-  m.num_layers = get({"num_hidden_layers", "n_layer"}, 0);
-  m.hidden = get({"hidden_size", "n_embd"}, 0);
-  m.num_heads = get({"num_attention_heads", "n_head"}, 0);
-  m.num_kv_heads = get({"num_key_value_heads"}, m.num_heads);
-  m.intermediate = get({"intermediate_size", "ffn_dim"}, 4 * m.hidden);
-  m.vocab = get({"vocab_size"}, 0);
-  m.max_context = get({"max_position_embeddings", "n_positions"}, 2048);
-  m.gated_mlp = type != "opt" && type != "gpt2";
-  if (m.num_layers <= 0 || m.hidden <= 0 || m.num_heads <= 0 || m.vocab <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(p.string(), ": needs num_hidden_layers, hidden_size, num_attention_heads and vocab_size"));
-  }
-  m.head_dim = get({"head_dim"}, m.hidden / m.num_heads);
+  m.num_layers = c.num_layers;
+  m.hidden = c.hidden_size;
+  m.num_heads = c.num_heads;
+  m.num_kv_heads = c.num_kv_heads;
+  m.intermediate = c.intermediate_size;
+  m.vocab = c.vocab_size;
+  m.max_context = c.max_position_embeddings;
+  m.gated_mlp = c.model_type != "opt" && c.model_type != "gpt2";
+  m.head_dim = c.head_dim;
   return m;
 }
 

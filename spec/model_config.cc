@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -32,6 +33,16 @@ class Reader {
     int64_t v = it->get<int64_t>();
     if (v < min_value) return Error(field, absl::StrCat("must be >= ", min_value, ", got ", v));
     return v;
+  }
+
+  // The first of `fields` present (so a field may go by another name), as Int.
+  absl::StatusOr<int64_t> IntAnyOf(std::initializer_list<const char*> fields, bool required, int64_t def,
+                                   int64_t min_value) const {
+    for (const char* f : fields) {
+      auto it = j_.find(f);
+      if (it != j_.end() && !it->is_null()) return Int(f, required, def, min_value);
+    }
+    return Int(*fields.begin(), required, def, min_value);
   }
 
   absl::StatusOr<double> Double(const std::string& field, double def, double min_value) const {
@@ -231,6 +242,23 @@ absl::StatusOr<ModelConfig> ModelConfig::ServingFromJson(const std::string& json
 absl::StatusOr<ModelConfig> ModelConfig::ServingFromFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadText(path));
   return ServingFromJson(text, path);
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::ShapeFromFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  ASSIGN_OR_RETURN(json j, ParseObject(text, path));
+  Reader r(j, path);
+  ModelConfig c;
+  if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string()) c.model_type = mt->get<std::string>();
+  ASSIGN_OR_RETURN(c.num_layers, r.IntAnyOf({"num_hidden_layers", "n_layer"}, true, 0, 1));
+  ASSIGN_OR_RETURN(c.hidden_size, r.IntAnyOf({"hidden_size", "n_embd"}, true, 0, 1));
+  ASSIGN_OR_RETURN(c.num_heads, r.IntAnyOf({"num_attention_heads", "n_head"}, true, 0, 1));
+  ASSIGN_OR_RETURN(c.num_kv_heads, r.Int("num_key_value_heads", false, c.num_heads, 1));
+  ASSIGN_OR_RETURN(c.intermediate_size, r.IntAnyOf({"intermediate_size", "ffn_dim"}, false, 4 * c.hidden_size, 1));
+  ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c.max_position_embeddings, r.IntAnyOf({"max_position_embeddings", "n_positions"}, false, 2048, 1));
+  ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim", false, c.hidden_size / c.num_heads, 1));
+  return c;
 }
 
 bool ModelConfig::IsEos(int32_t id) const {

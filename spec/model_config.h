@@ -59,6 +59,14 @@ struct ModelConfig {
   // any model whose tokenizer it has, architectures the engine lacks too.
   static absl::StatusOr<ModelConfig> ServingFromJson(const std::string& json_text, const std::string& source_name);
   static absl::StatusOr<ModelConfig> ServingFromFile(const std::string& path);
+  // The shape alone, for planning a model duet may not serve (placement/:
+  // OPT, GPT-2 and the like), by the same field rules and under either
+  // name: num_hidden_layers | n_layer, hidden_size | n_embd,
+  // num_attention_heads | n_head and vocab_size are required;
+  // num_key_value_heads (the heads), intermediate_size | ffn_dim (4 x
+  // hidden), max_position_embeddings | n_positions (2048) and head_dim
+  // (hidden / heads) are not; model_type is taken as given.
+  static absl::StatusOr<ModelConfig> ShapeFromFile(const std::string& path);
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

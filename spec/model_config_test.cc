@@ -1,6 +1,9 @@
 #include "spec/model_config.h"
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace duet::spec {
 namespace {
@@ -64,6 +67,42 @@ TEST_CASE("bad configs name the file and the field", "[config]") {
   s = bad(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
     "num_hidden_layers": 1, "num_attention_heads": 2, "eos_token_id": 99})");
   REQUIRE_THAT(std::string(s.message()), Contains("eos_token_id"));
+}
+
+std::string WriteConfig(const std::string& name, const std::string& json) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name + ".json";
+  std::ofstream(path) << json;
+  return path;
+}
+
+TEST_CASE("the planner's shape: any architecture, under either field name", "[config]") {
+  // OPT-13B's own names (ffn_dim), an architecture the engine refuses.
+  const std::string opt = WriteConfig("opt", R"({"model_type": "opt", "num_hidden_layers": 40, "hidden_size": 5120,
+      "num_attention_heads": 40, "ffn_dim": 20480, "vocab_size": 50272, "max_position_embeddings": 2048})");
+  REQUIRE_FALSE(ModelConfig::FromFile(opt).ok());
+  auto o = ModelConfig::ShapeFromFile(opt);
+  REQUIRE(o.ok());
+  CHECK(o->model_type == "opt");
+  CHECK(o->num_layers == 40);
+  CHECK(o->intermediate_size == 20480);
+  CHECK(o->num_kv_heads == 40);
+  CHECK(o->head_dim == 128);
+  // GPT-2's: n_layer, n_embd, n_head, n_positions; no MLP width: 4 x hidden.
+  auto g = ModelConfig::ShapeFromFile(WriteConfig("gpt2", R"({"model_type": "gpt2", "n_layer": 12, "n_embd": 768,
+      "n_head": 12, "vocab_size": 50257, "n_positions": 1024})"));
+  REQUIRE(g.ok());
+  CHECK(g->num_layers == 12);
+  CHECK(g->hidden_size == 768);
+  CHECK(g->intermediate_size == 3072);
+  CHECK(g->max_position_embeddings == 1024);
+  // A required field missing, or of the wrong type, is named.
+  auto bad = ModelConfig::ShapeFromFile(WriteConfig("bad", R"({"n_layer": 12, "n_embd": 768, "vocab_size": 10})"));
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(bad.status().message()), Contains("num_attention_heads"));
+  auto typed = ModelConfig::ShapeFromFile(
+      WriteConfig("typed", R"({"n_layer": 12, "n_embd": "768", "n_head": 12, "vocab_size": 10})"));
+  CHECK_THAT(std::string(typed.status().message()), Contains("n_embd"));
 }
 
 }  // namespace
