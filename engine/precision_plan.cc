@@ -8,13 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/block_pool.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet::engine {
 
 absl::StatusOr<std::vector<int32_t>> CalibrationTokens(const std::string& model_dir, std::string_view text,
                                                        int64_t max_tokens) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Load(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<text::Tokenizer> tokenizer, text::Tokenizer::Load(model_dir));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text));
   if (static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(static_cast<size_t>(max_tokens));
   if (ids.size() < 2) {

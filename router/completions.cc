@@ -473,7 +473,7 @@ absl::Status ParseTools(const Json& body, const ServedModel& model, CompletionRe
 // A message's "name", a tool message's "tool_call_id" and an assistant's
 // "tool_calls".
 absl::Status ParseMessageExtras(const Json& m, const std::string& role, const std::string& where,
-                                engine::ChatMessage& msg) {
+                                text::ChatMessage& msg) {
   if (const Json* n = Field(m, "name"); n != nullptr) {
     if (!n->is_string()) return ParamError("messages", absl::StrCat(where, ".name must be a string"));
     msg.name = n->get<std::string>();
@@ -597,7 +597,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
   if (!msgs->is_array() || msgs->empty()) {
     return ParamError("messages", absl::StrCat("'messages' must be a non-empty array, got ", Describe(*msgs)));
   }
-  std::vector<engine::ChatMessage> messages;
+  std::vector<text::ChatMessage> messages;
   for (size_t i = 0; i < msgs->size(); ++i) {
     const Json& m = (*msgs)[i];
     const std::string where = absl::StrCat("messages[", i, "]");
@@ -612,7 +612,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
       return ParamError("messages", absl::StrCat(where, ".role must be system, user, assistant or tool, got ",
                                                  Describe(*role)));
     }
-    engine::ChatMessage msg;
+    text::ChatMessage msg;
     RETURN_IF_ERROR(ParseMessageExtras(m, r_name, where, msg));
     const Json* content = Field(m, "content");
     std::string text;
@@ -643,7 +643,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
   }
   // vLLM's documents: [{"text", "id"?, "title"?}, ...], rendered after the
   // system message; the prefix cache's nodes start where each one does.
-  std::vector<engine::ChatDocument> documents;
+  std::vector<text::ChatDocument> documents;
   if (const Json* docs = Field(body, "documents"); docs != nullptr && !docs->is_null()) {
     if (!docs->is_array()) {
       return ParamError("documents", absl::StrCat("'documents' must be an array of objects, got ", Describe(*docs)));
@@ -652,7 +652,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
       const Json& d = (*docs)[i];
       const std::string where = absl::StrCat("documents[", i, "]");
       if (!d.is_object()) return ParamError("documents", absl::StrCat(where, " must be an object, got ", Describe(d)));
-      engine::ChatDocument doc;
+      text::ChatDocument doc;
       for (auto [key, out, required] : {std::tuple<const char*, std::string*, bool>{"text", &doc.text, true},
                                         {"id", &doc.id, false},
                                         {"title", &doc.title, false}}) {
@@ -705,7 +705,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
 
 // ---------------------------------------------------------------- responses
 
-ChoiceBuilder::ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index,
+ChoiceBuilder::ChoiceBuilder(const text::Tokenizer* tokenizer, const CompletionRequest& params, int index,
                              const std::string& echo_text)
     : tokenizer_(tokenizer),
       kind_(params.kind),
@@ -753,7 +753,7 @@ ChoiceBuilder::LpEntry ChoiceBuilder::Entry(int32_t id, float logprob) const {
   LpEntry e{.id = id, .logprob = logprob};
   auto bytes = tokenizer_->TokenBytes(id);
   if (bytes.ok()) e.bytes = std::string(*bytes);
-  if (engine::IsValidUtf8(e.bytes)) {
+  if (text::IsValidUtf8(e.bytes)) {
     e.text = e.bytes;
   } else {  // Part of a character: its bytes, as OpenAI shows such tokens.
     e.text = "bytes:";
@@ -930,8 +930,8 @@ std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::str
   // choice) written directly: streaming renders one per token per client.
   // The same bytes as the general path below.
   if (lp_end == lp_begin && !finish_reason && !new_calls && !(kind_ == ApiKind::kChat && first_chunk_) &&
-      engine::IsValidUtf8(text) && engine::IsValidUtf8(env.id) && engine::IsValidUtf8(env.model) &&
-      engine::IsValidUtf8(env.system_fingerprint)) {
+      text::IsValidUtf8(text) && text::IsValidUtf8(env.id) && text::IsValidUtf8(env.model) &&
+      text::IsValidUtf8(env.system_fingerprint)) {
     std::string out;
     out.reserve(200 + text.size() + env.model.size());
     out += "{\"id\":";

@@ -32,8 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "proto/control.pb.h"
 #include "router/tool_calls.h"
 
@@ -42,8 +42,8 @@ namespace duet::router {
 // What validation needs to know about the served model.
 struct ServedModel {
   std::string name;                               // The "model" clients must send.
-  const engine::Tokenizer* tokenizer = nullptr;   // Not owned.
-  const engine::PromptFormat* format = nullptr;   // Not owned.
+  const text::Tokenizer* tokenizer = nullptr;   // Not owned.
+  const text::PromptFormat* format = nullptr;   // Not owned.
   int64_t max_model_len = 0;                      // Context in tokens.
   // Token ids a prompt may hold: the model's embedding rows (config.json's
   // vocab_size), which may exceed the tokenizer's; 0: the tokenizer's.
@@ -124,7 +124,7 @@ struct ResponseEnvelope {
 class ChoiceBuilder {
  public:
   // `echo_text`: the prompt's text when params.echo.
-  ChoiceBuilder(const engine::Tokenizer* tokenizer, const CompletionRequest& params, int index,
+  ChoiceBuilder(const text::Tokenizer* tokenizer, const CompletionRequest& params, int index,
                 const std::string& echo_text);
 
   // Adds a generated token. Returns its SSE chunk's JSON when `chunk` (with
@@ -171,13 +171,13 @@ class ChoiceBuilder {
   nlohmann::ordered_json LogprobsJson(size_t begin, size_t end) const;  // null when off
   LpEntry Entry(int32_t id, float logprob) const;
 
-  const engine::Tokenizer* tokenizer_;
+  const text::Tokenizer* tokenizer_;
   const ApiKind kind_;
   const int index_;
   const int logprobs_;
   const std::vector<std::string> stop_;
   const std::string echo_text_;
-  engine::IncrementalDetokenizer detok_;
+  text::IncrementalDetokenizer detok_;
   std::string shown_;    // Text released to the client.
   std::string held_;     // Text that may still start a stop string.
   int64_t text_chars_;   // Code points before the next token's text (echo included).

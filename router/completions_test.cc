@@ -19,13 +19,13 @@ using nlohmann::json;
 struct Model {
   Model() {
     dir = duet::testing::TinyModelDir("llama");
-    tok = std::move(engine::Tokenizer::Load(dir)).value();
-    format = std::move(engine::PromptFormat::Load(dir)).value();
+    tok = std::move(text::Tokenizer::Load(dir)).value();
+    format = std::move(text::PromptFormat::Load(dir)).value();
     served = {.name = "tiny", .tokenizer = tok.get(), .format = &format, .max_model_len = 64};
   }
   std::string dir;
-  std::unique_ptr<engine::Tokenizer> tok;
-  engine::PromptFormat format;
+  std::unique_ptr<text::Tokenizer> tok;
+  text::PromptFormat format;
   ServedModel served;
 };
 
@@ -179,7 +179,7 @@ proto::Token Tok(int32_t id, float lp, std::vector<std::pair<int32_t, float>> to
 }
 
 TEST_CASE("responses: text from the incremental detokenizer, ids, usage, logprobs") {
-  const engine::Tokenizer& tok = *M().tok;
+  const text::Tokenizer& tok = *M().tok;
   std::vector<int32_t> ids = tok.Encode("Hello, wörld! ünïcode").value();
   const int32_t eot = tok.TokenToId("<|eot_id|>");
   REQUIRE(eot >= 0);
@@ -311,7 +311,7 @@ TEST_CASE("completions: a prompt batch keeps every prompt, in order, each with i
 
 TEST_CASE("top_logprobs: that many distinct tokens, each with its own bytes, also when they are parts of a character") {
   // Byte tokens that are no character on their own: each decodes to U+FFFD.
-  const engine::Tokenizer& tok = *M().tok;
+  const text::Tokenizer& tok = *M().tok;
   std::vector<int32_t> partial;
   for (int32_t id = 0; id < tok.vocab_size() && partial.size() < 3; ++id) {
     auto b = tok.DecodeBytes({id});
@@ -383,7 +383,7 @@ TEST_CASE("chat documents: rendered after the system message, the prefix cache's
       LongContext(), 5);
   INFO(r.status().ToString());
   REQUIRE(r.ok());
-  const std::vector<engine::ChatDocument> docs = {{"", "", "Prefill."}, {"k7", "D", "Decode."}};
+  const std::vector<text::ChatDocument> docs = {{"", "", "Prefill."}, {"k7", "D", "Decode."}};
   std::vector<size_t> starts;
   const std::string text = M().format.RenderChat({{"system", "Docs."}, {"user", "Decode?"}}, true, docs, &starts).value();
   REQUIRE(starts.size() == 3);
@@ -661,12 +661,12 @@ struct ToolModel {
         "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}"
         "{%- if m.tool_call_id %} (for {{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
         "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    format = engine::PromptFormat::FromTokenizerConfig(json{{"chat_template", tmpl}}.dump(), "tools-config").value();
+    format = text::PromptFormat::FromTokenizerConfig(json{{"chat_template", tmpl}}.dump(), "tools-config").value();
     served = M().served;
     served.format = &format;
     served.max_model_len = 4096;
   }
-  engine::PromptFormat format;
+  text::PromptFormat format;
   ServedModel served;
 };
 

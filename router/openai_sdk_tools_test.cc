@@ -23,7 +23,7 @@
 #include "base/io_thread.h"
 #include "engine/testing/tiny_model.h"
 #include "engine/testing/tokenizer_node.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "router/fake_worker.h"
 #include "router/router.h"
 
@@ -70,7 +70,7 @@ TEST_CASE("the OpenAI Node SDK: a tool call, its result, and the answer, with Qw
   absl::StatusOr<std::string> modules = FindNodeModules(kScript);
   REQUIRE(modules.ok());
   const std::string dir = QwenDir(*modules);
-  std::unique_ptr<engine::Tokenizer> tok = std::move(engine::Tokenizer::Load(dir)).value();
+  std::unique_ptr<text::Tokenizer> tok = std::move(text::Tokenizer::Load(dir)).value();
 
   Router r;
   REQUIRE(r.Start({.model_dir = dir, .served_model_name = "qwen3"}).ok());

@@ -27,12 +27,12 @@ namespace {
 struct Model {
   Model() {
     const std::string dir = duet::testing::TinyModelDir("llama");
-    tokenizer = std::move(duet::engine::Tokenizer::Load(dir)).value();
-    format = std::move(duet::engine::PromptFormat::Load(dir)).value();
+    tokenizer = std::move(duet::text::Tokenizer::Load(dir)).value();
+    format = std::move(duet::text::PromptFormat::Load(dir)).value();
     served = {.name = "tiny", .tokenizer = tokenizer.get(), .format = &format, .max_model_len = 256};
   }
-  std::unique_ptr<duet::engine::Tokenizer> tokenizer;
-  duet::engine::PromptFormat format;
+  std::unique_ptr<duet::text::Tokenizer> tokenizer;
+  duet::text::PromptFormat format;
   duet::router::ServedModel served;
 };
 

@@ -21,8 +21,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
     if (!p.has_filename()) p = p.parent_path();
     options_.served_model_name = p.filename().string();
   }
-  ASSIGN_OR_RETURN(tokenizer_, engine::Tokenizer::Load(options_.model_dir));
-  ASSIGN_OR_RETURN(format_, engine::PromptFormat::Load(options_.model_dir));
+  ASSIGN_OR_RETURN(tokenizer_, text::Tokenizer::Load(options_.model_dir));
+  ASSIGN_OR_RETURN(format_, text::PromptFormat::Load(options_.model_dir));
   if (!format_.has_chat_template()) {
     LOG(WARNING) << "chat completions are unavailable (" << format_.chat_unavailable()
                  << "); serving /v1/completions only";

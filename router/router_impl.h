@@ -33,8 +33,8 @@
 #include "base/logging.h"
 #include "base/metrics.h"
 #include "base/status_macros.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "http/server.h"
 #include "router/cache_index.h"
 #include "router/completions.h"
@@ -260,8 +260,8 @@ class Router::Impl : public RegistryListener {
   // connections and exchanges all refer to their contexts.
   std::unique_ptr<IoThread> control_io_;
   std::unique_ptr<IoThread> http_io_;
-  std::unique_ptr<engine::Tokenizer> tokenizer_;
-  engine::PromptFormat format_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
+  text::PromptFormat format_;
   ServedModel served_;
   // config.json as the router reads it (spec::ModelConfig::ServingFromFile):
   // the EOS ids and context the finish rule needs on a redispatch.

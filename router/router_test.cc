@@ -24,8 +24,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "router/fake_worker.h"
 #include "spec/model_config.h"
 #include "engine/testing/tiny_model.h"
@@ -217,8 +217,8 @@ void Script(FakeWorker& w, Scripted s, const std::string& id) {
 struct Fixture {
   explicit Fixture(std::function<void(RouterOptions&)> adjust = nullptr) {
     dir = duet::testing::TinyModelDir("llama");
-    tok = std::move(engine::Tokenizer::Load(dir)).value();
-    format = std::move(engine::PromptFormat::Load(dir)).value();
+    tok = std::move(text::Tokenizer::Load(dir)).value();
+    format = std::move(text::PromptFormat::Load(dir)).value();
     RouterOptions o{.model_dir = dir,
                     .served_model_name = "tiny",
                     .stats_timeout = absl::Milliseconds(300),
@@ -253,8 +253,8 @@ struct Fixture {
   }
 
   std::string dir;
-  std::unique_ptr<engine::Tokenizer> tok;
-  engine::PromptFormat format;
+  std::unique_ptr<text::Tokenizer> tok;
+  text::PromptFormat format;
   FakeClock clock;  // Heartbeats never expire unless a test says so.
   IoThread io;  // The fake workers' io thread.
   Router router;
@@ -361,7 +361,7 @@ TEST_CASE("stream completion: one chunk per token, a final chunk, then [DONE]") 
     return j.dump();
   };
   // Expected deltas from the same incremental detokenizer the router must use.
-  engine::IncrementalDetokenizer detok(fx.tok.get(), true);
+  text::IncrementalDetokenizer detok(fx.tok.get(), true);
   std::string text;
   int64_t chars = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -369,7 +369,7 @@ TEST_CASE("stream completion: one chunk per token, a final chunk, then [DONE]") 
     Json lp;
     const std::string raw = fx.tok->DecodeBytes({out[i]}).value();
     std::string shown = raw;
-    if (!engine::IsValidUtf8(raw)) {
+    if (!text::IsValidUtf8(raw)) {
       shown = "bytes:";
       for (unsigned char ch : raw) shown += absl::StrFormat("\\x%02x", ch);
     }

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/subprocess.h"
-#include "engine/jinja/template.h"
+#include "text/jinja/template.h"
 #include "engine/testing/pinned_chat_templates.h"
 #include "engine/testing/tokenizer_node.h"
 
@@ -136,10 +136,10 @@ TEST_CASE("real models' chat templates render byte for byte as transformers' Jin
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     INFO(c.name);
-    auto t = engine::jinja::Template::Parse(c.tmpl);
+    auto t = text::jinja::Template::Parse(c.tmpl);
     INFO(t.status());
     REQUIRE(t.ok());
-    auto got = t->Render(engine::jinja::Value::FromJson(c.context));
+    auto got = t->Render(text::jinja::Value::FromJson(c.context));
     if (want[i].contains("error")) {
       INFO("the reference raised: " << want[i]["error"].get<std::string>());
       CHECK(!got.ok());

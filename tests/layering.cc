@@ -5,6 +5,7 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -45,6 +46,60 @@ absl::StatusOr<std::vector<std::string>> BlockLines(absl::string_view text) {
 
 std::string TopOf(const std::string& path) { return path.substr(0, path.find('/')); }
 
+// The closure of each package's direct entries over `direct`.
+std::map<std::string, std::set<std::string>> Close(const std::map<std::string, std::vector<std::string>>& direct,
+                                                   const std::map<std::string, std::vector<std::string>>& extra) {
+  std::map<std::string, std::set<std::string>> closed;
+  for (const auto& [name, deps] : direct) {
+    std::set<std::string>& out = closed[name];
+    std::vector<std::string> todo(deps.begin(), deps.end());
+    auto e = extra.find(name);
+    if (e != extra.end()) todo.insert(todo.end(), e->second.begin(), e->second.end());
+    while (!todo.empty()) {
+      std::string d = todo.back();
+      todo.pop_back();
+      if (!out.insert(d).second || d.find(':') != std::string::npos) continue;
+      const std::vector<std::string>& next = direct.at(d);
+      todo.insert(todo.end(), next.begin(), next.end());
+    }
+  }
+  return closed;
+}
+
+// A BUILD file's rules, each as its first and last line (1-based) and
+// whether it is test code: a *_test rule or one marked testonly.
+struct Rule {
+  int first = 0;
+  int last = 0;
+  bool test = false;
+  std::vector<std::string> files;  // Its srcs and hdrs, relative to the BUILD file's folder.
+};
+
+std::vector<Rule> RulesOf(const std::string& build) {
+  static const std::regex kStart(R"re(^([A-Za-z_]+)\()re");
+  static const std::regex kFile(R"re("([^"/:][^":]*\.(h|cc|cu|cuh))")re");
+  std::vector<Rule> rules;
+  bool open = false;
+  std::istringstream text(build);
+  std::string line;
+  for (int n = 1; std::getline(text, line); ++n) {
+    std::smatch m;
+    if (std::regex_search(line, m, kStart)) {
+      rules.push_back({.first = n, .last = n, .test = absl::EndsWith(m[1].str(), "_test")});
+      open = true;
+    }
+    if (!open) continue;
+    Rule& r = rules.back();
+    r.last = n;
+    if (line.find("testonly = True") != std::string::npos) r.test = true;
+    for (auto i = std::sregex_iterator(line.begin(), line.end(), kFile); i != std::sregex_iterator(); ++i) {
+      r.files.push_back((*i)[1].str());
+    }
+    if (absl::StartsWith(line, ")")) open = false;
+  }
+  return rules;
+}
+
 }  // namespace
 
 absl::StatusOr<LayerRules> ParseLayerRules(absl::string_view readme) {
@@ -55,6 +110,7 @@ absl::StatusOr<LayerRules> ParseLayerRules(absl::string_view readme) {
     lines = std::move(*l);
   }
   std::map<std::string, std::vector<std::string>> direct;
+  std::map<std::string, std::vector<std::string>> test_only;
   for (const std::string& line : lines) {
     const size_t arrow = line.find("->");
     if (arrow == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("no \"->\" in \"", line, "\""));
@@ -62,28 +118,26 @@ absl::StatusOr<LayerRules> ParseLayerRules(absl::string_view readme) {
     if (name.empty() || !direct.emplace(name, std::vector<std::string>{}).second) {
       return absl::InvalidArgumentError(absl::StrCat("package \"", name, "\" is empty or listed twice"));
     }
-    for (absl::string_view d : absl::StrSplit(line.substr(arrow + 2), ' ', absl::SkipEmpty())) {
-      direct[name].emplace_back(d);
+    const std::vector<std::string> sides = absl::StrSplit(line.substr(arrow + 2), '|');
+    if (sides.size() > 2) return absl::InvalidArgumentError(absl::StrCat("more than one \"|\" in \"", line, "\""));
+    for (size_t side = 0; side < sides.size(); ++side) {
+      for (absl::string_view d : absl::StrSplit(sides[side], ' ', absl::SkipEmpty())) {
+        (side == 0 ? direct[name] : test_only[name]).emplace_back(d);
+      }
     }
   }
-  for (const auto& [name, deps] : direct) {
-    for (const std::string& d : deps) {
-      if (!direct.count(d.substr(0, d.find(':')))) {
-        return absl::InvalidArgumentError(absl::StrCat(name, " -> ", d, ": ", d, " is not listed"));
+  for (const auto* entries : {&direct, &test_only}) {
+    for (const auto& [name, deps] : *entries) {
+      for (const std::string& d : deps) {
+        if (!direct.count(d.substr(0, d.find(':')))) {
+          return absl::InvalidArgumentError(absl::StrCat(name, " -> ", d, ": ", d, " is not listed"));
+        }
       }
     }
   }
   LayerRules rules;
-  for (const auto& [name, deps] : direct) {
-    std::set<std::string>& out = rules.allowed[name];
-    std::vector<std::string> todo(deps.begin(), deps.end());
-    while (!todo.empty()) {
-      std::string d = todo.back();
-      todo.pop_back();
-      if (!out.insert(d).second || d.find(':') != std::string::npos) continue;
-      todo.insert(todo.end(), direct[d].begin(), direct[d].end());
-    }
-  }
+  rules.allowed = Close(direct, {});
+  rules.test_allowed = Close(direct, test_only);
   return rules;
 }
 
@@ -111,19 +165,39 @@ std::vector<Violation> CheckTree(const std::string& root, const LayerRules& rule
     }
   }
   std::sort(files.begin(), files.end());
+  // Which sources are test code: *_test.cc, or named by a test rule of the
+  // BUILD file in their folder.
+  std::set<fs::path> test_files;
+  std::map<fs::path, std::vector<Rule>> build_rules;
+  for (const fs::path& p : files) {
+    if (p.filename() != "BUILD") continue;
+    std::vector<Rule>& rs = build_rules[p] = RulesOf(ReadFile(p));
+    for (const Rule& r : rs) {
+      if (!r.test) continue;
+      for (const std::string& f : r.files) test_files.insert(p.parent_path() / f);
+    }
+  }
   for (const fs::path& p : files) {
     const std::string rel = fs::relative(p, root).string();
     const std::string from = TopOf(rel);
     auto it = rules.allowed.find(from);
     if (it == rules.allowed.end()) continue;
-    const std::set<std::string>& allowed = it->second;
+    const std::set<std::string>& production = it->second;
+    const std::set<std::string>& test = rules.test_allowed.at(from);
     const std::string ext = p.extension().string();
     const bool source = ext == ".h" || ext == ".cc" || ext == ".cu" || ext == ".cuh";
     const bool build = p.filename() == "BUILD" || ext == ".bzl";
     if (!source && !build) continue;
+    const bool test_source = source && (absl::EndsWith(p.stem().string(), "_test") || test_files.count(p));
+    const std::vector<Rule>* rs = build ? &build_rules[p] : nullptr;
     std::istringstream text(ReadFile(p));
     std::string line;
     for (int n = 1; std::getline(text, line); ++n) {
+      bool in_test = test_source;
+      if (rs != nullptr) {
+        for (const Rule& r : *rs) in_test = in_test || (r.test && r.first <= n && n <= r.last);
+      }
+      const std::set<std::string>& allowed = in_test ? test : production;
       auto reject = [&](const std::string& to, const std::string& target) {
         if (!tops.count(to) || to == from || allowed.count(to)) return;
         if (!target.empty() && allowed.count(absl::StrCat(to, ":", target))) return;

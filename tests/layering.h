@@ -11,7 +11,9 @@
 // and, transitively, what those may use; an entry with a colon
 // (`tools:duet`) allows that one Bazel target and nothing below it. Labels in
 // visibility lists (`__pkg__`, `__subpackages__`) name who may see a target,
-// not what it uses, and are not dependencies.
+// not what it uses, and are not dependencies. Entries after a `|` are for
+// the package's test code only: its *_test sources, and the rules of its
+// BUILD files that are tests or testonly (with the files they name).
 #ifndef DUET_TESTS_LAYERING_H_
 #define DUET_TESTS_LAYERING_H_
 
@@ -28,10 +30,12 @@ namespace duet::testing {
 struct LayerRules {
   // Package -> the packages (closed transitively) and single targets it may use.
   std::map<std::string, std::set<std::string>> allowed;
+  // The same with the entries after `|`: what its test code may use.
+  std::map<std::string, std::set<std::string>> test_allowed;
 };
 
 // InvalidArgument when there is no `<!-- layers -->` block, a line lacks
-// its "->", a package is listed twice, or a dependency is not listed itself.
+// its "->" or has two "|", a package is listed twice, or a dependency is not listed itself.
 absl::StatusOr<LayerRules> ParseLayerRules(absl::string_view readme);
 
 struct Violation {

@@ -130,11 +130,37 @@ TEST_CASE("a target entry allows its own header and no other of its package") {
         "router/x.cc:2: router may not depend on tools|router/x.cc:3: router may not depend on tools");
 }
 
+TEST_CASE("entries after | are for test code only: *_test sources, test and testonly rules and their files") {
+  fs::path root = CleanTree("f");
+  std::string readme = kReadme;
+  readme.replace(readme.find("router  -> engine"), 17, "router  -> base | engine");
+  Write(root / "README.md", readme);
+  fs::remove(root / "router/router.cc");
+  Write(root / "router/BUILD",
+        "cc_library(\n    name = \"api\",\n    srcs = [\"api.cc\"],\n    deps = [\"//engine:model\"],\n)\n"
+        "cc_library(\n    name = \"fake\",\n    testonly = True,\n    hdrs = [\"fake.h\"],\n"
+        "    deps = [\"//engine/testing:tiny\"],\n)\n"
+        "cc_test(\n    name = \"api_test\",\n    deps = [\"//engine:model\"],\n)\n");
+  Write(root / "router/api.cc", "#include \"router/api.h\"\n#include \"engine/model.h\"\n");
+  Write(root / "router/fake.h", "#include \"engine/model.h\"\n");
+  Write(root / "router/api_test.cc", "#include \"engine/model.h\"\n");
+  std::vector<Violation> v = Check(root);
+  std::vector<std::string> s;
+  for (const Violation& x : v) s.push_back(x.ToString());
+  CHECK(absl::StrJoin(s, "|") == "router/BUILD:4: router may not depend on engine:model|router/api.cc:2: router may not depend on engine");
+  auto rules = ParseLayerRules(readme);
+  REQUIRE(rules.ok());
+  CHECK(rules->allowed["router"] == std::set<std::string>{"base"});
+  CHECK(rules->test_allowed["router"] == std::set<std::string>{"base", "engine"});
+}
+
 TEST_CASE("a list that is malformed is refused") {
   CHECK(!ParseLayerRules("no block").ok());
   CHECK(!ParseLayerRules("<!-- layers -->\n```\nbase\n```\n").ok());
   CHECK(!ParseLayerRules("<!-- layers -->\n```\nbase ->\nbase ->\n```\n").ok());
   CHECK(!ParseLayerRules("<!-- layers -->\n```\nbase -> kernels\n```\n").ok());
+  CHECK(!ParseLayerRules("<!-- layers -->\n```\nbase ->\ntools -> | kernels\n```\n").ok());
+  CHECK(!ParseLayerRules("<!-- layers -->\n```\nbase ->\ntools -> | base | base\n```\n").ok());
 }
 
 // The checkout itself: the README in the runfiles is a link into it.

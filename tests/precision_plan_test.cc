@@ -23,7 +23,7 @@
 
 #include "base/subprocess.h"
 #include "tests/duet_run.h"
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 #include "engine/model.h"
 #include "engine/precision_map.h"
 #include "engine/precision_plan.h"
@@ -136,7 +136,7 @@ TEST_CASE("duet precision-plan keeps an outlier layer at the higher precision, a
   CHECK(std::max_element(q8.begin(), q8.end()) - q8.begin() == kOutlierLayer);
 
   auto backend = kernels::NewCpuBackend(2);
-  auto tokens = engine::CalibrationTokens(dir, engine::TrainingCorpus(), plan["calibration_tokens"].get<int64_t>());
+  auto tokens = engine::CalibrationTokens(dir, text::TrainingCorpus(), plan["calibration_tokens"].get<int64_t>());
   REQUIRE(tokens.ok());
   auto base_model = engine::Model::Load(dir, backend.get());
   REQUIRE(base_model.ok());

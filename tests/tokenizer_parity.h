@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet::testing {
 
@@ -27,15 +27,15 @@ struct ParityResult {
 };
 
 // duet's Encode(records[i]) == expected[i] for every i.
-ParityResult CompareIds(const engine::Tokenizer& tok, const std::vector<std::string>& records,
+ParityResult CompareIds(const text::Tokenizer& tok, const std::vector<std::string>& records,
                         const std::vector<std::vector<int32_t>>& expected);
 
 // Decode(Encode(record)) == record, and DecodeBytes likewise.
-ParityResult CheckRoundTrip(const engine::Tokenizer& tok, const std::vector<std::string>& records);
+ParityResult CheckRoundTrip(const text::Tokenizer& tok, const std::vector<std::string>& records);
 
 // An IncrementalDetokenizer fed Encode(record) one id at a time yields the
 // record, and never a piece that ends inside a UTF-8 character.
-ParityResult CheckIncremental(const engine::Tokenizer& tok, const std::vector<std::string>& records);
+ParityResult CheckIncremental(const text::Tokenizer& tok, const std::vector<std::string>& records);
 
 // Prints r's report and fails the running Catch2 test, with the report,
 // unless every record passed (and at least `min_records` were checked).

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/testing/tokenizer_corpus.h"
 #include "engine/testing/tokenizer_node.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tests/tokenizer_parity.h"
 
 namespace duet::testing {
@@ -53,7 +53,7 @@ void CheckModel(const std::string& package, const std::vector<std::string>& spec
     std::ofstream(file) << doc.dump();
     variant_args = {"--json", file.string()};
   }
-  auto tok = engine::Tokenizer::Load(file.string());
+  auto tok = text::Tokenizer::Load(file.string());
   INFO(file.string() << ": " << tok.status());
   REQUIRE(tok.ok());
   std::vector<std::string> records = TokenizerCorpus();

@@ -10,10 +10,10 @@
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "engine/block_pool.h"
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 #include "engine/generator.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "kernels/factory.h"
 #include "tools/commands.h"
 #include "tools/load_flags.h"
@@ -35,12 +35,12 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-absl::StatusOr<std::vector<engine::ChatMessage>> ParseChat(const std::string& text) {
+absl::StatusOr<std::vector<text::ChatMessage>> ParseChat(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_array()) {
     return absl::InvalidArgumentError("--chat must be a JSON array of {\"role\", \"content\"} objects");
   }
-  std::vector<engine::ChatMessage> out;
+  std::vector<text::ChatMessage> out;
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& m = j[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
@@ -60,18 +60,18 @@ absl::Status Generate(const FlagSet& f) {
   }
   const int given = f.IsSet("prompt-ids") + f.IsSet("prompt") + f.IsSet("chat");
   if (given != 1) return absl::InvalidArgumentError("give exactly one of --prompt-ids, --prompt, --chat");
-  std::unique_ptr<engine::Tokenizer> tokenizer;
+  std::unique_ptr<text::Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
   if (f.IsSet("prompt-ids")) {
     ASSIGN_OR_RETURN(prompt, ParseIds(f.GetString("prompt-ids")));
   } else {
-    ASSIGN_OR_RETURN(tokenizer, engine::Tokenizer::Load(dir));
-    ASSIGN_OR_RETURN(engine::PromptFormat format, engine::PromptFormat::Load(dir));
+    ASSIGN_OR_RETURN(tokenizer, text::Tokenizer::Load(dir));
+    ASSIGN_OR_RETURN(text::PromptFormat format, text::PromptFormat::Load(dir));
     std::string text;
     if (f.IsSet("prompt")) {
       text = format.CompletionPrefix() + f.GetString("prompt");
     } else {
-      ASSIGN_OR_RETURN(std::vector<engine::ChatMessage> messages, ParseChat(f.GetString("chat")));
+      ASSIGN_OR_RETURN(std::vector<text::ChatMessage> messages, ParseChat(f.GetString("chat")));
       ASSIGN_OR_RETURN(text, format.RenderChat(messages, /*add_generation_prompt=*/true));
     }
     ASSIGN_OR_RETURN(prompt, tokenizer->Encode(text));
@@ -105,7 +105,7 @@ absl::Status Generate(const FlagSet& f) {
   std::string text;
   if (tokenizer == nullptr) {
     // Text needs a tokenizer; a model directory without one still generates ids.
-    auto t = engine::Tokenizer::Load(dir);
+    auto t = text::Tokenizer::Load(dir);
     if (t.ok()) tokenizer = std::move(*t);
   }
   if (tokenizer != nullptr) {

@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 #include "engine/model.h"
 #include "engine/precision_map.h"
 #include "engine/precision_plan.h"
@@ -72,7 +72,7 @@ absl::Status Run(const FlagSet& f) {
   ASSIGN_OR_RETURN(const std::vector<kernels::DType> dtypes, ParseDTypes(f.GetString("dtypes")));
   ASSIGN_OR_RETURN(const std::optional<kernels::DType> base, engine::ParseWeightDType(f.GetString("weight-dtype")));
 
-  std::string text(engine::TrainingCorpus());
+  std::string text(text::TrainingCorpus());
   if (!f.GetString("calibration").empty()) {
     std::ifstream in(f.GetString("calibration"));
     if (!in) return absl::NotFoundError(absl::StrCat("--calibration ", f.GetString("calibration"), ": cannot open"));

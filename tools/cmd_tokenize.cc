@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tools/commands.h"
 #include "engine/testing/model_maker.h"
 
@@ -18,7 +18,7 @@ absl::Status Tokenize(const FlagSet& f) {
   if (path.empty()) {
     ASSIGN_OR_RETURN(path, testing::EnsureCachedModel("tiny", "llama"));
   }
-  ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::Load(path));
+  ASSIGN_OR_RETURN(auto tok, text::Tokenizer::Load(path));
   const bool decode = f.GetBool("decode");
   std::string line;
   for (int64_t n = 1; std::getline(std::cin, line); ++n) {

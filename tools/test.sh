@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs what is
-# missing, builds, runs every test but the GPU ones, then the engine, kernel,
+# missing, builds, runs every test but the GPU ones, then the engine, kernel, text,
 # router and cross-component tests again under AddressSanitizer +
 # LeakSanitizer, then the request-parser fuzzer, and ends with
 # one line "N passed, N failed" (Catch2 test cases). Extra arguments go to
@@ -62,7 +62,7 @@ fuzz() {
 }
 
 run //... --test_tag_filters=-gpu --build_tests_only "$@"
-run --config=asan --test_tag_filters=-gpu --build_tests_only //base/... //engine/... //kernels/... //router/... //tests/...
+run --config=asan --test_tag_filters=-gpu --build_tests_only //base/... //engine/... //kernels/... //text/... //router/... //tests/...
 fuzz
 
 echo "${total_pass} passed, ${total_fail} failed"

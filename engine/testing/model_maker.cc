@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/bpe_trainer.h"
-#include "engine/chat_templates.h"
+#include "text/bpe_trainer.h"
+#include "text/chat_templates.h"
 #include "engine/safetensors.h"
 #include "kernels/dtype.h"
 
@@ -111,13 +111,13 @@ absl::Status MakeModel(const MakeModelOptions& o) {
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out_dir, ": ", ec.message()));
 
   // Tokenizer first: the config's special token ids come from it.
-  const engine::ChatFormat format =
-      o.arch == "llama" ? engine::ChatFormat::kLlama3 : engine::ChatFormat::kChatML;
-  engine::BpeTrainerOptions bo;
+  const text::ChatFormat format =
+      o.arch == "llama" ? text::ChatFormat::kLlama3 : text::ChatFormat::kChatML;
+  text::BpeTrainerOptions bo;
   bo.vocab_size = static_cast<int>(std::min<int64_t>(s.vocab, 4096));
-  bo.special_tokens = engine::SpecialTokensFor(format);
-  ASSIGN_OR_RETURN(engine::BpeVocab vocab, engine::TrainByteLevelBpe(engine::TrainingCorpus(), bo));
-  RETURN_IF_ERROR(engine::WriteTokenizerFiles(o.out_dir, vocab, format));
+  bo.special_tokens = text::SpecialTokensFor(format);
+  ASSIGN_OR_RETURN(text::BpeVocab vocab, text::TrainByteLevelBpe(text::TrainingCorpus(), bo));
+  RETURN_IF_ERROR(text::WriteTokenizerFiles(o.out_dir, vocab, format));
   auto special_id = [&](const std::string& tok) {
     for (size_t i = 0; i < vocab.special_tokens.size(); ++i) {
       if (vocab.special_tokens[i] == tok) return static_cast<int64_t>(vocab.tokens.size() + i);

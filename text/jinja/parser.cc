@@ -3,9 +3,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/jinja/ast.h"
+#include "text/jinja/ast.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 namespace {
 
 using T = Token::Type;
@@ -640,4 +640,4 @@ class Parser {
 
 absl::StatusOr<Body> Parse(const std::vector<Token>& tokens) { return Parser(tokens).Run(); }
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja

@@ -1,4 +1,4 @@
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -13,14 +13,14 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "engine/bpe_byte_level.h"
-#include "engine/bpe_model.h"
-#include "engine/bpe_trainer.h"
-#include "engine/chat_templates.h"
-#include "engine/tokenizer_regex.h"
+#include "text/bpe_byte_level.h"
+#include "text/bpe_model.h"
+#include "text/bpe_trainer.h"
+#include "text/chat_templates.h"
+#include "text/tokenizer_regex.h"
 #include "nlohmann/json.hpp"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -941,4 +941,4 @@ TEST_CASE("loads what duet make-model writes and round-trips its corpus") {
 }
 
 }  // namespace
-}  // namespace duet::engine
+}  // namespace duet::text

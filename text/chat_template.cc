@@ -1,4 +1,4 @@
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
 #include <filesystem>
 #include <fstream>
@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 using nlohmann::json;
@@ -225,4 +225,4 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
   return text;
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

@@ -1,7 +1,7 @@
 // What a template can call without defining it: Jinja's filters and tests,
 // the Python methods of strings, dicts and lists that chat templates use,
 // and the globals (range, namespace, dict, raise_exception, strftime_now).
-// Private to //engine/jinja. Errors carry no line: the interpreter adds it.
+// Private to //text/jinja. Errors carry no line: the interpreter adds it.
 #ifndef DUET_ENGINE_JINJA_BUILTINS_H_
 #define DUET_ENGINE_JINJA_BUILTINS_H_
 
@@ -9,9 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/jinja/value.h"
+#include "text/jinja/value.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 
 // The items a for loop or a filter walks: a list's items, a dict's keys, a
 // string's characters; undefined is empty; anything else an error.
@@ -25,6 +25,6 @@ absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, Args&
 // The globals, as one object.
 Value Globals();
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja
 
 #endif  // DUET_ENGINE_JINJA_BUILTINS_H_

@@ -1,15 +1,15 @@
 // The Jinja engine, construct by construct: each case's text is what
 // Python's Jinja2 renders under Hugging Face's settings (trim_blocks,
 // lstrip_blocks), and each unsupported or malformed template fails with its
-// line. The parity test (//engine:chat_template_parity_test) renders real
+// line. The parity test (//tests:chat_template_parity_test) renders real
 // models' templates against the reference implementation.
-#include "engine/jinja/template.h"
+#include "text/jinja/template.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 namespace {
 
 std::string Render(const std::string& source, const std::string& context_json = "{}") {
@@ -210,4 +210,4 @@ TEST_CASE("Reads names the variables a template uses", "[jinja]") {
 }
 
 }  // namespace
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja

@@ -1,4 +1,4 @@
-#include "engine/jinja/template.h"
+#include "text/jinja/template.h"
 
 #include <cmath>
 #include <functional>
@@ -7,10 +7,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/jinja/ast.h"
-#include "engine/jinja/builtins.h"
+#include "text/jinja/ast.h"
+#include "text/jinja/builtins.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 namespace {
 
 // A scope: the template's, a loop iteration's, a macro call's.
@@ -618,4 +618,4 @@ bool Template::Reads(absl::string_view name) const {
   return found;
 }
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja

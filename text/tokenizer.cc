@@ -1,4 +1,4 @@
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -23,11 +23,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
-#include "engine/bpe_byte_level.h"
-#include "engine/bpe_model.h"
-#include "engine/tokenizer_regex.h"
+#include "text/bpe_byte_level.h"
+#include "text/bpe_model.h"
+#include "text/tokenizer_regex.h"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 namespace fs = std::filesystem;
@@ -1198,4 +1198,4 @@ bool IsValidUtf8(std::string_view bytes) {
   return FirstInvalidUtf8(bytes) == std::string_view::npos;
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

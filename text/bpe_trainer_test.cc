@@ -1,4 +1,4 @@
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,10 +13,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "engine/chat_templates.h"
+#include "text/chat_templates.h"
 #include "nlohmann/json.hpp"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 using Json = nlohmann::json;
@@ -274,4 +274,4 @@ TEST_CASE("write errors name the file; missing specials are rejected") {
 }
 
 }  // namespace
-}  // namespace duet::engine
+}  // namespace duet::text

@@ -1,4 +1,4 @@
-#include "engine/jinja/builtins.h"
+#include "text/jinja/builtins.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 namespace {
 
 
@@ -703,4 +703,4 @@ Value Globals() {
   return g;
 }
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja

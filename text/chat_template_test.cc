@@ -1,11 +1,11 @@
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
-#include "engine/chat_templates.h"
+#include "text/chat_templates.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 using Catch::Matchers::Contains;
@@ -196,4 +196,4 @@ TEST_CASE("unknown roles and empty conversations are refused", "[chat]") {
 }
 
 }  // namespace
-}  // namespace duet::engine
+}  // namespace duet::text

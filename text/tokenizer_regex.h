@@ -9,7 +9,7 @@
 // Patterns run in UTF + UCP mode (\p{L}, \s, \w and case folding are
 // Unicode-aware) and are JIT-compiled when the platform allows. Known
 // difference from Oniguruma: PCRE2's \s also matches U+180E. A compiled
-// SplitRegex is immutable and thread-safe. Internal to engine:tokenizer.
+// SplitRegex is immutable and thread-safe. Internal to text:tokenizer.
 #ifndef DUET_ENGINE_TOKENIZER_REGEX_H_
 #define DUET_ENGINE_TOKENIZER_REGEX_H_
 
@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace duet::engine {
+namespace duet::text {
 
 class SplitRegex {
  public:
@@ -65,6 +65,6 @@ enum class SplitBehavior {
 absl::Status SplitPieces(const SplitRegex& re, std::string_view text, SplitBehavior behavior,
                          bool invert, absl::FunctionRef<void(std::string_view)> on_piece);
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_TOKENIZER_REGEX_H_

@@ -31,9 +31,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/jinja/value.h"
+#include "text/jinja/value.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 
 struct Node;
 
@@ -51,6 +51,6 @@ class Template {
   std::shared_ptr<const std::vector<std::unique_ptr<Node>>> body_;
 };
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja
 
 #endif  // DUET_ENGINE_JINJA_TEMPLATE_H_

@@ -1,4 +1,4 @@
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -461,4 +461,4 @@ absl::Status WriteTokenizerFiles(const std::string& dir, const BpeVocab& vocab,
   return WriteJson(base / "special_tokens_map.json", SpecialTokensMapJson(info));
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

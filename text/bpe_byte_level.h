@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace duet::engine {
+namespace duet::text {
 
 // GPT-2's pre-tokenizer regex, as written into tokenizer.json and as Hugging
 // Face's ByteLevel pre-tokenizer applies it when use_regex is true.
@@ -45,6 +45,6 @@ inline size_t Utf8Length(unsigned char lead) {
   return 4;
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_BPE_BYTE_LEVEL_H_

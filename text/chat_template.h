@@ -1,6 +1,6 @@
 // Chat templates: a conversation rendered into the prompt text a model was
 // trained on, by the model's own tokenizer_config.json "chat_template"
-// through duet's Jinja engine (engine/jinja), as transformers renders it.
+// through duet's Jinja engine (text/jinja), as transformers renders it.
 //
 //   ASSIGN_OR_RETURN(PromptFormat pf, PromptFormat::Load(model_dir));
 //   ASSIGN_OR_RETURN(std::string text, pf.RenderChat(messages, /*add_generation_prompt=*/true));
@@ -26,9 +26,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/jinja/template.h"
+#include "text/jinja/template.h"
 
-namespace duet::engine {
+namespace duet::text {
 
 // A function call an assistant message made (OpenAI's tool_calls[k]).
 struct ToolCall {
@@ -118,6 +118,6 @@ class PromptFormat {
   bool add_bos_token_ = false;
 };
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_CHAT_TEMPLATE_H_

@@ -1,4 +1,4 @@
-#include "engine/jinja/value.h"
+#include "text/jinja/value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 
 Value Value::None() {
   Value v;
@@ -450,4 +450,4 @@ std::vector<std::string> SplitCodePoints(absl::string_view s) {
   return out;
 }
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja

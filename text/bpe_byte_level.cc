@@ -1,11 +1,11 @@
-#include "engine/bpe_byte_level.h"
+#include "text/bpe_byte_level.h"
 
 #include <array>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 // The table's code points all lie below this (the last is U+0143), so the
@@ -89,4 +89,4 @@ absl::StatusOr<std::string> ByteLevelDecode(std::string_view text) {
   return out;
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

@@ -1,4 +1,4 @@
-#include "engine/tokenizer_regex.h"
+#include "text/tokenizer_regex.h"
 
 #include <algorithm>
 #include <vector>
@@ -7,9 +7,9 @@
 #include <pcre2.h>
 
 #include "absl/strings/str_cat.h"
-#include "engine/bpe_byte_level.h"
+#include "text/bpe_byte_level.h"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 std::string Pcre2Message(int code) {
@@ -164,4 +164,4 @@ absl::Status SplitPieces(const SplitRegex& re, std::string_view text, SplitBehav
   return absl::OkStatus();
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

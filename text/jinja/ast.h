@@ -1,5 +1,5 @@
 // The Jinja engine's insides, shared by its lexer, parser and interpreter:
-// tokens, expression and statement trees. Private to //engine/jinja.
+// tokens, expression and statement trees. Private to //text/jinja.
 #ifndef DUET_ENGINE_JINJA_AST_H_
 #define DUET_ENGINE_JINJA_AST_H_
 
@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/jinja/value.h"
+#include "text/jinja/value.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 
 struct Token {
   enum class Type { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEnd };
@@ -86,6 +86,6 @@ struct Node {
 // The statements of a lexed template; errors name the construct and its line.
 absl::StatusOr<Body> Parse(const std::vector<Token>& tokens);
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja
 
 #endif  // DUET_ENGINE_JINJA_AST_H_

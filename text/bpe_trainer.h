@@ -23,10 +23,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 // ByteToUnicode, ByteLevelEncode/Decode and kGpt2SplitRegex, re-exported.
-#include "engine/bpe_byte_level.h"
-#include "engine/chat_templates.h"
+#include "text/bpe_byte_level.h"
+#include "text/chat_templates.h"
 
-namespace duet::engine {
+namespace duet::text {
 
 struct BpeTrainerOptions {
   // Total ids: 256 byte tokens + learned merges + special tokens.
@@ -67,6 +67,6 @@ absl::Status WriteTokenizerFiles(const std::string& dir, const BpeVocab& vocab,
 // code-like lines, numbers and accented words; the default training corpus.
 std::string_view TrainingCorpus();
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_BPE_TRAINER_H_

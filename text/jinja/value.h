@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace duet::engine::jinja {
+namespace duet::text::jinja {
 
 class Value;
 using List = std::vector<Value>;
@@ -128,6 +128,6 @@ size_t CodePoints(absl::string_view s);
 // UTF-8 `s` split into its code points (Python's list(s)).
 std::vector<std::string> SplitCodePoints(absl::string_view s);
 
-}  // namespace duet::engine::jinja
+}  // namespace duet::text::jinja
 
 #endif  // DUET_ENGINE_JINJA_VALUE_H_

@@ -2,9 +2,9 @@
 // duet; edit freely, but every edit changes the merges of generated models.
 #include <string_view>
 
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 
-namespace duet::engine {
+namespace duet::text {
 namespace {
 
 constexpr char kCorpus[] = R"corpus(Serving a Language Model, One Token at a Time
@@ -231,4 +231,4 @@ std::string_view TrainingCorpus() {
   return std::string_view(kCorpus, sizeof(kCorpus) - 1);
 }
 
-}  // namespace duet::engine
+}  // namespace duet::text

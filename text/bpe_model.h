@@ -4,7 +4,7 @@
 // from the word's bytes; character-level ones (SentencePiece-style: Llama-2,
 // Gemma, Mistral) from its UTF-8 characters, with byte fallback.
 //
-// Internal to engine:tokenizer, which builds one per loaded vocabulary and
+// Internal to text:tokenizer, which builds one per loaded vocabulary and
 // feeds it every pre-token; exposed in its own header so tests can pin the
 // merge order and compare the two merge algorithms.
 //
@@ -32,7 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 
-namespace duet::engine {
+namespace duet::text {
 
 class BpeModel {
  public:
@@ -122,6 +122,6 @@ class BpeModel {
   mutable WordCache cache_;
 };
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_BPE_MODEL_H_

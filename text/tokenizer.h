@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace duet::engine {
+namespace duet::text {
 
 struct AddedToken {
   int32_t id = -1;
@@ -107,6 +107,6 @@ std::string SanitizeUtf8(std::string_view bytes);
 size_t CompleteUtf8Prefix(std::string_view bytes);
 bool IsValidUtf8(std::string_view bytes);
 
-}  // namespace duet::engine
+}  // namespace duet::text
 
 #endif  // DUET_ENGINE_TOKENIZER_H_
