@@ -1,7 +1,5 @@
 #include "prefill/prefill_service.h"
 
-#include <deque>
-#include <filesystem>
 #include <utility>
 #include <vector>
 
@@ -10,10 +8,8 @@
 #include "base/status_macros.h"
 #include "spec/generation.h"
 #include "engine/sampler.h"
-#include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
 #include "prefill/request.h"
-#include "spec/generation_spec.h"
 #include "proto/frame.h"
 
 namespace duet::prefill {
@@ -25,6 +21,7 @@ struct PrefillService::Event {
   Kind kind;
   uint64_t request_id = 0;
   proto::PrefillRequest request;  // kRequest
+  spec::GenerationParams params;  // kRequest
   bool pulled = false;            // kReleased
   std::string decode_address;     // kOfferFailed
   absl::Status error;             // kOfferFailed
@@ -139,20 +136,20 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
   switch (frame.msg_case()) {
     case proto::Frame::kPrefill: {
       const proto::PrefillRequest& r = frame.prefill();
-      absl::StatusOr<spec::FinishDecision> end = ResumedEnd(r, model_->config());
-      absl::Status valid = end.ok() ? absl::OkStatus() : end.status();
-      if (valid.ok() && *end == spec::FinishDecision::kContinue) valid = ValidatePrefillRequest(r, model_->config());
-      if (!valid.ok()) {
-        LOG(WARNING) << "request " << r.request_id() << " rejected: " << valid;
-        SendFinish(r.request_id(), proto::FINISH_ERROR, valid);
+      absl::StatusOr<AcceptedRequest> accepted = AcceptPrefillRequest(r, model_->config());
+      if (!accepted.ok()) {
+        LOG(WARNING) << "request " << r.request_id() << " rejected: " << accepted.status();
+        SendFinish(r.request_id(), proto::FINISH_ERROR, accepted.status());
         return;
       }
-      if (*end != spec::FinishDecision::kContinue) {
-        SendFinish(r.request_id(), *end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
+      if (accepted->end != spec::FinishDecision::kContinue) {
+        SendFinish(r.request_id(),
+                   accepted->end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
         return;
       }
       Event e{.kind = Event::Kind::kRequest, .request_id = r.request_id()};
       e.request = std::move(*frame.mutable_prefill());
+      e.params = std::move(accepted->params);
       Post(std::move(e));
       return;
     }
@@ -213,7 +210,7 @@ void PrefillService::Handle(Event& e) {
     case Event::Kind::kRequest: {
       const uint64_t id = e.request_id;
       last_request_id_ = std::max(last_request_id_, id);  // Taken in, queued or refused.
-      absl::Status s = scheduler_->Enqueue(std::move(e.request));
+      absl::Status s = scheduler_->Enqueue(std::move(e.request), std::move(e.params));
       if (!s.ok()) {
         LOG(WARNING) << "request " << id << " rejected: " << s;
         SendFinish(id, proto::FINISH_ERROR, s);
@@ -313,7 +310,7 @@ bool PrefillService::IsPendingSibling(uint64_t id) const { return scheduler_->Is
 void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits, int64_t row) {
   const PrefillSequence* s = scheduler_->Find(id);
   CHECK(s != nullptr) << "completed request " << id << " vanished";
-  const spec::GenerationParams params = spec::ToGenerationParams(s->request.spec());
+  const spec::GenerationParams& params = s->params;
   // Position = tokens before the sampled one, as engine::Generate keys it.
   // Tokens already generated (a resumed request) count for penalties.
   const engine::SampleResult r = engine::Sample(

@@ -8,8 +8,10 @@
 
 namespace duet::prefill {
 
-absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
-                                    const spec::ModelConfig& config) {
+namespace {
+
+// ValidatePrefillRequest's checks past the spec's own (spec::ParamsFromSpec).
+absl::Status CheckPrefillRequest(const proto::PrefillRequest& request, const spec::ModelConfig& config) {
   const proto::GenerationSpec& spec = request.spec();
   const int64_t n = spec.prompt_ids().size() + request.resume_ids().size();
   if (n > config.max_position_embeddings) {
@@ -18,8 +20,6 @@ absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
         request.resume_ids().empty() ? "" : absl::StrCat(" (+", request.resume_ids().size(), " resumed)"),
         ", more than the model's context of ", config.max_position_embeddings));
   }
-  RETURN_IF_ERROR(spec::ParamsFromSpec(spec, config).status());
-  RETURN_IF_ERROR(spec::CheckTokenIds(request.resume_ids(), "resume_ids", config.vocab_size));
   if (request.sibling_request_ids_size() > 0) {
     if (request.resume_ids_size() > 0) {
       return absl::InvalidArgumentError("a request with resumed tokens cannot have sibling choices");
@@ -48,11 +48,25 @@ absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<spec::FinishDecision> ResumedEnd(const proto::PrefillRequest& request,
-                                                const spec::ModelConfig& config) {
-  ASSIGN_OR_RETURN(spec::GenerationParams params, spec::ParamsFromSpec(request.spec(), config));
+}  // namespace
+
+absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request, const spec::ModelConfig& config) {
+  // A prompt past the context is refused as that before anything else.
+  if (request.spec().prompt_ids().size() + request.resume_ids().size() <= config.max_position_embeddings) {
+    RETURN_IF_ERROR(spec::ParamsFromSpec(request.spec(), config).status());
+    RETURN_IF_ERROR(spec::CheckTokenIds(request.resume_ids(), "resume_ids", config.vocab_size));
+  }
+  return CheckPrefillRequest(request, config);
+}
+
+absl::StatusOr<AcceptedRequest> AcceptPrefillRequest(const proto::PrefillRequest& request,
+                                                     const spec::ModelConfig& config) {
+  AcceptedRequest a;
+  ASSIGN_OR_RETURN(a.params, spec::ParamsFromSpec(request.spec(), config));
   RETURN_IF_ERROR(spec::CheckTokenIds(request.resume_ids(), "resume_ids", config.vocab_size));
-  return spec::ResumedEnd(params, config, request.spec().prompt_ids_size(), request.resume_ids());
+  a.end = spec::ResumedEnd(a.params, config, request.spec().prompt_ids_size(), request.resume_ids());
+  if (a.end == spec::FinishDecision::kContinue) RETURN_IF_ERROR(CheckPrefillRequest(request, config));
+  return a;
 }
 
 spec::FinishDecision DecideFirstTokenEnd(const proto::PrefillRequest& request,

@@ -1,10 +1,11 @@
 // The rules a prefill worker applies to one PrefillRequest: is it valid for
-// this model, and whether its first token already ends it. Pure functions, so
-// the service and its tests share them.
+// this model, did its resumed tokens already end it, and does its first token
+// end it. Pure functions, so the service and its tests share them.
 //
-//   RETURN_IF_ERROR(ValidatePrefillRequest(request, model.config()));
-//   spec::GenerationParams params = spec::ToGenerationParams(request.spec());
-//   spec::FinishDecision end = DecideFirstTokenEnd(request, params, config, s.token);
+//   ASSIGN_OR_RETURN(AcceptedRequest a, AcceptPrefillRequest(request, model.config()));
+//   if (a.end != spec::FinishDecision::kContinue) { finish it; }
+//   ... prefill, sample the first token with a.params ...
+//   spec::FinishDecision end = DecideFirstTokenEnd(request, a.params, config, token);
 //
 // The end rule is spec::FinishAfter, the one engine::Generate (the
 // reference the cluster must reproduce) and the decode batch apply; tokens
@@ -32,19 +33,28 @@ namespace duet::prefill {
 absl::Status ValidatePrefillRequest(const proto::PrefillRequest& request,
                                     const spec::ModelConfig& config);
 
-// Whether the resumed tokens already ended the request (spec::ResumedEnd:
-// the attempt that sampled a stop, or the max_tokens-th token, died before
-// its Finish): such a request is finished, not prefilled, so the service
-// asks this before ValidatePrefillRequest, which refuses a request with
-// nothing left to generate. InvalidArgument for what spec::ParamsFromSpec
-// refuses or a resumed id outside the vocabulary.
-absl::StatusOr<spec::FinishDecision> ResumedEnd(const proto::PrefillRequest& request,
-                                                const spec::ModelConfig& config);
+// A request a worker takes in: its parameters, converted once (the worker
+// keeps them with the request), and whether its resumed tokens already ended
+// it (spec::ResumedEnd: the attempt that sampled a stop, or the
+// max_tokens-th token, died before its Finish), in which case it is finished,
+// not prefilled.
+struct AcceptedRequest {
+  spec::GenerationParams params;
+  spec::FinishDecision end = spec::FinishDecision::kContinue;
+};
+
+// The one conversion of a request's spec (spec::ParamsFromSpec) and the
+// resumed end; when the request goes on, ValidatePrefillRequest's checks too
+// (a request with nothing left to generate is ended, not refused).
+// InvalidArgument as ValidatePrefillRequest, or for a resumed id outside the
+// vocabulary.
+absl::StatusOr<AcceptedRequest> AcceptPrefillRequest(const proto::PrefillRequest& request,
+                                                     const spec::ModelConfig& config);
 
 // Whether `token`, this attempt's first (sampled at position len(prompt) +
 // len(resume)), ends the request: spec::FinishAfter, with the resumed
-// tokens counted toward max_tokens and min_tokens. `params` are the spec's
-// (spec::ToGenerationParams).
+// tokens counted toward max_tokens and min_tokens. `params` are the
+// request's (AcceptedRequest::params).
 spec::FinishDecision DecideFirstTokenEnd(const proto::PrefillRequest& request,
                                            const spec::GenerationParams& params,
                                            const spec::ModelConfig& config, int32_t token);

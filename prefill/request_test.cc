@@ -120,5 +120,40 @@ TEST_CASE("first-token end rules follow Generate, min_tokens and resume_ids", "[
   REQUIRE(end(50) == spec::FinishDecision::kLength);
 }
 
+TEST_CASE("accepting converts the spec once: parameters, the resumed end, then the checks", "[prefill][request]") {
+  auto r = Valid();
+  r.mutable_spec()->mutable_sampling()->set_temperature(0.5f);
+  r.mutable_spec()->set_choice_index(2);
+  absl::StatusOr<AcceptedRequest> a = AcceptPrefillRequest(r, Config());
+  REQUIRE(a.ok());
+  CHECK(a->end == spec::FinishDecision::kContinue);
+  CHECK(a->params.sampling.temperature == 0.5f);
+  CHECK(a->params.choice_index == 2);
+  CHECK(a->params.max_tokens == 4);
+
+  // The max_tokens-th token resumed: ended, not refused (ValidatePrefillRequest
+  // refuses it, having nothing left to generate), STOP when it is an EOS.
+  r = Valid();
+  for (int32_t t : {11, 12, 13, 2}) r.add_resume_ids(t);
+  a = AcceptPrefillRequest(r, Config());
+  REQUIRE(a.ok());
+  CHECK(a->end == spec::FinishDecision::kStop);
+  CHECK(!ValidatePrefillRequest(r, Config()).ok());
+  r.set_resume_ids(3, 14);
+  a = AcceptPrefillRequest(r, Config());
+  REQUIRE(a.ok());
+  CHECK(a->end == spec::FinishDecision::kLength);
+
+  // A request that goes on is checked as ValidatePrefillRequest checks it.
+  r = Valid();
+  r.clear_decode_address();
+  a = AcceptPrefillRequest(r, Config());
+  CHECK(a.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a.status().message() == "decode_address is empty");
+  r = Valid();
+  r.mutable_spec()->mutable_sampling()->set_top_p(0.0f);
+  CHECK(AcceptPrefillRequest(r, Config()).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace duet::prefill

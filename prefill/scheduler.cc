@@ -10,8 +10,9 @@
 
 namespace duet::prefill {
 
-PrefillSequence::PrefillSequence(proto::PrefillRequest r, engine::BlockPool* pool, absl::Time now)
-    : request(std::move(r)), arrival(now), kv(pool) {
+PrefillSequence::PrefillSequence(proto::PrefillRequest r, spec::GenerationParams p, engine::BlockPool* pool,
+                                 absl::Time now)
+    : request(std::move(r)), params(std::move(p)), arrival(now), kv(pool) {
   tokens.reserve(request.spec().prompt_ids().size() + request.resume_ids().size());
   tokens.insert(tokens.end(), request.spec().prompt_ids().begin(), request.spec().prompt_ids().end());
   tokens.insert(tokens.end(), request.resume_ids().begin(), request.resume_ids().end());
@@ -59,13 +60,13 @@ const PrefillSequence* PrefillScheduler::Find(uint64_t id) const {
   return nullptr;
 }
 
-absl::Status PrefillScheduler::Enqueue(proto::PrefillRequest request) {
+absl::Status PrefillScheduler::Enqueue(proto::PrefillRequest request, spec::GenerationParams params) {
   const uint64_t id = request.request_id();
   if (Holds(id)) return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already held"));
   if (num_queued() >= options_.max_queued_requests) {
     return absl::ResourceExhaustedError("prefill queue full");
   }
-  auto seq = std::make_unique<PrefillSequence>(std::move(request), pool_, clock_->Now());
+  auto seq = std::make_unique<PrefillSequence>(std::move(request), std::move(params), pool_, clock_->Now());
   const int64_t bs = pool_->layout().block_size;
   const int64_t blocks = (seq->num_tokens() + bs - 1) / bs;
   if (blocks > pool_->num_blocks()) {
@@ -210,7 +211,9 @@ absl::Status PrefillScheduler::Fork(uint64_t parent, proto::PrefillRequest sibli
     return absl::AlreadyExistsError(absl::StrCat("request ", sibling.request_id(), " is already held"));
   }
   const PrefillSequence& p = *it->second;
-  auto seq = std::make_unique<PrefillSequence>(std::move(sibling), pool_, clock_->Now());
+  spec::GenerationParams params = p.params;
+  params.choice_index = sibling.spec().choice_index();
+  auto seq = std::make_unique<PrefillSequence>(std::move(sibling), std::move(params), pool_, clock_->Now());
   if (seq->tokens != p.tokens) return absl::InvalidArgumentError("a sibling must have its parent's prompt");
   const int64_t bs = pool_->layout().block_size;
   const int64_t full = p.num_tokens() / bs * bs;

@@ -4,7 +4,7 @@
 // requests' blocks for decode.
 //
 //   PrefillScheduler s(options, &pool, transport, region, clock);
-//   RETURN_IF_ERROR(s.Enqueue(request));
+//   RETURN_IF_ERROR(s.Enqueue(request, params));  // params: AcceptPrefillRequest's
 //   Step step = s.Schedule();             // chunks for one Model::Forward
 //   ... run it ...
 //   for (uint64_t id : s.Complete(step)) { sample; s.Finish(id) or s.Lease(id); }
@@ -54,6 +54,7 @@
 #include "kvtransfer/lease.h"
 #include "kvtransfer/transport.h"
 #include "proto/control.pb.h"
+#include "spec/generation.h"
 
 namespace duet::prefill {
 
@@ -74,6 +75,7 @@ struct SchedulerOptions {
 // One request as the scheduler holds it.
 struct PrefillSequence {
   proto::PrefillRequest request;
+  spec::GenerationParams params;  // The request's, converted once when it was accepted.
   std::vector<int32_t> tokens;  // prompt_ids + resume_ids: what is prefilled.
   absl::Time arrival;
   int64_t computed = 0;  // Tokens already run through the model.
@@ -85,7 +87,7 @@ struct PrefillSequence {
   kvcache::Match cached;
   int64_t overtaken = 0;  // Later arrivals admitted before it (at most the reorder window).
 
-  PrefillSequence(proto::PrefillRequest r, engine::BlockPool* pool, absl::Time now);
+  PrefillSequence(proto::PrefillRequest r, spec::GenerationParams p, engine::BlockPool* pool, absl::Time now);
   ~PrefillSequence();
   PrefillSequence(const PrefillSequence&) = delete;
   PrefillSequence& operator=(const PrefillSequence&) = delete;
@@ -122,10 +124,10 @@ class PrefillScheduler {
   PrefillScheduler(const PrefillScheduler&) = delete;
   PrefillScheduler& operator=(const PrefillScheduler&) = delete;
 
-  // Queues a validated request. ResourceExhausted "prefill queue full" at
+  // Queues a validated request with its parameters. ResourceExhausted "prefill queue full" at
   // max_queued_requests, or when its prompt needs more blocks than the whole
   // pool (it could never run); AlreadyExists for an id already held.
-  absl::Status Enqueue(proto::PrefillRequest request);
+  absl::Status Enqueue(proto::PrefillRequest request, spec::GenerationParams params);
 
   // Plans the next step (admitting queue heads as blocks allow). Empty when
   // nothing can run now.
@@ -142,7 +144,8 @@ class PrefillScheduler {
   // Another choice of a complete request's prompt (n > 1): a complete
   // request `sibling` (same prompt) that shares the parent's full KV blocks
   // and gets its own copy of a partial last block, so the prompt is computed
-  // once for every choice. ResourceExhausted when no block is free for the
+  // once for every choice; its parameters are the parent's with the
+  // sibling's choice_index. ResourceExhausted when no block is free for the
   // copy; AlreadyExists for an id already held.
   absl::Status Fork(uint64_t parent, proto::PrefillRequest sibling);
   // Whether `id` is a choice (sibling id) of a request queued or prefilling.

@@ -41,7 +41,7 @@ struct Fixture {
     return r;
   }
   void Enqueue(uint64_t id, int prompt_len, int resume_len = 0) {
-    REQUIRE(sched->Enqueue(Request(id, prompt_len, resume_len)).ok());
+    REQUIRE(sched->Enqueue(Request(id, prompt_len, resume_len), {}).ok());
   }
 
   FakeClock clock;
@@ -199,15 +199,15 @@ TEST_CASE("admission limits: queue full, prompts larger than the pool, duplicate
   Fixture f(4, {.max_batch_tokens = 64, .max_queued_requests = 2});
   f.Enqueue(1, 4);
   f.Enqueue(2, 4);
-  absl::Status s = f.sched->Enqueue(Fixture::Request(3, 4));
+  absl::Status s = f.sched->Enqueue(Fixture::Request(3, 4), {});
   REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
   REQUIRE(s.message() == "prefill queue full");
-  REQUIRE(f.sched->Enqueue(Fixture::Request(1, 4)).code() == absl::StatusCode::kAlreadyExists);
+  REQUIRE(f.sched->Enqueue(Fixture::Request(1, 4), {}).code() == absl::StatusCode::kAlreadyExists);
 
   Step step = f.sched->Schedule();  // Admission makes room in the queue.
   REQUIRE(f.sched->num_queued() == 0);
-  REQUIRE(f.sched->Enqueue(Fixture::Request(2, 4)).code() == absl::StatusCode::kAlreadyExists);  // running
-  s = f.sched->Enqueue(Fixture::Request(5, 17));  // 5 blocks > 4: could never run
+  REQUIRE(f.sched->Enqueue(Fixture::Request(2, 4), {}).code() == absl::StatusCode::kAlreadyExists);  // running
+  s = f.sched->Enqueue(Fixture::Request(5, 17), {});  // 5 blocks > 4: could never run
   REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
   REQUIRE(std::string(s.message()).find("needs 5 KV blocks") != std::string::npos);
   f.Enqueue(4, 16);
@@ -254,7 +254,11 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
           "[prefill][scheduler]") {
   Fixture f(16);
   // 10 tokens in blocks of 4: two full blocks and a partial one.
-  f.Enqueue(1, 10);
+  spec::GenerationParams params;
+  params.sampling.temperature = 0.25f;
+  params.sampling.seed = 9;
+  params.choice_index = 1;
+  REQUIRE(f.sched->Enqueue(Fixture::Request(1, 10), params).ok());
   Step step = f.sched->Schedule();
   REQUIRE(f.sched->Complete(step) == std::vector<uint64_t>{1});
   const PrefillSequence* parent = f.sched->Find(1);
@@ -265,11 +269,17 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
   auto* parent_block = reinterpret_cast<float*>(f.pool.block(pb[2]));
   for (int64_t i = 0; i < floats; ++i) parent_block[i] = static_cast<float>(i) + 0.5f;
 
+  CHECK(parent->params.choice_index == 1);
   proto::PrefillRequest sib = Fixture::Request(2, 0);
   *sib.mutable_spec() = parent->request.spec();
+  sib.mutable_spec()->set_choice_index(3);
   REQUIRE(f.sched->Fork(1, sib).ok());
   const PrefillSequence* child = f.sched->Find(2);
   REQUIRE(child != nullptr);
+  // The choice's parameters are the parent's but for its own choice index.
+  CHECK(child->params.choice_index == 3);
+  CHECK(child->params.sampling.temperature == 0.25f);
+  CHECK(child->params.sampling.seed == 9);
   const std::vector<int32_t> cb = child->kv.block_table();
   REQUIRE(cb.size() == 3);
   CHECK(cb[0] == pb[0]);
@@ -346,7 +356,7 @@ struct CachedFixture {
     r.set_request_id(id);
     for (int32_t t : tokens) r.mutable_spec()->add_prompt_ids(t);
     for (int32_t b : boundaries) r.mutable_spec()->add_cache_boundaries(b);
-    REQUIRE(sched->Enqueue(r).ok());
+    REQUIRE(sched->Enqueue(r, {}).ok());
     Step s = sched->Schedule();
     REQUIRE(s.chunks.size() == 1);
     REQUIRE(s.chunks[0].last);
@@ -450,7 +460,7 @@ TEST_CASE("cache-aware reordering admits cached prompts first, overtaking nobody
       proto::PrefillRequest r;
       r.set_request_id(id);
       for (int32_t x : t) r.mutable_spec()->add_prompt_ids(x);
-      REQUIRE(f.sched->Enqueue(r).ok());
+      REQUIRE(f.sched->Enqueue(r, {}).ok());
     };
     enqueue(10, Tokens(300, 16));
     enqueue(11, Tokens(400, 16));

@@ -52,7 +52,7 @@ Seen ThroughPrefill(const std::vector<std::vector<int32_t>>& prompts, int64_t bl
       proto::PrefillRequest r;
       r.set_request_id(i + 1);
       for (int32_t t : prompts[i]) r.mutable_spec()->add_prompt_ids(t);
-      REQUIRE(sched.Enqueue(r).ok());
+      REQUIRE(sched.Enqueue(r, {}).ok());
       prefill::Step s = sched.Schedule();
       REQUIRE(s.chunks.size() == 1);
       out.cached.push_back(s.chunks[0].start_pos);
