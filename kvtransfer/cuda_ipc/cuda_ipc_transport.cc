@@ -26,6 +26,7 @@
 #include "base/status_macros.h"
 #include "kvtransfer/cuda_ipc/ipc_wire.h"
 #include "kvtransfer/cuda_ipc/shm_epoch_table.h"
+#include "kvtransfer/epoch_table.h"
 #include "kvtransfer/transfer_record.h"
 
 namespace duet::kvtransfer {
@@ -114,13 +115,9 @@ class CudaIpcKvTransport final : public KvTransport {
 
   absl::StatusOr<RegionId> RegisterRegion(void* base, uint64_t bytes,
                                           int64_t num_epoch_blocks) override {
-    if (base == nullptr || bytes == 0) {
-      return absl::InvalidArgumentError("cuda_ipc: RegisterRegion needs a non-empty region");
-    }
-    if (num_epoch_blocks < 0) {
-      return absl::InvalidArgumentError("cuda_ipc: negative num_epoch_blocks");
-    }
-    absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+    absl::Status status = CheckRegisterRegion("cuda_ipc", base, bytes, num_epoch_blocks);
+    if (!status.ok()) return status;
+    status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
     if (!status.ok()) return status;
     cudaPointerAttributes attr;
     status = CudaStatus(cudaPointerGetAttributes(&attr, base), "cudaPointerGetAttributes");
@@ -293,8 +290,8 @@ class CudaIpcKvTransport final : public KvTransport {
       return id;
     }
     t.import = *std::move(import);
-    if (!EpochsMatch(t)) {
-      SetResult(t, TransferState::kLeaseExpired, "an epoch changed before the copy");
+    if (std::optional<std::string> broken = BrokenEpochs(t, "before")) {
+      SetResult(t, TransferState::kLeaseExpired, std::move(*broken));
       t.import.reset();
       return id;
     }
@@ -453,12 +450,10 @@ class CudaIpcKvTransport final : public KvTransport {
     return import;
   }
 
-  bool EpochsMatch(const Transfer& t) const {
-    for (const auto& [block, promised] : t.block_epochs) {
-      if (t.import->epochs == nullptr) return false;
-      if (t.import->epochs->Load(block) != promised) return false;
-    }
-    return true;
+  static std::optional<std::string> BrokenEpochs(const Transfer& t, absl::string_view when) {
+    if (t.block_epochs.empty()) return std::nullopt;
+    if (t.import->epochs == nullptr) return "the exporter's region has no epoch table";
+    return t.import->epochs->table().Broken(t.block_epochs, when);
   }
 
   absl::StatusOr<cudaEvent_t> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -493,8 +488,8 @@ class CudaIpcKvTransport final : public KvTransport {
       SetResult(t, TransferState::kPeerLost, "cudaMemcpyAsync: " + t.enqueue_error);
     } else if (t.timed_out) {
       SetResult(t, TransferState::kTimedOut, "copy still running at the deadline");
-    } else if (!EpochsMatch(t)) {
-      SetResult(t, TransferState::kLeaseExpired, "an epoch changed during the copy");
+    } else if (std::optional<std::string> broken = BrokenEpochs(t, "during")) {
+      SetResult(t, TransferState::kLeaseExpired, std::move(*broken));
     } else if (peer != peers_.end() && !peer->second.same_process &&
                !ProcessAlive(peer->second.address.pid)) {
       SetResult(t, TransferState::kPeerLost, "exporter process exited during the copy");

@@ -60,7 +60,8 @@ SharedEpochTable::SharedEpochTable(std::string name, int64_t num_blocks, bool ow
       num_blocks_(num_blocks),
       owner_(owner),
       mapping_(mapping),
-      mapping_bytes_(mapping_bytes) {}
+      mapping_bytes_(mapping_bytes),
+      table_(reinterpret_cast<uint64_t*>(static_cast<char*>(mapping) + sizeof(TableHeader)), num_blocks) {}
 
 absl::StatusOr<std::unique_ptr<SharedEpochTable>> SharedEpochTable::Create(const std::string& name,
                                                                            int64_t num_blocks) {
@@ -130,19 +131,9 @@ SharedEpochTable::~SharedEpochTable() {
   if (owner_) shm_unlink(name_.c_str());
 }
 
-uint64_t* SharedEpochTable::epochs() const {
-  return reinterpret_cast<uint64_t*>(static_cast<char*>(mapping_) + sizeof(TableHeader));
-}
-
-uint64_t SharedEpochTable::Load(int64_t block) const {
-  CHECK(block >= 0 && block < num_blocks_) << "epoch block " << block << " of " << num_blocks_;
-  return std::atomic_ref<uint64_t>(epochs()[block]).load(std::memory_order_seq_cst);
-}
-
 void SharedEpochTable::Bump(int64_t block) {
   CHECK(owner_) << "only the exporter bumps epochs of " << name_;
-  CHECK(block >= 0 && block < num_blocks_) << "epoch block " << block << " of " << num_blocks_;
-  std::atomic_ref<uint64_t>(epochs()[block]).fetch_add(1, std::memory_order_seq_cst);
+  table_.Bump(block);
 }
 
 }  // namespace duet::kvtransfer::cuda_ipc

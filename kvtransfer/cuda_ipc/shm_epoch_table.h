@@ -13,7 +13,7 @@
 // pid so operators can tell whose it was. Segments are created mode 0600, so
 // importer and exporter must run as the same user.
 //
-// Thread-safe: epochs are 64-bit atomics (std::atomic_ref over the mapping).
+// Thread-safe: the words are a kvtransfer::EpochTable over the mapping.
 #ifndef DUET_KVTRANSFER_CUDA_IPC_SHM_EPOCH_TABLE_H_
 #define DUET_KVTRANSFER_CUDA_IPC_SHM_EPOCH_TABLE_H_
 
@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kvtransfer/epoch_table.h"
 
 namespace duet::kvtransfer::cuda_ipc {
 
@@ -39,9 +40,11 @@ class SharedEpochTable {
   SharedEpochTable& operator=(const SharedEpochTable&) = delete;
 
   // CHECK-fails on a block outside [0, num_blocks) (callers validate first).
-  uint64_t Load(int64_t block) const;
+  uint64_t Load(int64_t block) const { return table_.Load(block); }
   // Owner only (CHECK): ends every lease on `block`.
   void Bump(int64_t block);
+  // The words, for checking a pull's promises (EpochTable::Broken).
+  const EpochTable& table() const { return table_; }
 
   const std::string& name() const { return name_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -50,13 +53,12 @@ class SharedEpochTable {
  private:
   SharedEpochTable(std::string name, int64_t num_blocks, bool owner, void* mapping,
                    size_t mapping_bytes);
-  uint64_t* epochs() const;
-
   std::string name_;
   int64_t num_blocks_;
   bool owner_;
   void* mapping_;
   size_t mapping_bytes_;
+  EpochTable table_;
 };
 
 }  // namespace duet::kvtransfer::cuda_ipc

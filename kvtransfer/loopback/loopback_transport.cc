@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kvtransfer/epoch_table.h"
 #include "kvtransfer/transfer_metrics.h"
 #include "kvtransfer/wire.h"
 
@@ -31,8 +32,7 @@ constexpr uint16_t kWireVersion = 1;
 struct Region {
   void* base = nullptr;
   uint64_t bytes = 0;
-  std::unique_ptr<uint64_t[]> epochs;
-  int64_t num_epochs = 0;
+  std::unique_ptr<EpochTable> epochs;
   // Readers: copies in progress. Writer: deregistration, which sets `dead`.
   absl::Mutex use_mu;
   bool dead ABSL_GUARDED_BY(use_mu) = false;
@@ -91,10 +91,6 @@ absl::StatusOr<std::string> DecodeAddress(absl::string_view bytes) {
   return name;
 }
 
-uint64_t LoadEpoch(Region& r, int32_t block) {
-  return std::atomic_ref<uint64_t>(r.epochs[block]).load(std::memory_order_seq_cst);
-}
-
 class LoopbackKvTransport : public KvTransport {
  public:
   explicit LoopbackKvTransport(LoopbackOptions options) : options_(std::move(options)) {
@@ -136,18 +132,11 @@ class LoopbackKvTransport : public KvTransport {
 
   absl::StatusOr<RegionId> RegisterRegion(void* base, uint64_t bytes,
                                           int64_t num_epoch_blocks) override {
-    if (base == nullptr || bytes == 0) {
-      return absl::InvalidArgumentError("RegisterRegion: empty region");
-    }
-    if (num_epoch_blocks < 0 || num_epoch_blocks > (int64_t{1} << 31)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RegisterRegion: bad epoch block count ", num_epoch_blocks));
-    }
+    RETURN_IF_ERROR(CheckRegisterRegion("loopback", base, bytes, num_epoch_blocks));
     auto r = std::make_shared<Region>();
     r->base = base;
     r->bytes = bytes;
-    r->num_epochs = num_epoch_blocks;
-    r->epochs = std::make_unique<uint64_t[]>(static_cast<size_t>(num_epoch_blocks) + 1);
+    ASSIGN_OR_RETURN(r->epochs, EpochTable::Allocate(num_epoch_blocks));
     absl::MutexLock lock(&state_->mu);
     RegionId id = next_region_++;
     state_->regions[id] = std::move(r);
@@ -183,18 +172,16 @@ class LoopbackKvTransport : public KvTransport {
     w.U64(state_->uid);
     w.U32(region);
     w.U64(it->second->bytes);
-    w.U64(static_cast<uint64_t>(it->second->num_epochs));
+    w.U64(static_cast<uint64_t>(it->second->epochs->num_blocks()));
     return w.Take();
   }
 
   uint64_t BlockEpoch(RegionId region, int32_t block) override {
-    std::shared_ptr<Region> r = EpochRegion(region, block);
-    return LoadEpoch(*r, block);
+    return EpochsOf(region)->epochs->Load(block);
   }
 
   void BumpEpoch(RegionId region, int32_t block) override {
-    std::shared_ptr<Region> r = EpochRegion(region, block);
-    std::atomic_ref<uint64_t>(r->epochs[block]).fetch_add(1, std::memory_order_seq_cst);
+    EpochsOf(region)->epochs->Bump(block);
   }
 
   absl::StatusOr<PeerId> Connect(const std::string& peer_address) override {
@@ -227,11 +214,10 @@ class LoopbackKvTransport : public KvTransport {
   void Cancel(TransferId) override {}  // every pull has already ended
 
  private:
-  std::shared_ptr<Region> EpochRegion(RegionId region, int32_t block) {
+  std::shared_ptr<Region> EpochsOf(RegionId region) {
     absl::MutexLock lock(&state_->mu);
     auto it = state_->regions.find(region);
     CHECK(it != state_->regions.end()) << "unknown region " << region;
-    CHECK(block >= 0 && block < it->second->num_epochs) << "block " << block << " out of range";
     return it->second;
   }
 
@@ -338,17 +324,11 @@ absl::StatusOr<TransferId> LoopbackKvTransport::Pull(const PullRequest& request)
     return Finish(result, start);
   }
   auto check = [&](const char* when) {
-    for (const auto& [block, promised] : request.block_epochs) {
-      uint64_t now = LoadEpoch(*src, block);
-      if (now != promised) {
-        result.state = TransferState::kLeaseExpired;
-        result.detail = absl::StrCat("block ", block, " is at epoch ", now,
-                                     ", the handle promised ", promised, " (lease ended ", when,
-                                     " the pull)");
-        return false;
-      }
-    }
-    return true;
+    std::optional<std::string> broken = src->epochs->Broken(request.block_epochs, when);
+    if (!broken) return true;
+    result.state = TransferState::kLeaseExpired;
+    result.detail = std::move(*broken);
+    return false;
   };
   if (!check("before")) return Finish(result, start);
   for (const Segment& s : request.segments) {

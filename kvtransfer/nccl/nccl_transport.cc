@@ -24,6 +24,7 @@
 #include "base/cuda_status.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kvtransfer/epoch_table.h"
 #include "kvtransfer/nccl/nccl_wire.h"
 #include "kvtransfer/transfer_record.h"
 
@@ -284,8 +285,7 @@ absl::StatusOr<ncclComm_t> InitComm(int device, const ncclUniqueId& id, int rank
 struct ExportedRegion {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
-  int64_t num_epoch_blocks = 0;
-  std::unique_ptr<std::atomic<uint64_t>[]> epochs;
+  std::unique_ptr<EpochTable> epochs;
 };
 
 class NcclKvTransport final : public KvTransport {
@@ -336,10 +336,7 @@ class NcclKvTransport final : public KvTransport {
 
   absl::StatusOr<RegionId> RegisterRegion(void* base, uint64_t bytes,
                                           int64_t num_epoch_blocks) override {
-    if (base == nullptr || bytes == 0 || num_epoch_blocks < 0) {
-      return absl::InvalidArgumentError(
-          "nccl transport: RegisterRegion needs a non-empty region and num_epoch_blocks >= 0");
-    }
+    RETURN_IF_ERROR(CheckRegisterRegion("nccl transport", base, bytes, num_epoch_blocks));
     absl::Status status = CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice");
     if (!status.ok()) return status;
     cudaPointerAttributes attr;
@@ -351,11 +348,7 @@ class NcclKvTransport final : public KvTransport {
     auto region = std::make_shared<ExportedRegion>();
     region->base = static_cast<uint8_t*>(base);
     region->bytes = bytes;
-    region->num_epoch_blocks = num_epoch_blocks;
-    if (num_epoch_blocks > 0) {
-      region->epochs = std::make_unique<std::atomic<uint64_t>[]>(num_epoch_blocks);
-      for (int64_t i = 0; i < num_epoch_blocks; ++i) region->epochs[i].store(0);
-    }
+    ASSIGN_OR_RETURN(region->epochs, EpochTable::Allocate(num_epoch_blocks));
     absl::MutexLock lock(&mu_);
     RegionId id = next_region_++;
     regions_.emplace(id, std::move(region));
@@ -373,7 +366,7 @@ class NcclKvTransport final : public KvTransport {
     d.transport_nonce = nonce_;
     d.region_id = id;
     d.bytes = it->second->bytes;
-    d.num_epoch_blocks = it->second->num_epoch_blocks;
+    d.num_epoch_blocks = it->second->epochs->num_blocks();
     return nccl::EncodeRegionDescriptor(d);
   }
 
@@ -382,8 +375,8 @@ class NcclKvTransport final : public KvTransport {
     return EraseIdleRegion(regions_, transfers_, id, "nccl transport");
   }
 
-  uint64_t BlockEpoch(RegionId id, int32_t block) override { return EpochOrDie(id, block).load(); }
-  void BumpEpoch(RegionId id, int32_t block) override { EpochOrDie(id, block).fetch_add(1); }
+  uint64_t BlockEpoch(RegionId id, int32_t block) override { return EpochsOrDie(id).Load(block); }
+  void BumpEpoch(RegionId id, int32_t block) override { EpochsOrDie(id).Bump(block); }
 
   absl::StatusOr<PeerId> Connect(const std::string& peer_address) override {
     absl::StatusOr<NcclAddress> address = nccl::DecodeAddress(peer_address);
@@ -530,13 +523,11 @@ class NcclKvTransport final : public KvTransport {
     std::atomic<bool> done{false};
   };
 
-  std::atomic<uint64_t>& EpochOrDie(RegionId id, int32_t block) {
+  EpochTable& EpochsOrDie(RegionId id) {
     absl::MutexLock lock(&mu_);
     auto it = regions_.find(id);
     CHECK(it != regions_.end()) << "nccl transport: unknown region " << id;
-    CHECK(block >= 0 && block < it->second->num_epoch_blocks)
-        << "nccl transport: block " << block << " outside the epoch table of region " << id;
-    return it->second->epochs[block];
+    return *it->second->epochs;
   }
 
   void SetResult(Transfer& t, TransferState state, std::string detail)
@@ -798,14 +789,16 @@ class NcclKvTransport final : public KvTransport {
         }
       }
       for (const auto& [block, epoch] : epochs) {
-        if (block < 0 || block >= region->num_epoch_blocks) {
+        if (block < 0 || block >= region->epochs->num_blocks()) {
           reply.status = ReplyStatus::kBadRequest;
           reply.detail = "epoch block outside the table";
         }
       }
-      if (reply.status == ReplyStatus::kOk && !EpochsHold(*region, epochs)) {
-        reply.status = ReplyStatus::kLeaseExpired;
-        reply.detail = "an epoch changed before the transfer";
+      if (reply.status == ReplyStatus::kOk) {
+        if (std::optional<std::string> broken = region->epochs->Broken(epochs, "before")) {
+          reply.status = ReplyStatus::kLeaseExpired;
+          reply.detail = std::move(*broken);
+        }
       }
     }
     if (!SendReply(ch, reply, deadline, stop)) return false;
@@ -820,19 +813,11 @@ class NcclKvTransport final : public KvTransport {
     Reply trailer;
     trailer.kind = ReplyKind::kTrailer;
     trailer.seq = header.seq;
-    if (!EpochsHold(*region, epochs)) {
+    if (std::optional<std::string> broken = region->epochs->Broken(epochs, "during")) {
       trailer.status = ReplyStatus::kLeaseExpired;
-      trailer.detail = "an epoch changed during the transfer";
+      trailer.detail = std::move(*broken);
     }
     return SendReply(ch, trailer, deadline, stop);
-  }
-
-  static bool EpochsHold(const ExportedRegion& region,
-                         const std::vector<std::pair<int32_t, uint64_t>>& epochs) {
-    for (const auto& [block, promised] : epochs) {
-      if (region.epochs[block].load() != promised) return false;
-    }
-    return true;
   }
 
   static bool SendReply(Channel& ch, const Reply& reply, absl::Time deadline,

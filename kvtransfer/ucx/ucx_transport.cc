@@ -200,13 +200,10 @@ UcxKvTransport::~UcxKvTransport() {
     absl::MutexLock rlock(&regions_mu_);
     for (auto& [id, r] : regions_) {
       if (r->memh != nullptr) ucp_mem_unmap(context_, r->memh);
-      if (r->epochs != nullptr) retired_epochs_.push_back({r->epochs, r->epoch_memh});
+      if (r->epochs != nullptr) retired_epochs_.push_back({std::move(r->epochs), r->epoch_memh});
     }
     regions_.clear();
-    for (EpochTable& e : retired_epochs_) {
-      ucp_mem_unmap(context_, e.memh);
-      std::free(e.words);
-    }
+    for (RetiredEpochs& e : retired_epochs_) ucp_mem_unmap(context_, e.memh);
     retired_epochs_.clear();
   }
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
@@ -675,13 +672,7 @@ absl::StatusOr<std::shared_ptr<UcxKvTransport::RemoteKeys>> UcxKvTransport::Keys
 
 absl::StatusOr<RegionId> UcxKvTransport::RegisterRegion(void* base, uint64_t bytes,
                                                         int64_t num_epoch_blocks) {
-  if (base == nullptr || bytes == 0) {
-    return absl::InvalidArgumentError("RegisterRegion: empty region");
-  }
-  if (num_epoch_blocks < 0 || num_epoch_blocks > (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RegisterRegion: bad epoch block count ", num_epoch_blocks));
-  }
+  RETURN_IF_ERROR(CheckRegisterRegion("ucx", base, bytes, num_epoch_blocks));
   auto region = std::make_unique<Region>();
   region->base = base;
   region->bytes = bytes;
@@ -708,18 +699,14 @@ absl::StatusOr<RegionId> UcxKvTransport::RegisterRegion(void* base, uint64_t byt
   };
   RETURN_IF_ERROR(map(base, bytes, &region->memh, &region->rkey));
   if (num_epoch_blocks > 0) {
-    size_t table_bytes = (static_cast<size_t>(num_epoch_blocks) * 8 + 63) / 64 * 64;
-    region->epochs = static_cast<uint64_t*>(std::aligned_alloc(64, table_bytes));
-    if (region->epochs == nullptr) {
-      ucp_mem_unmap(context_, region->memh);
-      return absl::ResourceExhaustedError("RegisterRegion: cannot allocate the epoch table");
+    absl::StatusOr<std::unique_ptr<EpochTable>> table = EpochTable::Allocate(num_epoch_blocks);
+    absl::Status s = table.status();
+    if (s.ok()) {
+      region->epochs = *std::move(table);
+      s = map(region->epochs->words(), region->epochs->bytes(), &region->epoch_memh, &region->epoch_rkey);
     }
-    std::memset(region->epochs, 0, table_bytes);
-    region->num_epochs = num_epoch_blocks;
-    absl::Status s = map(region->epochs, table_bytes, &region->epoch_memh, &region->epoch_rkey);
     if (!s.ok()) {
       ucp_mem_unmap(context_, region->memh);
-      std::free(region->epochs);
       return s;
     }
   }
@@ -746,10 +733,8 @@ absl::Status UcxKvTransport::DeregisterRegion(RegionId region) {
     // such a pull fails its first epoch check and never reads the region.
     // The table itself stays mapped until the transport dies, so that a late
     // remote read of it never touches freed memory.
-    for (int64_t b = 0; b < r->num_epochs; ++b) {
-      std::atomic_ref<uint64_t>(r->epochs[b]).fetch_add(1, std::memory_order_seq_cst);
-    }
-    retired_epochs_.push_back({r->epochs, r->epoch_memh});
+    r->epochs->BumpAll();
+    retired_epochs_.push_back({std::move(r->epochs), r->epoch_memh});
   }
   ucs_status_t st = ucp_mem_unmap(context_, r->memh);
   regions_.erase(it);
@@ -769,8 +754,8 @@ absl::StatusOr<std::string> UcxKvTransport::ExportRegion(RegionId region) {
   d.length = r.bytes;
   d.rkey = r.rkey;
   if (r.epochs != nullptr) {
-    d.epoch_base = reinterpret_cast<uint64_t>(r.epochs);
-    d.num_epochs = static_cast<uint64_t>(r.num_epochs);
+    d.epoch_base = reinterpret_cast<uint64_t>(r.epochs->words());
+    d.num_epochs = static_cast<uint64_t>(r.epochs->num_blocks());
     d.epoch_rkey = r.epoch_rkey;
   }
   return EncodeRegion(d);
@@ -780,31 +765,24 @@ uint64_t UcxKvTransport::BlockEpoch(RegionId region, int32_t block) {
   absl::ReaderMutexLock rlock(&regions_mu_);
   auto it = regions_.find(region);
   CHECK(it != regions_.end()) << "BlockEpoch: unknown region " << region;
-  Region& r = *it->second;
-  CHECK(block >= 0 && block < r.num_epochs) << "BlockEpoch: block " << block << " out of range";
-  return std::atomic_ref<uint64_t>(r.epochs[block]).load(std::memory_order_seq_cst);
+  CHECK(it->second->epochs != nullptr) << "BlockEpoch: region " << region << " has no epoch table";
+  return it->second->epochs->Load(block);
 }
 
 void UcxKvTransport::BumpEpoch(RegionId region, int32_t block) {
   absl::ReaderMutexLock rlock(&regions_mu_);
   auto it = regions_.find(region);
   CHECK(it != regions_.end()) << "BumpEpoch: unknown region " << region;
-  Region& r = *it->second;
-  CHECK(block >= 0 && block < r.num_epochs) << "BumpEpoch: block " << block << " out of range";
-  // seq_cst: the new epoch is visible before any later write to the block.
-  std::atomic_ref<uint64_t>(r.epochs[block]).fetch_add(1, std::memory_order_seq_cst);
+  CHECK(it->second->epochs != nullptr) << "BumpEpoch: region " << region << " has no epoch table";
+  it->second->epochs->Bump(block);
 }
 
 std::optional<std::string> UcxKvTransport::EpochMismatch(const Transfer* t, bool before) {
-  for (const auto& [block, promised] : t->block_epochs) {
-    size_t i = std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
-               t->epoch_blocks.begin();
-    if (t->epochs_read[i] != promised) {
-      return absl::StrCat("block ", block, " is at epoch ", t->epochs_read[i], ", the handle promised ", promised,
-                          before ? " (lease ended before the pull)" : " (lease ended during the pull)");
-    }
-  }
-  return std::nullopt;
+  auto read = [t](int32_t block) {
+    return t->epochs_read[std::lower_bound(t->epoch_blocks.begin(), t->epoch_blocks.end(), block) -
+                          t->epoch_blocks.begin()];
+  };
+  return BrokenPromise(t->block_epochs, read, before ? "before" : "during");
 }
 
 bool UcxKvTransport::CheckEpochs(Transfer* t, bool before, absl::Time now) {

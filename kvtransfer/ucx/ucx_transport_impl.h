@@ -47,6 +47,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
+#include "kvtransfer/epoch_table.h"
 #include "kvtransfer/transfer_metrics.h"
 #include "kvtransfer/wire.h"
 #include "kvtransfer/ucx/ucx_wire.h"
@@ -154,16 +155,15 @@ class UcxKvTransport : public KvTransport {
     uint64_t bytes = 0;
     ucp_mem_h memh = nullptr;
     std::string rkey;
-    // The epoch table: one word per block, read remotely, bumped locally
-    // with atomics. Kept (mapped) until the transport dies, see Deregister.
-    uint64_t* epochs = nullptr;
-    int64_t num_epochs = 0;
+    // The epoch table (exporters): read remotely, bumped locally. Kept
+    // (mapped) until the transport dies, see Deregister.
+    std::unique_ptr<EpochTable> epochs;
     ucp_mem_h epoch_memh = nullptr;
     std::string epoch_rkey;
     int local_transfers = 0;  // transfers writing into it, guarded by mu_
   };
-  struct EpochTable {
-    uint64_t* words;
+  struct RetiredEpochs {
+    std::unique_ptr<EpochTable> table;
     ucp_mem_h memh;
   };
 
@@ -316,7 +316,7 @@ class UcxKvTransport : public KvTransport {
   // Disconnected peers, kept so that a late error-handler call for their
   // (closed) endpoint never sees freed memory; bounded.
   std::vector<std::unique_ptr<Peer>> retired_peers_ ABSL_GUARDED_BY(mu_);
-  std::vector<EpochTable> retired_epochs_ ABSL_GUARDED_BY(mu_);
+  std::vector<RetiredEpochs> retired_epochs_ ABSL_GUARDED_BY(mu_);
   absl::Time last_pid_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
 
