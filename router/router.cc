@@ -8,13 +8,10 @@ namespace duet::router {
 absl::Status Router::Impl::Start(RouterOptions options) {
   if (started_) return absl::FailedPreconditionError("the router is already started");
   options_ = std::move(options);
-  {
-    // Request ids start at the wall clock's microseconds, so a restarted
-    // router's ids lie above every one its predecessor sent: a worker that
-    // still holds state or frames of those can never mistake them for new ones.
-    absl::MutexLock lock(&mu_);
-    next_attempt_id_ = static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixMicros(absl::Now())));
-  }
+  // Request ids start at the wall clock's microseconds, so a restarted
+  // router's ids lie above every one its predecessor sent: a worker that
+  // still holds state or frames of those can never mistake them for new ones.
+  const uint64_t first_attempt_id = static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixMicros(absl::Now())));
   if (options_.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   if (options_.served_model_name.empty()) {
     std::filesystem::path p(options_.model_dir);
@@ -98,6 +95,16 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                       .connect_timeout = options_.connect_timeout,
                       .clock = options_.clock},
       this);
+  tracked_workers_ = std::make_unique<RegistryWorkers>(registry_.get());
+  {
+    absl::MutexLock lock(&mu_);
+    tracker_ = std::make_unique<RequestTracker>(RequestTracker::Options{.max_attempts = options_.max_attempts,
+                                                                        .max_migrations = options_.max_migrations,
+                                                                        .config = config_,
+                                                                        .first_attempt_id = first_attempt_id,
+                                                                        .migrated_total = total_migrated_},
+                                                dispatcher_.get(), tracked_workers_.get(), this);
+  }
   started_ = true;
   RETURN_IF_ERROR(registry_->Start());
   auto http = http::HttpServer::Start(
@@ -125,7 +132,7 @@ void Router::Impl::Stop() {
   {
     absl::MutexLock lock(&mu_);
     requests.swap(requests_);
-    attempts_.clear();
+    tracker_->Clear();
     queries.swap(stats_queries_);
   }
   requests.clear();

@@ -175,12 +175,9 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
                        "retry later")),
                    "queue_full");
     }
-    if (s.ok()) s = StartGroup(g);
+    if (s.ok()) s = tracker_->Start(g->choices, static_cast<size_t>(g->params.n));
     if (!s.ok()) {
-      for (const RequestPtr& r : g->choices) {
-        if (r->attempts > 0) SendCancel(r, "");
-        Forget(r);
-      }
+      for (const RequestTracker::ChoicePtr& c : g->choices) tracker_->Drop(c);
       ++n_rejected_;
       total_rejected_->Increment();
       http::HttpResponse resp = JsonResponse(HttpStatusFor(s), ErrorJson(s));
@@ -210,12 +207,7 @@ void Router::Impl::OnClientGone(uint64_t seq) {
 
 void Router::Impl::DropGroup(const GroupPtr& g) {
   g->ended = true;
-  for (const RequestPtr& r : g->choices) {
-    if (r->done) continue;
-    r->done = true;
-    if (attempts_.count(r->attempt_id) > 0) SendCancel(r, "");
-    Forget(r);
-  }
+  for (const RequestTracker::ChoicePtr& c : g->choices) tracker_->Drop(c);
   requests_.erase(g->seq);
 }
 

@@ -69,13 +69,13 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
   Json router;
   router["requests_in_flight"] = static_cast<int64_t>(requests_.size());
   router["requests_unauthorized"] = rejected_auth_.load();
-  router["attempts_in_flight"] = static_cast<int64_t>(attempts_.size());
+  router["attempts_in_flight"] = static_cast<int64_t>(tracker_->attempts_in_flight());
   router["requests_ok"] = n_ok_;
   router["requests_error"] = n_error_;
   router["requests_cancelled"] = n_cancelled_;
   router["requests_rejected"] = n_rejected_;
-  router["redispatches"] = n_redispatched_;
-  router["migrations"] = n_migrated_;
+  router["redispatches"] = tracker_->redispatches();
+  router["migrations"] = tracker_->migrations();
   Json restarts = Json::object();
   for (proto::Role role : {proto::ROLE_PREFILL, proto::ROLE_DECODE, proto::ROLE_COLOCATED}) {
     auto it = n_restarts_.find(std::string(RoleName(role)));
