@@ -10,10 +10,7 @@ class CacheAware : public Dispatcher {
   CacheAware(const CacheView* cache, double uncached_weight, double queued_weight)
       : cache_(cache), uncached_weight_(uncached_weight), queued_weight_(queued_weight) {}
 
-  absl::StatusOr<PrefillPick> PickPrefill(absl::Span<const WorkerLoad> workers,
-                                          const DispatchRequest& request) override {
-    const Candidates c = SplitCandidates(workers);
-    if (c.prefill.empty()) return MissingRole(workers);
+  PrefillPick PickPrefill(const Candidates& c, const DispatchRequest& request) override {
     const double tokens = static_cast<double>(request.tokens());
     const std::vector<int64_t> cached = cache_->CachedTokens(c.prefill, request.prompt);
     const WorkerLoad* best = nullptr;
@@ -32,9 +29,7 @@ class CacheAware : public Dispatcher {
     }
     return PrefillPick{.worker = best, .prefill_tokens = static_cast<int64_t>(best_uncached)};
   }
-  const WorkerLoad* PickDecode(absl::Span<const WorkerLoad> workers) override {
-    return LeastLoadedDecode(SplitCandidates(workers));
-  }
+  const WorkerLoad* PickDecode(const Candidates& c) override { return LeastLoadedDecode(c); }
 
  private:
   const CacheView* const cache_;

@@ -66,7 +66,6 @@ bool FewerQueued(const WorkerLoad* a, const WorkerLoad* b) {
 }
 
 const WorkerLoad* LeastLoadedDecode(const Candidates& c) {
-  if (c.decode.empty()) return nullptr;
   // Candidates are in id order and min_element keeps the first minimum.
   return *std::min_element(c.decode.begin(), c.decode.end(), [](const WorkerLoad* a, const WorkerLoad* b) {
     if (a->kv_blocks_free != b->kv_blocks_free) return a->kv_blocks_free > b->kv_blocks_free;
@@ -74,11 +73,26 @@ const WorkerLoad* LeastLoadedDecode(const Candidates& c) {
   });
 }
 
+absl::StatusOr<PrefillPick> PickPrefill(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers,
+                                        const DispatchRequest& request) {
+  const Candidates c = SplitCandidates(workers);
+  if (c.prefill.empty()) return MissingRole(workers);
+  return dispatcher.PickPrefill(c, request);
+}
+
+const WorkerLoad* PickDecode(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers) {
+  const Candidates c = SplitCandidates(workers);
+  return c.decode.empty() ? nullptr : dispatcher.PickDecode(c);
+}
+
 absl::StatusOr<Assignment> Pick(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers,
                                 const DispatchRequest& request) {
-  ASSIGN_OR_RETURN(PrefillPick p, dispatcher.PickPrefill(workers, request));
-  const WorkerLoad* decode = p.worker->role == Role::kColocated ? nullptr : dispatcher.PickDecode(workers);
-  if (decode == nullptr) decode = p.worker;  // A colocated worker is its own decode.
+  const Candidates c = SplitCandidates(workers);
+  if (c.prefill.empty()) return MissingRole(workers);
+  const PrefillPick p = dispatcher.PickPrefill(c, request);
+  // A colocated worker is its own decode; a dedicated prefill is a candidate
+  // only while some decode is live.
+  const WorkerLoad* decode = p.worker->role == Role::kColocated ? p.worker : dispatcher.PickDecode(c);
   return Assignment{.prefill_id = p.worker->id,
                     .decode_id = decode->id,
                     .decode_address = decode->control_address,

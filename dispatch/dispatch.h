@@ -98,17 +98,30 @@ struct Assignment {
 // prefill and a decode worker. Otherwise Unavailable naming what is missing.
 absl::Status CanServe(absl::Span<const WorkerLoad> workers);
 
+// The workers a policy chooses among, split once per pick.
+struct Candidates {
+  std::vector<const WorkerLoad*> prefill;  // Prefill and colocated workers, by id.
+  std::vector<const WorkerLoad*> decode;   // Decode workers only, by id.
+};
+
+// A policy. Callers go through PickPrefill, PickDecode and Pick below,
+// which split the workers and check them once.
 class Dispatcher {
  public:
   virtual ~Dispatcher() = default;
-  // Unavailable (naming the missing role) when CanServe fails.
-  virtual absl::StatusOr<PrefillPick> PickPrefill(absl::Span<const WorkerLoad> workers,
-                                                  const DispatchRequest& request) = 0;
-  // The decode worker among `workers` (others are ignored) for a request
-  // whose prefill was a dedicated prefill worker; nullptr when none is live.
-  virtual const WorkerLoad* PickDecode(absl::Span<const WorkerLoad> workers) = 0;
+  // One of c.prefill, which is not empty.
+  virtual PrefillPick PickPrefill(const Candidates& c, const DispatchRequest& request) = 0;
+  // One of c.decode, which is not empty.
+  virtual const WorkerLoad* PickDecode(const Candidates& c) = 0;
 };
 
+// The prefill (or colocated) worker for `request`; Unavailable (naming the
+// missing role) when CanServe fails.
+absl::StatusOr<PrefillPick> PickPrefill(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers,
+                                        const DispatchRequest& request);
+// The decode worker among `workers` (others are ignored) for a request
+// whose prefill was a dedicated prefill worker; nullptr when none is live.
+const WorkerLoad* PickDecode(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers);
 // Both at once, as the router assigns them: the prefill, then (unless it
 // is colocated) the decode.
 absl::StatusOr<Assignment> Pick(Dispatcher& dispatcher, absl::Span<const WorkerLoad> workers,
@@ -125,14 +138,11 @@ struct DispatchOptions {
 absl::StatusOr<std::unique_ptr<Dispatcher>> NewDispatcher(DispatchPolicy policy, DispatchOptions options = {});
 
 // What the policies share (dispatch.cc).
-struct Candidates {
-  std::vector<const WorkerLoad*> prefill;  // Prefill and colocated workers, by id.
-  std::vector<const WorkerLoad*> decode;   // Decode workers only, by id.
-};
 Candidates SplitCandidates(absl::Span<const WorkerLoad> workers);
 // The Unavailable error for workers that cannot serve.
 absl::Status MissingRole(absl::Span<const WorkerLoad> workers);
-// The decode with the most free blocks, then the fewest running requests.
+// The decode with the most free blocks, then the fewest running requests;
+// c.decode is not empty.
 const WorkerLoad* LeastLoadedDecode(const Candidates& c);
 // least_loaded's prefill order: fewer queued prefill tokens, then fewer
 // running requests (a colocated worker's decodes: with every prefill queue

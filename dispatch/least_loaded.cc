@@ -10,15 +10,11 @@ namespace {
 
 class LeastLoaded : public Dispatcher {
  public:
-  absl::StatusOr<PrefillPick> PickPrefill(absl::Span<const WorkerLoad> workers, const DispatchRequest&) override {
-    const Candidates c = SplitCandidates(workers);
-    if (c.prefill.empty()) return MissingRole(workers);
+  PrefillPick PickPrefill(const Candidates& c, const DispatchRequest&) override {
     // Candidates are in id order and min_element keeps the first minimum.
     return PrefillPick{.worker = *std::min_element(c.prefill.begin(), c.prefill.end(), FewerQueued)};
   }
-  const WorkerLoad* PickDecode(absl::Span<const WorkerLoad> workers) override {
-    return LeastLoadedDecode(SplitCandidates(workers));
-  }
+  const WorkerLoad* PickDecode(const Candidates& c) override { return LeastLoadedDecode(c); }
 };
 
 }  // namespace

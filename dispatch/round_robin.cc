@@ -7,16 +7,10 @@ namespace {
 
 class RoundRobin : public Dispatcher {
  public:
-  absl::StatusOr<PrefillPick> PickPrefill(absl::Span<const WorkerLoad> workers, const DispatchRequest&) override {
-    const Candidates c = SplitCandidates(workers);
-    if (c.prefill.empty()) return MissingRole(workers);
+  PrefillPick PickPrefill(const Candidates& c, const DispatchRequest&) override {
     return PrefillPick{.worker = c.prefill[next_prefill_++ % c.prefill.size()]};
   }
-  const WorkerLoad* PickDecode(absl::Span<const WorkerLoad> workers) override {
-    const Candidates c = SplitCandidates(workers);
-    if (c.decode.empty()) return nullptr;
-    return c.decode[next_decode_++ % c.decode.size()];
-  }
+  const WorkerLoad* PickDecode(const Candidates& c) override { return c.decode[next_decode_++ % c.decode.size()]; }
 
  private:
   uint64_t next_prefill_ = 0;

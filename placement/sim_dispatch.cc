@@ -40,14 +40,14 @@ SimDispatch::Pick SimDispatch::PickPrefill(absl::Span<const InstanceLoad> instan
                                            absl::Span<const int32_t> prompt, int64_t num_tokens) {
   view_.instances = instances;
   absl::StatusOr<dispatch::PrefillPick> p =
-      dispatcher_->PickPrefill(Loads(instances), {.prompt = prompt, .num_tokens = num_tokens});
+      dispatch::PickPrefill(*dispatcher_, Loads(instances), {.prompt = prompt, .num_tokens = num_tokens});
   view_.instances = {};
   CHECK(p.ok()) << p.status();
   return Pick{.instance = IndexOf(p->worker), .charged = p->prefill_tokens >= 0 ? p->prefill_tokens : num_tokens};
 }
 
 int32_t SimDispatch::PickDecode(absl::Span<const InstanceLoad> instances) {
-  const dispatch::WorkerLoad* d = dispatcher_->PickDecode(Loads(instances));
+  const dispatch::WorkerLoad* d = dispatch::PickDecode(*dispatcher_, Loads(instances));
   CHECK(d != nullptr) << "no decode instance";
   return IndexOf(d);
 }
