@@ -7,6 +7,7 @@
 #include "base/status_macros.h"
 #include "kvtransfer/layout_proto.h"
 #include "spec/generation.h"
+#include "spec/generation_spec.h"
 #include "proto/frame.h"
 
 namespace duet::decode {
@@ -83,13 +84,7 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
   }
   const uint64_t id = req.request_id();
   const spec::ModelConfig& c = engine_.model->config();
-  absl::Status valid;
-  for (int32_t t : req.resume_ids()) {
-    if (t < 0 || t >= c.vocab_size) {
-      valid = absl::InvalidArgumentError(absl::StrCat("resume token id ", t, " is outside the vocabulary"));
-      break;
-    }
-  }
+  const absl::Status valid = spec::CheckTokenIds(req.resume_ids(), "resume_ids", c.vocab_size);
   const int64_t tokens = req.spec().prompt_ids_size() + req.resume_ids_size();
   absl::StatusOr<GenerationParams> params =
       valid.ok() ? DecodeParams(req.spec(), c, tokens) : absl::StatusOr<GenerationParams>(valid);
@@ -103,11 +98,7 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
   const spec::FinishDecision resumed_end =
       spec::ResumedEnd(*params, c, req.spec().prompt_ids_size(), req.resume_ids());
   if (resumed_end != spec::FinishDecision::kContinue) {
-    proto::Frame f = proto::NewFrame();
-    f.mutable_finish()->set_request_id(id);
-    f.mutable_finish()->set_reason(resumed_end == spec::FinishDecision::kStop ? proto::FINISH_STOP
-                                                                                 : proto::FINISH_LENGTH);
-    sink_->SendToRouter(f);
+    sink_->SendToRouter(EndFinish(id, resumed_end));
     return;
   }
   SequenceRequest r{.request_id = id,

@@ -7,6 +7,7 @@
 #include "base/status_macros.h"
 #include "kvtransfer/layout_proto.h"
 #include "proto/frame.h"
+#include "spec/generation_spec.h"
 
 namespace duet::decode {
 namespace {
@@ -106,11 +107,7 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
   if (valid.ok() && offer.generated_ids_size() == 0) {
     valid = absl::InvalidArgumentError("KvOffer: no generated token to continue from");
   }
-  for (int32_t t : offer.generated_ids()) {
-    if (valid.ok() && (t < 0 || t >= c.vocab_size)) {
-      valid = absl::InvalidArgumentError(absl::StrCat("generated token id ", t, " is outside the vocabulary"));
-    }
-  }
+  if (valid.ok()) valid = spec::CheckTokenIds(offer.generated_ids(), "generated_ids", c.vocab_size);
   const int64_t tokens = offer.spec().prompt_ids_size() + offer.generated_ids_size() - 1;
   if (valid.ok() && h.num_tokens() != tokens) {
     valid = absl::InvalidArgumentError(absl::StrCat("KV handle: num_tokens is ", h.num_tokens(),
@@ -133,10 +130,7 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
   const spec::FinishDecision end =
       spec::ResumedEnd(*params, c, offer.spec().prompt_ids_size(), offer.generated_ids());
   if (end != spec::FinishDecision::kContinue) {
-    proto::Frame f = proto::NewFrame();
-    f.mutable_finish()->set_request_id(id);
-    f.mutable_finish()->set_reason(end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
-    sink_->SendToRouter(f);
+    sink_->SendToRouter(EndFinish(id, end));
     SendReleased(sink_, id, h.control_address());
     return;
   }

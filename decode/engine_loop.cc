@@ -6,7 +6,6 @@
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
-#include "kernels/factory.h"
 #include "kvtransfer/layout_proto.h"
 #include "spec/generation_spec.h"
 #include "proto/frame.h"
@@ -44,6 +43,13 @@ proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status) {
   fin->set_reason(proto::FINISH_ERROR);
   fin->set_error(std::string(status.message()));
   fin->set_error_code(static_cast<int32_t>(status.code()));
+  return f;
+}
+
+proto::Frame EndFinish(uint64_t request_id, spec::FinishDecision end) {
+  proto::Frame f = proto::NewFrame();
+  f.mutable_finish()->set_request_id(request_id);
+  f.mutable_finish()->set_reason(spec::FinishReasonOf(end));
   return f;
 }
 

@@ -38,7 +38,6 @@
 #include "decode/batch_engine.h"
 #include "engine/model.h"
 #include "spec/model_config.h"
-#include "kernels/backend.h"
 #include "proto/control.pb.h"
 #include "worker/engine_core.h"
 #include "worker/frame_sink.h"
@@ -115,6 +114,8 @@ absl::StatusOr<GenerationParams> DecodeParams(const proto::GenerationSpec& spec,
 
 // Finish{FINISH_ERROR, error_code, error} for `request_id`.
 proto::Frame ErrorFinish(uint64_t request_id, const absl::Status& status);
+// Finish{STOP or LENGTH} for a request the finish rule ended (not kContinue).
+proto::Frame EndFinish(uint64_t request_id, spec::FinishDecision end);
 
 }  // namespace duet::decode
 

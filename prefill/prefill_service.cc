@@ -10,6 +10,7 @@
 #include "engine/sampler.h"
 #include "kvtransfer/layout_proto.h"
 #include "prefill/request.h"
+#include "spec/generation_spec.h"
 #include "proto/frame.h"
 
 namespace duet::prefill {
@@ -143,8 +144,7 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
         return;
       }
       if (accepted->end != spec::FinishDecision::kContinue) {
-        SendFinish(r.request_id(),
-                   accepted->end == spec::FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH);
+        SendFinish(r.request_id(), spec::FinishReasonOf(accepted->end));
         return;
       }
       Event e{.kind = Event::Kind::kRequest, .request_id = r.request_id()};

@@ -104,16 +104,11 @@ void RequestTracker::Redispatch(const ChoicePtr& c, const std::string& reason, P
   // The client has every token it asked for, or the last of them ended the
   // request (the attempt that sampled it died before its Finish): the one
   // finish rule, as a worker given the resumed tokens would judge them.
-  switch (spec::ResumedEnd(spec::ToGenerationParams(c->spec), options_.config, c->spec.prompt_ids_size(),
-                           c->builder->token_ids())) {
-    case spec::FinishDecision::kStop:
-      Complete(c, proto::FINISH_STOP, p);
-      return;
-    case spec::FinishDecision::kLength:
-      Complete(c, proto::FINISH_LENGTH, p);
-      return;
-    case spec::FinishDecision::kContinue:
-      break;
+  const spec::FinishDecision end = spec::ResumedEnd(spec::ToGenerationParams(c->spec), options_.config,
+                                                    c->spec.prompt_ids_size(), c->builder->token_ids());
+  if (end != spec::FinishDecision::kContinue) {
+    Complete(c, spec::FinishReasonOf(end), p);
+    return;
   }
   absl::Status s = StartAttempt(c);
   if (!s.ok()) {

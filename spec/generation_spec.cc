@@ -1,6 +1,7 @@
 #include "spec/generation_spec.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 
 namespace duet::spec {
@@ -14,6 +15,11 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, 
     }
   }
   return absl::OkStatus();
+}
+
+proto::FinishReason FinishReasonOf(FinishDecision end) {
+  CHECK(end != FinishDecision::kContinue) << "a request that goes on has no finish reason";
+  return end == FinishDecision::kStop ? proto::FINISH_STOP : proto::FINISH_LENGTH;
 }
 
 spec::GenerationParams ToGenerationParams(const proto::GenerationSpec& spec) {

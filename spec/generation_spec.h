@@ -20,6 +20,10 @@ namespace duet::spec {
 absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, const char* field,
                            int64_t vocab_size);
 
+// The Finish reason the workers report for a decision that ends a request
+// (kStop or kLength; CHECK-fails on kContinue).
+proto::FinishReason FinishReasonOf(FinishDecision end);
+
 // The spec's parameters as they are, unchecked (for a spec checked before).
 spec::GenerationParams ToGenerationParams(const proto::GenerationSpec& spec);
 
