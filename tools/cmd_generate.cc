@@ -166,21 +166,7 @@ int RunGenerate(int argc, char** argv) {
   AddLoadFlags(f);
   f.Int("block-size", 16, "KV cache block size in tokens");
   f.Int("prefill-chunk", 0, "prefill the prompt in chunks of this many tokens; 0: one step");
-  absl::Status s = f.Parse(argc, argv);
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "duet generate: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  s = Generate(f);
-  if (!s.ok()) {
-    std::fprintf(stderr, "duet generate: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return RunWithFlags(f, argc, argv, Generate);
 }
 
 }  // namespace duet::tools

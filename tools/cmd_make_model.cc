@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <optional>
 
 #include "base/flags.h"
 #include "tools/commands.h"
@@ -17,19 +18,14 @@ int RunMakeModel(int argc, char** argv) {
   f.String("arch", "llama",
            "llama (untied, Llama-3 rope_scaling) | mistral (sliding window) | qwen2 (q/k/v bias, tied)");
   f.Int("seed", 0, "weight seed; same seed, same bytes");
-  absl::Status s = f.Parse(argc, argv);
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (s.ok() && f.GetString("out").empty()) s = absl::InvalidArgumentError("--out is required");
-  if (!s.ok()) {
-    std::fprintf(stderr, "duet make-model: %s\n", std::string(s.message()).c_str());
+  if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
+  if (f.GetString("out").empty()) {
+    std::fprintf(stderr, "duet make-model: --out is required\n");
     return 2;
   }
   std::fprintf(stderr, "duet make-model: writing the %s %s model to %s\n", f.GetString("size").c_str(),
                f.GetString("arch").c_str(), f.GetString("out").c_str());
-  s = testing::MakeModel({.size = f.GetString("size"), .arch = f.GetString("arch"),
+  absl::Status s = testing::MakeModel({.size = f.GetString("size"), .arch = f.GetString("arch"),
                  .seed = static_cast<uint64_t>(f.GetInt("seed")), .out_dir = f.GetString("out")});
   if (!s.ok()) {
     std::fprintf(stderr, "duet make-model: %s\n", s.ToString().c_str());

@@ -65,22 +65,11 @@ int RunTokenize(int argc, char** argv) {
            "a model directory, a tokenizer.json, or a directory with GPT-2's vocab.json + merges.txt\n"
            "                          (or encoder.json + vocab.bpe); default: the embedded tiny model");
   f.Bool("decode", "ids to text instead of text to ids");
-  absl::Status s = f.Parse(argc, argv);
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "duet tokenize: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  s = Tokenize(f);
-  std::fflush(stdout);
-  if (!s.ok()) {
-    std::fprintf(stderr, "duet tokenize: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return RunWithFlags(f, argc, argv, [](const FlagSet& flags) {
+    absl::Status s = Tokenize(flags);
+    std::fflush(stdout);  // The lines before a bad one come out before its error.
+    return s;
+  });
 }
 
 }  // namespace duet::tools

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -56,15 +57,7 @@ int RunUp(int argc, char** argv) {
   f.String("run-dir", "", "folder for logs and ready files (default: a new one under /tmp)");
   f.Bool("no-supervise",
          "stop the whole cluster (showing the log) when a process dies, instead of restarting it");
-  absl::Status s = f.Parse(argc, argv);
-  if (f.help_requested()) {
-    std::fputs(f.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "duet up: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
+  if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
 
   placement::ClusterConfig cfg;
   if (f.IsSet("config")) {
