@@ -31,13 +31,6 @@
 
 namespace duet::kvtransfer {
 
-// What Poll and Wait return for an id they do not know (already returned?).
-inline TransferResult UnknownTransfer(absl::string_view transport, TransferId id) {
-  TransferResult r;
-  r.state = TransferState::kCancelled;
-  r.detail = absl::StrCat(transport, ": unknown transfer ", id, " (already returned?)");
-  return r;
-}
 
 // 64 random bits, for telling transports (and pairings) apart in addresses.
 inline uint64_t RandomNonce() {

@@ -22,6 +22,13 @@ const char* TransferStateName(TransferState state) {
   return "unknown";
 }
 
+TransferResult UnknownTransfer(absl::string_view transport, TransferId id) {
+  TransferResult r;
+  r.state = TransferState::kCancelled;
+  r.detail = absl::StrCat(transport, ": unknown transfer ", id, " (already returned?)");
+  return r;
+}
+
 absl::StatusOr<uint64_t> CheckPullBounds(const PullRequest& request, uint64_t remote_bytes,
                                          uint64_t local_bytes, uint64_t remote_epoch_blocks) {
   uint64_t total = 0;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kvtransfer/layout.h"
 
@@ -77,6 +78,10 @@ struct PullRequest {
 // transport's Pull checks a request with it before it moves a byte.
 absl::StatusOr<uint64_t> CheckPullBounds(const PullRequest& request, uint64_t remote_bytes,
                                          uint64_t local_bytes, uint64_t remote_epoch_blocks);
+
+// What Poll and Wait return for an id they do not know (already returned?):
+// kCancelled, "<transport>: unknown transfer <id> (already returned?)".
+TransferResult UnknownTransfer(absl::string_view transport, TransferId id);
 
 class KvTransport {
  public:

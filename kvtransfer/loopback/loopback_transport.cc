@@ -224,12 +224,7 @@ class LoopbackKvTransport : public KvTransport {
   TransferResult Take(TransferId id) {
     absl::MutexLock lock(&mu_);
     auto it = results_.find(id);
-    if (it == results_.end()) {
-      TransferResult r;
-      r.state = TransferState::kCancelled;
-      r.detail = absl::StrCat("unknown transfer ", id);
-      return r;
-    }
+    if (it == results_.end()) return UnknownTransfer("loopback", id);
     TransferResult r = std::move(it->second);
     results_.erase(it);
     return r;

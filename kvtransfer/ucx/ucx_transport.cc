@@ -986,12 +986,7 @@ TransferResult UcxKvTransport::Take(std::map<TransferId, std::unique_ptr<Transfe
 std::optional<TransferResult> UcxKvTransport::Poll(TransferId id) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
-  if (it == transfers_.end() || it->second->taken) {
-    TransferResult r;
-    r.state = TransferState::kCancelled;
-    r.detail = absl::StrCat("unknown transfer ", id);
-    return r;
-  }
+  if (it == transfers_.end() || it->second->taken) return UnknownTransfer("ucx", id);
   Transfer* t = it->second.get();
   if (!t->finalized) {
     if (t->same_host && !t->nudged) {
@@ -1006,12 +1001,7 @@ std::optional<TransferResult> UcxKvTransport::Poll(TransferId id) {
 TransferResult UcxKvTransport::Wait(TransferId id) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
-  if (it == transfers_.end() || it->second->taken) {
-    TransferResult r;
-    r.state = TransferState::kCancelled;
-    r.detail = absl::StrCat("unknown transfer ", id);
-    return r;
-  }
+  if (it == transfers_.end() || it->second->taken) return UnknownTransfer("ucx", id);
   // The progress thread ends the transfer by its deadline plus the drain and
   // forced-close bounds; the extra second only guards against a stalled thread.
   absl::Time limit = it->second->deadline + options_.cancel_grace + 2 * kCloseBound + absl::Seconds(1);
