@@ -25,7 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
+#include "base/listen.h"
 #include "base/metrics.h"
+#include "base/status_macros.h"
 
 namespace duet::http {
 
@@ -89,22 +91,6 @@ std::string EncodeEvent(std::string_view data) {
   for (absl::string_view line : absl::StrSplit(View(data), '\n')) absl::StrAppend(&out, "data: ", line, "\n");
   out += "\n";
   return out;
-}
-
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseAddress(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not HOST:PORT"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host.empty()) host = "0.0.0.0";
-  if (host == "localhost") host = "127.0.0.1";
-  uint32_t port;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" has a bad port"));
-  }
-  return std::make_pair(host, static_cast<uint16_t>(port));
 }
 
 }  // namespace
@@ -617,48 +603,36 @@ HttpExchange::~HttpExchange() {
   }
 }
 
+bool HttpExchange::Advance(State from, State to, const char* call) {
+  if (gone_.load()) return false;
+  if (state_ != from) {
+    LOG(ERROR) << "http: " << call
+               << (from == State::kNew ? " on an exchange that already answered" : " outside a stream") << "; ignored";
+    return false;
+  }
+  state_ = to;
+  return true;
+}
+
 void HttpExchange::Reply(HttpResponse response) {
   absl::MutexLock l(&mu_);
-  if (gone_.load()) return;
-  if (state_ != State::kNew) {
-    LOG(ERROR) << "http: Reply on an exchange that already answered; ignored";
-    return;
-  }
-  state_ = State::kReplied;
-  session_->PostReply(std::move(response));
+  if (Advance(State::kNew, State::kReplied, "Reply")) session_->PostReply(std::move(response));
 }
 
 void HttpExchange::StartStream(int status, HeaderList headers) {
   absl::MutexLock l(&mu_);
-  if (gone_.load()) return;
-  if (state_ != State::kNew) {
-    LOG(ERROR) << "http: StartStream on an exchange that already answered; ignored";
-    return;
-  }
-  state_ = State::kStreaming;
-  session_->PostStreamStart(status, std::move(headers));
+  if (Advance(State::kNew, State::kStreaming, "StartStream")) session_->PostStreamStart(status, std::move(headers));
 }
 
 void HttpExchange::SendEvent(std::string_view data) {
   std::string event = EncodeEvent(data);  // Outside the lock.
   absl::MutexLock l(&mu_);
-  if (gone_.load()) return;
-  if (state_ != State::kStreaming) {
-    LOG(ERROR) << "http: SendEvent outside a stream; ignored";
-    return;
-  }
-  session_->PostEvent(std::move(event));
+  if (Advance(State::kStreaming, State::kStreaming, "SendEvent")) session_->PostEvent(std::move(event));
 }
 
 void HttpExchange::EndStream() {
   absl::MutexLock l(&mu_);
-  if (gone_.load()) return;
-  if (state_ != State::kStreaming) {
-    LOG(ERROR) << "http: EndStream outside a stream; ignored";
-    return;
-  }
-  state_ = State::kEnded;
-  session_->PostStreamEnd();
+  if (Advance(State::kStreaming, State::kEnded, "EndStream")) session_->PostStreamEnd();
 }
 
 void HttpExchange::OnClientGone(std::function<void()> fn) {
@@ -712,19 +686,9 @@ void Accept(const std::shared_ptr<internal::ServerState>& state) {
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(asio::io_context& io,
                                                               const std::string& address, HttpHandler handler,
                                                               HttpLimits limits) {
-  auto hp = ParseAddress(address);
-  if (!hp.ok()) return hp.status();
   if (!handler) return absl::InvalidArgumentError("HttpServer needs a handler");
   auto state = std::make_shared<internal::ServerState>(io, std::move(handler), limits);
-  beast::error_code ec;
-  auto ip = asio::ip::make_address(hp->first, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", address, ": ", ec.message()));
-  tcp::endpoint ep(ip, hp->second);
-  state->acceptor.open(ep.protocol(), ec);
-  if (!ec) state->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) state->acceptor.bind(ep, ec);
-  if (!ec) state->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", ec.message()));
+  RETURN_IF_ERROR(Listen(state->acceptor, address));
   std::unique_ptr<HttpServer> server(new HttpServer(state));
   server->port_ = state->acceptor.local_endpoint().port();
   // The acceptor is used only on its strand from here on.

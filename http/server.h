@@ -128,6 +128,9 @@ class HttpExchange {
   friend class internal::Session;
   enum class State { kNew, kReplied, kStreaming, kEnded };
   void MarkGone();  // From the session, on its strand.
+  // Whether `call` may go on now: the client is not gone and the exchange
+  // is in state `from` (else it logs `call` as ignored); it then moves to `to`.
+  bool Advance(State from, State to, const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<internal::Session> session_;
   std::atomic<bool> gone_{false};

@@ -248,7 +248,7 @@ void WorkerRegistry::OnRegister(const rpc::ConnectionPtr& conn, const proto::Reg
     return Refuse(conn, absl::StrCat("model mismatch: worker ", reg.worker_id(), " serves model \"",
                                      reg.model(), "\" but this router serves \"", options_.model, "\""));
   }
-  if (auto hp = rpc::ParseHostPort(reg.control_address()); !hp.ok()) {
+  if (auto hp = ParseHostPort(reg.control_address()); !hp.ok()) {
     return Refuse(conn, absl::StrCat("bad control_address: ", hp.status().message()));
   }
   WorkerPtr old;

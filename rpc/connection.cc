@@ -133,20 +133,6 @@ void Connection::Fail(const absl::Status& status) {
   handlers_ = {};  // Break reference cycles held by the owner's lambdas.
 }
 
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not HOST:PORT"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  uint32_t port;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" has a bad port"));
-  }
-  return std::make_pair(host, static_cast<uint16_t>(port));
-}
-
 absl::StatusOr<ConnectionPtr> Connect(asio::io_context& io, const std::string& address,
                                       absl::Duration timeout, uint32_t max_frame_bytes) {
   auto hp = ParseHostPort(address);
@@ -194,15 +180,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Listen(asio::io_context& io, con
   auto hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
   std::unique_ptr<Server> s(new Server(io, std::move(on_accept), max_frame_bytes));
-  boost::system::error_code ec;
-  auto ip = asio::ip::make_address(hp->first == "localhost" ? "127.0.0.1" : hp->first, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", address, ": ", ec.message()));
-  tcp::endpoint ep(ip, hp->second);
-  s->acceptor_.open(ep.protocol(), ec);
-  if (!ec) s->acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) s->acceptor_.bind(ep, ec);
-  if (!ec) s->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", ec.message()));
+  absl::Status listening = duet::Listen(s->acceptor_, address);
+  if (!listening.ok()) return listening;
   s->host_ = hp->first;
   s->port_ = s->acceptor_.local_endpoint().port();
   s->Accept();

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/listen.h"  // ParseHostPort: the addresses Connect and Listen take.
 #include "proto/control.pb.h"
 
 namespace duet::rpc {
@@ -79,9 +80,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   std::atomic<bool> closed_{false};
 };
-
-// Parses "HOST:PORT" (HOST may be a name, an IPv4 address or [IPv6]).
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& address);
 
 // Connects within `timeout`; Unavailable with the system's reason otherwise.
 // Blocks the calling thread (never call it on the io_context's thread).
