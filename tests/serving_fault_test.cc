@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -25,8 +26,6 @@
 
 namespace duet::testing {
 namespace {
-
-std::string ModelName(const std::string& dir) { return std::filesystem::path(dir).filename().string(); }
 
 // A TCP connection to HOST:PORT, or -1.
 int Dial(const std::string& address) {
@@ -60,31 +59,52 @@ bool SendAndExpectClose(const std::string& address, const std::string& bytes) {
   return n == 0;
 }
 
+// Two prefill workers and a small decode pool: offers wait there, so when
+// prefill-0 dies some requests have streamed token 1 but their KV is still
+// on prefill-0.
+absl::Status StartTwoPrefillsSmallDecode(Cluster& c, const std::string& dir) {
+  return c.Start(dir, {{"prefill", "prefill-0", {"--kv-blocks", "1024"}},
+                       {"prefill", "prefill-1", {"--kv-blocks", "1024"}},
+                       {"decode", "decode-0", {"--kv-blocks", "16"}}});
+}
+
+// Requires every output to pass Verify against `want`, counting the
+// verdicts in `v`; a failure names the `kind` of request and its index.
+void RequireVerified(const std::string& dir, const std::vector<ParsedCompletion>& got,
+                     const std::vector<engine::GenerateResult>& want, const std::vector<TestRequest>& reqs,
+                     Verdicts* v, const std::string& kind = "request") {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string diff = Verify(dir, got[i], want[i], reqs[i], v);
+    INFO(kind << " " << i << ": " << diff);
+    REQUIRE(diff.empty());
+  }
+}
+
+// Sends every request at once, with `kill_prefill0` SIGKILLs prefill-0 once
+// it holds offered KV that decode has not pulled, and requires every output
+// to pass Verify against `want`.
+Verdicts SendAndVerify(Cluster& c, const std::string& dir, const std::vector<TestRequest>& reqs,
+                       const std::vector<engine::GenerateResult>& want, bool kill_prefill0) {
+  std::vector<ParsedCompletion> got;
+  std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
+  if (kill_prefill0) {
+    WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
+    REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
+  }
+  load.join();
+  Verdicts v;
+  RequireVerified(dir, got, want, reqs, &v);
+  return v;
+}
+
 TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere, unchanged", "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-1", {"--kv-blocks", "1024"}).ok());
-  // A small decode pool: offers wait there, so when prefill-0 dies some
-  // requests have streamed token 1 but their KV is still on prefill-0.
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "16"}).ok());
-  REQUIRE(c.WaitForWorkers(3).ok());
+  REQUIRE(StartTwoPrefillsSmallDecode(c, dir).ok());
   auto reqs = MixedRequests(40, 1000, 60, 30, 11);
   for (auto& r : reqs) r.max_tokens = std::max(r.max_tokens, 20);
   auto want = ReferenceOutputs(dir, reqs);
-  std::vector<ParsedCompletion> got;
-  std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
-  // Kill prefill-0 once it holds offered KV that decode has not pulled.
-  WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
-  REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
-  load.join();
-  Verdicts v;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
-    INFO("request " << i << ": " << diff);
-    REQUIRE(diff.empty());
-  }
+  Verdicts v = SendAndVerify(c, dir, reqs, want, /*kill_prefill0=*/true);
   WARN(v.exact << " exact, " << v.near_tie << " near-tie outputs");
   auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
@@ -94,12 +114,7 @@ TEST_CASE("SIGKILL of a prefill worker under load: its requests finish elsewhere
 TEST_CASE("SIGKILL of a prefill worker holding cached, leased blocks loses only its cache", "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir).ok());
-  for (const char* id : {"prefill-0", "prefill-1"}) {
-    REQUIRE(c.StartWorker("prefill", id, {"--kv-blocks", "1024"}).ok());
-  }
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "16"}).ok());
-  REQUIRE(c.WaitForWorkers(3).ok());
+  REQUIRE(StartTwoPrefillsSmallDecode(c, dir).ok());
   // Every prompt starts with the same 32 tokens, and the load runs twice:
   // the second time both prefill workers' caches hold its prompts.
   auto reqs = MixedRequests(40, 1000, 60, 30, 13);
@@ -111,21 +126,10 @@ TEST_CASE("SIGKILL of a prefill worker holding cached, leased blocks loses only 
   }
   auto want = ReferenceOutputs(dir, reqs);
   for (int round = 0; round < 2; ++round) {
-    std::vector<ParsedCompletion> got;
-    std::thread load([&] { got = SendAll(c.http_port(), reqs, ModelName(dir)); });
-    if (round == 1) {
-      // Kill prefill-0 once it holds offered KV that decode has not pulled:
-      // its cached prefix blocks are among them.
-      WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["prefill-0"].value("leased_blocks", 0) > 0; });
-      REQUIRE(c.process("prefill-0").Signal(SIGKILL).ok());
-    }
-    load.join();
-    Verdicts v;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
-      INFO("round " << round << ", request " << i << ": " << diff);
-      REQUIRE(diff.empty());
-    }
+    INFO("round " << round);
+    // In the second round prefill-0's cached prefix blocks are among the
+    // offered ones it holds when it is killed.
+    SendAndVerify(c, dir, reqs, want, /*kill_prefill0=*/round == 1);
   }
   auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   INFO(s.dump());
@@ -138,12 +142,12 @@ TEST_CASE("cache-aware dispatch sends a prompt where its prefix is cached; a kil
           "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir, {"--policy", "cache_aware"}).ok());
-  for (const char* id : {"prefill-0", "prefill-1"}) {
-    REQUIRE(c.StartWorker("prefill", id, {"--kv-blocks", "1024"}).ok());
-  }
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.WaitForWorkers(3).ok());
+  REQUIRE(c.Start(dir,
+                  {{"prefill", "prefill-0", {"--kv-blocks", "1024"}},
+                   {"prefill", "prefill-1", {"--kv-blocks", "1024"}},
+                   {"decode", "decode-0", {"--kv-blocks", "1024"}}},
+                  {"--policy", "cache_aware"})
+              .ok());
   // Both prefill workers answered the router's snapshot request.
   WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["router"]["cache_index_workers"] == 2; });
   // Two 96-token prompts, sent together: the second goes to the other
@@ -209,11 +213,12 @@ TEST_CASE("SIGKILL of a decode worker mid-stream: its requests migrate and finis
   INFO("--max-migrations " << max_migrations);
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir, {"--max-migrations", std::to_string(max_migrations)}).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-1", {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.WaitForWorkers(3).ok());
+  REQUIRE(c.Start(dir,
+                  {{"prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}},
+                   {"decode", "decode-0", {"--kv-blocks", "1024"}},
+                   {"decode", "decode-1", {"--kv-blocks", "1024"}}},
+                  {"--max-migrations", std::to_string(max_migrations)})
+              .ok());
   auto reqs = MixedRequests(30, 1000, 40, 10, 12);
   for (auto& r : reqs) r.max_tokens = 300;  // Long enough to be mid-decode at the kill.
   auto want = ReferenceOutputs(dir, reqs);
@@ -257,12 +262,12 @@ TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, ne
           "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024"}).ok());
-  // Time enough to finish everything it has, even under a sanitizer.
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024", "--drain-timeout-s", "600"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-1", {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.WaitForWorkers(3).ok());
+  // decode-0's drain timeout: time enough to finish everything it has, even
+  // under a sanitizer.
+  REQUIRE(c.Start(dir, {{"prefill", "prefill-0", {"--kv-blocks", "1024"}},
+                        {"decode", "decode-0", {"--kv-blocks", "1024", "--drain-timeout-s", "600"}},
+                        {"decode", "decode-1", {"--kv-blocks", "1024"}}})
+              .ok());
   auto reqs = MixedRequests(30, 1000, 40, 10, 13);
   for (auto& r : reqs) r.max_tokens = 300;
   auto want = ReferenceOutputs(dir, reqs);
@@ -279,16 +284,8 @@ TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, ne
   auto more_got = SendAll(c.http_port(), more, ModelName(dir));
   load.join();
   Verdicts v;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    std::string diff = Verify(dir, got[i], want[i], reqs[i], &v);
-    INFO("request " << i << ": " << diff);
-    REQUIRE(diff.empty());
-  }
-  for (size_t i = 0; i < more.size(); ++i) {
-    std::string diff = Verify(dir, more_got[i], more_want[i], more[i], &v);
-    INFO("later request " << i << ": " << diff);
-    REQUIRE(diff.empty());
-  }
+  RequireVerified(dir, got, want, reqs, &v);
+  RequireVerified(dir, more_got, more_want, more, &v, "later request");
   // It left on its own once idle: a clean exit (no leak under a sanitizer either).
   const int status = c.process("decode-0").Wait();
   CHECK(WIFEXITED(status));
@@ -306,10 +303,7 @@ TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, ne
 TEST_CASE("a client that disconnects mid-stream cancels its request and frees its blocks", "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
+  REQUIRE(c.Start(dir, PrefillDecode({"--kv-blocks", "256"}, {"--kv-blocks", "256"})).ok());
   nlohmann::json body = {{"model", ModelName(dir)}, {"prompt", std::vector<int>(50, 7)}, {"max_tokens", 900},
                          {"ignore_eos", true}, {"stream", true}};
   const std::string b = body.dump();
@@ -335,10 +329,7 @@ TEST_CASE("a client that disconnects mid-stream cancels its request and frees it
 TEST_CASE("malformed and oversized frames are refused by every process without harm", "[faults]") {
   Cluster c;
   const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
+  REQUIRE(c.Start(dir, PrefillDecode({"--kv-blocks", "256"}, {"--kv-blocks", "256"})).ok());
   const std::vector<std::string> addresses = {c.control_address(), c.ready("prefill-0")["control"],
                                               c.ready("decode-0")["control"]};
   for (const std::string& addr : addresses) {

@@ -5,7 +5,6 @@
 // pools are whole: every block free, nothing queued or running.
 #include <catch2/catch.hpp>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
@@ -80,12 +79,13 @@ void CheckContextLimit(Cluster& c, const std::string& model) {
 
 TEST_CASE("disaggregated cluster: 200 concurrent requests equal duet generate", "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  for (const char* id : {"prefill-0", "prefill-1"}) REQUIRE(c.StartWorker("prefill", id, {"--kv-blocks", "1024"}).ok());
-  for (const char* id : {"decode-0", "decode-1"}) REQUIRE(c.StartWorker("decode", id, {"--kv-blocks", "1024"}).ok());
-  REQUIRE(c.WaitForWorkers(4).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  const std::vector<std::string> args = {"--kv-blocks", "1024"};
+  REQUIRE(c.Start(model_dir, {{"prefill", "prefill-0", args},
+                              {"prefill", "prefill-1", args},
+                              {"decode", "decode-0", args},
+                              {"decode", "decode-1", args}})
+              .ok());
   auto reqs = MixedRequests(200, 1000, 120, 24, 42);
   RunAndCheck(c, reqs, model);
 
@@ -130,16 +130,14 @@ TEST_CASE("phase-aware precision: BF16 prefill and Q4 decode pools with a BF16 K
     std::ofstream(decode_map) << R"({"layers": ["q4", "q4", "q8", "q4"], "lm_head": "q4"})";
   }
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0",
-                        {"--kv-blocks", "512", "--precision-map", prefill_map, "--kv-dtype", "bf16"}).ok());
-  for (const char* id : {"decode-0", "decode-1"}) {
-    REQUIRE(c.StartWorker("decode", id, {"--kv-blocks", "512", "--precision-map", decode_map, "--kv-dtype", "bf16"})
-                .ok());
-  }
-  REQUIRE(c.WaitForWorkers(3).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  auto args = [](const std::string& map) {
+    return std::vector<std::string>{"--kv-blocks", "512", "--precision-map", map, "--kv-dtype", "bf16"};
+  };
+  REQUIRE(c.Start(model_dir, {{"prefill", "prefill-0", args(prefill_map)},
+                              {"decode", "decode-0", args(decode_map)},
+                              {"decode", "decode-1", args(decode_map)}})
+              .ok());
   auto reqs = MixedRequests(48, 1000, 100, 16, 21);
 
   auto load = [&](const std::string& path) {
@@ -192,12 +190,9 @@ TEST_CASE("phase-aware precision: BF16 prefill and Q4 decode pools with a BF16 K
 TEST_CASE("tensor parallelism across pools: a TP=2 prefill and a TP=1 decode serve TP=1's greedy tokens",
           "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "512", "--tp", "2"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "512"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  REQUIRE(c.Start(model_dir, PrefillDecode({"--kv-blocks", "512", "--tp", "2"}, {"--kv-blocks", "512"}))
+              .ok());
   auto reqs = MixedRequests(48, 1000, 100, 16, 23);
   for (TestRequest& r : reqs) {
     r.temperature = 0;
@@ -228,12 +223,10 @@ TEST_CASE("tensor parallelism across pools: a TP=2 prefill and a TP=1 decode ser
 TEST_CASE("a prefill pool and a decode pool of different KV dtypes: the request fails naming both dtypes",
           "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "64", "--kv-dtype", "bf16"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "64", "--kv-dtype", "f32"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  REQUIRE(c.Start(model_dir, PrefillDecode({"--kv-blocks", "64", "--kv-dtype", "bf16"},
+                                           {"--kv-blocks", "64", "--kv-dtype", "f32"}))
+              .ok());
   const nlohmann::json body = {{"model", model}, {"prompt", std::vector<int32_t>(40, 9)}, {"max_tokens", 4}};
   auto r = c.Post("/v1/completions", body.dump());
   REQUIRE(r.ok());
@@ -248,9 +241,6 @@ TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on dev
           "[serving]") {
   const bool colocated = GENERATE(false, true);
   INFO((colocated ? "colocated" : "disaggregated"));
-  Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
   // Rounds of 8 requests of up to 7 blocks each (about 30 distinct full
   // blocks) on 16 device blocks for prefill (12 colocated, 1 request at a
   // time, so that none is preempted): the tree's nodes move to the 48-block
@@ -258,16 +248,14 @@ TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on dev
   // and come back.
   const std::string host_gib = absl::StrCat(48.0 * kTinyBlockBytes / (1 << 30));
   const std::string worker = colocated ? "colocated-0" : "prefill-0";
+  std::vector<Cluster::Worker> workers = {{"prefill", worker, {"--kv-blocks", "16", "--kv-host-blocks", "48"}},
+                                          {"decode", "decode-0", {"--kv-blocks", "1024"}}};
   if (colocated) {
-    REQUIRE(c.StartWorker("colocated", worker,
-                          {"--kv-blocks", "12", "--max-running", "1", "--kv-host-memory", host_gib}).ok());
-    REQUIRE(c.WaitForWorkers(1).ok());
-  } else {
-    REQUIRE(c.StartWorker("prefill", worker, {"--kv-blocks", "16", "--kv-host-blocks", "48"}).ok());
-    REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "1024"}).ok());
-    REQUIRE(c.WaitForWorkers(2).ok());
+    workers = {{"colocated", worker, {"--kv-blocks", "12", "--max-running", "1", "--kv-host-memory", host_gib}}};
   }
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  Cluster c;
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  REQUIRE(c.Start(model_dir, workers).ok());
   // A shared system prompt, one of four documents, a question: repeated
   // prompts hit whole, others share the system prompt or a document.
   std::mt19937 rng(5);
@@ -333,12 +321,8 @@ TEST_CASE("the prefix cache, on by default: misses, partial hits and hits on dev
 TEST_CASE("chat documents: a document's KV is found again under the same system prompt and preceding documents",
           "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "256"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "256"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  REQUIRE(c.Start(model_dir, PrefillDecode({"--kv-blocks", "256"}, {"--kv-blocks", "256"})).ok());
   const std::vector<text::ChatMessage> messages = {{"system", "Answer from the documents."},
                                                      {"user", "Which document speaks of decode?"}};
   const std::vector<text::ChatDocument> a = {{"a", "", "Prefill runs the whole prompt through the model once."}},
@@ -395,13 +379,9 @@ TEST_CASE("chat documents: a document's KV is found again under the same system 
 
 TEST_CASE("a decode pool too small for the load preempts, and outputs stay the same", "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "1024"}).ok());
-  // 24 blocks = 384 positions for a dozen requests of up to ~110 positions each.
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "24"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  // 24 decode blocks = 384 positions for a dozen requests of up to ~110 positions each.
+  REQUIRE(c.Start(model_dir, PrefillDecode({"--kv-blocks", "1024"}, {"--kv-blocks", "24"})).ok());
   auto reqs = MixedRequests(24, 1000, 60, 48, 7);
   for (auto& r : reqs) r.max_tokens = std::max(r.max_tokens, 40);
   RunAndCheck(c, reqs, model);
@@ -428,7 +408,7 @@ TEST_CASE("reproducible sampling: a seeded request gets the same text alone and 
   const bool colocated = GENERATE(false, true);
   INFO((colocated ? "colocated" : "disaggregated"));
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
   REQUIRE(c.StartRouter(model_dir).ok());
   const std::vector<std::string> roles =
       colocated ? std::vector<std::string>{"colocated", "colocated"}
@@ -436,7 +416,6 @@ TEST_CASE("reproducible sampling: a seeded request gets the same text alone and 
   std::vector<cluster::WorkerSpec> specs;
   for (const std::string& role : roles) specs.push_back({.role = role, .args = {"--kv-blocks", "2048"}});
   REQUIRE(c.StartWorkers(specs).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
   std::mt19937 rng(71);
   auto prompt = [&](int lo, int hi) {
     std::vector<int32_t> p(std::uniform_int_distribution<int>(lo, hi)(rng));
@@ -475,13 +454,10 @@ TEST_CASE("reproducible sampling: a seeded request gets the same text alone and 
 
 TEST_CASE("colocated workers pass the same correctness test", "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  for (const char* id : {"colocated-0", "colocated-1"}) {
-    REQUIRE(c.StartWorker("colocated", id, {"--kv-blocks", "1024"}).ok());
-  }
-  REQUIRE(c.WaitForWorkers(2).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  REQUIRE(c.Start(model_dir, {{"colocated", "colocated-0", {"--kv-blocks", "1024"}},
+                              {"colocated", "colocated-1", {"--kv-blocks", "1024"}}})
+              .ok());
   RunAndCheck(c, MixedRequests(200, 1000, 120, 24, 43), model);
   CheckContextLimit(c, model);
   WaitIdle(c);
@@ -490,12 +466,8 @@ TEST_CASE("colocated workers pass the same correctness test", "[serving]") {
 TEST_CASE("n choices: the prompt is prefilled once and shared; each choice equals duet generate with its index",
           "[serving]") {
   Cluster c;
-  const std::string model_dir = TinyModelDir("llama");
-  REQUIRE(c.StartRouter(model_dir).ok());
-  REQUIRE(c.StartWorker("prefill", "prefill-0", {"--kv-blocks", "512"}).ok());
-  REQUIRE(c.StartWorker("decode", "decode-0", {"--kv-blocks", "512"}).ok());
-  REQUIRE(c.WaitForWorkers(2).ok());
-  const std::string model = std::filesystem::path(model_dir).filename().string();
+  const std::string model_dir = TinyModelDir("llama"), model = ModelName(model_dir);
+  REQUIRE(c.Start(model_dir, PrefillDecode({"--kv-blocks", "512"}, {"--kv-blocks", "512"})).ok());
   constexpr int kN = 4;
   // Prompts of whole blocks and of a partial last block; streamed and not.
   const std::vector<int> lengths = {16, 21, 37, 5};
