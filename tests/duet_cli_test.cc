@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "base/subprocess.h"
 #include "tests/duet_run.h"
@@ -66,25 +67,22 @@ TEST_CASE("duet generate with a seed repeats itself", "[cli]") {
 }
 
 TEST_CASE("duet reports bad flags and inputs clearly", "[cli]") {
-  Run r = Duet("generate --prompt-ids 1,x,3");
-  REQUIRE(r.exit_code == 1);
-  REQUIRE_THAT(r.out, Contains("\"x\" is not a token id"));
-  r = Duet("generate --bogus 1");
-  REQUIRE(r.exit_code == 2);
-  REQUIRE_THAT(r.out, Contains("unknown flag --bogus"));
-  r = Duet("generate --prompt-ids 1 --top-p 2");
-  REQUIRE(r.exit_code == 1);
-  REQUIRE_THAT(r.out, Contains("top_p"));
-  r = Duet("generate --prompt-ids 1 --model /nonexistent");
-  REQUIRE(r.exit_code == 1);
-  REQUIRE_THAT(r.out, Contains("/nonexistent"));
-  r = Duet("frobnicate");
-  REQUIRE(r.exit_code == 2);
-  REQUIRE_THAT(r.out, Contains("unknown command"));
-  r = Duet("generate --help");
-  REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.out, Contains("--prompt-ids"));
-  REQUIRE_THAT(r.out, Contains("--logprobs"));
+  const struct {
+    const char* args;
+    int exit_code;
+    std::vector<std::string> says;
+  } cases[] = {
+      {"generate --prompt-ids 1,x,3", 1, {"\"x\" is not a token id"}},
+      {"generate --bogus 1", 2, {"unknown flag --bogus"}},
+      {"generate --prompt-ids 1 --top-p 2", 1, {"top_p"}},
+      {"generate --prompt-ids 1 --model /nonexistent", 1, {"/nonexistent"}},
+      {"frobnicate", 2, {"unknown command"}},
+      {"generate --help", 0, {"--prompt-ids", "--logprobs"}},
+  };
+  for (const auto& c : cases) {
+    INFO("duet " << c.args);
+    testing::RequireResult(Duet(c.args), c.exit_code, c.says);
+  }
 }
 
 // Runs duet with `input` on stdin.
@@ -118,10 +116,7 @@ TEST_CASE("duet tokenize encodes lines and decodes them back", "[cli]") {
 }
 
 TEST_CASE("duet tokenize refuses invalid UTF-8 and names the line", "[cli]") {
-  Run r = DuetWithInput("tokenize", "fine\nbad \xff byte\n");
-  REQUIRE(r.exit_code == 1);
-  REQUIRE_THAT(r.out, Contains("stdin line 2"));
-  REQUIRE_THAT(r.out, Contains("UTF-8"));
+  testing::RequireResult(DuetWithInput("tokenize", "fine\nbad \xff byte\n"), 1, {"stdin line 2", "UTF-8"});
 }
 
 TEST_CASE("duet generate --prompt and --chat produce text", "[cli]") {
@@ -136,12 +131,8 @@ TEST_CASE("duet generate --prompt and --chat produce text", "[cli]") {
   REQUIRE(c.exit_code == 0);
   auto jc = nlohmann::json::parse(c.out);
   REQUIRE(jc["ids"].size() == 4);
-  Run bad = Duet("generate --chat '[{\"role\": \"robot\", \"content\": \"x\"}]'");
-  REQUIRE(bad.exit_code == 1);
-  REQUIRE_THAT(bad.out, Contains("role"));
-  Run both = Duet("generate --prompt x --prompt-ids 1");
-  REQUIRE(both.exit_code == 1);
-  REQUIRE_THAT(both.out, Contains("exactly one"));
+  testing::RequireResult(Duet("generate --chat '[{\"role\": \"robot\", \"content\": \"x\"}]'"), 1, {"role"});
+  testing::RequireResult(Duet("generate --prompt x --prompt-ids 1"), 1, {"exactly one"});
 }
 
 TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
@@ -157,9 +148,7 @@ TEST_CASE("duet make-model writes a loadable model directory", "[cli]") {
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json"}) {
     REQUIRE(std::filesystem::exists(out + "/" + f));
   }
-  r = Duet("make-model --size huge --out " + out);
-  REQUIRE(r.exit_code == 1);
-  REQUIRE_THAT(r.out, Contains("--size"));
+  testing::RequireResult(Duet("make-model --size huge --out " + out), 1, {"--size"});
 }
 
 TEST_CASE("duet profile fits the engine's latency; duet sim runs on its file", "[cli]") {

@@ -3,6 +3,7 @@
 //
 //   DuetRun r = RunDuet("sim --json ...");
 //   REQUIRE(r.exit_code == 0);
+//   RequireResult(RunDuet("frobnicate"), 2, {"unknown command"});
 #ifndef DUET_TESTS_DUET_RUN_H_
 #define DUET_TESTS_DUET_RUN_H_
 
@@ -10,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <vector>
 
 #include "base/subprocess.h"
 
@@ -26,6 +28,13 @@ inline DuetRun RunDuet(const std::string& args, const std::string& env = "") {
       RunCommand({"/bin/sh", "-c", (env.empty() ? "" : env + " ") + "tools/duet " + args + " 2>&1"});
   REQUIRE(r.ok());
   return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
+}
+
+// Requires `r` to have exited with `exit_code` and printed each of `says`.
+inline void RequireResult(const DuetRun& r, int exit_code, const std::vector<std::string>& says) {
+  INFO(r.out);
+  REQUIRE(r.exit_code == exit_code);
+  for (const std::string& s : says) REQUIRE_THAT(r.out, Catch::Matchers::Contains(s));
 }
 
 }  // namespace duet::testing

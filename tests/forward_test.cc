@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -327,34 +328,37 @@ std::unique_ptr<engine::Model> LoadParallel(const std::string& dir, kernels::Ker
   return std::move(*m);
 }
 
-TEST_CASE("pipeline parallelism: PP=2 and PP=4 give PP=1's logits and KV bit for bit", "[forward][parallel]") {
+// For each tiny architecture: `check(arch, dir, backend, want)`, `want`
+// the run of the unsplit model (TP=1, PP=1) on that backend.
+void ForEachArchUnsplit(
+    const std::function<void(const char*, const std::string&, kernels::KernelBackend*, const Run&)>& check) {
   for (const char* arch : kArchs) {
     INFO("arch " << arch);
     const std::string dir = testing::TinyModelDir(arch);
     kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
     auto base = LoadParallel(dir, be.get(), 1, 1);
-    const Run want = RunSteps(*base, nullptr);
+    check(arch, dir, be.get(), RunSteps(*base, nullptr));
+  }
+}
+
+TEST_CASE("pipeline parallelism: PP=2 and PP=4 give PP=1's logits and KV bit for bit", "[forward][parallel]") {
+  ForEachArchUnsplit([](const char*, const std::string& dir, kernels::KernelBackend* be, const Run& want) {
     for (int pp : {2, 4}) {
       INFO("pp " << pp);
-      auto m = LoadParallel(dir, be.get(), 1, pp);
+      auto m = LoadParallel(dir, be, 1, pp);
       REQUIRE(m->layer_dtypes().size() == static_cast<size_t>(m->config().num_layers));
       const Run got = RunSteps(*m, nullptr);  // its own greedy tokens: equal bits feed equal tokens
       REQUIRE(got.logits == want.logits);
       REQUIRE(got.kv == want.kv);
     }
-  }
+  });
 }
 
 TEST_CASE("tensor parallelism: TP=2 (and TP=2 x PP=2) within 1e-5 relative RMS of TP=1", "[forward][parallel]") {
-  for (const char* arch : kArchs) {
-    INFO("arch " << arch);
-    const std::string dir = testing::TinyModelDir(arch);
-    kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
-    auto base = LoadParallel(dir, be.get(), 1, 1);
-    const Run want = RunSteps(*base, nullptr);
+  ForEachArchUnsplit([](const char* arch, const std::string& dir, kernels::KernelBackend* be, const Run& want) {
     for (int pp : {1, 2}) {
       INFO("tp 2, pp " << pp);
-      auto m = LoadParallel(dir, be.get(), 2, pp);
+      auto m = LoadParallel(dir, be, 2, pp);
       const Run got = RunSteps(*m, &want);
       REQUIRE(got.logits.size() == want.logits.size());
       double worst = 0;
@@ -371,7 +375,7 @@ TEST_CASE("tensor parallelism: TP=2 (and TP=2 x PP=2) within 1e-5 relative RMS o
       REQUIRE(differ);
       REQUIRE(RelativeRms(got.kv, want.kv) <= 1e-5);
     }
-  }
+  });
 }
 
 TEST_CASE("parallelism the model cannot be split by is refused by name", "[forward][parallel]") {

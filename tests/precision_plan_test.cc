@@ -36,7 +36,6 @@ namespace duet {
 namespace {
 
 namespace fs = std::filesystem;
-using Catch::Matchers::Contains;
 
 constexpr int kOutlierLayer = 3;
 constexpr float kScale = 64;
@@ -176,15 +175,11 @@ TEST_CASE("duet precision-plan keeps an outlier layer at the higher precision, a
 }
 
 TEST_CASE("duet precision-plan: a budget nothing fits, or none, is a clear error", "[precision]") {
-  Run none = Duet("precision-plan --calibration-tokens 16");
-  CHECK(none.exit_code == 1);
-  CHECK_THAT(none.out, Contains("give exactly one budget"));
-  Run tight = Duet("precision-plan --calibration-tokens 16 --dtypes q8,q4 --bits-per-weight 4");
-  CHECK(tight.exit_code == 1);
-  CHECK_THAT(tight.out, Contains("no choice of dtypes fits: the layers need at least"));
-  Run bad = Duet("precision-plan --calibration-tokens 16 --dtypes q8,int3 --bits-per-weight 6");
-  CHECK(bad.exit_code == 1);
-  CHECK_THAT(bad.out, Contains("\"int3\" is not one of"));
+  testing::RequireResult(Duet("precision-plan --calibration-tokens 16"), 1, {"give exactly one budget"});
+  testing::RequireResult(Duet("precision-plan --calibration-tokens 16 --dtypes q8,q4 --bits-per-weight 4"), 1,
+                         {"no choice of dtypes fits: the layers need at least"});
+  testing::RequireResult(Duet("precision-plan --calibration-tokens 16 --dtypes q8,int3 --bits-per-weight 6"), 1,
+                         {"\"int3\" is not one of"});
 }
 
 }  // namespace

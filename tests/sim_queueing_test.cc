@@ -13,17 +13,15 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "base/subprocess.h"
+#include "tests/duet_run.h"
 
 namespace {
 
 nlohmann::json RunSim(const std::string& args) {
-  const std::string cmd = "tools/duet sim --json " + args + " 2>&1";
-  absl::StatusOr<duet::CommandResult> r = duet::RunCommand({"/bin/sh", "-c", cmd});
-  REQUIRE(r.ok());
-  INFO(cmd << "\n" << r->output);
-  REQUIRE(r->status == 0);
-  nlohmann::json j = nlohmann::json::parse(r->output.substr(0, r->output.find('\n')), nullptr, false);
+  const duet::testing::DuetRun r = duet::testing::RunDuet("sim --json " + args);
+  INFO("duet sim --json " << args << "\n" << r.out);
+  REQUIRE(r.exit_code == 0);
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')), nullptr, false);
   REQUIRE(j.is_object());
   return j;
 }
