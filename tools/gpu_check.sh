@@ -162,7 +162,7 @@ check_size() {
     echo "gpu_check: TOO BIG to travel to the GPU machine. Biggest files:" >&2
     find "$PACK" -type f -printf '%s %p\n' | sort -rn | head -15 |
       awk '{printf "  %6.1f MiB  %s\n", $1 / 1048576, $2}' >&2
-    echo "gpu_check: lower GPU_CHECK_BIG_LIB_MIB (now $BIG_LIB_MIB) to leave more libraries to the GPU machine, or link fewer (-Wl,--as-needed with linkstatic, see kvtransfer/cuda_ipc/BUILD)" >&2
+    echo "gpu_check: lower GPU_CHECK_BIG_LIB_MIB (now $BIG_LIB_MIB) to leave more libraries to the GPU machine, or link fewer (-Wl,--as-needed with linkstatic, see kvtransfer/testing/defs.bzl)" >&2
     exit 1
   fi
   echo "gpu_check: packed $(wc -l <"$PACK/MANIFEST") binaries into $PACK/. On the GPU machine:"

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
 #include "kvtransfer/wire.h"
 
 namespace duet::kvtransfer::cuda_ipc {
@@ -70,8 +71,7 @@ std::string EncodeAddress(const IpcAddress& address) {
 absl::StatusOr<IpcAddress> DecodeAddress(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "address";
   ByteReader r(bytes);
-  absl::Status header = ReadHeader(r, kKindAddress, kWhat);
-  if (!header.ok()) return header;
+  RETURN_IF_ERROR(ReadHeader(r, kKindAddress, kWhat));
   IpcAddress a;
   uint32_t pid = 0;
   if (!r.Blob(&a.boot_id, kMaxBootIdBytes) || !r.U32(&pid) || !r.U64(&a.process_nonce) ||
@@ -102,8 +102,7 @@ std::string EncodeRegionDescriptor(const IpcRegionDescriptor& d) {
 absl::StatusOr<IpcRegionDescriptor> DecodeRegionDescriptor(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "region descriptor";
   ByteReader r(bytes);
-  absl::Status header = ReadHeader(r, kKindRegion, kWhat);
-  if (!header.ok()) return header;
+  RETURN_IF_ERROR(ReadHeader(r, kKindRegion, kWhat));
   IpcRegionDescriptor d;
   std::string handle;
   uint64_t num_blocks = 0;

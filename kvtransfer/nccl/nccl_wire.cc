@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kvtransfer/wire.h"
 
 namespace duet::kvtransfer::nccl {
@@ -46,7 +47,10 @@ absl::Status ReadHeader(ByteReader& r, absl::string_view what, uint16_t* kind) {
   return absl::OkStatus();
 }
 
-absl::Status ExpectKind(absl::string_view what, uint16_t kind, uint16_t want) {
+// ReadHeader of a record that must be of kind `want`.
+absl::Status ReadHeaderOfKind(ByteReader& r, absl::string_view what, uint16_t want) {
+  uint16_t kind = 0;
+  RETURN_IF_ERROR(ReadHeader(r, what, &kind));
   if (kind == want) return absl::OkStatus();
   return Malformed(what, absl::StrCat("record of kind ", kind, ", want ", want));
 }
@@ -75,10 +79,7 @@ std::string EncodeAddress(const NcclAddress& a) {
 absl::StatusOr<NcclAddress> DecodeAddress(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "address";
   ByteReader r(bytes);
-  uint16_t kind = 0;
-  absl::Status status = ReadHeader(r, kWhat, &kind);
-  if (status.ok()) status = ExpectKind(kWhat, kind, kKindAddress);
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(ReadHeaderOfKind(r, kWhat, kKindAddress));
   NcclAddress a;
   std::string id;
   if (!r.U64(&a.transport_nonce) || !r.U64(&a.pairing) || !r.Blob(&id, kUniqueIdBytes) ||
@@ -106,10 +107,7 @@ std::string EncodeRegionDescriptor(const NcclRegionDescriptor& d) {
 absl::StatusOr<NcclRegionDescriptor> DecodeRegionDescriptor(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "region descriptor";
   ByteReader r(bytes);
-  uint16_t kind = 0;
-  absl::Status status = ReadHeader(r, kWhat, &kind);
-  if (status.ok()) status = ExpectKind(kWhat, kind, kKindRegion);
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(ReadHeaderOfKind(r, kWhat, kKindRegion));
   NcclRegionDescriptor d;
   uint64_t blocks = 0;
   if (!r.U64(&d.transport_nonce) || !r.U32(&d.region_id) || !r.U64(&d.bytes) || !r.U64(&blocks)) {
@@ -134,10 +132,7 @@ ControlMessage EncodePullHeader(const PullHeader& h) {
 absl::StatusOr<PullHeader> DecodePullHeader(const ControlMessage& message) {
   constexpr absl::string_view kWhat = "pull header";
   ByteReader r(View(message));
-  uint16_t kind = 0;
-  absl::Status status = ReadHeader(r, kWhat, &kind);
-  if (status.ok()) status = ExpectKind(kWhat, kind, kKindPullHeader);
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(ReadHeaderOfKind(r, kWhat, kKindPullHeader));
   PullHeader h;
   if (!r.U64(&h.seq) || !r.U32(&h.region_id) || !r.U32(&h.num_segments) || !r.U32(&h.num_epochs)) {
     return Malformed(kWhat, "truncated");
@@ -206,8 +201,7 @@ absl::StatusOr<Reply> DecodeReply(const ControlMessage& message) {
   constexpr absl::string_view kWhat = "reply";
   ByteReader r(View(message));
   uint16_t kind = 0;
-  absl::Status status = ReadHeader(r, kWhat, &kind);
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(ReadHeader(r, kWhat, &kind));
   if (kind != kKindReply && kind != kKindTrailer) {
     return Malformed(kWhat, absl::StrCat("record of kind ", kind, ", want a reply or trailer"));
   }
