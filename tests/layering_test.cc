@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_join.h"
 
@@ -56,6 +57,22 @@ std::vector<Violation> Check(const fs::path& root) {
   auto rules = ParseLayerRules(text);
   REQUIRE(rules.ok());
   return CheckTree(root.string(), *rules);
+}
+
+// The violations' ToString()s, joined by `sep`.
+std::string Joined(const std::vector<Violation>& v, const char* sep = "|") {
+  std::vector<std::string> s;
+  for (const Violation& x : v) s.push_back(x.ToString());
+  return absl::StrJoin(s, sep);
+}
+
+// kReadme with router's line changed to `router_line`, written to root's
+// README.md; returns the text.
+std::string WriteRouterRule(const fs::path& root, const std::string& router_line) {
+  std::string readme = kReadme;
+  readme.replace(readme.find("router  -> engine"), 17, router_line);
+  Write(root / "README.md", readme);
+  return readme;
 }
 
 TEST_CASE("the rules are closed transitively, and a target entry allows that target only") {
@@ -109,32 +126,22 @@ TEST_CASE("a target entry allows no other target of its package, and an unlisted
   fs::path root = CleanTree("d");
   Write(root / "tests/BUILD", "cc_test(name = \"t\", data = [\"//tools:duet\", \"//tools:cluster_config\"])\n");
   Write(root / "kvcache/BUILD", "\n");
-  std::vector<Violation> v = Check(root);
-  std::vector<std::string> s;
-  for (const Violation& x : v) s.push_back(x.ToString());
-  CHECK(absl::StrJoin(s, "|") ==
+  CHECK(Joined(Check(root)) ==
         "kvcache/BUILD: package kvcache is not in the README's layers list|"
         "tests/BUILD:1: tests may not depend on tools:cluster_config");
 }
 
 TEST_CASE("a target entry allows its own header and no other of its package") {
   fs::path root = CleanTree("e");
-  std::string readme = kReadme;
-  readme.replace(readme.find("router  -> engine"), 17, "router  -> engine tools:duet");
-  Write(root / "README.md", readme);
+  WriteRouterRule(root, "router  -> engine tools:duet");
   Write(root / "router/x.cc", "#include \"tools/duet.h\"\n#include \"tools/other.h\"\n#include \"tools/sub/duet.h\"\n");
-  std::vector<Violation> v = Check(root);
-  std::vector<std::string> s;
-  for (const Violation& x : v) s.push_back(x.ToString());
-  CHECK(absl::StrJoin(s, "|") ==
+  CHECK(Joined(Check(root)) ==
         "router/x.cc:2: router may not depend on tools|router/x.cc:3: router may not depend on tools");
 }
 
 TEST_CASE("entries after | are for test code only: *_test sources, test and testonly rules and their files") {
   fs::path root = CleanTree("f");
-  std::string readme = kReadme;
-  readme.replace(readme.find("router  -> engine"), 17, "router  -> base | engine");
-  Write(root / "README.md", readme);
+  const std::string readme = WriteRouterRule(root, "router  -> base | engine");
   fs::remove(root / "router/router.cc");
   Write(root / "router/BUILD",
         "cc_library(\n    name = \"api\",\n    srcs = [\"api.cc\"],\n    deps = [\"//engine:model\"],\n)\n"
@@ -144,10 +151,8 @@ TEST_CASE("entries after | are for test code only: *_test sources, test and test
   Write(root / "router/api.cc", "#include \"router/api.h\"\n#include \"engine/model.h\"\n");
   Write(root / "router/fake.h", "#include \"engine/model.h\"\n");
   Write(root / "router/api_test.cc", "#include \"engine/model.h\"\n");
-  std::vector<Violation> v = Check(root);
-  std::vector<std::string> s;
-  for (const Violation& x : v) s.push_back(x.ToString());
-  CHECK(absl::StrJoin(s, "|") == "router/BUILD:4: router may not depend on engine:model|router/api.cc:2: router may not depend on engine");
+  CHECK(Joined(Check(root)) ==
+        "router/BUILD:4: router may not depend on engine:model|router/api.cc:2: router may not depend on engine");
   auto rules = ParseLayerRules(readme);
   REQUIRE(rules.ok());
   CHECK(rules->allowed["router"] == std::set<std::string>{"base"});
@@ -169,9 +174,7 @@ TEST_CASE("the checkout keeps the README's layers") {
   fs::path readme = fs::canonical("README.md", ec);
   REQUIRE(!ec);
   std::vector<Violation> v = Check(readme.parent_path());
-  std::vector<std::string> s;
-  for (const Violation& x : v) s.push_back(x.ToString());
-  INFO(absl::StrJoin(s, "\n"));
+  INFO(Joined(v, "\n"));
   CHECK(v.empty());
 }
 
