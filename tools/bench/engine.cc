@@ -35,6 +35,7 @@
 #include "tools/bench/roofline.h"
 #include "tools/bench/timed_backend.h"
 #include "engine/testing/model_maker.h"
+#include "tools/bench/timing.h"
 
 // The roofline's SGEMM calls set OpenBLAS's process-wide thread count; the
 // CPU backend wants it at 1 (it slices GEMMs over its own pool).
@@ -43,7 +44,6 @@ extern "C" void openblas_set_num_threads(int);
 namespace duet::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using engine::BatchSeq;
 using engine::BlockPool;
 using engine::Model;
@@ -56,10 +56,6 @@ constexpr int64_t kDecodeSteps = 16;
 constexpr int64_t kBlockSize = 16;
 constexpr int kRepeats = 5;
 constexpr size_t kStreamArrayBytes = size_t{256} << 20;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 void Progress(const std::string& line) {
   std::fprintf(stderr, "[engine bench] %s\n", line.c_str());

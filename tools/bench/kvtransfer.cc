@@ -84,12 +84,12 @@
 #include "kvtransfer/layout.h"
 #include "kvtransfer/transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
+#include "tools/bench/timing.h"
 
 
 namespace duet::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using kvtransfer::KvTransport;
 using kvtransfer::PeerId;
 using kvtransfer::PullRequest;
@@ -114,10 +114,6 @@ constexpr uint64_t kWordKey = 0x6475657400000000ull;  // "duet"
 void Progress(const std::string& line) {
   std::fprintf(stderr, "[kvtransfer bench] %s\n", line.c_str());
   std::fflush(stderr);
-}
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 double Median(std::vector<double> v) {

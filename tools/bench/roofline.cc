@@ -21,6 +21,7 @@
 
 #include "base/logging.h"
 #include "base/subprocess.h"
+#include "tools/bench/timing.h"
 
 // Debian's OpenBLAS cblas.h declares it, but the cblas.h alternative may point
 // at another implementation's header; the symbol is always in libopenblas.
@@ -29,12 +30,6 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace duet::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Compilers turn a copy loop into a memcpy call, and glibc's memcpy switches
 // to non-temporal stores for large copies: that would measure a different

@@ -24,13 +24,11 @@
 #include "absl/status/statusor.h"
 #include "base/flags.h"
 #include "cluster/local_cluster.h"
+#include "tools/bench/timing.h"
 
 namespace duet::bench {
 
-using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
-
-inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // "[<name> <seconds since the first line>] line" on stderr; the name is the bench's.
 void SetProgressName(const std::string& name);

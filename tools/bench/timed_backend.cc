@@ -3,11 +3,10 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "tools/bench/timing.h"
 
 namespace duet::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Times fn() into stat when enabled.
 template <typename Fn>
@@ -18,7 +17,7 @@ void Timed(bool enabled, TimedBackend::OpStat* stat, Fn&& fn) {
   }
   const auto start = Clock::now();
   fn();
-  stat->seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  stat->seconds += SecondsSince(start);
   stat->calls += 1;
 }
 

@@ -28,12 +28,12 @@
 #include "text/tokenizer.h"
 #include "engine/testing/tokenizer_corpus.h"
 #include "engine/testing/tokenizer_node.h"
+#include "tools/bench/timing.h"
 
 namespace duet::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 constexpr char kScript[] = "engine/testing/npm/bench_gpt2.js";
 constexpr int kRepeats = 3;
@@ -80,7 +80,7 @@ absl::Status Run(int argc, char** argv) {
       ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(r));
       n += ids.size();
     }
-    best_s = std::min(best_s, std::chrono::duration<double>(Clock::now() - start).count());
+    best_s = std::min(best_s, SecondsSince(start));
     if (n != tokens) return absl::InternalError("duet gave a different token count on a repeat pass");
   }
   const double duet_mb_s = static_cast<double>(bytes) / 1e6 / best_s;
