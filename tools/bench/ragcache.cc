@@ -415,11 +415,7 @@ absl::Status RunReal(const FlagSet& f, int64_t cache_blocks, bool* ok) {
   if (std::thread::hardware_concurrency() < 2) {
     return absl::FailedPreconditionError("the real clusters pin workers to cores 0 and 1; the machine has fewer");
   }
-  std::string model_dir = f.GetString("model");
-  if (model_dir.empty()) {
-    Progress("making or finding the cached bench model (the first time takes a while)");
-    ASSIGN_OR_RETURN(model_dir, testing::EnsureCachedModel("bench", "llama"));
-  }
+  ASSIGN_OR_RETURN(const std::string model_dir, BenchModelDir(f));
   ASSIGN_OR_RETURN(const placement::ModelSpec spec, placement::ModelFromConfig(model_dir));
   const size_t warm_n = static_cast<size_t>(f.GetInt("warmup")), n = warm_n + static_cast<size_t>(f.GetInt("requests"));
   ASSIGN_OR_RETURN(const placement::Workload w, RagWorkload(static_cast<int64_t>(n), spec));

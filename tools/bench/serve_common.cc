@@ -179,6 +179,12 @@ std::string CompletionBody(const std::string& model, const BenchRequest& r) {
   return body.dump();
 }
 
+absl::StatusOr<std::string> BenchModelDir(const FlagSet& f) {
+  if (!f.GetString("model").empty()) return f.GetString("model");
+  Progress("making or finding the cached bench model (the first time takes a while)");
+  return testing::EnsureCachedModel("bench", "llama");
+}
+
 absl::StatusOr<BenchInputs> LoadBenchInputs(const FlagSet& f) {
   BenchInputs in;
   const int64_t n = f.GetInt("requests");
@@ -188,11 +194,7 @@ absl::StatusOr<BenchInputs> LoadBenchInputs(const FlagSet& f) {
     const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
     in.trace = absl::StrCat(ws != nullptr ? ws : ".", "/../shared/data/traces/splitwise_conv.csv");
   }
-  in.model_dir = f.GetString("model");
-  if (in.model_dir.empty()) {
-    Progress("making or finding the cached bench model (the first time takes a while)");
-    ASSIGN_OR_RETURN(in.model_dir, testing::EnsureCachedModel("bench", "llama"));
-  }
+  ASSIGN_OR_RETURN(in.model_dir, BenchModelDir(f));
   std::ifstream cfg_in(in.model_dir + "/config.json");
   Json cfg = Json::parse(cfg_in, nullptr, false);
   if (cfg.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(in.model_dir, "/config.json is not JSON"));

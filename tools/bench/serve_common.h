@@ -64,6 +64,9 @@ struct BenchRequest {
 std::vector<BenchRequest> MakeWorkload(const std::vector<TraceRow>& rows, double rate, double scale,
                                        int64_t context, int64_t vocab, uint32_t seed);
 
+// --model, or else the cached bench model (made on first use, saying so).
+absl::StatusOr<std::string> BenchModelDir(const FlagSet& f);
+
 // The flags both benches take (--trace, --model, --requests, --offset,
 // --length-scale) resolved: the model made or found, its context and vocab
 // read, the trace slice loaded.
