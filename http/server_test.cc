@@ -471,49 +471,50 @@ TEST_CASE("a client that leaves mid-stream fires OnClientGone exactly once", "[h
   REQUIRE(server->connections() == 0);
 }
 
-TEST_CASE("a client that leaves while its request waits is noticed without writing", "[http]") {
-  IoThread io;
+// A server whose handler answers nothing (a long request): it keeps the
+// exchange and notes when its client is gone.
+struct HoldingServer {
+  explicit HoldingServer(IoThread& io)
+      : server(StartServer(io, [this](HttpRequest, HttpExchangePtr ex) {
+          ex->OnClientGone([this] { gone.Notify(); });
+          std::lock_guard<std::mutex> l(mu);
+          held = ex;
+          handled.Notify();
+        })) {}
+
   std::mutex mu;
   HttpExchangePtr held;
   absl::Notification handled, gone;
-  auto server = StartServer(io, [&](HttpRequest, HttpExchangePtr ex) {
-    ex->OnClientGone([&] { gone.Notify(); });
-    std::lock_guard<std::mutex> l(mu);
-    held = ex;  // A long request: no answer yet.
-    handled.Notify();
-  });
+  std::unique_ptr<HttpServer> server;
+};
+
+TEST_CASE("a client that leaves while its request waits is noticed without writing", "[http]") {
+  IoThread io;
+  HoldingServer hs(io);
   {
-    RawClient c(server->port());
+    RawClient c(hs.server->port());
     REQUIRE(c.Send(Post("/v1/completions", "{}")));
-    REQUIRE(handled.WaitForNotificationWithTimeout(absl::Seconds(10)));
-    REQUIRE_FALSE(held->client_gone());
+    REQUIRE(hs.handled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    REQUIRE_FALSE(hs.held->client_gone());
   }
-  REQUIRE(gone.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  std::lock_guard<std::mutex> l(mu);
-  REQUIRE(held->client_gone());
-  held->Reply({.body = "{}"});  // No-op, no crash.
-  held.reset();
+  REQUIRE(hs.gone.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::lock_guard<std::mutex> l(hs.mu);
+  REQUIRE(hs.held->client_gone());
+  hs.held->Reply({.body = "{}"});  // No-op, no crash.
+  hs.held.reset();
 }
 
 TEST_CASE("Stop closes connections and unanswered exchanges see their client gone", "[http]") {
   IoThread io;
-  std::mutex mu;
-  HttpExchangePtr held;
-  absl::Notification handled, gone;
-  auto server = StartServer(io, [&](HttpRequest, HttpExchangePtr ex) {
-    ex->OnClientGone([&] { gone.Notify(); });
-    std::lock_guard<std::mutex> l(mu);
-    held = ex;
-    handled.Notify();
-  });
-  RawClient c(server->port());
+  HoldingServer hs(io);
+  RawClient c(hs.server->port());
   REQUIRE(c.Send(Get("/")));
-  REQUIRE(handled.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  server->Stop();
-  REQUIRE(gone.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE(hs.handled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  hs.server->Stop();
+  REQUIRE(hs.gone.WaitForNotificationWithTimeout(absl::Seconds(10)));
   REQUIRE(c.WaitClosedByServer());
-  std::lock_guard<std::mutex> l(mu);
-  held.reset();
+  std::lock_guard<std::mutex> l(hs.mu);
+  hs.held.reset();
 }
 
 TEST_CASE("a handler that drops the exchange unanswered yields 500", "[http]") {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,25 @@ TEST_CASE("bad request bodies are 400 (or 404) naming the parameter") {
   }
 }
 
+// The sampling parameters a parsed request carries.
+struct Sampling {
+  float temperature;
+  float top_p;
+  int32_t top_k;
+  float min_p;
+  uint64_t seed;
+  int32_t logprobs;
+};
+
+void CheckSampling(const proto::SamplingParams& got, const Sampling& want) {
+  CHECK(got.temperature() == want.temperature);
+  CHECK(got.top_p() == want.top_p);
+  CHECK(got.top_k() == want.top_k);
+  CHECK(got.min_p() == want.min_p);
+  CHECK(got.seed() == want.seed);
+  CHECK(got.logprobs() == want.logprobs);
+}
+
 TEST_CASE("defaults and a text prompt with the model's BOS") {
   auto r = ParseCompletionRequest(R"({"model": "tiny", "prompt": "Hello world", "top_p": null})", M().served, 77);
   REQUIRE(r.ok());
@@ -129,12 +149,8 @@ TEST_CASE("defaults and a text prompt with the model's BOS") {
   CHECK(std::vector<int32_t>(r->spec.prompt_ids().begin(), r->spec.prompt_ids().end()) == *want);
   CHECK(r->spec.prompt_ids(0) == M().tok->TokenToId(M().format.bos_token()));
   CHECK(r->spec.max_tokens() == 16);
-  CHECK(r->spec.sampling().temperature() == 1.0f);
-  CHECK(r->spec.sampling().top_p() == 1.0f);
-  CHECK(r->spec.sampling().top_k() == 0);
-  CHECK(r->spec.sampling().min_p() == 0.0f);
-  CHECK(r->spec.sampling().seed() == 77);
-  CHECK(r->spec.sampling().logprobs() == 0);
+  CheckSampling(r->spec.sampling(),
+                {.temperature = 1.0f, .top_p = 1.0f, .top_k = 0, .min_p = 0.0f, .seed = 77, .logprobs = 0});
   CHECK(r->logprobs == -1);
   CHECK_FALSE(r->stream);
   CHECK_FALSE(r->spec.ignore_eos());
@@ -150,12 +166,8 @@ TEST_CASE("explicit parameters and a token-id prompt pass through") {
   CHECK(std::vector<int32_t>(r->spec.prompt_ids().begin(), r->spec.prompt_ids().end()) ==
         std::vector<int32_t>{3, 4, 5});  // Token prompts get no BOS.
   CHECK(r->spec.max_tokens() == 7);
-  CHECK(r->spec.sampling().temperature() == 0.0f);
-  CHECK(r->spec.sampling().top_p() == 0.5f);
-  CHECK(r->spec.sampling().top_k() == 0);
-  CHECK(r->spec.sampling().min_p() == 0.1f);
-  CHECK(r->spec.sampling().seed() == 12345);
-  CHECK(r->spec.sampling().logprobs() == 3);
+  CheckSampling(r->spec.sampling(),
+                {.temperature = 0.0f, .top_p = 0.5f, .top_k = 0, .min_p = 0.1f, .seed = 12345, .logprobs = 3});
   CHECK(r->logprobs == 3);
   CHECK(r->stream);
   CHECK(r->include_usage);
@@ -264,6 +276,18 @@ ServedModel LongContext() {
   return m;
 }
 
+// `parse` (ParseCompletionRequest or ParseChatRequest) refuses each body, its
+// error naming `param`.
+void RequireRefused(absl::StatusOr<CompletionRequest> (*parse)(absl::string_view, const ServedModel&, uint64_t),
+                    std::initializer_list<const char*> bodies, const std::string& param) {
+  for (const char* body : bodies) {
+    INFO(body);
+    auto bad = parse(body, LongContext(), 5);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(ErrorParam(bad.status()) == param);
+  }
+}
+
 TEST_CASE("completions: a prompt list that mixes strings and token ids is an error that says so") {
   for (const char* body : {R"({"model": "tiny", "prompt": ["abc", 5]})", R"({"model": "tiny", "prompt": [5, [6, 7]]})"}) {
     INFO(body);
@@ -361,18 +385,15 @@ TEST_CASE("completions: cache_boundaries of a tokenized prompt reach the spec, c
   REQUIRE(r->spec.cache_boundaries_size() == 2);
   CHECK(r->spec.cache_boundaries(0) == 2);
   CHECK(r->spec.cache_boundaries(1) == 5);
-  for (const char* body : {
-           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": 2})",
-           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [2, 2]})",
-           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [0]})",
-           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [4]})",
-           R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": ["1"]})",
-       }) {
-    INFO(body);
-    auto bad = ParseCompletionRequest(body, LongContext(), 5);
-    REQUIRE_FALSE(bad.ok());
-    CHECK(ErrorParam(bad.status()) == "cache_boundaries");
-  }
+  RequireRefused(ParseCompletionRequest,
+                 {
+                     R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": 2})",
+                     R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [2, 2]})",
+                     R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [0]})",
+                     R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": [4]})",
+                     R"({"model": "tiny", "prompt": [5, 6, 7], "cache_boundaries": ["1"]})",
+                 },
+                 "cache_boundaries");
 }
 
 TEST_CASE("chat documents: rendered after the system message, the prefix cache's boundaries where each starts") {
@@ -402,18 +423,16 @@ TEST_CASE("chat documents: rendered after the system message, the prefix cache's
   auto plain = ParseChatRequest(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})", LongContext(), 5);
   REQUIRE(plain.ok());
   CHECK(plain->spec.cache_boundaries_size() == 0);
-  for (const char* body : {
-           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": "doc"})",
-           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [7]})",
-           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"title": "t"}]})",
-           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": 3}]})",
-           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": "a", "id": 4}]})",
-       }) {
-    INFO(body);
-    auto bad = ParseChatRequest(body, LongContext(), 5);
-    REQUIRE_FALSE(bad.ok());
-    CHECK(ErrorParam(bad.status()) == "documents");
-  }
+  RequireRefused(
+      ParseChatRequest,
+      {
+          R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": "doc"})",
+          R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [7]})",
+          R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"title": "t"}]})",
+          R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": 3}]})",
+          R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": "a", "id": 4}]})",
+      },
+      "documents");
 }
 
 TEST_CASE("chat requests: messages rendered with the chat template, chat-only fields checked") {

@@ -48,6 +48,10 @@ class Recorder : public RegistryListener {
   bool WaitFrames(size_t n) { return Wait([&] { return frames_.size() >= n; }); }
   bool WaitHeartbeats(int n) { return Wait([&] { return heartbeats_ >= n; }); }
 
+  int heartbeats() {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
   std::vector<std::string> live() {
     absl::MutexLock lock(&mu_);
     return live_;
@@ -93,21 +97,46 @@ struct Fixture {
         &recorder);
     REQUIRE(registry->Start().ok());
   }
-  ~Fixture() { registry->Stop(); }
+  ~Fixture() {
+    workers.clear();
+    registry->Stop();
+  }
+
+  // A worker of `role` serving "tiny", registered under `id`, once the
+  // listener has heard it go live.
+  FakeWorker& Live(const std::string& id, proto::Role role) {
+    const size_t live = recorder.live().size();
+    workers.push_back(std::make_unique<FakeWorker>(io, FakeWorkerOptions{.id = id, .role = role, .model = "tiny"}));
+    REQUIRE(workers.back()->Register(registry->address())->ok());
+    REQUIRE(recorder.WaitLive(live + 1));
+    return *workers.back();
+  }
+
+  // Sends w's heartbeat and waits until the listener has it.
+  void Beat(FakeWorker& w, const proto::WorkerStats& stats) {
+    const int heard = recorder.heartbeats();
+    w.Heartbeat(stats);
+    REQUIRE(recorder.WaitHeartbeats(heard + 1));
+  }
+
+  // The error of the reply refusing w's Register.
+  std::string Refusal(FakeWorker& w) {
+    auto reply = w.Register(registry->address());
+    REQUIRE(reply.ok());
+    CHECK_FALSE(reply->ok());
+    return reply->error();
+  }
 
   IoThread io;
   Recorder recorder;
   std::unique_ptr<WorkerRegistry> registry;
+  std::vector<std::unique_ptr<FakeWorker>> workers;
 };
 
 TEST_CASE("a worker speaking another protocol version is refused and closed") {
   Fixture fx;
   FakeWorker w(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny", .protocol_version = 2});
-  auto reply = w.Register(fx.registry->address());
-  REQUIRE(reply.ok());
-  CHECK_FALSE(reply->ok());
-  CHECK(reply->error() ==
-        "protocol version mismatch: the worker speaks version 2, this router speaks version 1");
+  CHECK(fx.Refusal(w) == "protocol version mismatch: the worker speaks version 2, this router speaks version 1");
   CHECK(w.WaitRegistrationClosed());
   CHECK(fx.registry->LiveLoads().empty());
   CHECK(fx.recorder.live().empty());
@@ -116,11 +145,7 @@ TEST_CASE("a worker speaking another protocol version is refused and closed") {
 TEST_CASE("a worker serving another model is refused and closed") {
   Fixture fx;
   FakeWorker w(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "llama-70b"});
-  auto reply = w.Register(fx.registry->address());
-  REQUIRE(reply.ok());
-  CHECK_FALSE(reply->ok());
-  CHECK(reply->error() ==
-        "model mismatch: worker d0 serves model \"llama-70b\" but this router serves \"tiny\"");
+  CHECK(fx.Refusal(w) == "model mismatch: worker d0 serves model \"llama-70b\" but this router serves \"tiny\"");
   CHECK(w.WaitRegistrationClosed());
   CHECK(fx.registry->LiveLoads().empty());
 }
@@ -135,10 +160,7 @@ TEST_CASE("a worker whose control address is unreachable is refused") {
     dead = (*s)->address();
   }
   FakeWorker w(fx.io, {.id = "c0", .model = "tiny", .control_address = dead});
-  auto reply = w.Register(fx.registry->address());
-  REQUIRE(reply.ok());
-  CHECK_FALSE(reply->ok());
-  CHECK(reply->error().find("cannot connect to control_address " + dead) != std::string::npos);
+  CHECK(fx.Refusal(w).find("cannot connect to control_address " + dead) != std::string::npos);
   CHECK(fx.registry->LiveLoads().empty());
 }
 
@@ -182,22 +204,18 @@ TEST_CASE("registration: greeting on the worker's port, then the reply; events f
 
 TEST_CASE("a prefill's queue is the router's charges until their first tokens; decode loads follow heartbeats") {
   Fixture fx;
-  FakeWorker p(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny"});
-  FakeWorker d(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
-  REQUIRE(p.Register(fx.registry->address())->ok());
-  REQUIRE(d.Register(fx.registry->address())->ok());
-  REQUIRE(fx.recorder.WaitLive(2));
+  FakeWorker& p = fx.Live("p0", proto::ROLE_PREFILL);
+  FakeWorker& d = fx.Live("d0", proto::ROLE_DECODE);
 
   // The worker's own count (whole prompts, cached parts included, as of its
   // last heartbeat) is not the router's queue.
   proto::WorkerStats ps;
   ps.set_queued_prefill_tokens(100);
-  p.Heartbeat(ps);
+  fx.Beat(p, ps);
   proto::WorkerStats ds;
   ds.set_kv_blocks_free(50);
   ds.set_running_requests(2);
-  d.Heartbeat(ds);
-  REQUIRE(fx.recorder.WaitHeartbeats(2));
+  fx.Beat(d, ds);
   CHECK(fx.registry->LiveLoads()[1].queued_prefill_tokens == 0);
 
   const WorkerRegistry::Charged first =
@@ -220,8 +238,7 @@ TEST_CASE("a prefill's queue is the router's charges until their first tokens; d
   // the queue: they are not done until their first tokens.
   ps.set_queued_prefill_tokens(70);
   ps.set_last_request_id(2);
-  p.Heartbeat(ps);
-  REQUIRE(fx.recorder.WaitHeartbeats(3));
+  fx.Beat(p, ps);
   loads = fx.registry->LiveLoads();
   CHECK(loads[1].queued_prefill_tokens == 48);
   CHECK(loads[0].kv_blocks_free == 47 - 2);  // d0 has not heartbeaten since.
@@ -234,8 +251,7 @@ TEST_CASE("a prefill's queue is the router's charges until their first tokens; d
   // The decode's blocks stay charged after the prefills are done, until its
   // heartbeat counts them all (a decode hears of requests from prefills).
   CHECK(fx.registry->LiveLoads()[0].kv_blocks_free == 45);
-  d.Heartbeat(ds);
-  REQUIRE(fx.recorder.WaitHeartbeats(4));
+  fx.Beat(d, ds);
   CHECK(fx.registry->LiveLoads()[0].kv_blocks_free == 50);
   // Every charge counted a dispatch on both workers (heartbeats do not reset it).
   for (const WorkerSnapshot& w : fx.registry->Snapshot()) {
@@ -246,13 +262,10 @@ TEST_CASE("a prefill's queue is the router's charges until their first tokens; d
 
 TEST_CASE("a colocated worker's charge holds its prefill tokens and its blocks, counted once") {
   Fixture fx;
-  FakeWorker c(fx.io, {.id = "c0", .role = proto::ROLE_COLOCATED, .model = "tiny"});
-  REQUIRE(c.Register(fx.registry->address())->ok());
-  REQUIRE(fx.recorder.WaitLive(1));
+  FakeWorker& c = fx.Live("c0", proto::ROLE_COLOCATED);
   proto::WorkerStats cs;
   cs.set_kv_blocks_free(20);
-  c.Heartbeat(cs);
-  REQUIRE(fx.recorder.WaitHeartbeats(1));
+  fx.Beat(c, cs);
   const WorkerRegistry::Charged charged = fx.registry->Charge({.prefill_id = "c0", .decode_id = "c0"}, 40, 5);
   auto loads = fx.registry->LiveLoads();
   REQUIRE(loads.size() == 1);
@@ -263,8 +276,7 @@ TEST_CASE("a colocated worker's charge holds its prefill tokens and its blocks, 
   cs.set_kv_blocks_free(17);
   cs.set_running_requests(1);
   cs.set_last_request_id(5);
-  c.Heartbeat(cs);
-  REQUIRE(fx.recorder.WaitHeartbeats(2));
+  fx.Beat(c, cs);
   loads = fx.registry->LiveLoads();
   CHECK(loads[0].kv_blocks_free == 17);
   CHECK(loads[0].running_requests == 1);
@@ -277,16 +289,13 @@ TEST_CASE("a colocated worker's charge holds its prefill tokens and its blocks, 
 TEST_CASE("a worker silent for three heartbeat intervals is removed") {
   FakeClock clock;
   Fixture fx(&clock);
-  FakeWorker w(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
-  REQUIRE(w.Register(fx.registry->address())->ok());
-  REQUIRE(fx.recorder.WaitLive(1));
+  FakeWorker& w = fx.Live("d0", proto::ROLE_DECODE);
 
   clock.Advance(absl::Milliseconds(1400));
   fx.registry->CheckHeartbeats();
   CHECK(fx.registry->LiveLoads().size() == 1);  // 1.4 s < 3 x 500 ms.
 
-  w.Heartbeat(proto::WorkerStats());
-  REQUIRE(fx.recorder.WaitHeartbeats(1));
+  fx.Beat(w, proto::WorkerStats());
   clock.Advance(absl::Milliseconds(1500));  // Exactly three intervals since the heartbeat.
   fx.registry->CheckHeartbeats();
   CHECK(fx.registry->LiveLoads().size() == 1);
@@ -329,12 +338,8 @@ TEST_CASE("closing either connection removes the worker") {
 
 TEST_CASE("a worker registering again under its id replaces the old entry") {
   Fixture fx;
-  FakeWorker old_w(fx.io, {.id = "x", .role = proto::ROLE_COLOCATED, .model = "tiny"});
-  REQUIRE(old_w.Register(fx.registry->address())->ok());
-  REQUIRE(fx.recorder.WaitLive(1));
-  FakeWorker new_w(fx.io, {.id = "x", .role = proto::ROLE_COLOCATED, .model = "tiny"});
-  REQUIRE(new_w.Register(fx.registry->address())->ok());
-  REQUIRE(fx.recorder.WaitLive(2));
+  FakeWorker& old_w = fx.Live("x", proto::ROLE_COLOCATED);
+  FakeWorker& new_w = fx.Live("x", proto::ROLE_COLOCATED);
   CHECK(fx.recorder.lost() == std::vector<std::string>{"x"});
   auto loads = fx.registry->LiveLoads();
   REQUIRE(loads.size() == 1);
@@ -356,15 +361,11 @@ TEST_CASE("a new incarnation under a known id is a restart; the same one a recon
 
 TEST_CASE("a draining worker gets nothing new: it leaves the live loads, and its stats say so") {
   Fixture fx;
-  FakeWorker p(fx.io, {.id = "p0", .role = proto::ROLE_PREFILL, .model = "tiny"});
-  FakeWorker d(fx.io, {.id = "d0", .role = proto::ROLE_DECODE, .model = "tiny"});
-  REQUIRE(p.Register(fx.registry->address())->ok());
-  REQUIRE(d.Register(fx.registry->address())->ok());
-  REQUIRE(fx.recorder.WaitLive(2));
+  FakeWorker& p = fx.Live("p0", proto::ROLE_PREFILL);
+  FakeWorker& d = fx.Live("d0", proto::ROLE_DECODE);
   proto::WorkerStats s;
   s.set_draining(true);
-  d.Heartbeat(s);
-  REQUIRE(fx.recorder.WaitHeartbeats(1));
+  fx.Beat(d, s);
   auto loads = fx.registry->LiveLoads();
   REQUIRE(loads.size() == 1);
   CHECK(loads[0].id == "p0");
