@@ -7,6 +7,13 @@
 //
 // A reader never reads past its input: every getter returns false instead,
 // so a malformed record is an error, never a crash (STYLE rule 10).
+//
+// RecordFormat is the header the GPU transports' records share (magic, kind,
+// version) and the errors naming them:
+//
+//   constexpr RecordFormat kFormat{"nccl", "an nccl record", 0x434e4b44, 1};
+//   ByteWriter w = kFormat.Start(kKindRegion);
+//   RETURN_IF_ERROR(kFormat.ReadHeader(r, "region descriptor", kKindRegion));
 #ifndef DUET_KVTRANSFER_WIRE_H_
 #define DUET_KVTRANSFER_WIRE_H_
 
@@ -14,6 +21,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace duet::kvtransfer {
@@ -64,6 +73,42 @@ class ByteReader {
     return true;
   }
   absl::string_view in_;
+};
+
+// A record is u32 magic, u16 kind, u16 version, then its fields.
+struct RecordFormat {
+  const char* transport;  // "cuda_ipc": errors start "cuda_ipc <what>: ".
+  const char* record;     // "a cuda_ipc record": what a bad magic is not.
+  uint32_t magic = 0;
+  uint16_t version = 0;
+
+  ByteWriter Start(uint16_t kind) const {
+    ByteWriter w;
+    w.U32(magic);
+    w.U16(kind);
+    w.U16(version);
+    return w;
+  }
+  // InvalidArgument "<transport> <what>: <why>".
+  absl::Status Malformed(absl::string_view what, absl::string_view why) const {
+    return absl::InvalidArgumentError(absl::StrCat(transport, " ", what, ": ", why));
+  }
+  // Checks magic and version; the kind through *kind.
+  absl::Status ReadHeader(ByteReader& r, absl::string_view what, uint16_t* kind) const {
+    uint32_t m = 0;
+    uint16_t v = 0;
+    if (!r.U32(&m) || m != magic) return Malformed(what, absl::StrCat("not ", record, " (bad magic)"));
+    if (!r.U16(kind) || !r.U16(&v)) return Malformed(what, "truncated header");
+    if (v != version) return Malformed(what, absl::StrCat("unsupported version ", v, ", want ", version));
+    return absl::OkStatus();
+  }
+  // ReadHeader of a record that must be of kind `want`.
+  absl::Status ReadHeader(ByteReader& r, absl::string_view what, uint16_t want) const {
+    uint16_t kind = 0;
+    absl::Status s = ReadHeader(r, what, &kind);
+    if (s.ok() && kind != want) return Malformed(what, absl::StrCat("record of kind ", kind, ", want ", want));
+    return s;
+  }
 };
 
 }  // namespace duet::kvtransfer

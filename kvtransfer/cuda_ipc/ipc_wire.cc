@@ -10,39 +10,12 @@
 namespace duet::kvtransfer::cuda_ipc {
 namespace {
 
-constexpr uint32_t kMagic = 0x49434b44;  // "DKCI", little-endian.
+constexpr RecordFormat kFormat{"cuda_ipc", "a cuda_ipc record", 0x49434b44 /* "DKCI" */, kIpcWireVersion};
 constexpr uint16_t kKindAddress = 1;
 constexpr uint16_t kKindRegion = 2;
 constexpr uint32_t kMaxBootIdBytes = 64;
 
-ByteWriter Start(uint16_t kind) {
-  ByteWriter w;
-  w.U32(kMagic);
-  w.U16(kind);
-  w.U16(kIpcWireVersion);
-  return w;
-}
-
-absl::Status Malformed(absl::string_view what, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("cuda_ipc ", what, ": ", why));
-}
-
-// Checks magic, kind and version.
-absl::Status ReadHeader(ByteReader& r, uint16_t want_kind, absl::string_view what) {
-  uint32_t magic = 0;
-  uint16_t kind = 0, version = 0;
-  if (!r.U32(&magic) || magic != kMagic)
-    return Malformed(what, "not a cuda_ipc record (bad magic)");
-  if (!r.U16(&kind) || !r.U16(&version)) return Malformed(what, "truncated header");
-  if (kind != want_kind) {
-    return Malformed(what, absl::StrCat("record of kind ", kind, ", want ", want_kind));
-  }
-  if (version != kIpcWireVersion) {
-    return Malformed(what,
-                     absl::StrCat("unsupported version ", version, ", want ", kIpcWireVersion));
-  }
-  return absl::OkStatus();
-}
+absl::Status Malformed(absl::string_view what, absl::string_view why) { return kFormat.Malformed(what, why); }
 
 }  // namespace
 
@@ -60,7 +33,7 @@ absl::Status ValidateShmName(absl::string_view name) {
 }
 
 std::string EncodeAddress(const IpcAddress& address) {
-  ByteWriter w = Start(kKindAddress);
+  ByteWriter w = kFormat.Start(kKindAddress);
   w.Blob(address.boot_id);
   w.U32(static_cast<uint32_t>(address.pid));
   w.U64(address.process_nonce);
@@ -71,7 +44,7 @@ std::string EncodeAddress(const IpcAddress& address) {
 absl::StatusOr<IpcAddress> DecodeAddress(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "address";
   ByteReader r(bytes);
-  RETURN_IF_ERROR(ReadHeader(r, kKindAddress, kWhat));
+  RETURN_IF_ERROR(kFormat.ReadHeader(r, kWhat, kKindAddress));
   IpcAddress a;
   uint32_t pid = 0;
   if (!r.Blob(&a.boot_id, kMaxBootIdBytes) || !r.U32(&pid) || !r.U64(&a.process_nonce) ||
@@ -86,7 +59,7 @@ absl::StatusOr<IpcAddress> DecodeAddress(absl::string_view bytes) {
 }
 
 std::string EncodeRegionDescriptor(const IpcRegionDescriptor& d) {
-  ByteWriter w = Start(kKindRegion);
+  ByteWriter w = kFormat.Start(kKindRegion);
   w.U64(d.transport_nonce);
   w.U32(d.region_id);
   w.Blob(
@@ -102,7 +75,7 @@ std::string EncodeRegionDescriptor(const IpcRegionDescriptor& d) {
 absl::StatusOr<IpcRegionDescriptor> DecodeRegionDescriptor(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "region descriptor";
   ByteReader r(bytes);
-  RETURN_IF_ERROR(ReadHeader(r, kKindRegion, kWhat));
+  RETURN_IF_ERROR(kFormat.ReadHeader(r, kWhat, kKindRegion));
   IpcRegionDescriptor d;
   std::string handle;
   uint64_t num_blocks = 0;

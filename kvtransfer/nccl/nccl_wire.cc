@@ -10,7 +10,7 @@
 namespace duet::kvtransfer::nccl {
 namespace {
 
-constexpr uint32_t kMagic = 0x434e4b44;  // "DKNC", little-endian.
+constexpr RecordFormat kFormat{"nccl", "an nccl record", 0x434e4b44 /* "DKNC" */, kNcclWireVersion};
 enum Kind : uint16_t {
   kKindAddress = 1,
   kKindRegion = 2,
@@ -22,38 +22,7 @@ constexpr uint32_t kMaxHostBytes = 255;
 constexpr uint64_t kSegmentWireBytes = 24;  // src, dst, length.
 constexpr uint64_t kEpochWireBytes = 16;    // block (u64), epoch.
 
-ByteWriter Start(uint16_t kind) {
-  ByteWriter w;
-  w.U32(kMagic);
-  w.U16(kind);
-  w.U16(kNcclWireVersion);
-  return w;
-}
-
-absl::Status Malformed(absl::string_view what, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("nccl ", what, ": ", why));
-}
-
-// Reads magic and version; returns the kind through *kind.
-absl::Status ReadHeader(ByteReader& r, absl::string_view what, uint16_t* kind) {
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  if (!r.U32(&magic) || magic != kMagic) return Malformed(what, "not an nccl record (bad magic)");
-  if (!r.U16(kind) || !r.U16(&version)) return Malformed(what, "truncated header");
-  if (version != kNcclWireVersion) {
-    return Malformed(what,
-                     absl::StrCat("unsupported version ", version, ", want ", kNcclWireVersion));
-  }
-  return absl::OkStatus();
-}
-
-// ReadHeader of a record that must be of kind `want`.
-absl::Status ReadHeaderOfKind(ByteReader& r, absl::string_view what, uint16_t want) {
-  uint16_t kind = 0;
-  RETURN_IF_ERROR(ReadHeader(r, what, &kind));
-  if (kind == want) return absl::OkStatus();
-  return Malformed(what, absl::StrCat("record of kind ", kind, ", want ", want));
-}
+absl::Status Malformed(absl::string_view what, absl::string_view why) { return kFormat.Malformed(what, why); }
 
 ControlMessage Pad(const std::string& bytes) {
   ControlMessage m{};
@@ -68,7 +37,7 @@ absl::string_view View(const ControlMessage& m) {
 }  // namespace
 
 std::string EncodeAddress(const NcclAddress& a) {
-  ByteWriter w = Start(kKindAddress);
+  ByteWriter w = kFormat.Start(kKindAddress);
   w.U64(a.transport_nonce);
   w.U64(a.pairing);
   w.Blob(absl::string_view(reinterpret_cast<const char*>(a.unique_id.data()), a.unique_id.size()));
@@ -79,7 +48,7 @@ std::string EncodeAddress(const NcclAddress& a) {
 absl::StatusOr<NcclAddress> DecodeAddress(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "address";
   ByteReader r(bytes);
-  RETURN_IF_ERROR(ReadHeaderOfKind(r, kWhat, kKindAddress));
+  RETURN_IF_ERROR(kFormat.ReadHeader(r, kWhat, kKindAddress));
   NcclAddress a;
   std::string id;
   if (!r.U64(&a.transport_nonce) || !r.U64(&a.pairing) || !r.Blob(&id, kUniqueIdBytes) ||
@@ -96,7 +65,7 @@ absl::StatusOr<NcclAddress> DecodeAddress(absl::string_view bytes) {
 }
 
 std::string EncodeRegionDescriptor(const NcclRegionDescriptor& d) {
-  ByteWriter w = Start(kKindRegion);
+  ByteWriter w = kFormat.Start(kKindRegion);
   w.U64(d.transport_nonce);
   w.U32(d.region_id);
   w.U64(d.bytes);
@@ -107,7 +76,7 @@ std::string EncodeRegionDescriptor(const NcclRegionDescriptor& d) {
 absl::StatusOr<NcclRegionDescriptor> DecodeRegionDescriptor(absl::string_view bytes) {
   constexpr absl::string_view kWhat = "region descriptor";
   ByteReader r(bytes);
-  RETURN_IF_ERROR(ReadHeaderOfKind(r, kWhat, kKindRegion));
+  RETURN_IF_ERROR(kFormat.ReadHeader(r, kWhat, kKindRegion));
   NcclRegionDescriptor d;
   uint64_t blocks = 0;
   if (!r.U64(&d.transport_nonce) || !r.U32(&d.region_id) || !r.U64(&d.bytes) || !r.U64(&blocks)) {
@@ -121,7 +90,7 @@ absl::StatusOr<NcclRegionDescriptor> DecodeRegionDescriptor(absl::string_view by
 }
 
 ControlMessage EncodePullHeader(const PullHeader& h) {
-  ByteWriter w = Start(kKindPullHeader);
+  ByteWriter w = kFormat.Start(kKindPullHeader);
   w.U64(h.seq);
   w.U32(h.region_id);
   w.U32(h.num_segments);
@@ -132,7 +101,7 @@ ControlMessage EncodePullHeader(const PullHeader& h) {
 absl::StatusOr<PullHeader> DecodePullHeader(const ControlMessage& message) {
   constexpr absl::string_view kWhat = "pull header";
   ByteReader r(View(message));
-  RETURN_IF_ERROR(ReadHeaderOfKind(r, kWhat, kKindPullHeader));
+  RETURN_IF_ERROR(kFormat.ReadHeader(r, kWhat, kKindPullHeader));
   PullHeader h;
   if (!r.U64(&h.seq) || !r.U32(&h.region_id) || !r.U32(&h.num_segments) || !r.U32(&h.num_epochs)) {
     return Malformed(kWhat, "truncated");
@@ -190,7 +159,7 @@ absl::Status DecodePullBody(absl::string_view body, const PullHeader& h,
 }
 
 ControlMessage EncodeReply(const Reply& reply) {
-  ByteWriter w = Start(reply.kind == ReplyKind::kTrailer ? kKindTrailer : kKindReply);
+  ByteWriter w = kFormat.Start(reply.kind == ReplyKind::kTrailer ? kKindTrailer : kKindReply);
   w.U64(reply.seq);
   w.U32(static_cast<uint32_t>(reply.status));
   w.Blob(reply.detail.substr(0, kMaxDetailBytes));
@@ -201,7 +170,7 @@ absl::StatusOr<Reply> DecodeReply(const ControlMessage& message) {
   constexpr absl::string_view kWhat = "reply";
   ByteReader r(View(message));
   uint16_t kind = 0;
-  RETURN_IF_ERROR(ReadHeader(r, kWhat, &kind));
+  RETURN_IF_ERROR(kFormat.ReadHeader(r, kWhat, &kind));
   if (kind != kKindReply && kind != kKindTrailer) {
     return Malformed(kWhat, absl::StrCat("record of kind ", kind, ", want a reply or trailer"));
   }
