@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/service_test_util.h"
 #include "engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "engine/testing/tiny_model.h"
@@ -22,21 +23,7 @@
 namespace duet::decode {
 namespace {
 
-engine::Model& TinyModel() {
-  static kernels::KernelBackendPtr backend = kernels::NewCpuBackend(2);
-  static std::unique_ptr<engine::Model> model = [] {
-    auto m = engine::Model::Load(testing::TinyModelDir("llama"), backend.get());
-    REQUIRE(m.ok());
-    return std::move(*m);
-  }();
-  return *model;
-}
-
-std::vector<int32_t> Prompt(int n, int salt) {
-  std::vector<int32_t> p(n);
-  for (int i = 0; i < n; ++i) p[i] = (i * 37 + salt * 101 + 11) % 900 + 3;
-  return p;
-}
+engine::Model& TinyModel() { return SharedTinyModel("llama", /*threads=*/2); }
 
 GenerationParams Greedy(int64_t max_tokens) {
   GenerationParams p;
@@ -234,10 +221,10 @@ TEST_CASE("batched, chunked requests equal Generate token for token", "[batch_en
   for (int i = 0; i < 6; ++i) {
     GenerationParams p = i % 2 ? Seeded(10 + i, 100 + i) : Greedy(12 + i);
     if (i == 3) p.ignore_eos = false;
-    h.AddLocal(i + 1, Prompt(lens[i], i), p);
+    h.AddLocal(i + 1, TestPrompt(lens[i], i), p);
   }
-  h.AddImported(7, Prompt(33, 7), Seeded(14, 7));
-  h.AddImported(8, Prompt(16, 8), Greedy(9));
+  h.AddImported(7, TestPrompt(33, 7), Seeded(14, 7));
+  h.AddImported(8, TestPrompt(16, 8), Greedy(9));
   h.RunToEnd();
   h.CheckAgainstGenerate();
   REQUIRE(h.max_batch_tokens <= 13);  // The budget holds, decodes included.
@@ -261,9 +248,9 @@ TEST_CASE("with a prefix cache: repeats, shared prefixes, a chat's next turn and
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  const std::vector<int32_t> system = Prompt(40, 90);
-  const std::vector<int32_t> first = concat(system, Prompt(30, 91));  // 70 tokens: 4 full blocks
-  const std::vector<int32_t> third = concat(system, Prompt(30, 92));
+  const std::vector<int32_t> system = TestPrompt(40, 90);
+  const std::vector<int32_t> first = concat(system, TestPrompt(30, 91));  // 70 tokens: 4 full blocks
+  const std::vector<int32_t> third = concat(system, TestPrompt(30, 92));
   h.AddLocal(1, first, greedy(12));
   h.RunToEnd();
   CHECK(h.out[1].cached_tokens == 0);  // a miss
@@ -275,13 +262,13 @@ TEST_CASE("with a prefix cache: repeats, shared prefixes, a chat's next turn and
   // The next turn of request 1's chat: its prompt, its answer, a new question.
   std::vector<int32_t> answer;
   for (const engine::SampleResult& t : h.out[1].tokens) answer.push_back(t.token);
-  h.AddLocal(4, concat(concat(first, answer), Prompt(20, 93)), greedy(5));
+  h.AddLocal(4, concat(concat(first, answer), TestPrompt(20, 93)), greedy(5));
   h.RunToEnd();
   // Request 1's KV covered prompt and answer but the last token: 81 positions, 5 full blocks.
   CHECK(h.out[4].cached_tokens == 80);
   // Six unrelated 100-token prompts push the blocks used once (request 3's
   // own) to host; the ones used often (the system prompt's) stay.
-  for (int i = 0; i < 6; ++i) h.AddLocal(10 + i, Prompt(100, 100 + i), greedy(4));
+  for (int i = 0; i < 6; ++i) h.AddLocal(10 + i, TestPrompt(100, 100 + i), greedy(4));
   h.RunToEnd();
   const EngineCounts before = h.engine.counts();
   h.AddLocal(5, third, greedy(7));
@@ -305,7 +292,7 @@ TEST_CASE("with a prefix cache: repeats, shared prefixes, a chat's next turn and
 
 TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", "[batch_engine]") {
   SECTION("stop id and EOS") {
-    const auto prompt = Prompt(12, 1);
+    const auto prompt = TestPrompt(12, 1);
     const auto free_run = Reference(prompt, Greedy(12));
     Harness h(64);
     GenerationParams p = Greedy(12);
@@ -313,7 +300,7 @@ TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", 
     h.AddLocal(1, prompt, p);
     GenerationParams q = Seeded(30, 5);
     q.ignore_eos = false;
-    h.AddLocal(2, Prompt(9, 2), q);
+    h.AddLocal(2, TestPrompt(9, 2), q);
     h.RunToEnd();
     h.CheckAgainstGenerate();
     REQUIRE(h.out[1].finish->kind == FinishKind::kStop);
@@ -321,7 +308,7 @@ TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", 
     REQUIRE(h.out[1].tokens.size() <= 5);
   }
   SECTION("min_tokens holds EOS back, not a stop id") {
-    const auto prompt = Prompt(12, 1);
+    const auto prompt = TestPrompt(12, 1);
     const auto free_run = Reference(prompt, Greedy(12));
     // A model whose EOS is the first token greedy decoding produces.
     engine::Model& m = TinyModelWithEos(free_run.ids[0]);
@@ -356,7 +343,7 @@ TEST_CASE("stop ids, min_tokens and the context's end finish as Generate does", 
   SECTION("the context's end is FINISH_LENGTH") {
     const int64_t context = TinyModel().config().max_position_embeddings;
     Harness h(80);
-    h.AddLocal(1, Prompt(static_cast<int>(context) - 4, 3), Greedy(context));  // More than the context leaves.
+    h.AddLocal(1, TestPrompt(static_cast<int>(context) - 4, 3), Greedy(context));  // More than the context leaves.
     h.RunToEnd();
     h.CheckAgainstGenerate();
     REQUIRE(h.out[1].finish->kind == FinishKind::kLength);
@@ -369,9 +356,9 @@ TEST_CASE("admission waits until the pool has the blocks", "[batch_engine]") {
   // A holds 7 of 8 blocks for its whole life (100 prompt + 10 generated
   // positions); B and C need 2 each and wait, in order, until A is done.
   Harness h(8);
-  h.AddLocal(1, Prompt(100, 1), Greedy(10));
-  h.AddImported(2, Prompt(30, 2), Seeded(6, 2));
-  h.AddLocal(3, Prompt(20, 3), Greedy(4));
+  h.AddLocal(1, TestPrompt(100, 1), Greedy(10));
+  h.AddImported(2, TestPrompt(30, 2), Seeded(6, 2));
+  h.AddLocal(3, TestPrompt(20, 3), Greedy(4));
   h.Step();
   EngineCounts c = h.engine.counts();
   REQUIRE(c.running == 1);
@@ -393,10 +380,10 @@ TEST_CASE("preemption under memory pressure keeps every output identical", "[bat
     INFO("token budget " << budget);
     // Four requests that grow to 4 blocks each share 10.
     Harness h(10, {.max_running = 256, .token_budget = budget});
-    h.AddLocal(1, Prompt(20, 1), Greedy(40));
-    h.AddImported(2, Prompt(18, 2), Seeded(40, 2));
-    h.AddLocal(3, Prompt(22, 3), Seeded(40, 3));
-    h.AddImported(4, Prompt(17, 4), Greedy(40));
+    h.AddLocal(1, TestPrompt(20, 1), Greedy(40));
+    h.AddImported(2, TestPrompt(18, 2), Seeded(40, 2));
+    h.AddLocal(3, TestPrompt(22, 3), Seeded(40, 3));
+    h.AddImported(4, TestPrompt(17, 4), Greedy(40));
     h.RunToEnd();
     h.CheckAgainstGenerate();
     EngineCounts c = h.engine.counts();
@@ -410,10 +397,10 @@ TEST_CASE("a preempted request is requeued at the head of the queue", "[batch_en
   // A and B fill the pool; B (newest) is preempted when A needs a 4th block.
   // C, queued behind, would fit beside A but must not overtake B.
   Harness h(6);
-  h.AddLocal(1, Prompt(47, 1), Greedy(20));  // 48 positions: 3 blocks, a 4th at token 2.
-  h.AddLocal(2, Prompt(47, 2), Greedy(20));
+  h.AddLocal(1, TestPrompt(47, 1), Greedy(20));  // 48 positions: 3 blocks, a 4th at token 2.
+  h.AddLocal(2, TestPrompt(47, 2), Greedy(20));
   h.Step();
-  h.AddLocal(3, Prompt(10, 3), Greedy(3));
+  h.AddLocal(3, TestPrompt(10, 3), Greedy(3));
   while (!h.out[1].finish.has_value()) {
     h.Step();
     REQUIRE(h.out[3].tokens.empty());
@@ -427,11 +414,11 @@ TEST_CASE("a preempted request is requeued at the head of the queue", "[batch_en
 TEST_CASE("cancel frees the blocks in every state and reports nothing", "[batch_engine]") {
   Harness h(16, {.max_running = 256, .token_budget = 8});
   h.importer.auto_complete = false;
-  h.AddLocal(1, Prompt(20, 1), Greedy(50));     // running after its prefill
-  h.AddLocal(2, Prompt(40, 2), Greedy(50));     // prefilling, 8 tokens a step
-  h.AddImported(3, Prompt(20, 3), Greedy(50));  // pulling: never ready
-  h.AddImported(4, Prompt(150, 4), Greedy(5));  // waiting: 10 blocks never free
-  h.AddLocal(5, Prompt(20, 5), Greedy(50));     // waiting behind it
+  h.AddLocal(1, TestPrompt(20, 1), Greedy(50));     // running after its prefill
+  h.AddLocal(2, TestPrompt(40, 2), Greedy(50));     // prefilling, 8 tokens a step
+  h.AddImported(3, TestPrompt(20, 3), Greedy(50));  // pulling: never ready
+  h.AddImported(4, TestPrompt(150, 4), Greedy(5));  // waiting: 10 blocks never free
+  h.AddLocal(5, TestPrompt(20, 5), Greedy(50));     // waiting behind it
   for (int i = 0; i < 4; ++i) h.Step();
   EngineCounts c = h.engine.counts();
   REQUIRE(c.running == 1);
@@ -464,10 +451,10 @@ TEST_CASE("cancel frees the blocks in every state and reports nothing", "[batch_
 
   // A request whose cancel came first is refused when it arrives.
   REQUIRE(!h.engine.Cancel(99));
-  absl::Status late = h.engine.Add({.request_id = 99, .prompt = Prompt(5, 9), .params = Greedy(3)});
+  absl::Status late = h.engine.Add({.request_id = 99, .prompt = TestPrompt(5, 9), .params = Greedy(3)});
   REQUIRE(late.code() == absl::StatusCode::kCancelled);
-  REQUIRE(h.engine.Add({.request_id = 6, .prompt = Prompt(5, 9), .params = Greedy(3)}).ok());
-  REQUIRE(h.engine.Add({.request_id = 6, .prompt = Prompt(5, 9), .params = Greedy(3)}).code() ==
+  REQUIRE(h.engine.Add({.request_id = 6, .prompt = TestPrompt(5, 9), .params = Greedy(3)}).ok());
+  REQUIRE(h.engine.Add({.request_id = 6, .prompt = TestPrompt(5, 9), .params = Greedy(3)}).code() ==
           absl::StatusCode::kAlreadyExists);
   h.engine.DropAll();
   REQUIRE(h.pool.num_free() == 16);
@@ -476,8 +463,8 @@ TEST_CASE("cancel frees the blocks in every state and reports nothing", "[batch_
 TEST_CASE("a failed import ends the request with the importer's error", "[batch_engine]") {
   Harness h(16);
   h.importer.fail[1] = absl::UnavailableError("KV pull failed: lease_expired: epoch moved");
-  h.AddImported(1, Prompt(20, 1), Greedy(5));
-  h.AddLocal(2, Prompt(10, 2), Greedy(5));
+  h.AddImported(1, TestPrompt(20, 1), Greedy(5));
+  h.AddLocal(2, TestPrompt(10, 2), Greedy(5));
   h.RunToEnd();
   REQUIRE(h.out[1].tokens.empty());
   REQUIRE(h.out[1].finish->kind == FinishKind::kError);
@@ -489,7 +476,7 @@ TEST_CASE("a failed import ends the request with the importer's error", "[batch_
 
   SECTION("a Start that fails ends it too") {
     h.importer.start_error = absl::UnavailableError("KV pull failed: connect: refused");
-    h.AddImported(3, Prompt(20, 3), Greedy(5));
+    h.AddImported(3, TestPrompt(20, 3), Greedy(5));
     h.RunToEnd();
     REQUIRE(h.out[3].finish->error.message() == "KV pull failed: connect: refused");
     REQUIRE(h.pool.num_free() == 16);
@@ -498,8 +485,8 @@ TEST_CASE("a failed import ends the request with the importer's error", "[batch_
 
 TEST_CASE("a request larger than the whole pool fails at once", "[batch_engine]") {
   Harness h(4);
-  h.AddLocal(1, Prompt(64, 1), Greedy(3));  // 65 positions: 5 blocks.
-  h.AddLocal(2, Prompt(10, 2), Greedy(3));
+  h.AddLocal(1, TestPrompt(64, 1), Greedy(3));  // 65 positions: 5 blocks.
+  h.AddLocal(2, TestPrompt(10, 2), Greedy(3));
   h.RunToEnd();
   REQUIRE(h.out[1].finish->kind == FinishKind::kError);
   REQUIRE(h.out[1].finish->error.code() == absl::StatusCode::kResourceExhausted);
@@ -509,7 +496,7 @@ TEST_CASE("a request larger than the whole pool fails at once", "[batch_engine]"
 
 TEST_CASE("max_running bounds the requests that hold blocks", "[batch_engine]") {
   Harness h(64, {.max_running = 2, .token_budget = 2048});
-  for (uint64_t id = 1; id <= 4; ++id) h.AddLocal(id, Prompt(10, static_cast<int>(id)), Greedy(6));
+  for (uint64_t id = 1; id <= 4; ++id) h.AddLocal(id, TestPrompt(10, static_cast<int>(id)), Greedy(6));
   h.Step();
   EngineCounts c = h.engine.counts();
   REQUIRE(c.running + c.prefilling == 2);

@@ -19,28 +19,13 @@
 namespace duet::decode {
 namespace {
 
-engine::Model& ReferenceModel() {
-  static kernels::KernelBackendPtr backend = kernels::NewCpuBackend(1);
-  static std::unique_ptr<engine::Model> model = [] {
-    auto m = engine::Model::Load(testing::TinyModelDir("qwen2"), backend.get());
-    REQUIRE(m.ok());
-    return std::move(*m);
-  }();
-  return *model;
-}
+engine::Model& ReferenceModel() { return SharedTinyModel("qwen2"); }
 
-struct Colocated {
+struct Colocated : ServiceFixture<ColocatedService> {
   explicit Colocated(int64_t kv_blocks, int64_t token_budget = 2048, int64_t max_running = 256) {
     ColocatedOptions o;
-    o.engine.model_dir = testing::TinyModelDir("qwen2");
-    o.engine.served_model_name = "tiny";
-    o.engine.threads = 1;
-    o.engine.kv_blocks = kv_blocks;
-    o.engine.token_budget = token_budget;
     o.max_running = max_running;
-    auto s = ColocatedService::Create(std::move(o), &sink);
-    REQUIRE(s.ok());
-    service = std::move(*s);
+    Create(std::move(o), "qwen2", kv_blocks, token_budget);
   }
 
   void Send(uint64_t id, const proto::GenerationSpec& spec, const std::vector<int32_t>& resume = {}) {
@@ -51,18 +36,6 @@ struct Colocated {
     for (int32_t t : resume) f.mutable_prefill()->add_resume_ids(t);
     service->OnFrame(nullptr, f);
   }
-  void Cancel(uint64_t id) {
-    proto::Frame f = proto::NewFrame();
-    f.mutable_cancel()->set_request_id(id);
-    service->OnFrame(nullptr, f);
-  }
-  bool WaitFinishes(size_t n) {
-    return sink.WaitForRouter([n](const FakeFrameSink::Frames& fs) { return CountFinishes(fs) >= n; });
-  }
-
-  FakeFrameSink sink;
-  std::unique_ptr<ColocatedService> service;
-  std::map<uint64_t, proto::GenerationSpec> specs;
 };
 
 TEST_CASE("colocated: chunked prefill mixed with decodes equals Generate", "[colocated]") {
@@ -115,28 +88,38 @@ TEST_CASE("colocated: resume_ids continue a request where it stopped", "[colocat
   const proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), 12, false, 11, 1);
   const engine::GenerateResult ref = ReferenceRun(ReferenceModel(), spec);
   c.Send(1, spec, {ref.ids[0], ref.ids[1], ref.ids[2]});
-  REQUIRE(c.WaitFinishes(1));
-  auto out = CollectRouterFrames(c.sink.router());
+  auto out = c.Finished(1);
   REQUIRE(out[1].first_tokens == 1);
   CheckAgainstReference(out[1], ref, /*skip=*/3);  // The first token is ref's 4th.
   REQUIRE(c.service->Stats().prompt_tokens_computed() == 25 + 3);
 }
 
+int32_t Eos() { return ReferenceModel().config().eos_token_ids.at(0); }
+
+// A sampled request of `max_tokens` that stops at an EOS.
+proto::GenerationSpec StopsAtEos(int max_tokens) {
+  proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), max_tokens, false, 11, 1);
+  spec.set_ignore_eos(false);
+  return spec;
+}
+
+// A resumed request that ended without running: no token, a Finish.
+void CheckEndedAtOnce(const RequestFrames& r) {
+  CHECK(r.first_tokens == 0);
+  CHECK(r.tokens.empty());
+  REQUIRE(r.finish.has_value());
+}
+
 TEST_CASE("colocated: a resumed request whose last token already ended it finishes at once", "[colocated]") {
   // The attempt that sampled the EOS died before its Finish reached the router.
   Colocated c(64);
-  const int32_t eos = ReferenceModel().config().eos_token_ids.at(0);
-  proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), 12, false, 11, 1);
-  spec.set_ignore_eos(false);
-  c.Send(1, spec, {5, 6, eos});
+  proto::GenerationSpec spec = StopsAtEos(12);
+  c.Send(1, spec, {5, 6, Eos()});
   // With ignore_eos the EOS is a token like any other: it goes on.
   spec.set_ignore_eos(true);
-  c.Send(2, spec, {5, 6, eos});
-  REQUIRE(c.WaitFinishes(2));
-  auto out = CollectRouterFrames(c.sink.router());
-  CHECK(out[1].first_tokens == 0);
-  CHECK(out[1].tokens.empty());
-  REQUIRE(out[1].finish.has_value());
+  c.Send(2, spec, {5, 6, Eos()});
+  auto out = c.Finished(2);
+  CheckEndedAtOnce(out[1]);
   CHECK(out[1].finish->reason() == proto::FINISH_STOP);
   CHECK(out[2].first_tokens == 1);
   CHECK(out[2].tokens.size() == 12 - 3);
@@ -145,18 +128,11 @@ TEST_CASE("colocated: a resumed request whose last token already ended it finish
 
 TEST_CASE("colocated: a resumed request whose max_tokens-th token is an EOS stops, not length", "[colocated]") {
   Colocated c(64);
-  const int32_t eos = ReferenceModel().config().eos_token_ids.at(0);
-  proto::GenerationSpec spec = TestSpec(TestPrompt(25, 7), 3, false, 11, 1);
-  spec.set_ignore_eos(false);
-  c.Send(1, spec, {5, 6, eos});
+  const proto::GenerationSpec spec = StopsAtEos(3);
+  c.Send(1, spec, {5, 6, Eos()});
   c.Send(2, spec, {5, 6, 8});
-  REQUIRE(c.WaitFinishes(2));
-  auto out = CollectRouterFrames(c.sink.router());
-  for (uint64_t id : {1, 2}) {
-    CHECK(out[id].first_tokens == 0);
-    CHECK(out[id].tokens.empty());
-    REQUIRE(out[id].finish.has_value());
-  }
+  auto out = c.Finished(2);
+  for (uint64_t id : {1, 2}) CheckEndedAtOnce(out[id]);
   CHECK(out[1].finish->reason() == proto::FINISH_STOP);
   CHECK(out[2].finish->reason() == proto::FINISH_LENGTH);
   CHECK(c.service->Stats().prompt_tokens_computed() == 0);
@@ -167,8 +143,7 @@ TEST_CASE("colocated: a pool too small preempts, outputs unchanged", "[colocated
   for (uint64_t id = 1; id <= 4; ++id) {
     c.Send(id, TestSpec(TestPrompt(15 + static_cast<int>(id), static_cast<int>(id)), 40, id % 2 == 0, id, 1));
   }
-  REQUIRE(c.WaitFinishes(4));
-  auto out = CollectRouterFrames(c.sink.router());
+  auto out = c.Finished(4);
   for (const auto& [id, spec] : c.specs) {
     INFO("request " << id);
     REQUIRE(out[id].first_tokens == 1);

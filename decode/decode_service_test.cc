@@ -28,15 +28,7 @@ namespace {
 
 constexpr char kPrefillAddress[] = "prefill-test:1";
 
-engine::Model& PrefillModel() {
-  static kernels::KernelBackendPtr backend = kernels::NewCpuBackend(1);
-  static std::unique_ptr<engine::Model> model = [] {
-    auto m = engine::Model::Load(testing::TinyModelDir("llama"), backend.get());
-    REQUIRE(m.ok());
-    return std::move(*m);
-  }();
-  return *model;
-}
+engine::Model& PrefillModel() { return SharedTinyModel("llama"); }
 
 // The prefill side: computes a prompt's KV, samples token 1 as a prefill
 // worker does, leases the blocks and builds the KvOffer. Frees the blocks
@@ -126,34 +118,19 @@ class TestPrefill {
   std::map<uint64_t, Held> held_;
 };
 
-struct Cluster {
+struct Cluster : ServiceFixture<DecodeService> {
   explicit Cluster(int64_t kv_blocks, int64_t max_running = 256, int64_t token_budget = 2048) {
     sink.on_peer = [this](const std::string& a, const proto::Frame& f) { prefill.OnPeerFrame(a, f); };
     DecodeOptions o;
-    o.engine.model_dir = testing::TinyModelDir("llama");
-    o.engine.served_model_name = "tiny";
-    o.engine.threads = 1;
-    o.engine.kv_blocks = kv_blocks;
     o.max_running = max_running;
-    o.engine.token_budget = token_budget;
     o.transport = kvtransfer::NewLoopbackTransport();
-    auto s = DecodeService::Create(std::move(o), &sink);
-    REQUIRE(s.ok());
-    service = std::move(*s);
+    Create(std::move(o), "llama", kv_blocks, token_budget);
   }
   ~Cluster() { service.reset(); }
 
   void Offer(uint64_t id, const proto::GenerationSpec& spec) {
     specs[id] = spec;
     service->OnFrame(nullptr, prefill.Offer(id, spec));
-  }
-  void Cancel(uint64_t id) {
-    proto::Frame f = proto::NewFrame();
-    f.mutable_cancel()->set_request_id(id);
-    service->OnFrame(nullptr, f);
-  }
-  bool WaitFinishes(size_t n) {
-    return sink.WaitForRouter([n](const FakeFrameSink::Frames& fs) { return CountFinishes(fs) >= n; });
   }
   // Released frames (to the prefill) per request: pulled flags in order.
   std::map<uint64_t, std::vector<bool>> Releases() {
@@ -166,10 +143,7 @@ struct Cluster {
     return r;
   }
 
-  FakeFrameSink sink;
   TestPrefill prefill;
-  std::unique_ptr<DecodeService> service;
-  std::map<uint64_t, proto::GenerationSpec> specs;
 };
 
 int64_t BlocksFor(int64_t tokens) { return (tokens + 15) / 16; }
@@ -182,9 +156,7 @@ TEST_CASE("decode: greedy and seeded outputs equal Generate; every block comes b
   eos.set_ignore_eos(false);
   c.Offer(3, eos);
   c.Offer(4, TestSpec(TestPrompt(48, 4), 9, /*greedy=*/true, 0, 2));
-  REQUIRE(c.WaitFinishes(4));
-
-  auto out = CollectRouterFrames(c.sink.router());
+  auto out = c.Finished(4);
   int64_t blocks = 0;
   for (const auto& [id, spec] : c.specs) {
     INFO("request " << id);
@@ -229,8 +201,7 @@ TEST_CASE("decode: an offer whose max_tokens-th token is an EOS stops, not lengt
     c.specs[id] = spec;
     c.service->OnFrame(nullptr, f);
   }
-  REQUIRE(c.WaitFinishes(2));
-  auto out = CollectRouterFrames(c.sink.router());
+  auto out = c.Finished(2);
   for (uint64_t id : {1, 2}) {
     CHECK(out[id].tokens.empty());
     REQUIRE(out[id].finish.has_value());
@@ -252,8 +223,7 @@ TEST_CASE("decode: a pool too small preempts and recomputes, outputs unchanged",
   for (uint64_t id = 1; id <= 4; ++id) {
     c.Offer(id, TestSpec(TestPrompt(18 + static_cast<int>(id), static_cast<int>(id)), 100, id % 2 == 1, id, 1));
   }
-  REQUIRE(c.WaitFinishes(4));
-  auto out = CollectRouterFrames(c.sink.router());
+  auto out = c.Finished(4);
   for (const auto& [id, spec] : c.specs) {
     INFO("request " << id);
     CheckAgainstReference(out[id], ReferenceRun(PrefillModel(), spec), 1);
@@ -286,8 +256,7 @@ TEST_CASE("decode: a handle with another layout is refused, naming the field", "
     proto::Frame offer = c.prefill.Offer(id, TestSpec(TestPrompt(20, 1), 5, true));
     k.change(offer.mutable_kv_offer()->mutable_handle()->mutable_layout());
     c.service->OnFrame(nullptr, offer);
-    REQUIRE(c.WaitFinishes(id));
-    auto out = CollectRouterFrames(c.sink.router());
+    auto out = c.Finished(id);
     const proto::Finish& f = *out[id].finish;
     REQUIRE(f.reason() == proto::FINISH_ERROR);
     REQUIRE(f.error_code() == static_cast<int>(absl::StatusCode::kInternal));
@@ -305,8 +274,7 @@ TEST_CASE("decode: a failed pull ends the attempt UNAVAILABLE and frees its bloc
     proto::Frame offer = c.prefill.Offer(1, TestSpec(TestPrompt(20, 1), 5, true));
     c.prefill.EndLease(1);
     c.service->OnFrame(nullptr, offer);
-    REQUIRE(c.WaitFinishes(1));
-    const proto::Finish f = *CollectRouterFrames(c.sink.router())[1].finish;
+    const proto::Finish f = *c.Finished(1)[1].finish;
     REQUIRE(f.reason() == proto::FINISH_ERROR);
     REQUIRE(f.error_code() == static_cast<int>(absl::StatusCode::kUnavailable));
     REQUIRE(f.error().rfind("KV pull failed: lease_expired: ", 0) == 0);
@@ -315,8 +283,7 @@ TEST_CASE("decode: a failed pull ends the attempt UNAVAILABLE and frees its bloc
     proto::Frame offer = c.prefill.Offer(1, TestSpec(TestPrompt(20, 1), 5, true));
     offer.mutable_kv_offer()->mutable_handle()->set_data_address("no such loopback transport");
     c.service->OnFrame(nullptr, offer);
-    REQUIRE(c.WaitFinishes(1));
-    const proto::Finish f = *CollectRouterFrames(c.sink.router())[1].finish;
+    const proto::Finish f = *c.Finished(1)[1].finish;
     REQUIRE(f.error_code() == static_cast<int>(absl::StatusCode::kUnavailable));
     REQUIRE(f.error().rfind("KV pull failed: ", 0) == 0);
   }
@@ -325,8 +292,7 @@ TEST_CASE("decode: a failed pull ends the attempt UNAVAILABLE and frees its bloc
   REQUIRE(c.prefill.free_blocks() == c.prefill.num_blocks());
   // The worker goes on serving.
   c.Offer(2, TestSpec(TestPrompt(10, 2), 4, true));
-  REQUIRE(c.WaitFinishes(2));
-  CheckAgainstReference(CollectRouterFrames(c.sink.router())[2], ReferenceRun(PrefillModel(), c.specs[2]), 1);
+  CheckAgainstReference(c.Finished(2)[2], ReferenceRun(PrefillModel(), c.specs[2]), 1);
 }
 
 TEST_CASE("decode: cancel while waiting, while running, and before the offer", "[decode]") {

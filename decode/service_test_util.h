@@ -1,5 +1,6 @@
-// Helpers for the decode and colocated service tests: prompts, the
-// engine::Generate reference, and the per-request view of the frames a
+// Helpers for the batch engine, decode and colocated service tests: the
+// tiny model loaded once, prompts, the engine::Generate reference, a service
+// fixture on the tiny model, and the per-request view of the frames a
 // service sent to the router.
 //
 //   auto ref = ReferenceRun(model, prompt, spec);
@@ -11,15 +12,44 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "decode/engine_loop.h"
+#include "decode/fake_frame_sink.h"
 #include "engine/generator.h"
+#include "engine/model.h"
+#include "engine/testing/tiny_model.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "proto/control.pb.h"
+#include "proto/frame.h"
 
 namespace duet::decode {
+
+// The tiny model of `arch` on a CPU backend of `threads` threads, loaded once
+// per binary for each (arch, threads).
+inline engine::Model& SharedTinyModel(const std::string& arch, int threads = 1) {
+  struct Loaded {
+    kernels::KernelBackendPtr backend;
+    std::unique_ptr<engine::Model> model;
+  };
+  static absl::Mutex mu;
+  static auto* loaded = new std::map<std::pair<std::string, int>, Loaded>();
+  absl::MutexLock lock(&mu);
+  Loaded& l = (*loaded)[{arch, threads}];
+  if (l.model == nullptr) {
+    l.backend = kernels::NewCpuBackend(threads);
+    auto m = engine::Model::Load(testing::TinyModelDir(arch), l.backend.get());
+    REQUIRE(m.ok());
+    l.model = std::move(*m);
+  }
+  return *l.model;
+}
 
 inline std::vector<int32_t> TestPrompt(int n, int salt) {
   std::vector<int32_t> p(n);
@@ -105,6 +135,43 @@ inline size_t CountFinishes(const std::vector<proto::Frame>& frames) {
   for (const proto::Frame& f : frames) n += f.has_finish() ? 1 : 0;
   return n;
 }
+
+// A Service (DecodeService or ColocatedService) on the tiny model, with the
+// sink it sends to; the test plays the router.
+template <typename Service>
+struct ServiceFixture {
+  // Creates the service from `o` with its engine on the tiny `arch` model,
+  // served as "tiny", one thread.
+  template <typename Options>
+  void Create(Options o, const std::string& arch, int64_t kv_blocks, int64_t token_budget) {
+    o.engine.model_dir = testing::TinyModelDir(arch);
+    o.engine.served_model_name = "tiny";
+    o.engine.threads = 1;
+    o.engine.kv_blocks = kv_blocks;
+    o.engine.token_budget = token_budget;
+    auto s = Service::Create(std::move(o), &sink);
+    REQUIRE(s.ok());
+    service = std::move(*s);
+  }
+
+  void Cancel(uint64_t id) {
+    proto::Frame f = proto::NewFrame();
+    f.mutable_cancel()->set_request_id(id);
+    service->OnFrame(nullptr, f);
+  }
+  bool WaitFinishes(size_t n) {
+    return sink.WaitForRouter([n](const FakeFrameSink::Frames& fs) { return CountFinishes(fs) >= n; });
+  }
+  // The router's frames per request, once `n` requests have finished.
+  std::map<uint64_t, RequestFrames> Finished(size_t n) {
+    REQUIRE(WaitFinishes(n));
+    return CollectRouterFrames(sink.router());
+  }
+
+  FakeFrameSink sink;
+  std::unique_ptr<Service> service;
+  std::map<uint64_t, proto::GenerationSpec> specs;
+};
 
 // `tokens` equal ref's generated tokens from index `skip` on: ids exactly,
 // logprobs and top logprobs within 1e-4; the finish reason matches.
