@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <vector>
@@ -165,6 +166,19 @@ struct Harness {
   RecordingSink sink;
   std::unique_ptr<PrefillService> svc;
 };
+
+// f with `resume` as its resume_ids.
+proto::Frame Resumed(proto::Frame f, std::initializer_list<int32_t> resume) {
+  for (int32_t t : resume) f.mutable_prefill()->add_resume_ids(t);
+  return f;
+}
+
+// The reason of request `id`'s Finish, once the router has it.
+proto::FinishReason FinishReasonOf(Harness& h, uint64_t id) {
+  auto fin = h.sink.WaitRouter(id, proto::Frame::kFinish);
+  REQUIRE(fin.has_value());
+  return fin->finish().reason();
+}
 
 // A decode's side of the data plane: pulls a handle's blocks into its own buffer.
 struct Puller {
@@ -342,9 +356,7 @@ TEST_CASE("prefill: a first token that ends the request finishes it here", "[pre
   Reference ref;
   const auto prompt = Prompt(20, 4);
   h.Send(Request(21, prompt, /*max_tokens=*/1));
-  auto fin = h.sink.WaitRouter(21, proto::Frame::kFinish);
-  REQUIRE(fin.has_value());
-  REQUIRE(fin->finish().reason() == proto::FINISH_LENGTH);
+  REQUIRE(FinishReasonOf(h, 21) == proto::FINISH_LENGTH);
   REQUIRE(h.sink.WaitRouter(21, proto::Frame::kFirstToken).has_value());
 
   // A stop id equal to the token it will sample.
@@ -352,9 +364,7 @@ TEST_CASE("prefill: a first token that ends the request finishes it here", "[pre
   const int32_t want = ref.FirstToken(prompt, f.prefill().spec()).ids[0];
   f.mutable_prefill()->mutable_spec()->add_stop_token_ids(want);
   h.Send(f);
-  fin = h.sink.WaitRouter(22, proto::Frame::kFinish);
-  REQUIRE(fin.has_value());
-  REQUIRE(fin->finish().reason() == proto::FINISH_STOP);
+  REQUIRE(FinishReasonOf(h, 22) == proto::FINISH_STOP);
   REQUIRE(h.sink.WaitRouter(22, proto::Frame::kFirstToken)->first_token().token().id() == want);
   REQUIRE(h.WaitAllFree());
   REQUIRE(h.sink.CountFor(21) == 2);
@@ -370,30 +380,22 @@ TEST_CASE("prefill: a resumed request whose last token already ended it finishes
   const auto prompt = Prompt(12, 5);
   proto::Frame f = Request(31, prompt, /*max_tokens=*/8);
   f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
-  for (int32_t t : {7, 9, eos}) f.mutable_prefill()->add_resume_ids(t);
-  h.Send(f);
-  auto fin = h.sink.WaitRouter(31, proto::Frame::kFinish);
-  REQUIRE(fin.has_value());
-  CHECK(fin->finish().reason() == proto::FINISH_STOP);
+  h.Send(Resumed(f, {7, 9, eos}));
+  CHECK(FinishReasonOf(h, 31) == proto::FINISH_STOP);
   // A stop id ends it regardless of ignore_eos.
   f = Request(32, prompt, /*max_tokens=*/8);
   f.mutable_prefill()->mutable_spec()->add_stop_token_ids(9);
-  for (int32_t t : {7, 9}) f.mutable_prefill()->add_resume_ids(t);
-  h.Send(f);
-  fin = h.sink.WaitRouter(32, proto::Frame::kFinish);
-  REQUIRE(fin.has_value());
-  CHECK(fin->finish().reason() == proto::FINISH_STOP);
+  h.Send(Resumed(f, {7, 9}));
+  CHECK(FinishReasonOf(h, 32) == proto::FINISH_STOP);
   // With ignore_eos, or an EOS before min_tokens, the EOS does not end it:
   // the prefill computes its next token.
   f = Request(33, prompt, /*max_tokens=*/8);
-  for (int32_t t : {7, eos}) f.mutable_prefill()->add_resume_ids(t);
-  h.Send(f);
+  h.Send(Resumed(f, {7, eos}));
   REQUIRE(h.sink.WaitRouter(33, proto::Frame::kFirstToken).has_value());
   f = Request(34, prompt, /*max_tokens=*/8);
   f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
   f.mutable_prefill()->mutable_spec()->set_min_tokens(3);
-  for (int32_t t : {7, eos}) f.mutable_prefill()->add_resume_ids(t);
-  h.Send(f);
+  h.Send(Resumed(f, {7, eos}));
   REQUIRE(h.sink.WaitRouter(34, proto::Frame::kFirstToken).has_value());
   for (uint64_t id : {33, 34}) {
     auto offer = h.sink.WaitOffer(id);
@@ -415,19 +417,13 @@ TEST_CASE("prefill: a resumed request whose max_tokens-th token is an EOS stops,
   const int32_t eos = ref.model->config().eos_token_ids.at(0);
   proto::Frame f = Request(41, Prompt(12, 5), /*max_tokens=*/3);
   f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
-  for (int32_t t : {7, 9, eos}) f.mutable_prefill()->add_resume_ids(t);
-  h.Send(f);
-  auto fin = h.sink.WaitRouter(41, proto::Frame::kFinish);
-  REQUIRE(fin.has_value());
-  CHECK(fin->finish().reason() == proto::FINISH_STOP);
+  h.Send(Resumed(f, {7, 9, eos}));
+  CHECK(FinishReasonOf(h, 41) == proto::FINISH_STOP);
   // The same count ending on an ordinary token is LENGTH.
   f = Request(42, Prompt(12, 5), /*max_tokens=*/3);
   f.mutable_prefill()->mutable_spec()->set_ignore_eos(false);
-  for (int32_t t : {7, 9, 11}) f.mutable_prefill()->add_resume_ids(t);
-  h.Send(f);
-  fin = h.sink.WaitRouter(42, proto::Frame::kFinish);
-  REQUIRE(fin.has_value());
-  CHECK(fin->finish().reason() == proto::FINISH_LENGTH);
+  h.Send(Resumed(f, {7, 9, 11}));
+  CHECK(FinishReasonOf(h, 42) == proto::FINISH_LENGTH);
   CHECK(h.sink.CountFor(41) == 1);  // The Finish alone: nothing computed.
   CHECK(h.sink.CountFor(42) == 1);
   CHECK(h.svc->Stats().prompt_tokens_computed() == 0);
