@@ -237,6 +237,13 @@ TEST_CASE("sharded round trip through the index", "[safetensors]") {
 const char kGoodHeader[] = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
 const std::string kGoodData(8, '\x01');
 
+// A file at `path` of `header` and kGoodData fails to open with
+// InvalidArgument naming each of `needles`.
+void RequireHeaderRefused(const std::string& path, const std::string& header, const std::vector<std::string>& needles) {
+  WriteBytes(path, RawFile(header, kGoodData));
+  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument, needles);
+}
+
 TEST_CASE("hand-built file with overlapping tensors opens", "[safetensors]") {
   const std::string path = FreshDir() + "/ok.safetensors";
   WriteBytes(path, RawFile(R"({"__metadata__":{"k":"v"},)"
@@ -282,15 +289,9 @@ TEST_CASE("header length beyond the file", "[safetensors]") {
 
 TEST_CASE("header not JSON, or not an object", "[safetensors]") {
   const std::string path = FreshDir() + "/json.safetensors";
-  WriteBytes(path, RawFile(R"({"w":{"dtype":"F32",)", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "not valid JSON"});
-  WriteBytes(path, RawFile("[1,2]   ", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "not a JSON object"});
-  WriteBytes(path, RawFile(R"({"w":7})", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "\"w\"", "not a JSON object"});
+  RequireHeaderRefused(path, R"({"w":{"dtype":"F32",)", {path, "not valid JSON"});
+  RequireHeaderRefused(path, "[1,2]   ", {path, "not a JSON object"});
+  RequireHeaderRefused(path, R"({"w":7})", {path, "\"w\"", "not a JSON object"});
 }
 
 TEST_CASE("unsupported dtype", "[safetensors]") {
@@ -314,32 +315,26 @@ TEST_CASE("bad shape", "[safetensors]") {
     RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
                  {path, "\"w\"", "\"shape\""});
   }
-  WriteBytes(path, RawFile(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "\"w\"", "\"shape\"", "missing"});
+  RequireHeaderRefused(path, R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", {path, "\"w\"", "\"shape\"", "missing"});
   // A product that overflows 64 bits must be caught, not wrapped to 8.
-  WriteBytes(path, RawFile(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],)"
-                           R"("data_offsets":[0,8]}})",
-                           kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "\"w\"", "\"shape\"", "overflow"});
+  RequireHeaderRefused(path,
+                       R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],)"
+                       R"("data_offsets":[0,8]}})",
+                       {path, "\"w\"", "\"shape\"", "overflow"});
 }
 
 TEST_CASE("shape and offsets disagree on the size", "[safetensors]") {
   const std::string path = FreshDir() + "/size.safetensors";
-  WriteBytes(path, RawFile(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "\"w\"", "data_offsets", "8 bytes", "12 bytes"});
-  WriteBytes(path, RawFile(R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "\"w\"", "BF16", "4 bytes"});
+  RequireHeaderRefused(path, R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+                       {path, "\"w\"", "data_offsets", "8 bytes", "12 bytes"});
+  RequireHeaderRefused(path, R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})",
+                       {path, "\"w\"", "BF16", "4 bytes"});
 }
 
 TEST_CASE("offsets beyond the file or malformed", "[safetensors]") {
   const std::string path = FreshDir() + "/off.safetensors";
-  WriteBytes(path, RawFile(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", kGoodData));
-  RequireError(SafetensorsFile::Open(path), absl::StatusCode::kInvalidArgument,
-               {path, "\"w\"", "data_offsets", "beyond"});
+  RequireHeaderRefused(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                       {path, "\"w\"", "data_offsets", "beyond"});
   for (const char* off : {"[8,0]", "[0]", "[-8,0]", "{}", "[0,\"8\"]"}) {
     INFO(off);
     WriteBytes(path, RawFile(std::string(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":)") +
