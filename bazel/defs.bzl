@@ -28,6 +28,12 @@ def duet_cc_test(name, srcs, deps = [], gpu = False, tags = [], data = [], size 
         **kwargs
     )
 
+def duet_cc_test_library(name, **kwargs):
+    """A library only tests, benches and test tools link (fixtures, fakes):
+    testonly, so no production target can depend on it; the layering check
+    counts it as test code."""
+    cc_library(name = name, testonly = True, **kwargs)
+
 _NVCC = "/usr/local/cuda/bin/nvcc"
 _NVCC_FLAGS = " ".join([
     "-std=c++17",

@@ -67,7 +67,8 @@ std::map<std::string, std::set<std::string>> Close(const std::map<std::string, s
 }
 
 // A BUILD file's rules, each as its first and last line (1-based) and
-// whether it is test code: a *_test rule or one marked testonly.
+// whether it is test code: a *_test or *_test_library rule, or one marked
+// testonly.
 struct Rule {
   int first = 0;
   int last = 0;
@@ -85,7 +86,8 @@ std::vector<Rule> RulesOf(const std::string& build) {
   for (int n = 1; std::getline(text, line); ++n) {
     std::smatch m;
     if (std::regex_search(line, m, kStart)) {
-      rules.push_back({.first = n, .last = n, .test = absl::EndsWith(m[1].str(), "_test")});
+      const std::string kind = m[1].str();
+      rules.push_back({.first = n, .last = n, .test = absl::EndsWith(kind, "_test") || absl::EndsWith(kind, "_test_library")});
       open = true;
     }
     if (!open) continue;

@@ -13,7 +13,8 @@
 // visibility lists (`__pkg__`, `__subpackages__`) name who may see a target,
 // not what it uses, and are not dependencies. Entries after a `|` are for
 // the package's test code only: its *_test sources, and the rules of its
-// BUILD files that are tests or testonly (with the files they name).
+// BUILD files that are tests, test libraries or testonly (with the files
+// they name).
 #ifndef DUET_TESTS_LAYERING_H_
 #define DUET_TESTS_LAYERING_H_
 

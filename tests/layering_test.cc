@@ -139,7 +139,8 @@ TEST_CASE("a target entry allows its own header and no other of its package") {
         "router/x.cc:2: router may not depend on tools|router/x.cc:3: router may not depend on tools");
 }
 
-TEST_CASE("entries after | are for test code only: *_test sources, test and testonly rules and their files") {
+TEST_CASE("entries after | are for test code only: *_test sources, test, test library and testonly rules and their "
+          "files") {
   fs::path root = CleanTree("f");
   const std::string readme = WriteRouterRule(root, "router  -> base | engine");
   fs::remove(root / "router/router.cc");
@@ -147,7 +148,9 @@ TEST_CASE("entries after | are for test code only: *_test sources, test and test
         "cc_library(\n    name = \"api\",\n    srcs = [\"api.cc\"],\n    deps = [\"//engine:model\"],\n)\n"
         "cc_library(\n    name = \"fake\",\n    testonly = True,\n    hdrs = [\"fake.h\"],\n"
         "    deps = [\"//engine/testing:tiny\"],\n)\n"
-        "cc_test(\n    name = \"api_test\",\n    deps = [\"//engine:model\"],\n)\n");
+        "cc_test(\n    name = \"api_test\",\n    deps = [\"//engine:model\"],\n)\n"
+        "duet_cc_test_library(\n    name = \"fixture\",\n    srcs = [\"fixture.cc\"],\n    deps = [\"//engine:model\"],\n)\n");
+  Write(root / "router/fixture.cc", "#include \"engine/model.h\"\n");
   Write(root / "router/api.cc", "#include \"router/api.h\"\n#include \"engine/model.h\"\n");
   Write(root / "router/fake.h", "#include \"engine/model.h\"\n");
   Write(root / "router/api_test.cc", "#include \"engine/model.h\"\n");
