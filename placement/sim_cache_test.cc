@@ -34,6 +34,17 @@ SimRequest DocRequest(std::deque<PromptTokens>& prompts, double at, int doc, int
   return SimRequest{.arrival = at, .prompt = static_cast<int64_t>(q.tokens.size()), .output = 2, .content = &q};
 }
 
+// OPT-13B on DistServe's A100 fit, as every case simulates it.
+struct Opt13b {
+  Opt13b() {
+    absl::StatusOr<std::unique_ptr<LatencyModel>> l = LoadLatencyModel(kFit, m);
+    REQUIRE(l.ok());
+    lat = std::move(*l);
+  }
+  const ModelSpec m = ModelPreset("opt-13b").value();
+  std::unique_ptr<LatencyModel> lat;
+};
+
 ClusterSpec OnePair(int64_t device_blocks, int64_t host_blocks) {
   ClusterSpec c;
   c.instances = {{.role = InstanceRole::kPrefill, .par = {.tp = 1, .pp = 1}},
@@ -48,13 +59,13 @@ Workload Rag(int64_t n, double rate, RagOptions rag) {
 
 TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's longest computed prefix",
           "[placement]") {
-  const ModelSpec m = ModelPreset("opt-13b").value();
-  auto lat = LoadLatencyModel(kFit, m);
-  REQUIRE(lat.ok());
+  const Opt13b opt;
+  const ModelSpec& m = opt.m;
+  LatencyModel& lat = *opt.lat;
   // Sparse arrivals: each prefill ends before the next request comes.
   const Workload workload = Rag(400, 0.05, {.documents = 50, .zipf = 1.0});
   const std::vector<SimRequest>& w = workload.requests;
-  const SimResult r = Simulate(OnePair(1 << 20, 0), m, **lat, w);
+  const SimResult r = Simulate(OnePair(1 << 20, 0), m, lat, w);
   // Brute force: the block hashes of every prompt computed so far.
   std::set<uint64_t> seen;
   int64_t want = 0, prompt = 0, doc = 0, doc_want = 0;
@@ -80,13 +91,13 @@ TEST_CASE("with room for all, the simulated cache reuses exactly each prompt's l
   // The same requests without token ids: nothing is looked up as cached.
   std::vector<SimRequest> plain = w;
   for (SimRequest& q : plain) q.content = nullptr;
-  CHECK(Simulate(OnePair(1 << 20, 0), m, **lat, plain).cache.hit_device == 0);
+  CHECK(Simulate(OnePair(1 << 20, 0), m, lat, plain).cache.hit_device == 0);
 }
 
 TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hit also for the copy", "[placement]") {
-  const ModelSpec m = ModelPreset("opt-13b").value();
-  auto lat = LoadLatencyModel(kFit, m);
-  REQUIRE(lat.ok());
+  const Opt13b opt;
+  const ModelSpec& m = opt.m;
+  LatencyModel& lat = *opt.lat;
   // One document, so every request after the first shares system prompt and document.
   const Workload workload =
       Rag(3, 0.01, {.documents = 1, .docs_per_request = 1, .doc_min = 200, .doc_max = 200, .system_tokens = 32});
@@ -96,10 +107,10 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
   const int64_t cached = 224;
   auto ttft_alone = [&](int64_t tokens) {
     const int64_t lens[1] = {tokens};
-    return (*lat)->Prefill({.tp = 1, .pp = 1}, lens);
+    return lat.Prefill({.tp = 1, .pp = 1}, lens);
   };
   {
-    const SimResult r = Simulate(OnePair(1000, 0), m, **lat, w);
+    const SimResult r = Simulate(OnePair(1000, 0), m, lat, w);
     CHECK(r.requests[0].ttft() == Approx(ttft_alone(w[0].prompt)));
     CHECK(r.requests[1].ttft() == Approx(ttft_alone(w[1].prompt - cached)));
     CHECK(r.cache.hit_device == 2 * cached);
@@ -129,7 +140,7 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
     const std::vector<SimRequest> abc = {request(0, 1, 7), request(100, 2, 8), request(200, 1, 9)};
     ClusterSpec c = OnePair(16, 100);
     c.cache.host_link_bytes_per_s = 1e9;
-    const SimResult r = Simulate(c, m, **lat, abc);
+    const SimResult r = Simulate(c, m, lat, abc);
     CHECK(r.cache.hit_device == 32 + 32);  // the system prompt, for B and for A again
     CHECK(r.cache.hit_host == 192);        // A's document: its 12 full blocks after the system prompt
     const double copy = 192.0 * static_cast<double>(m.KvBytesPerToken()) / 1e9;
@@ -140,9 +151,9 @@ TEST_CASE("a hit's prefill is charged for the tokens after its prefix; a host hi
 
 TEST_CASE("cache_aware sends a request to the prefill instance holding its document; least_loaded to the idlest",
           "[placement]") {
-  const ModelSpec m = ModelPreset("opt-13b").value();
-  auto lat = LoadLatencyModel(kFit, m);
-  REQUIRE(lat.ok());
+  const Opt13b opt;
+  const ModelSpec& m = opt.m;
+  LatencyModel& lat = *opt.lat;
   // Two documents, A and B, each prompt 16 blocks on instances that hold
   // one prompt: A and B arrive together (one per instance), then alternate,
   // each after the last has finished.
@@ -156,13 +167,13 @@ TEST_CASE("cache_aware sends a request to the prefill instance holding its docum
                  {.role = InstanceRole::kDecode, .par = {.tp = 1, .pp = 1}}};
   c.cache = {.device_blocks = 16, .block_size = 16};
   c.policy = "cache_aware";
-  const SimResult aware = Simulate(c, m, **lat, w);
+  const SimResult aware = Simulate(c, m, lat, w);
   // Each of the 10 later requests finds its document's 12 full blocks after
   // the system prompt's 2 (and its own partial block is computed).
   CHECK(aware.cache.hit_device == 10 * 224);
   CHECK(aware.cache.doc_hits == 10 * 192);
   c.policy = "least_loaded";
-  const SimResult idlest = Simulate(c, m, **lat, w);
+  const SimResult idlest = Simulate(c, m, lat, w);
   // The router's book: the first request is charged its whole prompt to
   // the first instance, so the second goes to the other; each later one
   // finds both idle and goes to the first (ties by id). There the second A
@@ -174,9 +185,9 @@ TEST_CASE("cache_aware sends a request to the prefill instance holding its docum
 
 TEST_CASE("cache_aware's queue is the router's book: a burst's charges are its uncached tokens, not whole prompts",
           "[placement]") {
-  const ModelSpec m = ModelPreset("opt-13b").value();
-  auto lat = LoadLatencyModel(kFit, m);
-  REQUIRE(lat.ok());
+  const Opt13b opt;
+  const ModelSpec& m = opt.m;
+  LatencyModel& lat = *opt.lat;
   // Document A computed once on the first instance, then a burst of three
   // requests for it at one moment, weights 1,1. Each finds 224 of its 252
   // tokens there, so it is charged 28: the third sees 56 queued (84 in all)
@@ -193,7 +204,7 @@ TEST_CASE("cache_aware's queue is the router's book: a burst's charges are its u
   c.cache = {.device_blocks = 64, .block_size = 16};
   c.policy = "cache_aware";
   c.cache_aware_weights = {.uncached = 1, .queued = 1};
-  const SimResult r = Simulate(c, m, **lat, w);
+  const SimResult r = Simulate(c, m, lat, w);
   CHECK(r.cache.hit_device == 3 * 224);
   CHECK(r.cache.doc_hits == 3 * 192);
   for (size_t i = 1; i < w.size(); ++i) {
