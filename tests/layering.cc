@@ -168,17 +168,17 @@ std::vector<Violation> CheckTree(const std::string& root, const LayerRules& rule
   }
   std::sort(files.begin(), files.end());
   // Which sources are test code: *_test.cc, or named by a test rule of the
-  // BUILD file in their folder.
-  std::set<fs::path> test_files;
+  // BUILD file in their folder and by none of its other rules.
+  std::set<fs::path> test_files, production_files;
   std::map<fs::path, std::vector<Rule>> build_rules;
   for (const fs::path& p : files) {
     if (p.filename() != "BUILD") continue;
     std::vector<Rule>& rs = build_rules[p] = RulesOf(ReadFile(p));
     for (const Rule& r : rs) {
-      if (!r.test) continue;
-      for (const std::string& f : r.files) test_files.insert(p.parent_path() / f);
+      for (const std::string& f : r.files) (r.test ? test_files : production_files).insert(p.parent_path() / f);
     }
   }
+  for (const fs::path& f : production_files) test_files.erase(f);
   for (const fs::path& p : files) {
     const std::string rel = fs::relative(p, root).string();
     const std::string from = TopOf(rel);

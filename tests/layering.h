@@ -14,7 +14,7 @@
 // not what it uses, and are not dependencies. Entries after a `|` are for
 // the package's test code only: its *_test sources, and the rules of its
 // BUILD files that are tests, test libraries or testonly (with the files
-// they name).
+// they name, unless another rule names them too).
 #ifndef DUET_TESTS_LAYERING_H_
 #define DUET_TESTS_LAYERING_H_
 

@@ -149,13 +149,16 @@ TEST_CASE("entries after | are for test code only: *_test sources, test, test li
         "cc_library(\n    name = \"fake\",\n    testonly = True,\n    hdrs = [\"fake.h\"],\n"
         "    deps = [\"//engine/testing:tiny\"],\n)\n"
         "cc_test(\n    name = \"api_test\",\n    deps = [\"//engine:model\"],\n)\n"
-        "duet_cc_test_library(\n    name = \"fixture\",\n    srcs = [\"fixture.cc\"],\n    deps = [\"//engine:model\"],\n)\n");
+        "duet_cc_test_library(\n    name = \"fixture\",\n    srcs = [\"fixture.cc\", \"shared.h\"],\n    deps = [\"//engine:model\"],\n)\n"
+        "cc_library(\n    name = \"shared\",\n    hdrs = [\"shared.h\"],\n)\n");
+  Write(root / "router/shared.h", "#include \"engine/model.h\"\n");  // a test rule's and a production rule's
   Write(root / "router/fixture.cc", "#include \"engine/model.h\"\n");
   Write(root / "router/api.cc", "#include \"router/api.h\"\n#include \"engine/model.h\"\n");
   Write(root / "router/fake.h", "#include \"engine/model.h\"\n");
   Write(root / "router/api_test.cc", "#include \"engine/model.h\"\n");
   CHECK(Joined(Check(root)) ==
-        "router/BUILD:4: router may not depend on engine:model|router/api.cc:2: router may not depend on engine");
+        "router/BUILD:4: router may not depend on engine:model|router/api.cc:2: router may not depend on engine|"
+        "router/shared.h:1: router may not depend on engine");
   auto rules = ParseLayerRules(readme);
   REQUIRE(rules.ok());
   CHECK(rules->allowed["router"] == std::set<std::string>{"base"});
