@@ -36,8 +36,8 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
   s->options_ = std::move(options);
   engine::BlockPool& pool = *s->engine_.pool;
   // The pool is a pull destination only: no epochs (those guard exports).
-  ASSIGN_OR_RETURN(s->region_, s->transport_->RegisterRegion(
-                                   pool.data(), static_cast<uint64_t>(pool.num_blocks() * pool.block_bytes()), 0));
+  ASSIGN_OR_RETURN(s->region_,
+                   s->transport_->RegisterRegion(pool.region_base(), static_cast<uint64_t>(pool.bytes()), 0));
   s->layout_ = kvtransfer::WholeModelLayout(pool.layout());
   s->puller_ = std::make_unique<KvPuller>(KvPuller::Options{.transport = s->transport_.get(),
                                                             .local_region = s->region_,

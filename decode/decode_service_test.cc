@@ -38,7 +38,7 @@ class TestPrefill {
   TestPrefill()
       : transport_(kvtransfer::NewLoopbackTransport()),
         pool_(PrefillModel().KvLayoutFor(16), 256),
-        region_(transport_->RegisterRegion(pool_.data(), pool_.num_blocks() * pool_.block_bytes(),
+        region_(transport_->RegisterRegion(pool_.region_base(), pool_.bytes(),
                                            pool_.num_blocks())
                     .value()),
         leases_(transport_.get(), region_, pool_.num_blocks(), &clock_, nullptr) {}

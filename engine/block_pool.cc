@@ -9,13 +9,46 @@
 
 namespace duet::engine {
 
-BlockPool::BlockPool(const kernels::KvLayout& layout, int64_t num_blocks)
+namespace {
+
+kernels::BufferPtr PoolStorage(kernels::BufferType& type, int64_t bytes) {
+  absl::StatusOr<kernels::BufferPtr> b = type.Allocate(std::max<int64_t>(bytes, 1), "the KV pool");
+  CHECK(b.ok()) << b.status();
+  return *std::move(b);
+}
+
+}  // namespace
+
+BlockPool::BlockPool(const kernels::KvLayout& layout, int64_t num_blocks, kernels::BufferType& type)
     : layout_(layout), num_blocks_(num_blocks),
-      data_(static_cast<size_t>(layout.BlockBytes() * num_blocks)),
+      data_(PoolStorage(type, layout.BlockBytes() * num_blocks)),
       refs_(num_blocks, 0) {
   free_.reserve(num_blocks);
   // Hand out low ids first: block tables of a fresh pool read 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+absl::StatusOr<int64_t> BlockPool::BlockOffset(int32_t b) const {
+  if (b < 0 || b >= num_blocks_) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", b, " is outside the pool of ", num_blocks_));
+  }
+  return static_cast<int64_t>(b) * block_bytes();
+}
+
+absl::Status BlockPool::ReadBlock(int32_t b, void* host) const {
+  ASSIGN_OR_RETURN(int64_t offset, BlockOffset(b));
+  return data_->Read(offset, host, block_bytes());
+}
+
+absl::Status BlockPool::WriteBlock(int32_t b, const void* host) {
+  ASSIGN_OR_RETURN(int64_t offset, BlockOffset(b));
+  return data_->Write(offset, host, block_bytes());
+}
+
+absl::Status BlockPool::CopyBlock(int32_t src, int32_t dst) {
+  ASSIGN_OR_RETURN(int64_t from, BlockOffset(src));
+  ASSIGN_OR_RETURN(int64_t to, BlockOffset(dst));
+  return src == dst ? absl::OkStatus() : data_->CopyFrom(*data_, from, to, block_bytes());
 }
 
 absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n) {

@@ -5,8 +5,12 @@
 //   SequenceKv seq(&pool);
 //   RETURN_IF_ERROR(seq.Reserve(prompt.size()));  // ResourceExhausted when full
 //
-// Storage is one contiguous buffer (huge-page backed) in the layout of kernels/kv_layout.h
-// ([block][layer][K|V][kv_head][slot][head_dim]), of the layout's dtype (f32, bf16 or f16). A block is free when its
+// Storage is one backend buffer (kernels/buffer.h; host memory, huge-page
+// backed, unless the caller names the backend's type) in the layout of
+// kernels/kv_layout.h ([block][layer][K|V][kv_head][slot][head_dim]), of the
+// layout's dtype (f32, bf16 or f16). Its bytes are reached from the host only
+// by explicit copies (ReadBlock, WriteBlock, CopyBlock); region_base() is for
+// the backend's ops and for registering the pool with a transport. A block is free when its
 // reference count is zero; sequences that share a prefix hold the same blocks
 // and each drops its reference when it ends, so every block returns to the
 // pool exactly once. BlockPool is thread-safe; a SequenceKv belongs to one
@@ -22,14 +26,16 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
-#include "base/huge_buffer.h"
+#include "kernels/buffer.h"
 #include "kernels/kv_layout.h"
 
 namespace duet::engine {
 
 class BlockPool {
  public:
-  BlockPool(const kernels::KvLayout& layout, int64_t num_blocks);
+  // The storage in `type`'s memory (CHECK-fails where it cannot be had).
+  BlockPool(const kernels::KvLayout& layout, int64_t num_blocks,
+            kernels::BufferType& type = kernels::HostMemoryType());
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
@@ -48,18 +54,27 @@ class BlockPool {
   // (proto::KvLayout.dtype): "f32", "bf16" or "f16".
   const char* dtype_name() const { return kernels::DTypeName(layout_.dtype); }
   int64_t block_bytes() const { return layout_.BlockBytes(); }
-  uint8_t* data() { return data_.As<uint8_t>(); }
-  const uint8_t* data() const { return data_.As<uint8_t>(); }
-  // The first byte of `block`.
-  uint8_t* block(int32_t b) { return data() + static_cast<int64_t>(b) * block_bytes(); }
+  int64_t bytes() const { return num_blocks_ * block_bytes(); }
+  // The storage, for the backend's ops and the transports; the engine reads
+  // and writes blocks only through the copies below.
+  void* region_base() const { return data_->base(); }
+  kernels::Buffer& buffer() { return *data_; }
+
+  // Block `b`'s bytes (block_bytes() of them) to or from the host, and one
+  // block's bytes into another's. InvalidArgument for a block outside the pool.
+  absl::Status ReadBlock(int32_t b, void* host) const;
+  absl::Status WriteBlock(int32_t b, const void* host);
+  absl::Status CopyBlock(int32_t src, int32_t dst);
 
   // Blocks that a pool of `bytes` bytes holds for this layout.
   static int64_t BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes);
 
  private:
+  absl::StatusOr<int64_t> BlockOffset(int32_t b) const;
+
   const kernels::KvLayout layout_;
   const int64_t num_blocks_;
-  HugeBuffer data_;  // zero-filled, transparent huge pages where the kernel has them
+  kernels::BufferPtr data_;  // zero-filled
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> refs_ ABSL_GUARDED_BY(mu_);

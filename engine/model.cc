@@ -599,7 +599,8 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   }
 
   kernels::KernelBackend& be = *backend_;
-  uint8_t* kv = pool.data();
+  // The pool's memory for the ops below (the backend's own buffer).
+  uint8_t* kv = static_cast<uint8_t*>(pool.region_base());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (sh.stage == 0) {
     RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids.data(), x_.data(), T));

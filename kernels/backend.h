@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
+#include "kernels/buffer.h"
 #include "kernels/dtype.h"
 
 namespace duet::kernels {
@@ -31,6 +32,9 @@ class KernelBackend {
   virtual ~KernelBackend() = default;
 
   virtual std::string Name() const = 0;
+  // Where this backend's ops expect their memory (kernels/buffer.h): the
+  // KV pool, and in time the activations and weights, are its buffers.
+  virtual BufferType& DefaultBufferType() = 0;
 
   // c[m, n] = a[m, k] * w[n, k]^T (+ bias[n]) (+ c if accumulate).
   virtual void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m,

@@ -62,8 +62,7 @@ absl::Status PrefillService::Init() {
   pool_ = std::move(r.pool);
   const int64_t blocks = pool_->num_blocks();
   kvtransfer::KvTransport& t = *options_.transport;
-  ASSIGN_OR_RETURN(region_, t.RegisterRegion(pool_->data(),
-                                             static_cast<uint64_t>(blocks * pool_->block_bytes()), blocks));
+  ASSIGN_OR_RETURN(region_, t.RegisterRegion(pool_->region_base(), static_cast<uint64_t>(pool_->bytes()), blocks));
   region_registered_ = true;
   ASSIGN_OR_RETURN(region_bytes_, t.ExportRegion(region_));
 

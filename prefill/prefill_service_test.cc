@@ -234,6 +234,8 @@ struct Reference {
     engine::BatchSeq b{.tokens = tokens, .start_pos = 0, .block_table = seq.block_table()};
     REQUIRE(model->Forward({b}, pool).ok());
     const kernels::KvLayout& l = pool.layout();
+    std::vector<uint8_t> pool_bytes(static_cast<size_t>(pool.bytes()));
+    REQUIRE(pool.buffer().Read(0, pool_bytes.data(), pool.bytes()).ok());
     double worst = 0;
     for (int64_t p = 0; p < static_cast<int64_t>(tokens.size()); ++p) {
       const int64_t i = p / l.block_size, slot = p % l.block_size;
@@ -241,7 +243,7 @@ struct Reference {
         for (int64_t kv = 0; kv < 2; ++kv) {
           for (int64_t h = 0; h < l.num_kv_heads; ++h) {
             const auto* want =
-                reinterpret_cast<const float*>(l.At(pool.data(), l.Offset(seq.block_table()[i], layer, kv, h, slot)));
+                reinterpret_cast<const float*>(l.At(pool_bytes.data(), l.Offset(seq.block_table()[i], layer, kv, h, slot)));
             const float* got = pulled.data() + l.Offset(i, layer, kv, h, slot);
             for (int64_t d = 0; d < l.head_dim; ++d) {
               worst = std::max(worst, std::abs(double(got[d]) - want[d]) / (1.0 + std::abs(want[d])));

@@ -222,8 +222,7 @@ absl::Status PrefillScheduler::Fork(uint64_t parent, proto::PrefillRequest sibli
   if (full < p.num_tokens()) {
     // The partial last block is the choice's own: decode appends after it.
     const size_t last = static_cast<size_t>(full / bs);
-    std::memcpy(pool_->block(seq->kv.block_table()[last]), pool_->block(p.kv.block_table()[last]),
-                static_cast<size_t>(pool_->block_bytes()));
+    RETURN_IF_ERROR(pool_->CopyBlock(p.kv.block_table()[last], seq->kv.block_table()[last]));
   }
   seq->computed = seq->num_tokens();
   complete_[seq->id()] = std::move(seq);

@@ -23,8 +23,7 @@ struct Fixture {
              num_blocks),
         transport(kvtransfer::NewLoopbackTransport()) {
     region = transport
-                 ->RegisterRegion(pool.data(), static_cast<uint64_t>(num_blocks * pool.block_bytes()),
-                                  num_blocks)
+                 ->RegisterRegion(pool.region_base(), static_cast<uint64_t>(pool.bytes()), num_blocks)
                  .value();
     sched = std::make_unique<PrefillScheduler>(options, &pool, transport.get(), region, &clock);
   }
@@ -266,8 +265,9 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
   REQUIRE(pb.size() == 3);
   // Something recognisable in the parent's partial block.
   const int64_t floats = f.pool.layout().BlockStride();
-  auto* parent_block = reinterpret_cast<float*>(f.pool.block(pb[2]));
-  for (int64_t i = 0; i < floats; ++i) parent_block[i] = static_cast<float>(i) + 0.5f;
+  std::vector<float> parent_block(static_cast<size_t>(floats));
+  for (int64_t i = 0; i < floats; ++i) parent_block[static_cast<size_t>(i)] = static_cast<float>(i) + 0.5f;
+  REQUIRE(f.pool.WriteBlock(pb[2], parent_block.data()).ok());
 
   CHECK(parent->params.choice_index == 1);
   proto::PrefillRequest sib = Fixture::Request(2, 0);
@@ -287,8 +287,9 @@ TEST_CASE("choices of one prompt share its full blocks; the partial block is cop
   CHECK(cb[2] != pb[2]);
   CHECK(f.pool.RefCount(pb[0]) == 2);
   CHECK(f.pool.RefCount(pb[2]) == 1);
-  const auto* child_block = reinterpret_cast<const float*>(f.pool.block(cb[2]));
-  for (int64_t i = 0; i < floats; ++i) REQUIRE(child_block[i] == static_cast<float>(i) + 0.5f);
+  std::vector<float> child_block(static_cast<size_t>(floats));
+  REQUIRE(f.pool.ReadBlock(cb[2], child_block.data()).ok());
+  for (int64_t i = 0; i < floats; ++i) REQUIRE(child_block[static_cast<size_t>(i)] == static_cast<float>(i) + 0.5f);
   CHECK(f.pool.num_free() == 16 - 4);  // 3 of the parent's + 1 copy
 
   // A different prompt or a held id is refused.
@@ -336,7 +337,7 @@ struct CachedFixture {
         transport(kvtransfer::NewLoopbackTransport()),
         store(&pool, 0),
         tree(std::make_unique<kvcache::PrefixTree>(kvcache::TreeOptions{.block_size = kBlockSize}, &store)) {
-    region = transport->RegisterRegion(pool.data(), static_cast<uint64_t>(num_blocks * pool.block_bytes()), num_blocks)
+    region = transport->RegisterRegion(pool.region_base(), static_cast<uint64_t>(pool.bytes()), num_blocks)
                  .value();
     sched = std::make_unique<PrefillScheduler>(
         SchedulerOptions{.max_batch_tokens = budget, .cache = tree.get(), .reorder_window = window}, &pool,

@@ -41,7 +41,7 @@ Seen ThroughPrefill(const std::vector<std::vector<int32_t>>& prompts, int64_t bl
                          blocks);
   kvtransfer::KvTransportPtr transport = kvtransfer::NewLoopbackTransport();
   const kvtransfer::RegionId region =
-      transport->RegisterRegion(pool.data(), static_cast<uint64_t>(blocks * pool.block_bytes()), blocks).value();
+      transport->RegisterRegion(pool.region_base(), static_cast<uint64_t>(pool.bytes()), blocks).value();
   worker::PoolBlockStore store(&pool, host_blocks);
   kvcache::PrefixTree tree(Tree(host_blocks), &store);
   FakeClock clock;

@@ -313,9 +313,11 @@ Run RunSteps(engine::Model& m, const Run* feed) {
     forward(std::move(batch));
   }
   const kernels::KvLayout& l = pool.layout();
+  std::vector<uint8_t> kv(static_cast<size_t>(pool.bytes()));
+  REQUIRE(pool.buffer().Read(0, kv.data(), pool.bytes()).ok());
   for (const SequenceKv* s : seqs) {
     for (int32_t blk : s->block_table()) {
-      for (int64_t e = 0; e < l.BlockStride(); ++e) run.kv.push_back(l.Value(pool.data(), blk * l.BlockStride() + e));
+      for (int64_t e = 0; e < l.BlockStride(); ++e) run.kv.push_back(l.Value(kv.data(), blk * l.BlockStride() + e));
     }
   }
   return run;

@@ -33,16 +33,22 @@ using kvcache::Tier;
 constexpr int64_t kBlock = 4;
 
 // What a block's KV stands for: its chained hash, written into its first
-// two floats (24 bits each, exact in a float).
-void Stamp(float* block, uint64_t h) {
+// two floats (24 bits each, exact in a float), through the pool's copies.
+std::vector<float> ReadFloats(const engine::BlockPool& pool, int32_t b) {
+  std::vector<float> block(static_cast<size_t>(pool.block_bytes()) / sizeof(float));
+  REQUIRE(pool.ReadBlock(b, block.data()).ok());
+  return block;
+}
+void Stamp(engine::BlockPool& pool, int32_t b, uint64_t h) {
+  std::vector<float> block = ReadFloats(pool, b);
   block[0] = static_cast<float>(h & 0xffffff);
   block[1] = static_cast<float>((h >> 24) & 0xffffff);
+  REQUIRE(pool.WriteBlock(b, block.data()).ok());
 }
-bool Stamped(const float* block, uint64_t h) {
+bool Stamped(const engine::BlockPool& pool, int32_t b, uint64_t h) {
+  const std::vector<float> block = ReadFloats(pool, b);
   return block[0] == static_cast<float>(h & 0xffffff) && block[1] == static_cast<float>((h >> 24) & 0xffffff);
 }
-
-float* Block(engine::BlockPool& pool, int32_t b) { return reinterpret_cast<float*>(pool.block(b)); }
 
 struct Request {
   Match match;
@@ -174,7 +180,7 @@ void RunProperty(kvcache::Policy policy, bool host_tier, uint32_t seed) {
       hits += r.match.tokens > 0;
       REQUIRE(static_cast<int64_t>(cached->size()) == r.match.tokens / kBlock);
       const std::vector<uint64_t> hashes = kvcache::BlockHashes(prompt, kBlock);
-      for (size_t i = 0; i < cached->size(); ++i) REQUIRE(Stamped(Block(pool, (*cached)[i]), hashes[i]));
+      for (size_t i = 0; i < cached->size(); ++i) REQUIRE(Stamped(pool, (*cached)[i], hashes[i]));
       for (int32_t b : *cached) pool.Ref(b);  // the request shares the cached prefix
       r.blocks = *cached;
       const int64_t need = static_cast<int64_t>(hashes.size()) - static_cast<int64_t>(cached->size());
@@ -191,7 +197,7 @@ void RunProperty(kvcache::Policy policy, bool host_tier, uint32_t seed) {
         check("a request that found no room");
         continue;
       }
-      for (size_t i = 0; i < fresh->size(); ++i) Stamp(Block(pool, (*fresh)[i]), hashes[cached->size() + i]);
+      for (size_t i = 0; i < fresh->size(); ++i) Stamp(pool, (*fresh)[i], hashes[cached->size() + i]);
       r.blocks.insert(r.blocks.end(), fresh->begin(), fresh->end());
       // Documents start nodes: the system prompt's end is one boundary.
       tree.Insert(prompt, r.blocks, {kBlock});

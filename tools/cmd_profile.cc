@@ -172,8 +172,7 @@ absl::Status Run(const FlagSet& f) {
     RETURN_IF_ERROR(model->Forward({&ctx_seq, 1}, pool).status());  // untimed
     for (size_t i = 1; i < kv.size(); ++i) {
       for (size_t j = 0; j < kv[0].block_table().size(); ++j) {
-        std::memcpy(pool.block(kv[i].block_table()[j]), pool.block(kv[0].block_table()[j]),
-                    static_cast<size_t>(pool.block_bytes()));
+        RETURN_IF_ERROR(pool.CopyBlock(kv[0].block_table()[j], kv[i].block_table()[j]));
       }
     }
     std::vector<Shape> decode_grid;

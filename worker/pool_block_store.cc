@@ -66,20 +66,22 @@ uint8_t* PoolBlockStore::Host(int32_t slot) const {
   return host_.As<uint8_t>() + static_cast<int64_t>(slot) * pool_->block_bytes();
 }
 
-void PoolBlockStore::CopyToHost(absl::Span<const int32_t> blocks, absl::Span<const int32_t> slots) {
+uint64_t PoolBlockStore::Copy(absl::Span<const int32_t> blocks, absl::Span<const int32_t> slots, bool to_host) {
   CHECK(blocks.size() == slots.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
-    std::memcpy(Host(slots[i]), pool_->block(blocks[i]), static_cast<size_t>(pool_->block_bytes()));
+    const absl::Status s =
+        to_host ? pool_->ReadBlock(blocks[i], Host(slots[i])) : pool_->WriteBlock(blocks[i], Host(slots[i]));
+    CHECK(s.ok()) << s;  // The tree hands out blocks and slots it holds.
   }
-  bytes_to_host_ += blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
+  return blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
+}
+
+void PoolBlockStore::CopyToHost(absl::Span<const int32_t> blocks, absl::Span<const int32_t> slots) {
+  bytes_to_host_ += Copy(blocks, slots, /*to_host=*/true);
 }
 
 void PoolBlockStore::CopyToDevice(absl::Span<const int32_t> slots, absl::Span<const int32_t> blocks) {
-  CHECK(blocks.size() == slots.size());
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    std::memcpy(pool_->block(blocks[i]), Host(slots[i]), static_cast<size_t>(pool_->block_bytes()));
-  }
-  bytes_to_device_ += blocks.size() * static_cast<uint64_t>(pool_->block_bytes());
+  bytes_to_device_ += Copy(blocks, slots, /*to_host=*/false);
 }
 
 }  // namespace duet::worker

@@ -43,6 +43,8 @@ class PoolBlockStore : public kvcache::BlockStore {
 
  private:
   uint8_t* Host(int32_t slot) const;
+  // Blocks to their host slots (or back); the bytes moved.
+  uint64_t Copy(absl::Span<const int32_t> blocks, absl::Span<const int32_t> slots, bool to_host);
 
   engine::BlockPool* const pool_;
   const int64_t host_slots_;

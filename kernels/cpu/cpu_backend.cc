@@ -24,6 +24,7 @@ class CpuBackend final : public KernelBackend {
   }
 
   std::string Name() const override { return invariant_ ? "cpu" : "cpu-fastest"; }
+  BufferType& DefaultBufferType() override { return HostMemoryType(); }
 
   // Up to this many rows Gemm dots weight rows itself instead of calling
   // OpenBLAS's GEMM. Measured on the bench model by duet profile, one

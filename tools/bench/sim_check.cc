@@ -92,7 +92,7 @@ class EngineShape {
     pool_ = std::make_unique<engine::BlockPool>(model_->KvLayoutFor(16), 128);
     // Written once, so that the steps' attention reads real pages (never
     // written, they would all read the kernel's one zero page, from cache).
-    std::memset(pool_->data(), 0, static_cast<size_t>(pool_->block_bytes() * pool_->num_blocks()));
+    RETURN_IF_ERROR(pool_->buffer().Fill(0, pool_->bytes(), 0));
     for (int i = 0; i < 4; ++i) {
       kv_.emplace_back(pool_.get());
       RETURN_IF_ERROR(kv_.back().Reserve(302));

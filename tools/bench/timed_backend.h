@@ -40,6 +40,7 @@ class TimedBackend final : public kernels::KernelBackend {
   double TotalSeconds() const;
 
   std::string Name() const override { return "timed(" + inner_->Name() + ")"; }
+  kernels::BufferType& DefaultBufferType() override { return inner_->DefaultBufferType(); }
   void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
             int64_t k, bool accumulate) override;
   bool Supports(kernels::WeightOp op, kernels::DType dtype) const override { return inner_->Supports(op, dtype); }
