@@ -27,7 +27,7 @@ absl::StatusOr<EngineResources> LoadEngine(const EngineOptions& o) {
                                                    ", kv_memory_bytes = ", o.kv_memory_bytes, ", a block is ",
                                                    layout.BlockBytes(), " bytes"));
   }
-  r.pool = std::make_unique<engine::BlockPool>(layout, blocks);
+  r.pool = std::make_unique<engine::BlockPool>(layout, blocks, r.backend->DefaultBufferType());
   return r;
 }
 
