@@ -239,6 +239,12 @@ void RequestTracker::OnFinish(const std::string& from, const proto::Finish& fin,
   ApplyFinish(c, fin, from, p);
 }
 
+int64_t RequestTracker::AttemptsOn(const std::string& worker_id) const {
+  int64_t n = 0;
+  for (const auto& [id, c] : attempts_) n += c->prefill_id == worker_id || c->decode_id == worker_id;
+  return n;
+}
+
 void RequestTracker::OnWorkerLost(const std::string& worker_id, const std::string& reason, Pending& p) {
   std::vector<ChoicePtr> affected;
   for (const auto& [id, c] : attempts_) {

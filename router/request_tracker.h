@@ -129,6 +129,9 @@ class RequestTracker {
   void Clear() { attempts_.clear(); }
 
   size_t attempts_in_flight() const { return attempts_.size(); }
+  // The attempts in flight whose prefill or decode is `worker_id`: those a
+  // loss of that worker moves or ends.
+  int64_t AttemptsOn(const std::string& worker_id) const;
   int64_t redispatches() const { return redispatches_; }
   int64_t migrations() const { return migrations_; }
 

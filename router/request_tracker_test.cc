@@ -198,6 +198,9 @@ TEST_CASE("n choices of a prompt go out as one prefill request with sibling ids,
                               prefills[0].second.sibling_request_ids().end()) == std::vector<uint64_t>{1001, 1002});
   CHECK(f.workers.charged == std::set<uint64_t>{1000});
   CHECK(f.tracker->attempts_in_flight() == 3);
+  CHECK(f.tracker->AttemptsOn("p1") == 3);
+  CHECK(f.tracker->AttemptsOn("d1") == 3);
+  CHECK(f.tracker->AttemptsOn("p2") == 0);
   for (uint64_t a = 1000; a < 1003; ++a) f.tracker->OnFirstToken("p1", Fixture::First(a, 30 + static_cast<int32_t>(a - 1000)), f.p);
   CHECK(f.Tokens(2) == std::vector<int32_t>{32});
   // A worker's error fails the request: every choice ends, the others cancelled on their workers.

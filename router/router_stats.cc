@@ -60,6 +60,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
     j["leased_blocks"] = s.leased_blocks();
     j["prefix_cache_blocks"] = s.prefix_cache_blocks();
     j["requests_dispatched"] = w.dispatched;  // Attempts, re-dispatches included.
+    j["attempts_in_flight"] = tracker_->AttemptsOn(w.id);  // Those its loss would move or end.
     j["draining"] = w.draining;
     j["cache_index_blocks"] = cache_index_.blocks(w.id);  // The router's view of its cache.
     j["fresh"] = q->fresh.count(w.id) > 0;  // false: from the last heartbeat.

@@ -400,7 +400,9 @@ TEST_CASE("a supervised duet up cluster: SIGKILL of each worker role under 64 st
          const auto& w = s["workers"]["prefill-0"];
          return w.value("queued_requests", 0) + w.value("running_requests", 0) + w.value("leased_blocks", 0) > 0;
        }},
-      {"decode", "decode-0", [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 1; }},
+      // The router's count: from dispatch to the end, wider than the worker's running ones.
+      {"decode", "decode-0",
+       [](const nlohmann::json& s) { return s["workers"]["decode-0"].value("attempts_in_flight", 0) > 1; }},
   };
   for (const Kill& k : kills) {
     INFO("killing " << k.id);
@@ -408,7 +410,16 @@ TEST_CASE("a supervised duet up cluster: SIGKILL of each worker role under 64 st
     REQUIRE(pid > 0);
     std::vector<ParsedCompletion> got;
     std::thread load([&] { got = SendAll(port, reqs, ModelName(dir)); });
-    WaitStats(port, [&](const nlohmann::json& s) { return s["workers"].contains(k.id) && k.busy(s); });
+    for (int tries = 0;; ++tries) {
+      WaitStats(port, [&](const nlohmann::json& s) { return s["workers"].contains(k.id) && k.busy(s); });
+      // Stopped, its requests cannot end before the kill: the router's
+      // count of attempts on it says whether the kill will move any.
+      REQUIRE(kill(pid, SIGSTOP) == 0);
+      const auto held = WaitStats(port, [](const nlohmann::json&) { return true; });
+      if (held["workers"][k.id].value("attempts_in_flight", 0) > 0) break;
+      REQUIRE(tries < 20);
+      REQUIRE(kill(pid, SIGCONT) == 0);
+    }
     REQUIRE(kill(pid, SIGKILL) == 0);
     load.join();
     all_match(got, reqs.size());
