@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
@@ -23,6 +24,9 @@ BlockPool::BlockPool(const kernels::KvLayout& layout, int64_t num_blocks, kernel
     : layout_(layout), num_blocks_(num_blocks),
       data_(PoolStorage(type, layout.BlockBytes() * num_blocks)),
       refs_(num_blocks, 0) {
+  // Ops name a token's cache slot as block * block_size + slot, an int32.
+  CHECK(num_blocks * layout.block_size <= std::numeric_limits<int32_t>::max())
+      << "a KV pool of " << num_blocks << " blocks of " << layout.block_size << " tokens: over 2^31 slots";
   free_.reserve(num_blocks);
   // Hand out low ids first: block tables of a fresh pool read 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

@@ -588,13 +588,12 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
       }
     }
   }
-  // Cache slot of every row: where its K and V go.
-  std::vector<int32_t> row_block(T), row_slot(T);
+  // Cache slot of every row (block * block_size + slot): where its K and V go.
+  std::vector<int32_t> row_slots(T);
   for (size_t s = 0; s < batch.size(); ++s) {
     for (int64_t i = 0; i < aseqs[s].num_tokens; ++i) {
       const int64_t r = aseqs[s].first_row + i, pos = aseqs[s].start_pos + i;
-      row_block[r] = batch[s].block_table[pos / bs];
-      row_slot[r] = static_cast<int32_t>(pos % bs);
+      row_slots[r] = static_cast<int32_t>(batch[s].block_table[pos / bs] * bs + pos % bs);
     }
   }
 
@@ -614,7 +613,7 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     if (sh.tp == 1) return be.Gemm(a, w.view(), b, x_.data(), T, true);
     RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial_.data(), T, false));
     sh.tp_group->AllReduceSum(partial_.data(), T * H);
-    for (int64_t i = 0; i < T * H; ++i) x_[i] += partial_[i];
+    be.Add(partial_.data(), x_.data(), T * H);
     return absl::OkStatus();
   };
   for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) {
@@ -633,13 +632,8 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     }
     be.Rope(q_.data(), positions.data(), inv_freq_.data(), T, nq, hd);
     be.Rope(k_.data(), positions.data(), inv_freq_.data(), T, nkv, hd);
-    for (int64_t r = 0; r < T; ++r) {
-      for (int64_t h = 0; h < nkv; ++h) {
-        const int64_t head = kv_head_begin + h;
-        kl.Store(kv, kl.Offset(row_block[r], li, 0, head, row_slot[r]), k_.data() + r * kvd + h * hd, hd);
-        kl.Store(kv, kl.Offset(row_block[r], li, 1, head, row_slot[r]), v_.data() + r * kvd + h * hd, hd);
-      }
-    }
+    be.KvStore({.k = k_.data(), .v = v_.data(), .slots = row_slots.data(), .rows = T, .kv = kv, .layout = kl,
+                .layer = li, .kv_head_begin = kv_head_begin, .kv_heads = nkv});
     kernels::PagedAttentionArgs args{.q = q_.data(), .out = attn_.data(), .kv = kv, .layout = kl,
                                      .layer = li, .num_q_heads = nq, .scale = scale,
                                      .window = c.layer_window[li], .seqs = aseqs.data(),
@@ -659,16 +653,13 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   // Final norm and LM head only on the rows whose logits are wanted, on
   // every tp rank alike (the all-reduce gave each the same bits), each
   // rank's share of the vocabulary.
-  std::vector<float> sel(R * H);
-  {
-    int64_t out = 0;
-    for (size_t s = 0; s < batch.size(); ++s) {
-      for (int32_t r : batch[s].logit_rows) {
-        std::memcpy(sel.data() + out * H, x_.data() + (aseqs[s].first_row + r) * H, H * sizeof(float));
-        ++out;
-      }
-    }
+  std::vector<int32_t> logit_rows;
+  logit_rows.reserve(static_cast<size_t>(R));
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (int32_t r : batch[s].logit_rows) logit_rows.push_back(static_cast<int32_t>(aseqs[s].first_row + r));
   }
+  std::vector<float> sel(R * H);
+  be.GatherRows(x_.data(), logit_rows.data(), R, H, sel.data());
   if (R == 0) return sh.tp_rank == 0 ? Logits{.vocab_size = V} : Logits{};
   be.RmsNorm(sel.data(), final_norm_.data(), sel.data(), R, H, static_cast<float>(c.rms_norm_eps));
   const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;

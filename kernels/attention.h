@@ -46,6 +46,22 @@ struct PagedAttentionArgs {
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : layout.num_kv_heads; }
 };
 
+// Storing a batch's new keys and values into the paged pool: row r's K and
+// V of head h go to (slots[r] / block_size, layer, K or V, kv_head_begin + h,
+// slots[r] % block_size), in the pool's dtype (KvLayout::Store).
+struct KvStoreArgs {
+  const float* k = nullptr;  // [rows][kv_heads][head_dim]
+  const float* v = nullptr;  // [rows][kv_heads][head_dim]
+  const int32_t* slots = nullptr;  // [rows]: block * block_size + slot
+  int64_t rows = 0;
+  void* kv = nullptr;  // The pool, of layout.dtype.
+  KvLayout layout;
+  int64_t layer = 0;
+  int64_t kv_head_begin = 0;  // As PagedAttentionArgs'.
+  int64_t kv_heads = 0;       // 0: all of the layout's.
+  int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : layout.num_kv_heads; }
+};
+
 }  // namespace duet::kernels
 
 #endif  // DUET_KERNELS_ATTENTION_H_

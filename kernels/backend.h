@@ -63,6 +63,13 @@ class KernelBackend {
   virtual DType DefaultKvDType() const = 0;
   virtual bool SupportsKv(DType dtype) const = 0;
   virtual void PagedAttention(const PagedAttentionArgs& args) = 0;
+  // A batch's new K and V into the pool (kernels/attention.h), every KV dtype.
+  virtual void KvStore(const KvStoreArgs& args) = 0;
+  // y[i] += x[i] for i < n (a residual or a tensor-parallel partial sum).
+  virtual void Add(const float* x, float* y, int64_t n) = 0;
+  // out[i, :] = x[rows[i], :] for i < num_rows (the rows whose logits are
+  // wanted); rows index x's rows, each of `dim` floats.
+  virtual void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) = 0;
   virtual std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n,
                                                       int64_t k) = 0;
 };

@@ -163,6 +163,19 @@ class CpuBackend final : public KernelBackend {
     }
   }
 
+  // A copy with a rounding per element (KvLayout::Store): the reference's loop is the op.
+  void KvStore(const KvStoreArgs& a) override { ref::KvStore(a); }
+
+  void Add(const float* x, float* y, int64_t n) override {
+    pool_.ParallelFor(n, [&](int64_t b, int64_t e) { simd::Add(x + b, y + b, e - b); }, 4096);
+  }
+
+  void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) override {
+    for (int64_t i = 0; i < num_rows; ++i) {
+      std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, static_cast<size_t>(dim) * sizeof(float));
+    }
+  }
+
   void PagedAttention(const PagedAttentionArgs& a) override {
     const int64_t nkv = a.KvHeads();
     // Work items: a tile of query rows of one sequence against one KV head.

@@ -305,6 +305,58 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
   }
 }
 
+TEST_CASE("KvStore puts each row's K and V of each head at its slot in every KV dtype, a TP rank's heads only",
+          "[kernels]") {
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  auto be = NewCpuBackend(2);
+  const KvLayout l{.num_layers = 2, .num_kv_heads = 4, .block_size = 4, .head_dim = 8, .dtype = dtype};
+  const int64_t blocks = 5, rows = 7, heads = 2, head_begin = 1;  // a rank holding heads 1 and 2
+  const auto k = Random(rows * heads * l.head_dim, 11), v = Random(rows * heads * l.head_dim, 12);
+  const std::vector<int32_t> slots = {17, 3, 4, 0, 19, 8, 10};  // scattered over blocks 0, 1, 2, 4
+  std::vector<uint8_t> pool(static_cast<size_t>(blocks * l.BlockBytes()));
+  be->KvStore({.k = k.data(), .v = v.data(), .slots = slots.data(), .rows = rows, .kv = pool.data(), .layout = l,
+               .layer = 1, .kv_head_begin = head_begin, .kv_heads = heads});
+  // What the pool holds, element by element, against where each input went.
+  std::vector<float> want(static_cast<size_t>(blocks * l.BlockStride()), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t kv = 0; kv < 2; ++kv) {
+        const int64_t at = l.Offset(slots[r] / l.block_size, 1, kv, head_begin + h, slots[r] % l.block_size);
+        for (int64_t d = 0; d < l.head_dim; ++d) {
+          want[static_cast<size_t>(at + d)] = (kv == 0 ? k : v)[static_cast<size_t>((r * heads + h) * l.head_dim + d)];
+        }
+      }
+    }
+  }
+  const double tolerance = dtype == DType::kF32 ? 0 : dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float got = l.Value(pool.data(), static_cast<int64_t>(i));
+    INFO("element " << i);
+    REQUIRE(std::fabs(got - want[i]) <= tolerance * std::fabs(want[i]) + (dtype == DType::kF16 ? 6e-8 : 0));  // f16 subnormals
+  }
+}
+
+TEST_CASE("Add and GatherRows give the reference's bits", "[kernels]") {
+  auto be = NewCpuBackend(2);
+  for (int64_t n : {1, 7, 33, 4097, 10000}) {
+    const auto x = Random(static_cast<size_t>(n), 21);
+    std::vector<float> got = Random(static_cast<size_t>(n), 22), want = got;
+    be->Add(x.data(), got.data(), n);
+    ref::Add(x.data(), want.data(), n);
+    INFO("n=" << n);
+    REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  }
+  const int64_t dim = 37;
+  const auto x = Random(9 * dim, 23);
+  const std::vector<int32_t> rows = {8, 0, 3, 3};
+  std::vector<float> got(rows.size() * dim, -1.0f), want(rows.size() * dim, -2.0f);
+  be->GatherRows(x.data(), rows.data(), static_cast<int64_t>(rows.size()), dim, got.data());
+  ref::GatherRows(x.data(), rows.data(), static_cast<int64_t>(rows.size()), dim, want.data());
+  REQUIRE(got == want);
+  CHECK(got[dim] == x[0]);
+  CHECK(got[0] == x[8 * dim]);
+}
+
 TEST_CASE("TopK returns the largest values, ties to the lower index", "[kernels]") {
   auto be = NewCpuBackend(1);
   std::vector<float> x = {1, 5, 3, 5, -2, 4};

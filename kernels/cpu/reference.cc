@@ -128,4 +128,27 @@ void PagedAttention(const PagedAttentionArgs& a) {
   }
 }
 
+void KvStore(const KvStoreArgs& a) {
+  const KvLayout& l = a.layout;
+  const int64_t nkv = a.KvHeads();
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t block = a.slots[r] / l.block_size, slot = a.slots[r] % l.block_size;
+    for (int64_t h = 0; h < nkv; ++h) {
+      const int64_t from = (r * nkv + h) * l.head_dim;
+      l.Store(a.kv, l.Offset(block, a.layer, 0, a.kv_head_begin + h, slot), a.k + from, l.head_dim);
+      l.Store(a.kv, l.Offset(block, a.layer, 1, a.kv_head_begin + h, slot), a.v + from, l.head_dim);
+    }
+  }
+}
+
+void Add(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) {
+  for (int64_t i = 0; i < num_rows; ++i) {
+    for (int64_t d = 0; d < dim; ++d) out[i * dim + d] = x[static_cast<int64_t>(rows[i]) * dim + d];
+  }
+}
+
 }  // namespace duet::kernels::ref

@@ -51,6 +51,15 @@ std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k
 // Paged attention as kernels/attention.h defines it, in double precision.
 void PagedAttention(const PagedAttentionArgs& args);
 
+// The new K and V of a batch into the pool, as kernels/attention.h defines it.
+void KvStore(const KvStoreArgs& args);
+
+// y[i] += x[i].
+void Add(const float* x, float* y, int64_t n);
+
+// out[i, :] = x[rows[i], :].
+void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out);
+
 }  // namespace duet::kernels::ref
 
 #endif  // DUET_KERNELS_CPU_REFERENCE_H_

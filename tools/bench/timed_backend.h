@@ -59,6 +59,11 @@ class TimedBackend final : public kernels::KernelBackend {
   kernels::DType DefaultKvDType() const override { return inner_->DefaultKvDType(); }
   bool SupportsKv(kernels::DType dtype) const override { return inner_->SupportsKv(dtype); }
   void PagedAttention(const kernels::PagedAttentionArgs& args) override;
+  void KvStore(const kernels::KvStoreArgs& args) override { inner_->KvStore(args); }
+  void Add(const float* x, float* y, int64_t n) override { inner_->Add(x, y, n); }
+  void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) override {
+    inner_->GatherRows(x, rows, num_rows, dim, out);
+  }
   std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k) override;
 
  private:
