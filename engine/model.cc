@@ -188,8 +188,8 @@ absl::StatusOr<std::optional<kernels::DType>> ParseKvDType(std::string_view name
 struct Model::Ranks {
   int tp = 1, pp = 1;
   std::vector<kernels::KernelBackendPtr> backends;
-  std::vector<CommunicatorPtr> world;
-  std::vector<std::vector<CommunicatorPtr>> tp_groups;  // one group per stage
+  std::vector<kernels::CommunicatorPtr> world;
+  std::vector<std::vector<kernels::CommunicatorPtr>> tp_groups;  // one group per stage
   std::vector<std::unique_ptr<Model>> models;
 
   absl::Mutex mu;
@@ -306,11 +306,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   auto ranks = std::make_unique<Ranks>();
   ranks->tp = tp;
   ranks->pp = pp;
-  ranks->world = NewThreadCommunicators(tp * pp);
+  ranks->world = kernels::NewThreadCommunicators(tp * pp);
   for (int stage = 0; stage < pp; ++stage) {
-    ranks->tp_groups.push_back(NewThreadCommunicators(tp));
+    ranks->tp_groups.push_back(kernels::NewThreadCommunicators(tp));
     for (int r = 0; r < tp; ++r) {
-      ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::NewBackend({.threads = threads}));
+      ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, options.rank_backend
+                                                          ? options.rank_backend(threads)
+                                                          : kernels::NewBackend({.threads = threads}));
       std::unique_ptr<Model> shard(new Model());
       shard->dir_ = dir;
       shard->config_ = c;
@@ -548,148 +550,179 @@ absl::StatusOr<Logits> Model::Forward(absl::Span<const BatchSeq> batch, BlockPoo
   return logits;
 }
 
+namespace {
+
+// One step's regions of the step buffer, as byte offsets, each 64-byte aligned.
+struct Carver {
+  int64_t size = 0;
+  int64_t Take(int64_t bytes) {
+    const int64_t at = size;
+    size += (bytes + 63) / 64 * 64;
+    return at;
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool) {
   const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
   const kernels::KvLayout& kl = pool.layout();
   const int64_t bs = kl.block_size;
-  int64_t T = 0, R = 0;
+  const int64_t S = static_cast<int64_t>(batch.size());
+  int64_t T = 0, R = 0, table_len = 0;
   for (const BatchSeq& b : batch) {
     T += static_cast<int64_t>(b.tokens.size());
     R += static_cast<int64_t>(b.logit_rows.size());
+    table_len += static_cast<int64_t>(b.block_table.size());
   }
 
   // This rank's share: all of it unless tensor-parallel.
   const int64_t H = c.hidden_size, I = c.intermediate_size / sh.tp, V = c.vocab_size;
   const int64_t hd = c.head_dim, nq = c.num_heads / sh.tp, nkv = c.num_kv_heads / sh.tp;
   const int64_t qd = nq * hd, kvd = nkv * hd, kv_head_begin = sh.tp_rank * nkv;
-  x_.resize(T * H);
-  h_.resize(T * H);
-  q_.resize(T * qd);
-  k_.resize(T * kvd);
-  v_.resize(T * kvd);
-  qkv_.resize(T * (qd + 2 * kvd));
-  attn_.resize(T * qd);
-  gu_.resize(T * 2 * I);
-  act_.resize(T * I);
-  if (sh.tp > 1) partial_.resize(T * H);
+  const int64_t qkvd = qd + 2 * kvd;
+  const bool heads = sh.stage == sh.pp - 1;
+  // The LM head's output on this rank: all the logits at tp 1, else its
+  // share of the vocabulary (or, on rank 0, any rank's, as it receives them).
+  const int64_t part_cols = sh.tp == 1 ? V : V / sh.tp + 1;
 
-  std::vector<int32_t> ids(T), positions(T);
-  std::vector<kernels::AttentionSeq> aseqs(batch.size());
+  // The step's memory, one buffer of the backend's that the host reaches
+  // only by one upload of the indices and one download of the logits:
+  // activations, then the indices (token ids, positions, KV slots, logit
+  // rows, block tables, the attention's sequences).
+  Carver carve;
+  const auto floats = [&](int64_t n) { return carve.Take(n * static_cast<int64_t>(sizeof(float))); };
+  const int64_t x_at = floats(T * H), h_at = floats(T * H), qkv_at = floats(T * qkvd), q_at = floats(T * qd),
+                k_at = floats(T * kvd), v_at = floats(T * kvd), attn_at = floats(T * qd), gu_at = floats(T * 2 * I),
+                act_at = floats(T * I), partial_at = floats(sh.tp > 1 ? T * H : 0),
+                sel_at = floats(heads ? R * H : 0), part_at = floats(heads ? R * part_cols : 0),
+                logits_at = floats(heads && sh.tp > 1 && sh.tp_rank == 0 ? R * V : 0);
+  Carver index;  // Inside the index region.
+  const int64_t ids_at = index.Take(T * 4), pos_at = index.Take(T * 4), slots_at = index.Take(T * 4),
+                rows_at = index.Take(R * 4), tables_at = index.Take(table_len * 4),
+                seqs_at = index.Take(S * static_cast<int64_t>(sizeof(kernels::AttentionSeq)));
+  const int64_t index_at = carve.Take(index.size);
+  if (step_ == nullptr || step_->bytes() < carve.size) {
+    const int64_t grown = std::max(carve.size, step_ == nullptr ? 0 : 2 * step_->bytes());
+    step_.reset();
+    ASSIGN_OR_RETURN(step_, backend_->DefaultBufferType().Allocate(grown, "a forward step's activations"));
+  }
+  uint8_t* const base = static_cast<uint8_t*>(step_->base());  // Addresses for the ops, never dereferenced here.
+  const auto at = [&](int64_t offset) { return reinterpret_cast<float*>(base + offset); };
+  float *x = at(x_at), *h = at(h_at), *qkv = at(qkv_at), *q = at(q_at), *k = at(k_at), *v = at(v_at),
+        *attn = at(attn_at), *gu = at(gu_at), *act = at(act_at), *partial = at(partial_at), *sel = at(sel_at),
+        *part = at(part_at);
+  const int32_t* ids = reinterpret_cast<const int32_t*>(base + index_at + ids_at);
+  const int32_t* positions = reinterpret_cast<const int32_t*>(base + index_at + pos_at);
+  const int32_t* slots = reinterpret_cast<const int32_t*>(base + index_at + slots_at);
+  const int32_t* logit_rows = reinterpret_cast<const int32_t*>(base + index_at + rows_at);
+  const kernels::AttentionSeq* aseqs = reinterpret_cast<const kernels::AttentionSeq*>(base + index_at + seqs_at);
+
+  // The indices, laid out on the host as they will lie in the buffer.
+  staging_.assign(static_cast<size_t>(index.size), 0);
   {
-    int64_t row = 0;
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const BatchSeq& b = batch[s];
-      aseqs[s] = {.first_row = row, .num_tokens = static_cast<int64_t>(b.tokens.size()),
-                  .start_pos = b.start_pos, .block_table = b.block_table.data()};
+    uint8_t* st = staging_.data();
+    const auto put = [&](int64_t offset, int64_t i, int32_t value) {
+      std::memcpy(st + offset + i * 4, &value, sizeof(value));
+    };
+    int64_t row = 0, logit = 0, table = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const BatchSeq& b = batch[static_cast<size_t>(s)];
+      const kernels::AttentionSeq seq{
+          .first_row = row,
+          .num_tokens = static_cast<int64_t>(b.tokens.size()),
+          .start_pos = b.start_pos,
+          .block_table = reinterpret_cast<const int32_t*>(base + index_at + tables_at) + table};
+      std::memcpy(st + seqs_at + s * static_cast<int64_t>(sizeof(seq)), &seq, sizeof(seq));
+      for (int32_t r : b.logit_rows) put(rows_at, logit++, static_cast<int32_t>(row + r));
+      for (int32_t blk : b.block_table) put(tables_at, table++, blk);
       for (size_t i = 0; i < b.tokens.size(); ++i, ++row) {
-        ids[row] = b.tokens[i];
-        positions[row] = static_cast<int32_t>(b.start_pos + i);
+        const int64_t p = b.start_pos + static_cast<int64_t>(i);
+        put(ids_at, row, b.tokens[i]);
+        put(pos_at, row, static_cast<int32_t>(p));
+        // Its cache slot (block * block_size + slot): where its K and V go.
+        put(slots_at, row, static_cast<int32_t>(b.block_table[p / bs] * bs + p % bs));
       }
     }
   }
-  // Cache slot of every row (block * block_size + slot): where its K and V go.
-  std::vector<int32_t> row_slots(T);
-  for (size_t s = 0; s < batch.size(); ++s) {
-    for (int64_t i = 0; i < aseqs[s].num_tokens; ++i) {
-      const int64_t r = aseqs[s].first_row + i, pos = aseqs[s].start_pos + i;
-      row_slots[r] = static_cast<int32_t>(batch[s].block_table[pos / bs] * bs + pos % bs);
-    }
-  }
+  RETURN_IF_ERROR(step_->Write(index_at, staging_.data(), index.size));
 
   kernels::KernelBackend& be = *backend_;
   // The pool's memory for the ops below (the backend's own buffer).
   uint8_t* kv = static_cast<uint8_t*>(pool.region_base());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (sh.stage == 0) {
-    RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids.data(), x_.data(), T));
+    RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids, x, T));
   } else {
-    sh.world->Recv((sh.stage - 1) * sh.tp + sh.tp_rank, x_.data(), T * H);
+    be.Recv(*sh.world, (sh.stage - 1) * sh.tp + sh.tp_rank, x, T * H);
   }
   // x += a * w^T (+ bias): in one GEMM, or, for a row-parallel linear of a
   // tensor-parallel rank, this rank's partial product summed over the ranks.
   auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias) {
     const float* b = bias.empty() ? nullptr : bias.data();
-    if (sh.tp == 1) return be.Gemm(a, w.view(), b, x_.data(), T, true);
-    RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial_.data(), T, false));
-    sh.tp_group->AllReduceSum(partial_.data(), T * H);
-    be.Add(partial_.data(), x_.data(), T * H);
+    if (sh.tp == 1) return be.Gemm(a, w.view(), b, x, T, true);
+    RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial, T, false));
+    be.AllReduceSum(*sh.tp_group, partial, T * H);
+    be.Add(partial, x, T * H);
     return absl::OkStatus();
   };
   for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) {
     const Layer& L = layers_[li - sh.layer_begin];
-    be.RmsNorm(x_.data(), L.input_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
+    be.RmsNorm(x, L.input_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
     const float* bq = L.bqkv.empty() ? nullptr : L.bqkv.data();
-    const kernels::WeightMatrix wqkv = L.wqkv.view();
     // One GEMM for q, k and v (one pass of the threads, not three), its
-    // rows then split into the three buffers the ops below read.
-    RETURN_IF_ERROR(be.Gemm(h_.data(), wqkv, bq, qkv_.data(), T, false));
-    for (int64_t r = 0; r < T; ++r) {
-      const float* row = qkv_.data() + r * (qd + 2 * kvd);
-      std::memcpy(q_.data() + r * qd, row, qd * sizeof(float));
-      std::memcpy(k_.data() + r * kvd, row + qd, kvd * sizeof(float));
-      std::memcpy(v_.data() + r * kvd, row + qd + kvd, kvd * sizeof(float));
-    }
-    be.Rope(q_.data(), positions.data(), inv_freq_.data(), T, nq, hd);
-    be.Rope(k_.data(), positions.data(), inv_freq_.data(), T, nkv, hd);
-    be.KvStore({.k = k_.data(), .v = v_.data(), .slots = row_slots.data(), .rows = T, .kv = kv, .layout = kl,
-                .layer = li, .kv_head_begin = kv_head_begin, .kv_heads = nkv});
-    kernels::PagedAttentionArgs args{.q = q_.data(), .out = attn_.data(), .kv = kv, .layout = kl,
-                                     .layer = li, .num_q_heads = nq, .scale = scale,
-                                     .window = c.layer_window[li], .seqs = aseqs.data(),
-                                     .num_seqs = static_cast<int64_t>(aseqs.size()),
-                                     .kv_head_begin = kv_head_begin, .kv_heads = nkv};
-    be.PagedAttention(args);
-    RETURN_IF_ERROR(add_linear(attn_.data(), L.wo, L.bo));
-    be.RmsNorm(x_.data(), L.post_norm.data(), h_.data(), T, H, static_cast<float>(c.rms_norm_eps));
-    RETURN_IF_ERROR(be.Gemm(h_.data(), L.wgu.view(), nullptr, gu_.data(), T, false));
-    be.SiluMul(gu_.data(), act_.data(), T, I);
-    RETURN_IF_ERROR(add_linear(act_.data(), L.wdown, {}));
+    // columns then split into the three the ops below read.
+    RETURN_IF_ERROR(be.Gemm(h, L.wqkv.view(), bq, qkv, T, false));
+    be.Copy2D(qkv, qkvd, q, qd, T, qd);
+    be.Copy2D(qkv + qd, qkvd, k, kvd, T, kvd);
+    be.Copy2D(qkv + qd + kvd, qkvd, v, kvd, T, kvd);
+    be.Rope(q, positions, inv_freq_.data(), T, nq, hd);
+    be.Rope(k, positions, inv_freq_.data(), T, nkv, hd);
+    be.KvStore({.k = k, .v = v, .slots = slots, .rows = T, .kv = kv, .layout = kl, .layer = li,
+                .kv_head_begin = kv_head_begin, .kv_heads = nkv});
+    be.PagedAttention({.q = q, .out = attn, .kv = kv, .layout = kl, .layer = li, .num_q_heads = nq,
+                       .scale = scale, .window = c.layer_window[li], .seqs = aseqs, .num_seqs = S,
+                       .kv_head_begin = kv_head_begin, .kv_heads = nkv});
+    RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo));
+    be.RmsNorm(x, L.post_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
+    RETURN_IF_ERROR(be.Gemm(h, L.wgu.view(), nullptr, gu, T, false));
+    be.SiluMul(gu, act, T, I);
+    RETURN_IF_ERROR(add_linear(act, L.wdown, {}));
   }
-  if (sh.stage < sh.pp - 1) {
-    sh.world->Send((sh.stage + 1) * sh.tp + sh.tp_rank, x_.data(), T * H);
+  if (!heads) {
+    be.Send(*sh.world, (sh.stage + 1) * sh.tp + sh.tp_rank, x, T * H);
     return Logits{};
   }
   // Final norm and LM head only on the rows whose logits are wanted, on
   // every tp rank alike (the all-reduce gave each the same bits), each
   // rank's share of the vocabulary.
-  std::vector<int32_t> logit_rows;
-  logit_rows.reserve(static_cast<size_t>(R));
-  for (size_t s = 0; s < batch.size(); ++s) {
-    for (int32_t r : batch[s].logit_rows) logit_rows.push_back(static_cast<int32_t>(aseqs[s].first_row + r));
-  }
-  std::vector<float> sel(R * H);
-  be.GatherRows(x_.data(), logit_rows.data(), R, H, sel.data());
   if (R == 0) return sh.tp_rank == 0 ? Logits{.vocab_size = V} : Logits{};
-  be.RmsNorm(sel.data(), final_norm_.data(), sel.data(), R, H, static_cast<float>(c.rms_norm_eps));
+  be.GatherRows(x, logit_rows, R, H, sel);
+  be.RmsNorm(sel, final_norm_.data(), sel, R, H, static_cast<float>(c.rms_norm_eps));
   const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
+  RETURN_IF_ERROR(be.Gemm(sel, head.view(), nullptr, part, R, false));
+  Logits logits{.vocab_size = V};
   if (sh.tp == 1) {
-    Logits logits{.vocab_size = V};
     logits.data.resize(R * V);
-    RETURN_IF_ERROR(be.Gemm(sel.data(), head.view(), nullptr, logits.data.data(), R, false));
+    RETURN_IF_ERROR(step_->Read(part_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
     return logits;
   }
   // Each row of a GEMM is its own dot products, so a slice's logits are
-  // the unsharded head's bits.
-  const auto [first, count] = VocabRange(sh.tp_rank);
-  std::vector<float> part(R * count);
-  RETURN_IF_ERROR(be.Gemm(sel.data(), head.view(), nullptr, part.data(), R, false));
+  // the unsharded head's bits; rank 0 puts each rank's into its columns.
+  const int64_t count = VocabRange(sh.tp_rank).second;
   if (sh.tp_rank != 0) {
-    sh.tp_group->Send(0, part.data(), R * count);
+    be.Send(*sh.tp_group, 0, part, R * count);
     return Logits{};
   }
-  Logits logits{.vocab_size = V};
-  logits.data.resize(R * V);
+  float* assembled = at(logits_at);
   for (int r = 0; r < sh.tp; ++r) {
     const auto [rf, rc] = VocabRange(r);
-    if (r > 0) {
-      part.resize(R * rc);
-      sh.tp_group->Recv(r, part.data(), R * rc);
-    }
-    for (int64_t row = 0; row < R; ++row) {
-      std::memcpy(logits.data.data() + row * V + rf, part.data() + row * rc, rc * sizeof(float));
-    }
+    if (r > 0) be.Recv(*sh.tp_group, r, part, R * rc);
+    be.Copy2D(part, rc, assembled + rf, V, R, rc);
   }
+  logits.data.resize(R * V);
+  RETURN_IF_ERROR(step_->Read(logits_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
   return logits;
 }
 

@@ -18,7 +18,8 @@
 // Tensor and pipeline parallelism (LoadOptions::tp, ::pp): the model is then
 // tp x pp ranks, each a Model of its slice run by a thread of its own with a
 // backend of its own, exchanging activations over a Communicator
-// (engine/communicator.h; over threads on the CPU). A pipeline stage holds
+// (kernels/communicator.h, through the backend's collective ops; over
+// threads on the CPU). A pipeline stage holds
 // a contiguous range of layers and hands its hidden rows to the next; a
 // tensor-parallel rank holds 1/tp of the attention heads (column-parallel
 // q/k/v, row-parallel o_proj) and of the MLP (column-parallel gate/up,
@@ -32,11 +33,15 @@
 // unsharded one. PP gives the same bits as PP=1 (the same ops on the same
 // rows); TP sums o_proj and down in two halves, so its logits differ in the
 // last bits.
-// Forward is not thread-safe (it reuses scratch buffers): one step at a time.
+// Activations and the step's indices live in a buffer of the backend's
+// (kernels/backend.h), as the KV pool does: the model reaches them only
+// through ops, one upload of the indices and one download of the logits.
+// Forward is not thread-safe (it reuses that buffer): one step at a time.
 #ifndef DUET_ENGINE_MODEL_H_
 #define DUET_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,11 +51,11 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
-#include "engine/communicator.h"
 #include "spec/model_config.h"
 #include "engine/precision_map.h"
 #include "engine/safetensors.h"
 #include "kernels/backend.h"
+#include "kernels/communicator.h"
 #include "kernels/dtype.h"
 
 namespace duet::engine {
@@ -76,12 +81,14 @@ struct LoadOptions {
   std::optional<kernels::DType> kv_dtype;
   // Tensor-parallel ranks (dividing the attention heads, the KV heads and
   // the MLP's width) and pipeline stages (at most the layers). Each of the
-  // tp x pp ranks gets a CPU backend of `rank_threads` threads (0: this
-  // machine's cores / tp, at least 1); the backend passed to Load then
-  // serves only its checks. Not with GPTQ checkpoints.
+  // tp x pp ranks gets the backend `rank_backend` makes for `rank_threads`
+  // threads (0: this machine's cores / tp, at least 1), a CPU backend where
+  // it is unset; the backend passed to Load then serves only its checks and
+  // the pool's buffer type. Not with GPTQ checkpoints.
   int tp = 1;
   int pp = 1;
   int rank_threads = 0;
+  std::function<absl::StatusOr<kernels::KernelBackendPtr>(int threads)> rank_backend;
 };
 
 // --weight-dtype and --kv-dtype: "auto" (nullopt) or a dtype name
@@ -145,8 +152,8 @@ class Model {
   struct Shard {
     int tp_rank = 0, tp = 1, stage = 0, pp = 1;
     int64_t layer_begin = 0, layer_end = 0;  // This stage's layers.
-    Communicator* tp_group = nullptr;        // This stage's tp ranks.
-    Communicator* world = nullptr;           // All ranks, stage-major: stage x tp + tp_rank.
+    kernels::Communicator* tp_group = nullptr;  // This stage's tp ranks.
+    kernels::Communicator* world = nullptr;     // All ranks, stage-major: stage x tp + tp_rank.
   };
   // A sharded model's ranks and the threads that run them (model.cc).
   struct Ranks;
@@ -174,8 +181,11 @@ class Model {
   Shard shard_;
   std::unique_ptr<Ranks> ranks_;  // Set on a sharded model, whose own weights are then empty.
 
-  // Scratch, reused across steps.
-  std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, gu_, act_, partial_;
+  // One step's activations and indices in the backend's memory, carved by
+  // ForwardShard, grown to the largest step seen; and the indices on the
+  // host, uploaded to it by one Write.
+  kernels::BufferPtr step_;
+  std::vector<uint8_t> staging_;
 };
 
 }  // namespace duet::engine

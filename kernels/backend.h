@@ -1,25 +1,31 @@
 // The kernel backend interface: every op the engine runs, once.
 //
 //   KernelBackendPtr be = NewCpuBackend(/*threads=*/2);
+//   ASSIGN_OR_RETURN(BufferPtr buf, be->DefaultBufferType().Allocate(bytes, "activations"));
+//   float* x = static_cast<float*>(buf->base());   // an address in the backend's memory
 //   be->RmsNorm(x, w, y, rows, dim, eps);
 //
-// Pointers are in the backend's memory (host for the CPU backend, device for
-// CUDA). Shapes follow kernels/cpu/reference.h, whose scalar loops define each
-// op's meaning; every backend is tested against them. Calls are made from one
-// thread at a time per backend (the engine's step loop); a backend may use
-// its own threads inside a call.
+// Memory belongs to the backend (kernels/buffer.h): the activations, the
+// scratch, the step's indices and the KV pool an op reads or writes are its
+// buffers (pointers into them: base() plus an offset), which the caller
+// reaches only by the buffers' explicit copies and never dereferences; the
+// weights (WeightMatrix, the norms' and biases' floats, RoPE's inverse
+// frequencies) are still host memory the backend reads. Shapes follow
+// kernels/cpu/reference.h, whose scalar loops define each op's meaning;
+// every backend runs the one op harness (kernels/backend_ops_test.cc)
+// against them. Calls are made from one thread at a time per backend (the
+// engine's step loop); a backend may use its own threads inside a call.
 #ifndef DUET_KERNELS_BACKEND_H_
 #define DUET_KERNELS_BACKEND_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
 #include "kernels/buffer.h"
+#include "kernels/communicator.h"
 #include "kernels/dtype.h"
 
 namespace duet::kernels {
@@ -33,12 +39,9 @@ class KernelBackend {
 
   virtual std::string Name() const = 0;
   // Where this backend's ops expect their memory (kernels/buffer.h): the
-  // KV pool, and in time the activations and weights, are its buffers.
+  // KV pool, the activations and the step's indices are its buffers.
   virtual BufferType& DefaultBufferType() = 0;
 
-  // c[m, n] = a[m, k] * w[n, k]^T (+ bias[n]) (+ c if accumulate).
-  virtual void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m,
-                    int64_t n, int64_t k, bool accumulate) = 0;
   // Whether the weight ops run on weights of `dtype` here (as ggml's
   // supports_op): the others return Unimplemented.
   virtual bool Supports(WeightOp op, DType dtype) const = 0;
@@ -55,9 +58,6 @@ class KernelBackend {
   virtual void Rope(float* x, const int32_t* positions, const float* inv_freq,
                     int64_t num_tokens, int64_t num_heads, int64_t head_dim) = 0;
   virtual void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) = 0;
-  virtual void Softmax(float* x, int64_t rows, int64_t n) = 0;
-  virtual void EmbeddingLookup(const float* table, const int32_t* ids, float* out,
-                               int64_t num_tokens, int64_t dim) = 0;
   // The KV pool's dtype when the operator names none, and whether
   // PagedAttention reads a pool of `dtype` (kernels/kv_layout.h).
   virtual DType DefaultKvDType() const = 0;
@@ -70,8 +70,18 @@ class KernelBackend {
   // out[i, :] = x[rows[i], :] for i < num_rows (the rows whose logits are
   // wanted); rows index x's rows, each of `dim` floats.
   virtual void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) = 0;
-  virtual std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n,
-                                                      int64_t k) = 0;
+  // dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < cols
+  // (the q/k/v split of one GEMM's rows, a vocabulary slice's logits into
+  // their columns); the two must not overlap.
+  virtual void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                      int64_t cols) = 0;
+
+  // Collectives (kernels/communicator.h) on this backend's memory, with the
+  // communicator's meaning: `data` replaced on every rank by the sum in rank
+  // order; a sent run of floats received whole by its peer.
+  virtual void AllReduceSum(Communicator& comm, float* data, int64_t n) = 0;
+  virtual void Send(Communicator& comm, int peer, const float* data, int64_t n) = 0;
+  virtual void Recv(Communicator& comm, int peer, float* data, int64_t n) = 0;
 };
 
 using KernelBackendPtr = std::unique_ptr<KernelBackend>;

@@ -18,6 +18,7 @@
 #include "engine/precision_plan.h"
 #include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/testing/protected_backend.h"
 #include "tests/reference_model.h"
 #include "engine/testing/tiny_model.h"
 
@@ -263,16 +264,17 @@ double RelativeRms(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The logits of one run of the serving path's step shapes, and the KV pool
 // it leaves: two prompts prefilled together in chunks (one longer than
-// mistral's window), then 12 decode steps of both in one batch, each fed the
+// mistral's window; each second chunk runs after the first's cached KV),
+// then 12 decode steps of both in one batch, each fed the
 // greedy token of `feed`'s logits at that step (nullptr: its own), so every
 // model sees the same tokens.
 struct Run {
   std::vector<std::vector<float>> logits;  // every step's rows
   std::vector<float> kv;                   // the pool's blocks the run used, as floats
 };
-Run RunSteps(engine::Model& m, const Run* feed) {
+Run RunSteps(engine::Model& m, const Run* feed, kernels::BufferType& pool_memory = kernels::HostMemoryType()) {
   const int vocab = static_cast<int>(m.config().vocab_size);
-  BlockPool pool(m.KvLayoutFor(kBlockSize), 32);
+  BlockPool pool(m.KvLayoutFor(kBlockSize), 32, pool_memory);
   std::vector<std::vector<int32_t>> toks = {Tokens(50, 11, vocab), Tokens(21, 12, vocab)};
   SequenceKv a(&pool), b(&pool);
   SequenceKv* seqs[2] = {&a, &b};
@@ -376,6 +378,43 @@ TEST_CASE("tensor parallelism: TP=2 (and TP=2 x PP=2) within 1e-5 relative RMS o
       // out its partner's half would be far off, not equal.
       REQUIRE(differ);
       REQUIRE(RelativeRms(got.kv, want.kv) <= 1e-5);
+    }
+  });
+}
+
+// The engine reaches activations and KV only through the backend: on a
+// backend whose buffers are PROT_NONE outside its ops and copies, every
+// step shape runs without a fault, unsplit, PP=2 and TP=2 (each rank a
+// protected backend of its own, the pool the front backend's), with the
+// CPU backend's logits and KV.
+TEST_CASE("on protected backend memory every step shape runs, with the CPU's logits, TP=1, PP=2 and TP=2",
+          "[forward][parallel]") {
+  ForEachArchUnsplit([](const char*, const std::string& dir, kernels::KernelBackend*, const Run& want) {
+    for (auto [tp, pp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 1}}) {
+      INFO("tp " << tp << ", pp " << pp);
+      kernels::ProtectedBackend front(kernels::NewCpuBackend(1));
+      std::vector<kernels::ProtectedBackend*> ranks;
+      engine::LoadOptions options{.tp = tp, .pp = pp, .rank_threads = 1};
+      options.rank_backend = [&ranks](int threads) -> absl::StatusOr<kernels::KernelBackendPtr> {
+        auto be = std::make_unique<kernels::ProtectedBackend>(kernels::NewCpuBackend(threads));
+        ranks.push_back(be.get());
+        return be;
+      };
+      auto m = engine::Model::Load(dir, &front, options);
+      REQUIRE(m.ok());
+      const Run got = RunSteps(**m, &want, front.DefaultBufferType());
+      CHECK(kernels::ProtectedMemoryClosed());
+      REQUIRE(got.logits.size() == want.logits.size());
+      if (tp == 1) {
+        REQUIRE(got.logits == want.logits);
+        REQUIRE(got.kv == want.kv);
+      } else {
+        for (size_t i = 0; i < want.logits.size(); ++i) REQUIRE(RelativeRms(got.logits[i], want.logits[i]) <= 1e-5);
+      }
+      // The ops ran on the protected backends: the front one unsplit, else each rank's.
+      if (ranks.empty()) ranks.push_back(&front);
+      REQUIRE(ranks.size() == static_cast<size_t>(tp * pp));
+      for (kernels::ProtectedBackend* be : ranks) CHECK(be->calls().at("paged_attention") > 0);
     }
   });
 }

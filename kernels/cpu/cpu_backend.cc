@@ -52,8 +52,9 @@ class CpuBackend final : public KernelBackend {
     });
   }
 
-  void Gemm(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n,
-            int64_t k, bool accumulate) override {
+  // The F32 product (w [n][k] floats).
+  void GemmF32(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n, int64_t k,
+               bool accumulate) {
     const float beta = accumulate ? 1.0f : 0.0f;
     ColumnSlices(m, n, bias, c, [&](int64_t n0, int64_t n1) {
       if (invariant_) {
@@ -89,7 +90,7 @@ class CpuBackend final : public KernelBackend {
   absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
                     bool accumulate) override {
     if (w.dtype == DType::kF32) {
-      Gemm(a, static_cast<const float*>(w.values), bias, c, m, w.n, w.k, accumulate);
+      GemmF32(a, static_cast<const float*>(w.values), bias, c, m, w.n, w.k, accumulate);
       return absl::OkStatus();
     }
     // Every other dtype's rows are dotted by simd::DotRowsW, in either kernel mix.
@@ -146,23 +147,6 @@ class CpuBackend final : public KernelBackend {
     }, 4);
   }
 
-  void Softmax(float* x, int64_t rows, int64_t n) override {
-    pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        float* v = x + r * n;
-        float sum = simd::ExpShiftSum(v, simd::Max(v, n), n);
-        simd::Scale(v, 1.0f / sum, n);
-      }
-    });
-  }
-
-  void EmbeddingLookup(const float* table, const int32_t* ids, float* out, int64_t num_tokens,
-                       int64_t dim) override {
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      std::memcpy(out + t * dim, table + static_cast<int64_t>(ids[t]) * dim, dim * sizeof(float));
-    }
-  }
-
   // A copy with a rounding per element (KvLayout::Store): the reference's loop is the op.
   void KvStore(const KvStoreArgs& a) override { ref::KvStore(a); }
 
@@ -175,6 +159,18 @@ class CpuBackend final : public KernelBackend {
       std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, static_cast<size_t>(dim) * sizeof(float));
     }
   }
+
+  void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+              int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(cols) * sizeof(float));
+    }
+  }
+
+  // Host memory: the communicator's own copies are the collectives.
+  void AllReduceSum(Communicator& comm, float* data, int64_t n) override { comm.AllReduceSum(data, n); }
+  void Send(Communicator& comm, int peer, const float* data, int64_t n) override { comm.Send(peer, data, n); }
+  void Recv(Communicator& comm, int peer, float* data, int64_t n) override { comm.Recv(peer, data, n); }
 
   void PagedAttention(const PagedAttentionArgs& a) override {
     const int64_t nkv = a.KvHeads();
@@ -212,10 +208,6 @@ class CpuBackend final : public KernelBackend {
         }
       }
     });
-  }
-
-  std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k) override {
-    return ref::TopK(x, n, k);
   }
 
  private:

@@ -13,7 +13,7 @@
 // depends on how many rows share the call.
 //
 //   KernelBackendPtr be = NewCpuBackend(/*threads=*/2);
-//   be->Gemm(x, w, nullptr, y, tokens, out_features, in_features, false);
+//   be->Gemm(x, weights.view(), nullptr, y, tokens, /*accumulate=*/false);
 //
 // Thread budget: the backend owns a ThreadPool of `threads` and sets OpenBLAS
 // to one thread; GEMMs are split by output columns across the pool, each slice

@@ -62,36 +62,6 @@ void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) {
   }
 }
 
-void Softmax(float* x, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* v = x + r * n;
-    double mx = v[0];
-    for (int64_t i = 1; i < n; ++i) mx = std::max<double>(mx, v[i]);
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(v[i] - mx);
-    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(std::exp(v[i] - mx) / sum);
-  }
-}
-
-void EmbeddingLookup(const float* table, const int32_t* ids, float* out, int64_t num_tokens,
-                     int64_t dim) {
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    std::copy(table + static_cast<int64_t>(ids[t]) * dim,
-              table + static_cast<int64_t>(ids[t]) * dim + dim, out + t * dim);
-  }
-}
-
-std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k) {
-  std::vector<std::pair<int32_t, float>> all(n);
-  for (int64_t i = 0; i < n; ++i) all[i] = {static_cast<int32_t>(i), x[i]};
-  k = std::min(k, n);
-  std::partial_sort(all.begin(), all.begin() + k, all.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  all.resize(k);
-  return all;
-}
-
 void PagedAttention(const PagedAttentionArgs& a) {
   const KvLayout& l = a.layout;
   const int64_t hd = l.head_dim;
@@ -148,6 +118,12 @@ void Add(const float* x, float* y, int64_t n) {
 void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) {
   for (int64_t i = 0; i < num_rows; ++i) {
     for (int64_t d = 0; d < dim; ++d) out[i * dim + d] = x[static_cast<int64_t>(rows[i]) * dim + d];
+  }
+}
+
+void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * dst_stride + c] = src[r * src_stride + c];
   }
 }
 

@@ -37,17 +37,6 @@ void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num
 // out[t, i] = silu(gu[t, i]) * gu[t, inter + i]: gate and up side by side.
 void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter);
 
-// In-place softmax over each row.
-void Softmax(float* x, int64_t rows, int64_t n);
-
-// out[t, :] = table[ids[t], :]. Ids are checked by the caller.
-void EmbeddingLookup(const float* table, const int32_t* ids, float* out, int64_t num_tokens,
-                     int64_t dim);
-
-// The k largest values of x[0, n) as (index, value), largest first; ties go
-// to the lower index.
-std::vector<std::pair<int32_t, float>> TopK(const float* x, int64_t n, int64_t k);
-
 // Paged attention as kernels/attention.h defines it, in double precision.
 void PagedAttention(const PagedAttentionArgs& args);
 
@@ -59,6 +48,9 @@ void Add(const float* x, float* y, int64_t n);
 
 // out[i, :] = x[rows[i], :].
 void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out);
+
+// dst[r * dst_stride + c] = src[r * src_stride + c].
+void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols);
 
 }  // namespace duet::kernels::ref
 

@@ -1,4 +1,4 @@
-#include "engine/communicator.h"
+#include "kernels/communicator.h"
 
 #include <atomic>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
 
-namespace duet::engine {
+namespace duet::kernels {
 namespace {
 
 // What the ranks of one group share.
@@ -130,4 +130,4 @@ std::vector<CommunicatorPtr> NewThreadCommunicators(int n) {
   return out;
 }
 
-}  // namespace duet::engine
+}  // namespace duet::kernels

@@ -12,14 +12,14 @@
 // Every call is a collective or a matched pair: each rank of the group must
 // make the same calls in the same order, one thread per rank; a rank's
 // communicator is not shared between threads.
-#ifndef DUET_ENGINE_COMMUNICATOR_H_
-#define DUET_ENGINE_COMMUNICATOR_H_
+#ifndef DUET_KERNELS_COMMUNICATOR_H_
+#define DUET_KERNELS_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-namespace duet::engine {
+namespace duet::kernels {
 
 class Communicator {
  public:
@@ -42,6 +42,6 @@ using CommunicatorPtr = std::unique_ptr<Communicator>;
 // They share state, which lives as long as any of them.
 std::vector<CommunicatorPtr> NewThreadCommunicators(int n);
 
-}  // namespace duet::engine
+}  // namespace duet::kernels
 
-#endif  // DUET_ENGINE_COMMUNICATOR_H_
+#endif  // DUET_KERNELS_COMMUNICATOR_H_

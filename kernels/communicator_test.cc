@@ -1,11 +1,11 @@
-#include "engine/communicator.h"
+#include "kernels/communicator.h"
 
 #include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
 
-namespace duet::engine {
+namespace duet::kernels {
 namespace {
 
 // Runs fn(rank) on one thread per rank of a new group of `n`.
@@ -91,4 +91,4 @@ TEST_CASE("Send and Recv pass messages between two ranks in order", "[communicat
 }
 
 }  // namespace
-}  // namespace duet::engine
+}  // namespace duet::kernels

@@ -1,0 +1,456 @@
+// The op harness: every op of kernels/backend.h, on every backend present,
+// against the scalar reference (kernels/cpu/reference.h) by normalized mean
+// squared error with a tolerance per op and dtype (0: the same bits), on
+// odd shapes. Inputs and outputs live in the backend's own buffers, reached
+// only by their copies, so a device backend runs the cases unchanged.
+//
+// Backends: "cpu" and "cpu-fastest" (NewBackend's CPU kernels, batch
+// invariant and the benchmarks' mix), "protected" (the CPU one with its
+// buffers PROT_NONE outside ops, kernels/testing/protected_backend.h) and
+// "cuda" once NewBackend builds it. Each runs with AVX-512 on and off
+// (the AVX2 paths), and Bazel runs the whole binary again with
+// DUET_NO_AVX2=1 for the scalar paths.
+//
+// A new op costs one entry of Cases(): the last test fails until every op
+// ForwardingBackend names has run in some case.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/factory.h"
+#include "kernels/forwarding_backend.h"
+#include "kernels/rope.h"
+#include "kernels/testing/protected_backend.h"
+
+namespace duet::kernels {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// sum (got - want)^2 / sum want^2 (the sum itself where want is all zero).
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den == 0 ? num : num / den;
+}
+
+// got against want: the same bits where tolerance is 0, else NMSE at most it.
+void Expect(const std::vector<float>& got, const std::vector<float>& want, double tolerance) {
+  REQUIRE(got.size() == want.size());
+  if (tolerance == 0) {
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  } else {
+    const double e = Nmse(got, want);
+    INFO("NMSE " << e << ", tolerance " << tolerance);
+    CHECK(e <= tolerance);
+  }
+}
+
+// Buffers of one backend, each holding one array: in by Put, out by Get.
+class Device {
+ public:
+  explicit Device(KernelBackend& be) : be_(be) {}
+
+  template <typename T>
+  T* Put(const std::vector<T>& host) {
+    const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(T));
+    BufferPtr& b = buffers_.emplace_back(Allocate(bytes));
+    REQUIRE(b->Write(0, host.data(), bytes).ok());
+    return static_cast<T*>(b->base());
+  }
+  template <typename T>
+  std::vector<T> Get(const T* at, size_t n) const {
+    std::vector<T> out(n);
+    for (const BufferPtr& b : buffers_) {
+      const int64_t offset = reinterpret_cast<const uint8_t*>(at) - static_cast<const uint8_t*>(b->base());
+      if (offset >= 0 && offset < b->bytes()) {
+        REQUIRE(b->Read(offset, out.data(), static_cast<int64_t>(n * sizeof(T))).ok());
+        return out;
+      }
+    }
+    FAIL("not in a buffer of this device");
+    return out;
+  }
+
+ private:
+  BufferPtr Allocate(int64_t bytes) {
+    absl::StatusOr<BufferPtr> b = be_.DefaultBufferType().Allocate(std::max<int64_t>(bytes, 1), "harness");
+    REQUIRE(b.ok());
+    return *std::move(b);
+  }
+
+  KernelBackend& be_;
+  std::vector<BufferPtr> buffers_;
+};
+
+struct Env {
+  KernelBackend& be;
+  KernelBackend& peer;  // Another backend of the same kind: a collective's other rank.
+};
+
+struct OpCase {
+  std::vector<std::string> ops;  // The ForwardingBackend::OpNames() it runs.
+  std::function<void(Env&)> run;
+};
+
+// A pool of layout `l` holding `values` rounded to l.dtype.
+std::vector<uint8_t> PoolOf(const KvLayout& l, const std::vector<float>& values) {
+  std::vector<uint8_t> pool(values.size() * l.ElementBytes());
+  l.Store(pool.data(), 0, values.data(), static_cast<int64_t>(values.size()));
+  return pool;
+}
+
+void GemmCase(Env& env) {
+  // The kernels multiply by exactly Dequantize's values, so only float
+  // summation separates them from the reference, in every dtype.
+  constexpr double kTolerance = 1e-11;
+  Device dev(env.be);
+  for (DType dtype : kAllDTypes) {
+    if (!env.be.Supports(WeightOp::kGemm, dtype)) continue;
+    for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{
+             {1, 1, 1}, {1, 70, 37}, {3, 33, 64}, {9, 129, 100}, {33, 64, 250}, {2, 16, 512}}) {
+      const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 11);
+      const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
+      const std::vector<float> a = Random(static_cast<size_t>(m) * k, 12), bias = Random(n, 13),
+                               c0 = Random(static_cast<size_t>(m) * n, 14);
+      for (bool acc : {false, true}) {
+        for (bool with_bias : {false, true}) {
+          INFO(DTypeName(dtype) << " m=" << m << " n=" << n << " k=" << k << " acc=" << acc << " bias=" << with_bias);
+          float* c = dev.Put(c0);
+          REQUIRE(env.be.Gemm(dev.Put(a), hw.view(), with_bias ? dev.Put(bias) : nullptr, c, m, acc).ok());
+          std::vector<float> want = c0;
+          ref::Gemm(a.data(), hw.view(), want.data(), m, acc);
+          for (int i = 0; with_bias && i < m; ++i) {
+            for (int j = 0; j < n; ++j) want[static_cast<size_t>(i * n + j)] += bias[static_cast<size_t>(j)];
+          }
+          Expect(dev.Get(c, want.size()), want, kTolerance);
+        }
+      }
+    }
+  }
+}
+
+void EmbeddingCase(Env& env) {
+  Device dev(env.be);
+  const int vocab = 50, dim = 70;
+  const std::vector<float> t = Random(vocab * dim, 21);
+  const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  for (DType dtype : kAllDTypes) {
+    if (!env.be.Supports(WeightOp::kEmbedding, dtype)) continue;
+    INFO(DTypeName(dtype));
+    const HostWeights hw = QuantizeWeights(t.data(), vocab, dim, dtype);
+    const std::vector<float> dense = Dequantize(hw.view());
+    float* out = dev.Put(std::vector<float>(ids.size() * dim));
+    REQUIRE(env.be.EmbeddingLookup(hw.view(), dev.Put(ids), out, static_cast<int64_t>(ids.size())).ok());
+    std::vector<float> want;
+    for (int32_t id : ids) want.insert(want.end(), dense.begin() + id * dim, dense.begin() + (id + 1) * dim);
+    Expect(dev.Get(out, want.size()), want, 0);
+  }
+}
+
+void RmsNormCase(Env& env) {
+  Device dev(env.be);
+  for (int dim : {1, 7, 64, 100, 768}) {
+    const int rows = 13;
+    const auto x = Random(rows * dim, 5), w = Random(dim, 6);
+    std::vector<float> want(x.size());
+    ref::RmsNorm(x.data(), w.data(), want.data(), rows, dim, 1e-5f);
+    INFO("dim=" << dim);
+    float* y = dev.Put(std::vector<float>(x.size()));
+    env.be.RmsNorm(dev.Put(x), w.data(), y, rows, dim, 1e-5f);
+    Expect(dev.Get(y, x.size()), want, 1e-12);
+    float* inplace = dev.Put(x);  // As the final norm runs it.
+    env.be.RmsNorm(inplace, w.data(), inplace, rows, dim, 1e-5f);
+    Expect(dev.Get(inplace, x.size()), want, 1e-12);
+  }
+}
+
+void RopeCase(Env& env) {
+  Device dev(env.be);
+  for (int64_t hd : {64, 6}) {
+    for (bool llama3 : {false, true}) {
+      RopeConfig rc{.head_dim = static_cast<int>(hd), .theta = 500000};
+      if (llama3) {
+        rc.llama3_factor = 8;
+        rc.llama3_original_max_position = 256;
+      }
+      const std::vector<float> inv = RopeInvFreq(rc);
+      const int tokens = 9, heads = 3;
+      const std::vector<int32_t> pos = {0, 1, 2, 17, 255, 256, 1000, 4096, 100000};
+      const auto x = Random(static_cast<size_t>(tokens * heads * hd), 10);
+      std::vector<float> want = x;
+      ref::Rope(want.data(), pos.data(), inv.data(), tokens, heads, hd);
+      float* got = dev.Put(x);
+      env.be.Rope(got, dev.Put(pos), inv.data(), tokens, heads, hd);
+      INFO("head_dim=" << hd << " llama3=" << llama3);
+      Expect(dev.Get(got, x.size()), want, 1e-12);
+    }
+  }
+}
+
+void SiluMulCase(Env& env) {
+  Device dev(env.be);
+  for (int inter : {1, 7, 100}) {
+    const int rows = 13;
+    const auto gu = Random(static_cast<size_t>(rows * 2 * inter), 7, 4.0f);
+    std::vector<float> want(static_cast<size_t>(rows * inter));
+    ref::SiluMul(gu.data(), want.data(), rows, inter);
+    float* out = dev.Put(std::vector<float>(want.size()));
+    env.be.SiluMul(dev.Put(gu), out, rows, inter);
+    INFO("inter=" << inter);
+    Expect(dev.Get(out, want.size()), want, 1e-12);
+  }
+}
+
+void PagedAttentionCase(Env& env) {
+  Device dev(env.be);
+  for (DType kv_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (!env.be.SupportsKv(kv_dtype)) continue;
+    const KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = 16, .dtype = kv_dtype};
+    const int num_blocks = 80;  // Tables: 6, 4, 8 and 48 blocks from table_at.
+    const std::vector<uint8_t> pool = PoolOf(l, Random(num_blocks * l.BlockStride(), 11));
+    std::vector<int32_t> tables(num_blocks);
+    for (int i = 0; i < num_blocks; ++i) tables[i] = (i * 7) % num_blocks;
+    // A chunk after a cached prefix, a fresh prompt, a decode token, and a
+    // long chunk (several tiles) after 40 cached positions.
+    std::vector<AttentionSeq> seqs = {{.first_row = 0, .num_tokens = 5, .start_pos = 18},
+                                      {.first_row = 5, .num_tokens = 13, .start_pos = 0},
+                                      {.first_row = 18, .num_tokens = 1, .start_pos = 30},
+                                      {.first_row = 19, .num_tokens = 150, .start_pos = 40}};
+    const int64_t table_at[] = {0, 6, 10, 20};
+    const int32_t* dev_tables = dev.Put(tables);
+    std::vector<AttentionSeq> host_seqs = seqs, dev_seqs = seqs;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      host_seqs[s].block_table = tables.data() + table_at[s];
+      dev_seqs[s].block_table = dev_tables + table_at[s];
+    }
+    const AttentionSeq* seqs_at = dev.Put(dev_seqs);
+    const void* kv = dev.Put(pool);
+    const int rows = 169;
+    for (auto [nq, head_begin, heads] : std::vector<std::tuple<int, int, int>>{{6, 0, 0}, {3, 1, 1}}) {
+      const auto q = Random(static_cast<size_t>(rows * nq * 16), 12);
+      for (int64_t window : {0, 5}) {
+        INFO("KV " << DTypeName(kv_dtype) << " window " << window << " heads " << head_begin << "+" << heads);
+        PagedAttentionArgs args{.layout = l, .layer = 1, .num_q_heads = nq, .scale = 0.25f, .window = window,
+                                .num_seqs = static_cast<int64_t>(seqs.size()), .kv_head_begin = head_begin,
+                                .kv_heads = heads};
+        std::vector<float> want(q.size());
+        PagedAttentionArgs host = args;
+        host.q = q.data();
+        host.out = want.data();
+        host.kv = pool.data();
+        host.seqs = host_seqs.data();
+        ref::PagedAttention(host);
+        args.q = dev.Put(q);
+        args.out = dev.Put(std::vector<float>(q.size()));
+        args.kv = kv;
+        args.seqs = seqs_at;
+        env.be.PagedAttention(args);
+        Expect(dev.Get(args.out, q.size()), want, 1e-10);
+      }
+    }
+  }
+}
+
+void KvStoreCase(Env& env) {
+  Device dev(env.be);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (!env.be.SupportsKv(dtype)) continue;
+    const KvLayout l{.num_layers = 2, .num_kv_heads = 4, .block_size = 4, .head_dim = 8, .dtype = dtype};
+    const int64_t blocks = 5, rows = 7;
+    const std::vector<int32_t> slots = {17, 3, 4, 0, 19, 8, 10};  // scattered over blocks 0, 1, 2, 4
+    const std::vector<uint8_t> pool0 = PoolOf(l, Random(static_cast<size_t>(blocks * l.BlockStride()), 13));
+    for (auto [head_begin, heads] : std::vector<std::pair<int, int>>{{0, 4}, {1, 2}}) {
+      const auto k = Random(static_cast<size_t>(rows * heads * l.head_dim), 11),
+                 v = Random(static_cast<size_t>(rows * heads * l.head_dim), 12);
+      KvStoreArgs args{.rows = rows, .layout = l, .layer = 1, .kv_head_begin = head_begin, .kv_heads = heads};
+      std::vector<uint8_t> want = pool0;
+      KvStoreArgs host = args;
+      host.k = k.data();
+      host.v = v.data();
+      host.slots = slots.data();
+      host.kv = want.data();
+      ref::KvStore(host);
+      uint8_t* kv = dev.Put(pool0);
+      args.k = dev.Put(k);
+      args.v = dev.Put(v);
+      args.slots = dev.Put(slots);
+      args.kv = kv;
+      env.be.KvStore(args);
+      INFO(DTypeName(dtype) << " heads " << head_begin << "+" << heads);
+      CHECK(dev.Get(kv, want.size()) == want);
+    }
+  }
+}
+
+void AddCase(Env& env) {
+  Device dev(env.be);
+  for (int64_t n : {1, 7, 33, 4097, 10000}) {
+    const auto x = Random(static_cast<size_t>(n), 21), y = Random(static_cast<size_t>(n), 22);
+    std::vector<float> want = y;
+    ref::Add(x.data(), want.data(), n);
+    float* got = dev.Put(y);
+    env.be.Add(dev.Put(x), got, n);
+    INFO("n=" << n);
+    Expect(dev.Get(got, want.size()), want, 0);
+  }
+}
+
+void GatherRowsCase(Env& env) {
+  Device dev(env.be);
+  for (int64_t dim : {1, 37, 512}) {
+    const auto x = Random(static_cast<size_t>(9 * dim), 23);
+    const std::vector<int32_t> rows = {8, 0, 3, 3};
+    std::vector<float> want(rows.size() * dim);
+    ref::GatherRows(x.data(), rows.data(), static_cast<int64_t>(rows.size()), dim, want.data());
+    float* out = dev.Put(std::vector<float>(want.size(), -1.0f));
+    env.be.GatherRows(dev.Put(x), dev.Put(rows), static_cast<int64_t>(rows.size()), dim, out);
+    INFO("dim=" << dim);
+    Expect(dev.Get(out, want.size()), want, 0);
+  }
+}
+
+void Copy2DCase(Env& env) {
+  Device dev(env.be);
+  // A q/k/v split's shape (a column range of wider rows into packed rows)
+  // and a logits slice's (packed rows into a column range of wider ones).
+  for (auto [rows, cols, src_stride, src_col, dst_stride, dst_col] : std::vector<std::tuple<int, int, int, int, int, int>>{
+           {5, 7, 11, 4, 7, 0}, {3, 9, 9, 0, 20, 11}, {1, 1, 1, 0, 1, 0}, {17, 64, 192, 128, 64, 0}}) {
+    const auto src = Random(static_cast<size_t>(rows * src_stride), 24),
+               dst0 = Random(static_cast<size_t>(rows * dst_stride), 25);
+    std::vector<float> want = dst0;
+    ref::Copy2D(src.data() + src_col, src_stride, want.data() + dst_col, dst_stride, rows, cols);
+    float* dst = dev.Put(dst0);
+    env.be.Copy2D(dev.Put(src) + src_col, src_stride, dst + dst_col, dst_stride, rows, cols);
+    INFO("rows=" << rows << " cols=" << cols << " strides " << src_stride << ", " << dst_stride);
+    Expect(dev.Get(dst, want.size()), want, 0);
+  }
+}
+
+// Two ranks on two threads: `be` rank 0 and `peer` rank 1.
+void CollectivesCase(Env& env) {
+  Device d0(env.be), d1(env.peer);
+  for (int64_t n : {1, 7, 1000}) {
+    const auto a = Random(static_cast<size_t>(n), 31), b = Random(static_cast<size_t>(n), 32),
+               m0 = Random(static_cast<size_t>(n + 1), 33), m1 = Random(static_cast<size_t>(n), 34);
+    float* sum[] = {d0.Put(a), d1.Put(b)};
+    const float* out[] = {d0.Put(m0), d1.Put(m1)};  // rank 0 sends n + 1 floats, rank 1 n
+    float* in[] = {d0.Put(std::vector<float>(static_cast<size_t>(n))),
+                   d1.Put(std::vector<float>(static_cast<size_t>(n + 1)))};
+    std::vector<CommunicatorPtr> comms = NewThreadCommunicators(2);
+    KernelBackend* be[] = {&env.be, &env.peer};
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        be[r]->AllReduceSum(*comms[r], sum[r], n);
+        be[r]->Send(*comms[r], 1 - r, out[r], n + 1 - r);
+        be[r]->Recv(*comms[r], 1 - r, in[r], n + r);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    std::vector<float> want(static_cast<size_t>(n));
+    for (size_t i = 0; i < want.size(); ++i) want[i] = a[i] + b[i];  // in rank order
+    INFO("n=" << n);
+    Expect(d0.Get(sum[0], want.size()), want, 0);
+    Expect(d1.Get(sum[1], want.size()), want, 0);
+    Expect(d0.Get(in[0], m1.size()), m1, 0);
+    Expect(d1.Get(in[1], m0.size()), m0, 0);
+  }
+}
+
+const std::vector<OpCase>& Cases() {
+  static const std::vector<OpCase>* cases = new std::vector<OpCase>{
+      {{"gemm"}, GemmCase},
+      {{"embedding"}, EmbeddingCase},
+      {{"rms_norm"}, RmsNormCase},
+      {{"rope"}, RopeCase},
+      {{"silu_mul"}, SiluMulCase},
+      {{"paged_attention"}, PagedAttentionCase},
+      {{"kv_store"}, KvStoreCase},
+      {{"add"}, AddCase},
+      {{"gather_rows"}, GatherRowsCase},
+      {{"copy_2d"}, Copy2DCase},
+      {{"all_reduce_sum", "send", "recv"}, CollectivesCase},
+  };
+  return *cases;
+}
+
+struct BackendKind {
+  std::string name;
+  std::function<absl::StatusOr<KernelBackendPtr>()> make;
+};
+
+std::vector<BackendKind> Backends() {
+  auto protect = []() -> absl::StatusOr<KernelBackendPtr> {
+    absl::StatusOr<KernelBackendPtr> inner = NewBackend({.kind = "cpu", .threads = 2});
+    if (!inner.ok()) return inner.status();
+    return KernelBackendPtr(std::make_unique<ProtectedBackend>(*std::move(inner)));
+  };
+  return {
+      {"cpu", [] { return NewBackend({.kind = "cpu", .threads = 2}); }},
+      {"cpu-fastest", [] { return NewBackend({.kind = "cpu", .threads = 2, .cpu_kernels = CpuKernels::kFastest}); }},
+      {"protected", protect},
+      {"cuda", [] { return NewBackend({.kind = "cuda"}); }},
+  };
+}
+
+TEST_CASE("every op matches the reference on every backend present, AVX-512 on and off", "[kernels]") {
+  const bool avx512 = GENERATE(true, false);
+  if (!simd::UseAvx2()) WARN("DUET_NO_AVX2 or this CPU: the scalar paths");
+  for (const BackendKind& kind : Backends()) {
+    absl::StatusOr<KernelBackendPtr> be = kind.make(), peer = kind.make();
+    if (absl::IsUnimplemented(be.status())) {
+      WARN(kind.name << " is not built here: " << be.status().message());
+      continue;
+    }
+    REQUIRE(be.ok());
+    REQUIRE(peer.ok());
+    simd::SetAvx512ForTesting(avx512);
+    Env env{**be, **peer};
+    for (const OpCase& c : Cases()) {
+      INFO(kind.name << ", " << c.ops[0] << ", AVX-512 " << (avx512 ? "on" : "off"));
+      c.run(env);
+    }
+    simd::SetAvx512ForTesting(true);
+  }
+}
+
+TEST_CASE("the harness runs every op of the backend interface, and only through ops on protected memory",
+          "[kernels]") {
+  ProtectedBackend be(NewCpuBackend(2)), peer(NewCpuBackend(2));
+  Env env{be, peer};
+  const std::vector<std::string>& names = ForwardingBackend::OpNames();
+  for (const OpCase& c : Cases()) {
+    for (const std::string& op : c.ops) CHECK(std::find(names.begin(), names.end(), op) != names.end());
+    c.run(env);
+  }
+  const std::map<std::string, int64_t> calls = be.calls();
+  for (const std::string& op : names) {
+    INFO(op << " has no case in Cases()");
+    CHECK(calls.count(op) == 1);
+  }
+  CHECK(ProtectedMemoryClosed());
+}
+
+}  // namespace
+}  // namespace duet::kernels
