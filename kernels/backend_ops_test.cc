@@ -13,6 +13,10 @@
 //
 // A new op costs one entry of Cases(): the last test fails until every op
 // ForwardingBackend names has run in some case.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -29,38 +33,22 @@
 #include "kernels/factory.h"
 #include "kernels/forwarding_backend.h"
 #include "kernels/rope.h"
+#include "kernels/testing/op_testing.h"
 #include "kernels/testing/protected_backend.h"
 
 namespace duet::kernels {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// sum (got - want)^2 / sum want^2 (the sum itself where want is all zero).
-double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return den == 0 ? num : num / den;
-}
+using testing::PoolOf;
+using testing::Random;
 
 // got against want: the same bits where tolerance is 0, else NMSE at most it.
 void Expect(const std::vector<float>& got, const std::vector<float>& want, double tolerance) {
   REQUIRE(got.size() == want.size());
   if (tolerance == 0) {
-    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    CHECK(testing::SameBits(got.data(), want.data(), got.size()));
   } else {
-    const double e = Nmse(got, want);
+    const double e = testing::Nmse(got, want);
     INFO("NMSE " << e << ", tolerance " << tolerance);
     CHECK(e <= tolerance);
   }
@@ -112,13 +100,6 @@ struct OpCase {
   std::vector<std::string> ops;  // The ForwardingBackend::OpNames() it runs.
   std::function<void(Env&)> run;
 };
-
-// A pool of layout `l` holding `values` rounded to l.dtype.
-std::vector<uint8_t> PoolOf(const KvLayout& l, const std::vector<float>& values) {
-  std::vector<uint8_t> pool(values.size() * l.ElementBytes());
-  l.Store(pool.data(), 0, values.data(), static_cast<int64_t>(values.size()));
-  return pool;
-}
 
 void GemmCase(Env& env) {
   // The kernels multiply by exactly Dequantize's values, so only float
@@ -450,6 +431,29 @@ TEST_CASE("the harness runs every op of the backend interface, and only through 
     CHECK(calls.count(op) == 1);
   }
   CHECK(ProtectedMemoryClosed());
+}
+
+TEST_CASE("protected memory faults when host code touches it, and not through a buffer's copies", "[kernels]") {
+  absl::StatusOr<BufferPtr> b = ProtectedMemoryType().Allocate(4096, "probe");
+  REQUIRE(b.ok());
+  const std::vector<float> in = {1.5f, -2.0f};
+  std::vector<float> out(2);
+  REQUIRE((*b)->Write(0, in.data(), 8).ok());
+  REQUIRE((*b)->Read(0, out.data(), 8).ok());
+  CHECK(out == in);
+  CHECK(ProtectedMemoryClosed());
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    signal(SIGSEGV, SIG_DFL);  // No reports from the child: its death is the answer.
+    const volatile float* at = static_cast<const float*>((*b)->base());
+    const float touched = *at;  // faults: no op is running
+    _exit(touched == 1.5f ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGSEGV);
 }
 
 }  // namespace

@@ -18,9 +18,41 @@ absl::Status CheckRange(const Buffer& buffer, int64_t offset, int64_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status HostAddressedBuffer::Write(int64_t offset, const void* host, int64_t bytes) {
+  RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
+  Access([&] { std::memcpy(At(offset), host, static_cast<size_t>(bytes)); });
+  return absl::OkStatus();
+}
+
+absl::Status HostAddressedBuffer::Read(int64_t offset, void* host, int64_t bytes) const {
+  RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
+  Access([&] { std::memcpy(host, At(offset), static_cast<size_t>(bytes)); });
+  return absl::OkStatus();
+}
+
+absl::Status HostAddressedBuffer::Fill(int64_t offset, int64_t bytes, uint8_t value) {
+  RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
+  Access([&] { std::memset(At(offset), value, static_cast<size_t>(bytes)); });
+  return absl::OkStatus();
+}
+
+absl::Status HostAddressedBuffer::CopyFrom(const Buffer& src, int64_t src_offset, int64_t dst_offset,
+                                           int64_t bytes) {
+  if (!src.type().IsHost()) {
+    return absl::UnimplementedError(
+        absl::StrCat(name(), ": cannot copy from ", src.name(), " (", src.type().Name(), " memory)"));
+  }
+  RETURN_IF_ERROR(CheckRange(src, src_offset, bytes));
+  RETURN_IF_ERROR(CheckRange(*this, dst_offset, bytes));
+  Access([&] {
+    std::memcpy(At(dst_offset), static_cast<const uint8_t*>(src.base()) + src_offset, static_cast<size_t>(bytes));
+  });
+  return absl::OkStatus();
+}
+
 namespace {
 
-class HostBuffer final : public Buffer {
+class HostBuffer final : public HostAddressedBuffer {
  public:
   HostBuffer(const BufferType* type, int64_t bytes, std::string name)
       : type_(type), memory_(static_cast<size_t>(bytes)), bytes_(bytes), name_(std::move(name)) {}
@@ -30,35 +62,7 @@ class HostBuffer final : public Buffer {
   const std::string& name() const override { return name_; }
   void* base() const override { return memory_.data(); }
 
-  absl::Status Write(int64_t offset, const void* host, int64_t bytes) override {
-    RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
-    std::memcpy(At(offset), host, static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-  absl::Status Read(int64_t offset, void* host, int64_t bytes) const override {
-    RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
-    std::memcpy(host, At(offset), static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-  absl::Status Fill(int64_t offset, int64_t bytes, uint8_t value) override {
-    RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
-    std::memset(At(offset), value, static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-  absl::Status CopyFrom(const Buffer& src, int64_t src_offset, int64_t dst_offset, int64_t bytes) override {
-    if (!src.type().IsHost()) {
-      return absl::UnimplementedError(absl::StrCat(name_, ": cannot copy from ", src.name(), " (",
-                                                   src.type().Name(), " memory)"));
-    }
-    RETURN_IF_ERROR(CheckRange(src, src_offset, bytes));
-    RETURN_IF_ERROR(CheckRange(*this, dst_offset, bytes));
-    std::memcpy(At(dst_offset), static_cast<const uint8_t*>(src.base()) + src_offset, static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-
  private:
-  uint8_t* At(int64_t offset) const { return static_cast<uint8_t*>(memory_.data()) + offset; }
-
   const BufferType* const type_;
   HugeBuffer memory_;  // zero-filled
   const int64_t bytes_;

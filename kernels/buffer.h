@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -48,6 +49,24 @@ class Buffer {
 };
 
 using BufferPtr = std::unique_ptr<Buffer>;
+
+// A buffer in memory the host addresses (the host type's, a test type's):
+// its copies are memcpy and memset over base(), each range checked, each
+// run inside Access (which a type that guards its memory overrides).
+class HostAddressedBuffer : public Buffer {
+ public:
+  absl::Status Write(int64_t offset, const void* host, int64_t bytes) override;
+  absl::Status Read(int64_t offset, void* host, int64_t bytes) const override;
+  absl::Status Fill(int64_t offset, int64_t bytes, uint8_t value) override;
+  // From another buffer the host addresses (type().IsHost()).
+  absl::Status CopyFrom(const Buffer& src, int64_t src_offset, int64_t dst_offset, int64_t bytes) override;
+
+ protected:
+  virtual void Access(absl::FunctionRef<void()> copy) const { copy(); }
+
+ private:
+  uint8_t* At(int64_t offset) const { return static_cast<uint8_t*>(base()) + offset; }
+};
 
 class BufferType {
  public:

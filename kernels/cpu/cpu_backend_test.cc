@@ -18,27 +18,16 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/rope.h"
+#include "kernels/testing/op_testing.h"
 
 namespace duet::kernels {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-double NormErr(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return den == 0 ? num : num / den;
-}
+using testing::MaxRelError;
+using testing::Nmse;
+using testing::PoolOf;
+using testing::Random;
+using testing::SameBits;
 
 // The F32 weight matrix over w's [n][k] floats.
 WeightMatrix F32(const std::vector<float>& w, int64_t n, int64_t k) {
@@ -64,7 +53,7 @@ TEST_CASE("Gemm matches the reference for GEMV and GEMM shapes, with bias and ac
             for (int j = 0; j < n; ++j) want[i * n + j] += bias[j];
         }
         INFO("m=" << m << " n=" << n << " k=" << k << " acc=" << acc << " bias=" << with_bias);
-        REQUIRE(NormErr(got, want) < 1e-5);
+        REQUIRE(MaxRelError(got, want) < 1e-5);
       }
     }
   }
@@ -78,14 +67,6 @@ TEST_CASE("Llama-3 rope scaling changes only the low frequencies", "[kernels]") 
   REQUIRE(a[0] == b[0]);                          // Highest frequency kept.
   REQUIRE(b.back() == Approx(a.back() / 8).epsilon(1e-6));  // Lowest divided by factor.
   REQUIRE(a[0] == 1.0f);
-}
-
-// A pool of layout `l` holding `values` (BlockStride() per block), each
-// rounded to l.dtype.
-std::vector<uint8_t> PoolOf(const KvLayout& l, const std::vector<float>& values) {
-  std::vector<uint8_t> pool(values.size() * l.ElementBytes());
-  l.Store(pool.data(), 0, values.data(), static_cast<int64_t>(values.size()));
-  return pool;
 }
 
 TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, window",
@@ -114,7 +95,7 @@ TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, wi
     args.out = want.data();
     ref::PagedAttention(args);
     INFO("window " << window << ", KV " << DTypeName(kv_dtype));
-    REQUIRE(NormErr(got, want) < 1e-5);
+    REQUIRE(MaxRelError(got, want) < 1e-5);
     // A tensor-parallel rank's call: KV head h of the pool alone, with its
     // group's query heads, gives those heads' rows of the whole call (bit
     // for bit where the kernels are batch-invariant), here and in the
@@ -145,7 +126,7 @@ TEST_CASE("PagedAttention matches the reference: prefill chunks, decode, GQA, wi
       if (kernels == CpuKernels::kBatchInvariant) {
         REQUIRE(oh == whole);
       } else {
-        REQUIRE(NormErr(oh, whole) < 1e-6);
+        REQUIRE(MaxRelError(oh, whole) < 1e-6);
       }
     }
   }
@@ -174,11 +155,9 @@ TEST_CASE("PagedAttention tiles long chunks: several tiles, cached prefix, windo
     args.out = want.data();
     ref::PagedAttention(args);
     INFO("window " << window << ", KV " << DTypeName(kv_dtype));
-    REQUIRE(NormErr(got, want) < 1e-5);
+    REQUIRE(MaxRelError(got, want) < 1e-5);
   }
 }
-
-bool SameBits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
 TEST_CASE("batch-invariant Gemm: a row's output has the same bits whatever rows share the call", "[kernels]") {
   auto be = NewCpuBackend(2);
@@ -264,15 +243,37 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
 }
 
 
-// Normalized mean squared error: sum (a - b)^2 / sum b^2.
-double Nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
+// Where KvStore puts each element, computed apart from the reference (the
+// op harness compares the backends with the reference itself).
+TEST_CASE("KvStore puts each row's K and V of each head at its slot in every KV dtype, a TP rank's heads only",
+          "[kernels]") {
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  auto be = NewCpuBackend(2);
+  const KvLayout l{.num_layers = 2, .num_kv_heads = 4, .block_size = 4, .head_dim = 8, .dtype = dtype};
+  const int64_t blocks = 5, rows = 7, heads = 2, head_begin = 1;  // a rank holding heads 1 and 2
+  const auto k = Random(rows * heads * l.head_dim, 11), v = Random(rows * heads * l.head_dim, 12);
+  const std::vector<int32_t> slots = {17, 3, 4, 0, 19, 8, 10};  // scattered over blocks 0, 1, 2, 4
+  std::vector<uint8_t> pool(static_cast<size_t>(blocks * l.BlockBytes()));
+  be->KvStore({.k = k.data(), .v = v.data(), .slots = slots.data(), .rows = rows, .kv = pool.data(), .layout = l,
+               .layer = 1, .kv_head_begin = head_begin, .kv_heads = heads});
+  // What the pool holds, element by element, against where each input went.
+  std::vector<float> want(static_cast<size_t>(blocks * l.BlockStride()), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t kv = 0; kv < 2; ++kv) {
+        const int64_t at = l.Offset(slots[r] / l.block_size, 1, kv, head_begin + h, slots[r] % l.block_size);
+        for (int64_t d = 0; d < l.head_dim; ++d) {
+          want[static_cast<size_t>(at + d)] = (kv == 0 ? k : v)[static_cast<size_t>((r * heads + h) * l.head_dim + d)];
+        }
+      }
+    }
   }
-  return den == 0 ? num : num / den;
+  const double tolerance = dtype == DType::kF32 ? 0 : dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float got = l.Value(pool.data(), static_cast<int64_t>(i));
+    INFO("element " << i);
+    REQUIRE(std::fabs(got - want[i]) <= tolerance * std::fabs(want[i]) + (dtype == DType::kF16 ? 6e-8 : 0));  // f16 subnormals
+  }
 }
 
 // The op harness for weights in every dtype: Gemm against the reference on

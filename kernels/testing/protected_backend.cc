@@ -77,7 +77,7 @@ class Open {
   Open& operator=(const Open&) = delete;
 };
 
-class ProtectedBuffer final : public Buffer {
+class ProtectedBuffer final : public HostAddressedBuffer {
  public:
   ProtectedBuffer(const BufferType* type, void* memory, size_t mapped, int64_t bytes, std::string name)
       : type_(type), memory_(memory), mapped_(mapped), bytes_(bytes), name_(std::move(name)) {}
@@ -93,39 +93,13 @@ class ProtectedBuffer final : public Buffer {
   const std::string& name() const override { return name_; }
   void* base() const override { return memory_; }
 
-  absl::Status Write(int64_t offset, const void* host, int64_t bytes) override {
-    RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
+ protected:
+  void Access(absl::FunctionRef<void()> copy) const override {
     Open open;
-    std::memcpy(At(offset), host, static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-  absl::Status Read(int64_t offset, void* host, int64_t bytes) const override {
-    RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
-    Open open;
-    std::memcpy(host, At(offset), static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-  absl::Status Fill(int64_t offset, int64_t bytes, uint8_t value) override {
-    RETURN_IF_ERROR(CheckRange(*this, offset, bytes));
-    Open open;
-    std::memset(At(offset), value, static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-  absl::Status CopyFrom(const Buffer& src, int64_t src_offset, int64_t dst_offset, int64_t bytes) override {
-    if (!src.type().IsHost()) {
-      return absl::UnimplementedError(absl::StrCat(name_, ": cannot copy from ", src.name(), " (",
-                                                   src.type().Name(), " memory)"));
-    }
-    RETURN_IF_ERROR(CheckRange(src, src_offset, bytes));
-    RETURN_IF_ERROR(CheckRange(*this, dst_offset, bytes));
-    Open open;
-    std::memcpy(At(dst_offset), static_cast<const uint8_t*>(src.base()) + src_offset, static_cast<size_t>(bytes));
-    return absl::OkStatus();
+    copy();
   }
 
  private:
-  uint8_t* At(int64_t offset) const { return static_cast<uint8_t*>(memory_) + offset; }
-
   const BufferType* const type_;
   void* const memory_;
   const size_t mapped_;
