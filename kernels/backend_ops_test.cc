@@ -430,18 +430,18 @@ TEST_CASE("the harness runs every op of the backend interface, and only through 
     INFO(op << " has no case in Cases()");
     CHECK(calls.count(op) == 1);
   }
-  CHECK(ProtectedMemoryClosed());
+  CHECK(GuardedMemoryClosed());
 }
 
 TEST_CASE("protected memory faults when host code touches it, and not through a buffer's copies", "[kernels]") {
-  absl::StatusOr<BufferPtr> b = ProtectedMemoryType().Allocate(4096, "probe");
+  absl::StatusOr<BufferPtr> b = GuardedMemoryType().Allocate(4096, "probe");
   REQUIRE(b.ok());
   const std::vector<float> in = {1.5f, -2.0f};
   std::vector<float> out(2);
   REQUIRE((*b)->Write(0, in.data(), 8).ok());
   REQUIRE((*b)->Read(0, out.data(), 8).ok());
   CHECK(out == in);
-  CHECK(ProtectedMemoryClosed());
+  CHECK(GuardedMemoryClosed());
   const pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {

@@ -403,7 +403,7 @@ TEST_CASE("on protected backend memory every step shape runs, with the CPU's log
       auto m = engine::Model::Load(dir, &front, options);
       REQUIRE(m.ok());
       const Run got = RunSteps(**m, &want, front.DefaultBufferType());
-      CHECK(kernels::ProtectedMemoryClosed());
+      CHECK(kernels::GuardedMemoryClosed());
       REQUIRE(got.logits.size() == want.logits.size());
       if (tp == 1) {
         REQUIRE(got.logits == want.logits);
