@@ -119,6 +119,31 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
         visibility = visibility,
     )
 
+def duet_cuda_kernels(name, srcs, hdrs, deps = [], visibility = None):
+    """CUDA kernels (each .cu with its .cuh launcher, which includes
+    kernels/cuda/cuda_compat.h) built two ways from the same sources: `name`
+    by nvcc (cuda_library; --config=cuda) and `name_simt` by g++ as host code
+    on the SIMT executor (//kernels/simt), which every build has and CI runs.
+    A `#line` keeps the .cu's own name in the SIMT build's messages."""
+    cuda_library(name = name, srcs = srcs, hdrs = hdrs, deps = deps, visibility = visibility)
+    wrappers = []
+    for src in srcs:
+        out = "_" + name + "_" + src[:-len(".cu")].replace("/", "_") + "_simt.cc"
+        native.genrule(
+            name = out[:-len(".cc")] + "_gen",
+            srcs = [src],
+            outs = [out],
+            cmd = "(echo '#line 1 \"" + native.package_name() + "/" + src + "\"'; cat $(location " + src + ")) > $@",
+        )
+        wrappers.append(out)
+    cc_library(
+        name = name + "_simt",
+        srcs = wrappers,
+        hdrs = hdrs,
+        deps = deps + ["//kernels/simt"],
+        visibility = visibility,
+    )
+
 def duet_proto_library(name, srcs, deps = [], visibility = None):
     """Generates C++ from .proto files with the system protoc (no download)
     and wraps it in a cc_library linked with Debian's libprotobuf."""

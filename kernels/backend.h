@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
@@ -33,11 +34,22 @@ namespace duet::kernels {
 // The ops that take a weight matrix in any dtype (kernels/dtype.h).
 enum class WeightOp { kGemm, kEmbedding };
 
+// Every op's name, in the order KernelBackend declares them: what
+// Implements is asked, what ForwardingBackend's hook is given, and what the
+// op harness (kernels/backend_ops_test.cc) must cover.
+inline constexpr std::string_view kOpNames[] = {
+    "gemm", "embedding", "rms_norm", "rope", "silu_mul", "paged_attention", "kv_store", "add",
+    "gather_rows", "copy_2d", "all_reduce_sum", "send", "recv"};
+
 class KernelBackend {
  public:
   virtual ~KernelBackend() = default;
 
   virtual std::string Name() const = 0;
+  // Whether this backend runs the op named `op` (kOpNames). A backend being
+  // built runs some (the CUDA one: rms_norm, rope); NewBackend offers only
+  // backends that run them all, and calling one it lacks is a bug.
+  virtual bool Implements(std::string_view op) const { return true; }
   // Where this backend's ops expect their memory (kernels/buffer.h): the
   // KV pool, the activations and the step's indices are its buffers.
   virtual BufferType& DefaultBufferType() = 0;

@@ -2,13 +2,6 @@
 
 namespace duet::kernels {
 
-const std::vector<std::string>& ForwardingBackend::OpNames() {
-  static const std::vector<std::string>* names = new std::vector<std::string>{
-      "gemm", "embedding", "rms_norm", "rope", "silu_mul", "paged_attention", "kv_store", "add",
-      "gather_rows", "copy_2d", "all_reduce_sum", "send", "recv"};
-  return *names;
-}
-
 absl::Status ForwardingBackend::Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
                                      bool accumulate) {
   absl::Status st;

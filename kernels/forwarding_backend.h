@@ -23,12 +23,9 @@ class ForwardingBackend : public KernelBackend {
  public:
   explicit ForwardingBackend(KernelBackendPtr inner) : inner_(std::move(inner)) {}
 
-  // The name Call is given for each op of kernels/backend.h, every one of
-  // them (the op harness checks it covers this list).
-  static const std::vector<std::string>& OpNames();
-
   KernelBackend& inner() { return *inner_; }
   std::string Name() const override { return inner_->Name(); }
+  bool Implements(std::string_view op) const override { return inner_->Implements(op); }
   BufferType& DefaultBufferType() override { return inner_->DefaultBufferType(); }
   bool Supports(WeightOp op, DType dtype) const override { return inner_->Supports(op, dtype); }
   DType DefaultKvDType() const override { return inner_->DefaultKvDType(); }
@@ -53,7 +50,7 @@ class ForwardingBackend : public KernelBackend {
   void Recv(Communicator& comm, int peer, float* data, int64_t n) override;
 
  protected:
-  // Runs one op (`run` calls the inner backend) named `op`, one of OpNames().
+  // Runs one op (`run` calls the inner backend) named `op`, one of kOpNames.
   virtual void Call(const char* op, absl::FunctionRef<void()> run) { run(); }
 
  private:

@@ -62,9 +62,10 @@ fuzz() {
 }
 
 run //... --test_tag_filters=-gpu --build_tests_only "$@"
-# The ASan pass leaves out the SIMT executor's tests (tag simt): their
-# threads are Boost.Context fibers whose stack switches ASan is not told of
-# (Boost annotates only its ucontext fibers, whose switches are system calls).
+# The ASan pass leaves out the SIMT executor's tests (tag simt; the op
+# harness skips its emulated CUDA backend there): their threads are
+# Boost.Context fibers whose stack switches ASan is not told of (Boost
+# annotates only its ucontext fibers, whose switches are system calls).
 run --config=asan --test_tag_filters=-gpu,-simt --build_tests_only //base/... //engine/... //kernels/... //text/... //router/... //tests/...
 fuzz
 

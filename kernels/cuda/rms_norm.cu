@@ -10,7 +10,8 @@ constexpr int kMaxThreads = 1024;
 
 // Sum of v over the block, returned to every thread. blockDim.x must be a
 // multiple of 32 so that every warp is full for the shuffles.
-__device__ float BlockSum(float v, float* partial) {
+__device__ float BlockSum(float v) {
+  DUET_SHARED(float, partial, kMaxThreads / kWarpSize);
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xffffffffu, v, offset);
   }
@@ -31,7 +32,6 @@ __device__ float BlockSum(float v, float* partial) {
 template <bool kVec4>
 __global__ void RmsNormKernel(const float* x, const float* __restrict__ w, float* y, int64_t dim,
                               float eps) {
-  __shared__ float partial[kMaxThreads / kWarpSize];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -46,7 +46,7 @@ __global__ void RmsNormKernel(const float* x, const float* __restrict__ w, float
   }
   // A true division and sqrt, not rsqrtf: this runs once per row, and the
   // reference is exact.
-  const float inv = 1.0f / sqrtf(BlockSum(ss, partial) / static_cast<float>(dim) + eps);
+  const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(dim) + eps);
   if constexpr (kVec4) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(w);
@@ -77,9 +77,9 @@ cudaError_t LaunchRmsNorm(const float* x, const float* w, float* y, int64_t rows
   const int threads = static_cast<int>(rounded < kMaxThreads ? rounded : kMaxThreads);
   const dim3 grid(static_cast<unsigned>(rows));
   if (vec4) {
-    RmsNormKernel<true><<<grid, threads, 0, stream>>>(x, w, y, dim, eps);
+    DUET_LAUNCH(RmsNormKernel<true>, grid, threads, 0, stream)(x, w, y, dim, eps);
   } else {
-    RmsNormKernel<false><<<grid, threads, 0, stream>>>(x, w, y, dim, eps);
+    DUET_LAUNCH(RmsNormKernel<false>, grid, threads, 0, stream)(x, w, y, dim, eps);
   }
   return cudaGetLastError();
 }

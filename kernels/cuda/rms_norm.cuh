@@ -11,7 +11,7 @@
 #ifndef DUET_KERNELS_CUDA_RMS_NORM_CUH_
 #define DUET_KERNELS_CUDA_RMS_NORM_CUH_
 
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_compat.h"
 
 #include <cstdint>
 

@@ -55,7 +55,7 @@ cudaError_t LaunchRope(float* x, const int32_t* positions, const float* inv_freq
   if (head_blocks > kMaxGridY) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(head_blocks));
   const dim3 block(threads_x, static_cast<unsigned>(heads_per_block));
-  RopeKernel<<<grid, block, 0, stream>>>(x, positions, inv_freq, num_heads, head_dim);
+  DUET_LAUNCH(RopeKernel, grid, block, 0, stream)(x, positions, inv_freq, num_heads, head_dim);
   return cudaGetLastError();
 }
 

@@ -13,7 +13,7 @@
 #ifndef DUET_KERNELS_CUDA_ROPE_CUH_
 #define DUET_KERNELS_CUDA_ROPE_CUH_
 
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_compat.h"
 
 #include <cstdint>
 

@@ -131,13 +131,31 @@ cudaError_t DrainAll(Runtime& r) {
   });
 }
 
+// `to` waits for what `from` holds now (an event of the runtime's own).
+void Order(Runtime& r, SimtStream& from, SimtStream& to) {
+  r.events.push_back(std::make_unique<SimtEvent>());
+  SimtEvent* e = r.events.back().get();
+  from.pending.push_back(Item{.kind = Item::kRecord, .what = "implicit record", .event = e, .serial = ++e->recorded});
+  to.pending.push_back(Item{.kind = Item::kWait, .what = "implicit wait", .event = e, .serial = e->recorded});
+}
+
 void Push(Runtime& r, cudaStream_t stream, Item item) {
   SimtStream* s = StreamOf(r, stream);
   if (s->capture != nullptr) {
     s->capture->items.push_back(std::move(item));
-  } else {
-    s->pending.push_back(std::move(item));
+    return;
   }
+  // The legacy default stream (nullptr): its work waits for every other
+  // stream's earlier work, and theirs for its earlier work (streams made by
+  // cudaStreamCreate are blocking ones).
+  if (s == &r.default_stream) {
+    for (const auto& o : r.streams) {
+      if (!o->pending.empty()) Order(r, *o, *s);
+    }
+  } else if (!r.default_stream.pending.empty()) {
+    Order(r, r.default_stream, *s);
+  }
+  s->pending.push_back(std::move(item));
 }
 
 // The allocation holding [p, p + bytes), or null.
@@ -217,6 +235,18 @@ void Enqueue(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, cud
   Push(r, stream, Item{.what = absl::StrCat("kernel ", kernel), .run = std::move(run)});
 }
 
+cudaError_t EnqueueWork(const char* what, cudaStream_t stream, std::function<void()> work) {
+  Runtime& r = R();
+  absl::MutexLock lock(&r.mu);
+  if (r.sticky != cudaSuccess) return r.sticky;
+  Push(r, stream, Item{.what = what, .run = [work = std::move(work)] {
+                         kernels::GuardWindow open;
+                         work();
+                         return std::string();
+                       }});
+  return cudaSuccess;
+}
+
 void ResetDevice() {
   Runtime& r = R();
   absl::MutexLock lock(&r.mu);
@@ -230,6 +260,12 @@ void ResetDevice() {
 
 using duet::simt::R;
 using duet::simt::Runtime;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return cudaErrorInvalidValue;
+  *count = 1;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   Runtime& r = R();

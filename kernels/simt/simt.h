@@ -126,6 +126,7 @@ using cudaEvent_t = struct SimtEvent*;
 using cudaGraph_t = struct SimtGraph*;
 using cudaGraphExec_t = struct SimtGraph*;
 
+cudaError_t cudaGetDeviceCount(int* count);  // One emulated device.
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 template <typename T>
 cudaError_t cudaMalloc(T** ptr, size_t bytes) {
@@ -258,6 +259,10 @@ class Shared {
 // copied.
 void Enqueue(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
              std::function<void()> body);
+
+// A library call's work (an emulated cuBLAS GEMM): `work` runs on the host
+// as `stream`'s next item, with device memory open.
+cudaError_t EnqueueWork(const char* what, cudaStream_t stream, std::function<void()> work);
 
 template <typename Kernel>
 struct Launcher {

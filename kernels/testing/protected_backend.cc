@@ -1,7 +1,7 @@
 #include "kernels/testing/protected_backend.h"
 
 #include <algorithm>
-#include <vector>
+#include <iterator>
 
 #include "base/logging.h"
 #include "kernels/guarded_memory.h"
@@ -14,8 +14,8 @@ std::map<std::string, int64_t> ProtectedBackend::calls() const {
 }
 
 void ProtectedBackend::Call(const char* op, absl::FunctionRef<void()> run) {
-  const std::vector<std::string>& names = OpNames();
-  CHECK(std::find(names.begin(), names.end(), op) != names.end()) << op << " is not in ForwardingBackend::OpNames";
+  CHECK(std::find(std::begin(kOpNames), std::end(kOpNames), op) != std::end(kOpNames))
+      << op << " is not in kernels::kOpNames";
   {
     absl::MutexLock lock(&mu_);
     ++calls_[op];

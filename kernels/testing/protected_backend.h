@@ -35,7 +35,7 @@ class ProtectedBackend final : public ForwardingBackend {
 
   std::string Name() const override { return "protected(" + ForwardingBackend::Name() + ")"; }
   BufferType& DefaultBufferType() override { return GuardedMemoryType(); }
-  // How many times each op (ForwardingBackend::OpNames) has run.
+  // How many times each op (kOpNames) has run.
   std::map<std::string, int64_t> calls() const;
 
  protected:

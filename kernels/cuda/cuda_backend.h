@@ -1,0 +1,30 @@
+// The CUDA backend: a KernelBackend whose memory is a CUDA device's and
+// whose ops are duet's CUDA kernels (kernels/cuda/*.cu). Its first ops are
+// RMSNorm and RoPE (Implements says which; the rest are the next CUDA
+// issue's), so NewBackend does not offer it to the engine yet.
+//
+//   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::cuda::NewCudaBackend());
+//
+// One source, two builds: `cuda_backend` links the kernels nvcc compiled
+// and the CUDA runtime (--config=cuda; a GPU), `cuda_backend_simt` the same
+// kernels run by the SIMT executor over its emulated runtime (every build;
+// what CI runs through the op harness). Buffers are device memory
+// (cudaMalloc), reached from the host by cudaMemcpy; ops run in order on
+// the backend's stream, and a buffer's copy waits for them. The weights an
+// op takes as host memory (RMSNorm's gain, RoPE's frequencies) are copied to
+// the device with the op until weights live in backend buffers.
+#ifndef DUET_KERNELS_CUDA_CUDA_BACKEND_H_
+#define DUET_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace duet::kernels::cuda {
+
+// Unavailable where no device is visible (the CUDA build without a GPU);
+// the SIMT build always has its one emulated device.
+absl::StatusOr<KernelBackendPtr> NewCudaBackend();
+
+}  // namespace duet::kernels::cuda
+
+#endif  // DUET_KERNELS_CUDA_CUDA_BACKEND_H_
