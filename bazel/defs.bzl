@@ -59,11 +59,26 @@ _CUDA_RUNTIME_HEADERS = [
     "surface_types.h",
     "texture_types.h",
     "vector_types.h",
+    # <cublas_v2.h> and what it includes (the CUDA backend's GEMM seam).
+    "cuComplex.h",
+    "cublas_api.h",
+    "cublas_v2.h",
+    "cuda_bf16.h",
+    "cuda_bf16.hpp",
+    "cuda_fp16.h",
+    "cuda_fp16.hpp",
+    "library_types.h",
+    "nv/detail/__preprocessor",
+    "nv/detail/__target_macros",
+    "nv/target",
+    "vector_functions.h",
+    "vector_functions.hpp",
 ]
 
 def cuda_runtime_headers():
     """Declares, once per package, :_cuda_runtime_headers, a cc_library that
-    puts <cuda_runtime_api.h> on the include path of everything above it."""
+    puts <cuda_runtime_api.h> (and <cublas_v2.h>) on the include path of
+    everything above it."""
     name = "_cuda_runtime_headers"
     if native.existing_rule(name):
         return name

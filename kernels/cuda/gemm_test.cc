@@ -4,7 +4,9 @@
 // (cuBLAS) in the gpu-tagged twin.
 #include "kernels/cuda/gemm.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
