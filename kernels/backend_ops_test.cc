@@ -272,19 +272,12 @@ void KvStoreCase(Env& env) {
     for (auto [head_begin, heads] : std::vector<std::pair<int, int>>{{0, 4}, {1, 2}}) {
       const auto k = Random(static_cast<size_t>(rows * heads * l.head_dim), 11),
                  v = Random(static_cast<size_t>(rows * heads * l.head_dim), 12);
-      KvStoreArgs args{.rows = rows, .layout = l, .layer = 1, .kv_head_begin = head_begin, .kv_heads = heads};
       std::vector<uint8_t> want = pool0;
-      KvStoreArgs host = args;
-      host.k = k.data();
-      host.v = v.data();
-      host.slots = slots.data();
-      host.kv = want.data();
-      ref::KvStore(host);
+      ref::KvStore({.k = k.data(), .v = v.data(), .slots = slots.data(), .rows = rows, .kv = want.data(), .layout = l,
+                    .layer = 1, .kv_head_begin = head_begin, .kv_heads = heads});
       uint8_t* kv = dev.Put(pool0);
-      args.k = dev.Put(k);
-      args.v = dev.Put(v);
-      args.slots = dev.Put(slots);
-      args.kv = kv;
+      const KvStoreArgs args{.k = dev.Put(k), .v = dev.Put(v), .slots = dev.Put(slots), .rows = rows, .kv = kv,
+                             .layout = l, .layer = 1, .kv_head_begin = head_begin, .kv_heads = heads};
       env.be.KvStore(args);
       INFO(DTypeName(dtype) << " heads " << head_begin << "+" << heads);
       CHECK(dev.Get(kv, want.size()) == want);
