@@ -30,8 +30,12 @@
 // as it would on a GPU. Work on a stream is deferred: it runs when someone
 // synchronises (a stream, an event, the device, a synchronous copy), all
 // streams' pending work then interleaving in a seeded order that keeps each
-// stream's order and every event wait, so a missing wait between two
-// streams shows as a wrong result under some seed.
+// stream's order, every event wait and the legacy default stream's implicit
+// ordering with the other (blocking) streams, so a missing wait between two
+// streams shows as a wrong result under some seed. While a stream captures
+// a graph, a synchronous call is refused and voids the capture. Not
+// emulated: dynamic shared memory, non-blocking streams, cross-stream
+// capture, textures, cooperative launches.
 #ifndef DUET_KERNELS_SIMT_SIMT_H_
 #define DUET_KERNELS_SIMT_SIMT_H_
 
