@@ -395,6 +395,12 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
     L.post_norm.resize(H);
     RETURN_IF_ERROR(LoadTensor(*st, p + "input_layernorm.weight", {H}, L.input_norm.data()));
     RETURN_IF_ERROR(LoadTensor(*st, p + "post_attention_layernorm.weight", {H}, L.post_norm.data()));
+    if (c.qk_norm) {
+      L.q_norm.resize(c.head_dim);
+      L.k_norm.resize(c.head_dim);
+      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.q_norm.weight", {c.head_dim}, L.q_norm.data()));
+      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.k_norm.weight", {c.head_dim}, L.k_norm.data()));
+    }
     RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt));
     if (c.attention_bias) {
       L.bqkv.clear();
@@ -467,7 +473,9 @@ int64_t Model::weight_bytes() const {
   int64_t b = embed_.bytes() + lm_head_.bytes() + static_cast<int64_t>(final_norm_.size()) * 4;
   for (const Layer& L : layers_) {
     b += L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
-    b += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size() + L.bqkv.size() + L.bo.size()) * 4;
+    b += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size() +
+                              L.bqkv.size() + L.bo.size()) *
+         4;
   }
   if (ranks_ != nullptr) {
     for (const auto& r : ranks_->models) b += r->weight_bytes();
@@ -677,6 +685,10 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     be.Copy2D(qkv, qkvd, q, qd, T, qd);
     be.Copy2D(qkv + qd, qkvd, k, kvd, T, kvd);
     be.Copy2D(qkv + qd + kvd, qkvd, v, kvd, T, kvd);
+    if (c.qk_norm) {  // Each head's q and k, normalised over head_dim (qwen3).
+      be.RmsNorm(q, L.q_norm.data(), q, T * nq, hd, static_cast<float>(c.rms_norm_eps));
+      be.RmsNorm(k, L.k_norm.data(), k, T * nkv, hd, static_cast<float>(c.rms_norm_eps));
+    }
     be.Rope(q, positions, inv_freq_.data(), T, nq, hd);
     be.Rope(k, positions, inv_freq_.data(), T, nkv, hd);
     be.KvStore({.k = k, .v = v, .slots = slots, .rows = T, .kv = kv, .layout = kl, .layer = li,

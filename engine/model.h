@@ -1,4 +1,4 @@
-// A Llama-family decoder (llama, mistral, qwen2) and its batched forward pass
+// A Llama-family decoder (llama, mistral, qwen2, qwen3) and its batched forward pass
 // over a paged KV cache.
 //
 //   ASSIGN_OR_RETURN(auto model, Model::Load(dir, backend.get()));
@@ -140,6 +140,7 @@ class Model {
  private:
   struct Layer {
     std::vector<float> input_norm, post_norm;
+    std::vector<float> q_norm, k_norm;  // [head_dim] each, with ModelConfig::qk_norm
     kernels::HostWeights wqkv;  // [q|k|v rows][hidden]
     std::vector<float> bqkv;    // [q|k|v]
     kernels::HostWeights wo;    // [hidden][q_dim]

@@ -115,9 +115,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) return r.Error("model_type", "is missing or not a string");
   c.model_type = mt->get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2") {
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3") {
     return r.Error("model_type", absl::StrCat("is \"", c.model_type,
-                                              "\"; supported: llama, mistral, qwen2"));
+                                              "\"; supported: llama, mistral, qwen2, qwen3"));
   }
   ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
   ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size", true, 0, 1));
@@ -174,11 +174,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
     c.o_bias = c.attention_bias;
     ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   }
+  c.qk_norm = c.model_type == "qwen3";
   c.layer_window.assign(c.num_layers, 0);
   if (c.model_type == "mistral") {
     ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", false, 0, 0));
     std::fill(c.layer_window.begin(), c.layer_window.end(), w);
-  } else if (c.model_type == "qwen2") {
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
     ASSIGN_OR_RETURN(bool use, r.Bool("use_sliding_window", false));
     if (use) {
       ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", true, 0, 1));

@@ -4,8 +4,10 @@
 //   int64_t q_dim = cfg.num_heads * cfg.head_dim;
 //
 // Supported `model_type`s: llama (with Llama-3 rope_scaling), mistral (with
-// sliding_window) and qwen2 (q/k/v bias, per-layer sliding window when
-// use_sliding_window is set). Anything else, or a missing or ill-typed field,
+// sliding_window), qwen2 (q/k/v bias, per-layer sliding window when
+// use_sliding_window is set) and qwen3 (qwen2's layout with a per-head
+// RMSNorm of q and k before RoPE, attention_bias as the config says,
+// head_dim its own). Anything else, or a missing or ill-typed field,
 // is InvalidArgument naming the file and the field.
 #ifndef DUET_SPEC_MODEL_CONFIG_H_
 #define DUET_SPEC_MODEL_CONFIG_H_
@@ -21,7 +23,7 @@
 namespace duet::spec {
 
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2
+  std::string model_type;  // llama | mistral | qwen2 | qwen3
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -36,6 +38,9 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v (and o for llama) projections carry a bias.
   bool o_bias = false;
   bool mlp_bias = false;
+  // Each head's q and k RMS-normalised (q_norm, k_norm weights of head_dim)
+  // before RoPE: qwen3.
+  bool qk_norm = false;
   // Sliding window per layer (0 = full attention).
   std::vector<int64_t> layer_window;
   std::vector<int32_t> eos_token_ids;

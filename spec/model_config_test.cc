@@ -48,6 +48,18 @@ TEST_CASE("mistral's sliding window and qwen2's bias and per-layer window", "[co
   REQUIRE(q->attention_bias);
   REQUIRE_FALSE(q->o_bias);
   REQUIRE(q->layer_window == std::vector<int64_t>{0, 0, 100, 100});
+  REQUIRE_FALSE(q->qk_norm);
+  // Qwen3-0.6B's config: a head_dim of its own, q/k norms, no bias.
+  auto q3 = ModelConfig::FromJson(R"({"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "head_dim": 128, "attention_bias": false, "use_sliding_window": false, "sliding_window": null,
+    "max_window_layers": 28, "rope_theta": 1000000, "tie_word_embeddings": true})", "q3.json");
+  REQUIRE(q3.ok());
+  REQUIRE(q3->qk_norm);
+  REQUIRE(q3->head_dim == 128);
+  REQUIRE(q3->q_dim() == 2048);
+  REQUIRE_FALSE(q3->attention_bias);
+  REQUIRE(q3->layer_window == std::vector<int64_t>(28, 0));
 }
 
 TEST_CASE("bad configs name the file and the field", "[config]") {

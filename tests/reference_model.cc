@@ -93,6 +93,14 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
     }
   };
 
+  auto head_norm = [&](std::vector<double>& v, size_t heads, const std::vector<double>& w) {
+    for (size_t h = 0; h < heads; ++h) {
+      const std::vector<double> one(v.begin() + h * hd, v.begin() + (h + 1) * hd);
+      const std::vector<double> normed = RmsNorm(one, w, c.rms_norm_eps);
+      std::copy(normed.begin(), normed.end(), v.begin() + h * hd);
+    }
+  };
+
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const bool qkv_bias = c.attention_bias;
@@ -102,6 +110,10 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
       q[t] = Linear(W(p + "self_attn.q_proj.weight"), qkv_bias ? &W(p + "self_attn.q_proj.bias") : nullptr, h);
       k[t] = Linear(W(p + "self_attn.k_proj.weight"), qkv_bias ? &W(p + "self_attn.k_proj.bias") : nullptr, h);
       v[t] = Linear(W(p + "self_attn.v_proj.weight"), qkv_bias ? &W(p + "self_attn.v_proj.bias") : nullptr, h);
+      if (c.qk_norm) {  // Each head's q and k normalised before RoPE (qwen3).
+        head_norm(q[t], nq, W(p + "self_attn.q_norm.weight"));
+        head_norm(k[t], nkv, W(p + "self_attn.k_norm.weight"));
+      }
       rope(q[t], nq, t);
       rope(k[t], nkv, t);
     }

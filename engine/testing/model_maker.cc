@@ -101,9 +101,9 @@ absl::Status MakeModel(const MakeModelOptions& o) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--size must be tiny or bench, got \"", o.size, "\""));
   }
-  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2") {
+  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--arch must be llama, mistral or qwen2, got \"", o.arch, "\""));
+        absl::StrCat("--arch must be llama, mistral, qwen2 or qwen3, got \"", o.arch, "\""));
   }
   if (o.out_dir.empty()) return absl::InvalidArgumentError("--out is required");
   std::error_code ec;
@@ -125,7 +125,9 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     return int64_t{-1};
   };
 
-  const int64_t hd = s.hidden / s.heads;
+  // qwen3's head_dim is its own (Qwen3-0.6B: 128 with hidden 1024 / 16
+  // heads): here 1.5x hidden / heads, so q's width differs from hidden.
+  const int64_t hd = o.arch == "qwen3" ? s.hidden / s.heads * 3 / 2 : s.hidden / s.heads;
   json cfg = {
       {"architectures", json::array()},
       {"model_type", o.arch},
@@ -161,6 +163,16 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     cfg["eos_token_id"] = special_id("<|im_end|>");
     cfg["torch_dtype"] = "float16";
     dtype = DType::kF16;
+  } else if (o.arch == "qwen3") {
+    cfg["architectures"].push_back("Qwen3ForCausalLM");
+    cfg["rope_theta"] = 1000000.0;
+    cfg["attention_bias"] = false;
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = nullptr;
+    cfg["max_window_layers"] = s.layers;
+    cfg["eos_token_id"] = special_id("<|im_end|>");
+    cfg["torch_dtype"] = "bfloat16";
+    dtype = DType::kBF16;
   } else {
     cfg["architectures"].push_back("Qwen2ForCausalLM");
     cfg["rope_theta"] = 1000000.0;
@@ -191,6 +203,10 @@ absl::Status MakeModel(const MakeModelOptions& o) {
       ts.push_back(MakeTensor(p + "self_attn.q_proj.bias", {qd}, dtype, rng, 0, 0.1));
       ts.push_back(MakeTensor(p + "self_attn.k_proj.bias", {kvd}, dtype, rng, 0, 0.1));
       ts.push_back(MakeTensor(p + "self_attn.v_proj.bias", {kvd}, dtype, rng, 0, 0.1));
+    }
+    if (o.arch == "qwen3") {  // Gains far from 1, so a missed norm shows.
+      ts.push_back(MakeTensor(p + "self_attn.q_norm.weight", {hd}, dtype, rng, 1.0, 0.3));
+      ts.push_back(MakeTensor(p + "self_attn.k_norm.weight", {hd}, dtype, rng, 1.0, 0.3));
     }
     ts.push_back(MakeTensor(p + "self_attn.o_proj.weight", {s.hidden, qd}, dtype, rng, 0, wstd));
     ts.push_back(MakeTensor(p + "post_attention_layernorm.weight", {s.hidden}, dtype, rng, 1.0, 0.1));

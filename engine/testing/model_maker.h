@@ -8,7 +8,7 @@
 // tokenizer_config.json. Each arch exercises its own feature: llama is untied
 // with Llama-3 rope_scaling (BF16 weights), mistral has a sliding window
 // shorter than test prompts (F16), qwen2 has q/k/v bias and tied embeddings
-// (F32). The tokenizer is a byte-level BPE learned from duet's own corpus.
+// (F32), qwen3 has q/k norms and a head_dim of its own (BF16). The tokenizer is a byte-level BPE learned from duet's own corpus.
 // Same options, same bytes.
 #ifndef DUET_ENGINE_TESTING_MODEL_MAKER_H_
 #define DUET_ENGINE_TESTING_MODEL_MAKER_H_
@@ -22,7 +22,7 @@ namespace duet::testing {
 
 struct MakeModelOptions {
   std::string size = "tiny";  // tiny | bench
-  std::string arch = "llama"; // llama | mistral | qwen2
+  std::string arch = "llama"; // llama | mistral | qwen2 | qwen3
   uint64_t seed = 0;
   std::string out_dir;
 };

@@ -13,7 +13,7 @@
 
 namespace duet::testing {
 
-// The tiny model of `arch` (llama | mistral | qwen2, see model_maker.h);
+// The tiny model of `arch` (llama | mistral | qwen2 | qwen3, see model_maker.h);
 // aborts the test binary if it cannot be made.
 std::string TinyModelDir(const std::string& arch = "llama");
 
