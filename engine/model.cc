@@ -281,6 +281,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
                                                  kernels::DTypeName(m->kv_dtype_), " KV cache"));
   }
   m->inv_freq_ = kernels::RopeInvFreq(c.rope);
+  if (c.local_rope) m->inv_freq_local_ = kernels::RopeInvFreq(*c.local_rope);
   m->shard_.layer_end = c.num_layers;
   const int tp = options.tp, pp = options.pp;
   if (tp == 1 && pp == 1) {
@@ -319,6 +320,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
       shard->backend_ = be.get();
       shard->kv_dtype_ = m->kv_dtype_;
       shard->inv_freq_ = m->inv_freq_;
+      shard->inv_freq_local_ = m->inv_freq_local_;
       shard->shard_ = Shard{.tp_rank = r,
                             .tp = tp,
                             .stage = stage,
@@ -374,8 +376,7 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
     ASSIGN_OR_RETURN(embed_, LoadMatrix(*st, {{"model.embed_tokens.weight", V}}, H, embed_dt, *backend_));
   }
   if (heads) {
-    final_norm_.resize(H);
-    RETURN_IF_ERROR(LoadTensor(*st, "model.norm.weight", {H}, final_norm_.data()));
+    RETURN_IF_ERROR(LoadNorm(*st, "model.norm.weight", H, final_norm_));
     if (!head_is_embed) {
       const std::string name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
       const std::optional<kernels::DType> dt = c.tie_word_embeddings ? embed_dt : map && map->lm_head ? map->lm_head : all;
@@ -391,15 +392,19 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
     Layer& L = layers_[i - sh.layer_begin];
     const std::optional<kernels::DType> dt = map ? std::optional<kernels::DType>(map->layers[i]) : all;
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    L.input_norm.resize(H);
-    L.post_norm.resize(H);
-    RETURN_IF_ERROR(LoadTensor(*st, p + "input_layernorm.weight", {H}, L.input_norm.data()));
-    RETURN_IF_ERROR(LoadTensor(*st, p + "post_attention_layernorm.weight", {H}, L.post_norm.data()));
+    RETURN_IF_ERROR(LoadNorm(*st, p + "input_layernorm.weight", H, L.input_norm));
+    if (c.gemma_norms) {
+      // Gemma-3: the pre-MLP norm is pre_feedforward_layernorm; the other two
+      // normalise the attention's and the MLP's outputs.
+      RETURN_IF_ERROR(LoadNorm(*st, p + "pre_feedforward_layernorm.weight", H, L.post_norm));
+      RETURN_IF_ERROR(LoadNorm(*st, p + "post_attention_layernorm.weight", H, L.attn_out_norm));
+      RETURN_IF_ERROR(LoadNorm(*st, p + "post_feedforward_layernorm.weight", H, L.mlp_out_norm));
+    } else {
+      RETURN_IF_ERROR(LoadNorm(*st, p + "post_attention_layernorm.weight", H, L.post_norm));
+    }
     if (c.qk_norm) {
-      L.q_norm.resize(c.head_dim);
-      L.k_norm.resize(c.head_dim);
-      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.q_norm.weight", {c.head_dim}, L.q_norm.data()));
-      RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.k_norm.weight", {c.head_dim}, L.k_norm.data()));
+      RETURN_IF_ERROR(LoadNorm(*st, p + "self_attn.q_norm.weight", c.head_dim, L.q_norm));
+      RETURN_IF_ERROR(LoadNorm(*st, p + "self_attn.k_norm.weight", c.head_dim, L.k_norm));
     }
     RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt));
     if (c.attention_bias) {
@@ -413,6 +418,16 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
       L.bo.resize(H);
       RETURN_IF_ERROR(LoadTensor(*st, p + "self_attn.o_proj.bias", {H}, L.bo.data()));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::LoadNorm(const SafetensorsModel& st, const std::string& name, int64_t size,
+                             std::vector<float>& dst) const {
+  dst.resize(static_cast<size_t>(size));
+  RETURN_IF_ERROR(LoadTensor(st, name, {size}, dst.data()));
+  if (config_.gemma_norms) {
+    for (float& w : dst) w += 1.0f;
   }
   return absl::OkStatus();
 }
@@ -474,7 +489,7 @@ int64_t Model::weight_bytes() const {
   for (const Layer& L : layers_) {
     b += L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
     b += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size() +
-                              L.bqkv.size() + L.bo.size()) *
+                              L.attn_out_norm.size() + L.mlp_out_norm.size() + L.bqkv.size() + L.bo.size()) *
          4;
   }
   if (ranks_ != nullptr) {
@@ -603,7 +618,7 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   const auto floats = [&](int64_t n) { return carve.Take(n * static_cast<int64_t>(sizeof(float))); };
   const int64_t x_at = floats(T * H), h_at = floats(T * H), qkv_at = floats(T * qkvd), q_at = floats(T * qd),
                 k_at = floats(T * kvd), v_at = floats(T * kvd), attn_at = floats(T * qd), gu_at = floats(T * 2 * I),
-                act_at = floats(T * I), partial_at = floats(sh.tp > 1 ? T * H : 0),
+                act_at = floats(T * I), partial_at = floats(sh.tp > 1 || c.gemma_norms ? T * H : 0),
                 sel_at = floats(heads ? R * H : 0), part_at = floats(heads ? R * part_cols : 0),
                 logits_at = floats(heads && sh.tp > 1 && sh.tp_rank == 0 ? R * V : 0);
   Carver index;  // Inside the index region.
@@ -659,19 +674,23 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   kernels::KernelBackend& be = *backend_;
   // The pool's memory for the ops below (the backend's own buffer).
   uint8_t* kv = static_cast<uint8_t*>(pool.region_base());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = static_cast<float>(c.AttentionScale());
   if (sh.stage == 0) {
     RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids, x, T));
+    if (c.embed_scale != 1.0) be.Scale(x, static_cast<float>(c.embed_scale), T * H);  // Gemma: sqrt(hidden)
   } else {
     be.Recv(*sh.world, (sh.stage - 1) * sh.tp + sh.tp_rank, x, T * H);
   }
-  // x += a * w^T (+ bias): in one GEMM, or, for a row-parallel linear of a
+  // x += a * w^T (+ bias), normalised first by `out_norm` where a model has
+  // one (Gemma): in one GEMM, or, for a row-parallel linear of a
   // tensor-parallel rank, this rank's partial product summed over the ranks.
-  auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias) {
+  auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias,
+                        const std::vector<float>& out_norm) {
     const float* b = bias.empty() ? nullptr : bias.data();
-    if (sh.tp == 1) return be.Gemm(a, w.view(), b, x, T, true);
+    if (sh.tp == 1 && out_norm.empty()) return be.Gemm(a, w.view(), b, x, T, true);
     RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial, T, false));
-    be.AllReduceSum(*sh.tp_group, partial, T * H);
+    if (sh.tp > 1) be.AllReduceSum(*sh.tp_group, partial, T * H);
+    if (!out_norm.empty()) be.RmsNorm(partial, out_norm.data(), partial, T, H, static_cast<float>(c.rms_norm_eps));
     be.Add(partial, x, T * H);
     return absl::OkStatus();
   };
@@ -689,18 +708,24 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
       be.RmsNorm(q, L.q_norm.data(), q, T * nq, hd, static_cast<float>(c.rms_norm_eps));
       be.RmsNorm(k, L.k_norm.data(), k, T * nkv, hd, static_cast<float>(c.rms_norm_eps));
     }
-    be.Rope(q, positions, inv_freq_.data(), T, nq, hd);
-    be.Rope(k, positions, inv_freq_.data(), T, nkv, hd);
+    // Gemma-3's sliding-window layers rotate by their own base.
+    const float* freq = !inv_freq_local_.empty() && c.layer_window[li] > 0 ? inv_freq_local_.data() : inv_freq_.data();
+    be.Rope(q, positions, freq, T, nq, hd);
+    be.Rope(k, positions, freq, T, nkv, hd);
     be.KvStore({.k = k, .v = v, .slots = slots, .rows = T, .kv = kv, .layout = kl, .layer = li,
                 .kv_head_begin = kv_head_begin, .kv_heads = nkv});
     be.PagedAttention({.q = q, .out = attn, .kv = kv, .layout = kl, .layer = li, .num_q_heads = nq,
                        .scale = scale, .window = c.layer_window[li], .seqs = aseqs, .num_seqs = S,
                        .kv_head_begin = kv_head_begin, .kv_heads = nkv});
-    RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo));
+    RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo, L.attn_out_norm));
     be.RmsNorm(x, L.post_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
     RETURN_IF_ERROR(be.Gemm(h, L.wgu.view(), nullptr, gu, T, false));
-    be.SiluMul(gu, act, T, I);
-    RETURN_IF_ERROR(add_linear(act, L.wdown, {}));
+    if (c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh) {
+      be.GeluTanhMul(gu, act, T, I);
+    } else {
+      be.SiluMul(gu, act, T, I);
+    }
+    RETURN_IF_ERROR(add_linear(act, L.wdown, {}, L.mlp_out_norm));
   }
   if (!heads) {
     be.Send(*sh.world, (sh.stage + 1) * sh.tp + sh.tp_rank, x, T * H);

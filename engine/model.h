@@ -141,6 +141,8 @@ class Model {
   struct Layer {
     std::vector<float> input_norm, post_norm;
     std::vector<float> q_norm, k_norm;  // [head_dim] each, with ModelConfig::qk_norm
+    // Gemma-3's norms of the attention's and the MLP's outputs (empty elsewhere).
+    std::vector<float> attn_out_norm, mlp_out_norm;
     kernels::HostWeights wqkv;  // [q|k|v rows][hidden]
     std::vector<float> bqkv;    // [q|k|v]
     kernels::HostWeights wo;    // [hidden][q_dim]
@@ -169,6 +171,8 @@ class Model {
   // first row and row count (all of it at tp 1).
   std::pair<int64_t, int64_t> VocabRange(int r) const;
   absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
+  // A norm's weights of `size`, with Gemma's 1 folded in (x * (1 + w)).
+  absl::Status LoadNorm(const SafetensorsModel& st, const std::string& name, int64_t size, std::vector<float>& dst) const;
 
   std::string dir_;
   spec::ModelConfig config_;
@@ -179,6 +183,7 @@ class Model {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;  // shard_.layer_begin.. shard_.layer_end
   std::vector<float> inv_freq_;
+  std::vector<float> inv_freq_local_;  // ModelConfig::local_rope's, where set
   Shard shard_;
   std::unique_ptr<Ranks> ranks_;  // Set on a sharded model, whose own weights are then empty.
 

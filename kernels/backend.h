@@ -38,8 +38,8 @@ enum class WeightOp { kGemm, kEmbedding };
 // Implements is asked, what ForwardingBackend's hook is given, and what the
 // op harness (kernels/backend_ops_test.cc) must cover.
 inline constexpr std::string_view kOpNames[] = {
-    "gemm", "embedding", "rms_norm", "rope", "silu_mul", "paged_attention", "kv_store", "add",
-    "gather_rows", "copy_2d", "all_reduce_sum", "send", "recv"};
+    "gemm", "embedding", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul", "scale", "paged_attention", "kv_store",
+    "add", "gather_rows", "copy_2d", "all_reduce_sum", "send", "recv"};
 
 class KernelBackend {
  public:
@@ -70,6 +70,10 @@ class KernelBackend {
   virtual void Rope(float* x, const int32_t* positions, const float* inv_freq,
                     int64_t num_tokens, int64_t num_heads, int64_t head_dim) = 0;
   virtual void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) = 0;
+  // out = gelu_tanh(gate) * up, gate and up side by side as SiluMul's (Gemma).
+  virtual void GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter) = 0;
+  // x[i] *= s for i < n (Gemma's embedding scale).
+  virtual void Scale(float* x, float s, int64_t n) = 0;
   // The KV pool's dtype when the operator names none, and whether
   // PagedAttention reads a pool of `dtype` (kernels/kv_layout.h).
   virtual DType DefaultKvDType() const = 0;

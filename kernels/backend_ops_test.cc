@@ -197,17 +197,32 @@ void RopeCase(Env& env) {
   }
 }
 
-void SiluMulCase(Env& env) {
+// A gated activation (SiluMul, GeluTanhMul) against its reference.
+void GatedCase(Env& env, void (KernelBackend::*op)(const float*, float*, int64_t, int64_t),
+               void (*reference)(const float*, float*, int64_t, int64_t)) {
   Device dev(env.be);
   for (int inter : {1, 7, 100}) {
     const int rows = 13;
     const auto gu = Random(static_cast<size_t>(rows * 2 * inter), 7, 4.0f);
     std::vector<float> want(static_cast<size_t>(rows * inter));
-    ref::SiluMul(gu.data(), want.data(), rows, inter);
+    reference(gu.data(), want.data(), rows, inter);
     float* out = dev.Put(std::vector<float>(want.size()));
-    env.be.SiluMul(dev.Put(gu), out, rows, inter);
+    (env.be.*op)(dev.Put(gu), out, rows, inter);
     INFO("inter=" << inter);
     Expect(dev.Get(out, want.size()), want, 1e-12);
+  }
+}
+
+void ScaleCase(Env& env) {
+  Device dev(env.be);
+  for (int64_t n : {1, 7, 4097}) {
+    const auto x = Random(static_cast<size_t>(n), 26);
+    std::vector<float> want = x;
+    ref::Scale(want.data(), 33.9411f, n);
+    float* got = dev.Put(x);
+    env.be.Scale(got, 33.9411f, n);
+    INFO("n=" << n);
+    Expect(dev.Get(got, want.size()), want, 0);
   }
 }
 
@@ -366,7 +381,9 @@ const std::vector<OpCase>& Cases() {
       {{"embedding"}, EmbeddingCase},
       {{"rms_norm"}, RmsNormCase},
       {{"rope"}, RopeCase},
-      {{"silu_mul"}, SiluMulCase},
+      {{"silu_mul"}, [](Env& env) { GatedCase(env, &KernelBackend::SiluMul, ref::SiluMul); }},
+      {{"gelu_tanh_mul"}, [](Env& env) { GatedCase(env, &KernelBackend::GeluTanhMul, ref::GeluTanhMul); }},
+      {{"scale"}, ScaleCase},
       {{"paged_attention"}, PagedAttentionCase},
       {{"kv_store"}, KvStoreCase},
       {{"add"}, AddCase},

@@ -29,6 +29,14 @@ void ForwardingBackend::SiluMul(const float* gu, float* out, int64_t rows, int64
   Call("silu_mul", [&] { inner_->SiluMul(gu, out, rows, inter); });
 }
 
+void ForwardingBackend::GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter) {
+  Call("gelu_tanh_mul", [&] { inner_->GeluTanhMul(gu, out, rows, inter); });
+}
+
+void ForwardingBackend::Scale(float* x, float s, int64_t n) {
+  Call("scale", [&] { inner_->Scale(x, s, n); });
+}
+
 void ForwardingBackend::PagedAttention(const PagedAttentionArgs& args) {
   Call("paged_attention", [&] { inner_->PagedAttention(args); });
 }

@@ -39,6 +39,8 @@ class ForwardingBackend : public KernelBackend {
   void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num_tokens, int64_t num_heads,
             int64_t head_dim) override;
   void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) override;
+  void GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter) override;
+  void Scale(float* x, float s, int64_t n) override;
   void PagedAttention(const PagedAttentionArgs& args) override;
   void KvStore(const KvStoreArgs& args) override;
   void Add(const float* x, float* y, int64_t n) override;

@@ -11,6 +11,7 @@ std::vector<float> RopeInvFreq(const RopeConfig& config) {
     // HF: 1 / theta ** (arange(0, dim, 2).float() / dim), in float32.
     float exponent = static_cast<float>(2 * i) / static_cast<float>(config.head_dim);
     inv_freq[i] = 1.0f / std::pow(static_cast<float>(config.theta), exponent);
+    if (config.linear_factor != 1.0) inv_freq[i] = static_cast<float>(inv_freq[i] / config.linear_factor);
   }
   if (config.llama3_factor > 0) {
     const double factor = config.llama3_factor;

@@ -20,6 +20,8 @@ struct RopeConfig {
   double llama3_low_freq_factor = 1.0;
   double llama3_high_freq_factor = 4.0;
   double llama3_original_max_position = 8192.0;
+  // "rope_scaling": {"rope_type": "linear", "factor": f}: every frequency / f.
+  double linear_factor = 1.0;
 };
 
 // head_dim / 2 inverse frequencies, as Hugging Face computes them (float32).

@@ -1,6 +1,7 @@
 #include "spec/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@ class Reader {
   absl::Status Error(const std::string& field, const std::string& what) const {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": field \"", field, "\" ", what));
   }
+  const std::string& source() const { return source_; }
 
   absl::StatusOr<int64_t> Int(const std::string& field, bool required, int64_t def,
                               int64_t min_value) const {
@@ -68,6 +70,50 @@ class Reader {
 
 // The ids a request's end depends on: eos_token_id (an integer or a list)
 // and bos_token_id, checked against c.vocab_size.
+// Gemma-3's own fields: its layers' kinds and windows, its two RoPEs, its
+// scales and activation; soft-capping (which Gemma-3 leaves null) refused.
+absl::Status ReadGemma3(const json& j, const Reader& r, ModelConfig& c) {
+  c.gemma_norms = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  if (auto act = j.find("hidden_activation"); act != j.end() && !act->is_null()) {
+    if (!act->is_string() || (*act != "gelu_pytorch_tanh" && *act != "gelu")) {
+      return r.Error("hidden_activation", "must be gelu_pytorch_tanh");
+    }
+  }
+  c.mlp_activation = ModelConfig::Activation::kGeluTanh;
+  ASSIGN_OR_RETURN(double scalar, r.Double("query_pre_attn_scalar", static_cast<double>(c.head_dim), 0.0));
+  c.attn_scale = 1.0 / std::sqrt(scalar);
+  for (const char* field : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    if (auto f = j.find(field); f != j.end() && !f->is_null()) {
+      return absl::UnimplementedError(absl::StrCat(r.source(), ": ", field, " is set; duet runs Gemma-3 configs, "
+                                                   "which leave it null (soft-capping is not implemented)"));
+    }
+  }
+  ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", false, 4096, 1));
+  std::vector<bool> local(static_cast<size_t>(c.num_layers));
+  if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
+      return r.Error("layer_types", absl::StrCat("must list ", c.num_layers, " layer kinds"));
+    }
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const json& t = (*types)[static_cast<size_t>(i)];
+      if (t != "sliding_attention" && t != "full_attention") {
+        return r.Error("layer_types", "holds a kind other than sliding_attention and full_attention");
+      }
+      local[static_cast<size_t>(i)] = t == "sliding_attention";
+    }
+  } else {
+    // Every pattern-th layer is global (HF: (i + 1) % pattern != 0 is sliding).
+    ASSIGN_OR_RETURN(int64_t pattern, r.Int("sliding_window_pattern", false, 6, 1));
+    for (int64_t i = 0; i < c.num_layers; ++i) local[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+  }
+  for (int64_t i = 0; i < c.num_layers; ++i) c.layer_window[static_cast<size_t>(i)] = local[static_cast<size_t>(i)] ? window : 0;
+  kernels::RopeConfig l{.head_dim = static_cast<int>(c.head_dim)};
+  ASSIGN_OR_RETURN(l.theta, r.Double("rope_local_base_freq", 10000.0, 0.0));
+  c.local_rope = l;
+  return absl::OkStatus();
+}
+
 absl::Status ReadTokenIds(const json& j, const Reader& r, ModelConfig& c) {
   auto eos = j.find("eos_token_id");
   if (eos != j.end() && !eos->is_null()) {
@@ -115,9 +161,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) return r.Error("model_type", "is missing or not a string");
   c.model_type = mt->get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3") {
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
+      c.model_type != "gemma3_text") {
     return r.Error("model_type", absl::StrCat("is \"", c.model_type,
-                                              "\"; supported: llama, mistral, qwen2, qwen3"));
+                                              "\"; supported: llama, mistral, qwen2, qwen3, gemma3_text"));
   }
   ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
   ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size", true, 0, 1));
@@ -145,9 +192,15 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
     std::string type;
     if (auto t = rs->find("rope_type"); t != rs->end() && t->is_string()) type = t->get<std::string>();
     else if (auto t2 = rs->find("type"); t2 != rs->end() && t2->is_string()) type = t2->get<std::string>();
-    if (type != "llama3" && type != "default") {
+    if (type != "llama3" && type != "linear" && type != "default") {
       return r.Error("rope_scaling", absl::StrCat("has rope_type \"", type,
-                                                  "\"; supported: llama3, default"));
+                                                  "\"; supported: llama3, linear, default"));
+    }
+    if (type == "linear") {
+      Reader sr(*rs, source);
+      auto f = sr.Double("factor", 1.0, 0.0);
+      if (!f.ok()) return r.Error("rope_scaling.factor", "must be a positive number");
+      c.rope.linear_factor = *f;
     }
     if (type == "llama3") {
       Reader sr(*rs, source);
@@ -166,7 +219,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
       }
     }
   }
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", c.model_type == "gemma3_text"));
   if (c.model_type == "qwen2") {
     c.attention_bias = true;  // Qwen2 always has q/k/v bias, never o bias.
   } else {
@@ -174,8 +227,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
     c.o_bias = c.attention_bias;
     ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   }
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "gemma3_text";
   c.layer_window.assign(c.num_layers, 0);
+  if (c.model_type == "gemma3_text") RETURN_IF_ERROR(ReadGemma3(j, r, c));
   if (c.model_type == "mistral") {
     ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", false, 0, 0));
     std::fill(c.layer_window.begin(), c.layer_window.end(), w);
@@ -222,6 +276,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
     c.gptq = g;
   }
   return c;
+}
+
+double ModelConfig::AttentionScale() const {
+  return attn_scale > 0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+const kernels::RopeConfig& ModelConfig::LayerRope(int64_t i) const {
+  return local_rope && layer_window[static_cast<size_t>(i)] > 0 ? *local_rope : rope;
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {

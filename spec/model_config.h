@@ -7,7 +7,11 @@
 // sliding_window), qwen2 (q/k/v bias, per-layer sliding window when
 // use_sliding_window is set) and qwen3 (qwen2's layout with a per-head
 // RMSNorm of q and k before RoPE, attention_bias as the config says,
-// head_dim its own). Anything else, or a missing or ill-typed field,
+// head_dim its own) and gemma3_text (Gemma-3's text model: RMSNorm as
+// x * (1 + w) with norms before and after attention and the MLP, q/k norms,
+// the embedding scaled by sqrt(hidden_size), a GELU-tanh MLP, local
+// sliding-window layers with their own RoPE base between global ones,
+// query_pre_attn_scalar; soft-capping is refused). Anything else, or a missing or ill-typed field,
 // is InvalidArgument naming the file and the field.
 #ifndef DUET_SPEC_MODEL_CONFIG_H_
 #define DUET_SPEC_MODEL_CONFIG_H_
@@ -23,7 +27,7 @@
 namespace duet::spec {
 
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | gemma3_text
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -41,6 +45,20 @@ struct ModelConfig {
   // Each head's q and k RMS-normalised (q_norm, k_norm weights of head_dim)
   // before RoPE: qwen3.
   bool qk_norm = false;
+  // Gemma-3: norms as x * (1 + w) (the loader folds the 1 in), a norm on
+  // the attention's and the MLP's outputs before each residual add (and
+  // the pre-MLP norm is pre_feedforward_layernorm), the embedding times
+  // embed_scale.
+  bool gemma_norms = false;
+  enum class Activation { kSilu, kGeluTanh };
+  Activation mlp_activation = Activation::kSilu;
+  double embed_scale = 1.0;
+  // The attention's score scale: 1 / sqrt(head_dim) unless a config says
+  // otherwise (Gemma-3: query_pre_attn_scalar ** -0.5).
+  double attn_scale = 0;
+  // RoPE of the sliding-window layers where it differs from `rope`
+  // (Gemma-3's rope_local_base_freq, no scaling); nullopt: `rope` everywhere.
+  std::optional<kernels::RopeConfig> local_rope;
   // Sliding window per layer (0 = full attention).
   std::vector<int64_t> layer_window;
   std::vector<int32_t> eos_token_ids;
@@ -74,6 +92,9 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> ShapeFromFile(const std::string& path);
 
   int64_t q_dim() const { return num_heads * head_dim; }
+  double AttentionScale() const;
+  // The RoPE of layer i: local_rope on a sliding-window layer if set, else rope.
+  const kernels::RopeConfig& LayerRope(int64_t i) const;
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   bool IsEos(int32_t id) const;
   // Parameters in the weights, embeddings included.

@@ -1,5 +1,7 @@
 #include "spec/model_config.h"
 
+#include <cmath>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
@@ -60,6 +62,40 @@ TEST_CASE("mistral's sliding window and qwen2's bias and per-layer window", "[co
   REQUIRE(q3->q_dim() == 2048);
   REQUIRE_FALSE(q3->attention_bias);
   REQUIRE(q3->layer_window == std::vector<int64_t>(28, 0));
+}
+
+TEST_CASE("Gemma-3's text config: layer kinds, two RoPEs, its scales; soft-capping refused", "[config]") {
+  // gemma-3-1b-it's text config (its fields that duet reads).
+  const std::string base = R"("model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152,
+    "intermediate_size": 6912, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512, "rope_theta": 1000000,
+    "rope_local_base_freq": 10000, "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": null,
+    "attn_logit_softcapping": null)";
+  auto g = ModelConfig::FromJson("{" + base + R"(, "sliding_window_pattern": 6, "rope_scaling": null})", "g.json");
+  REQUIRE(g.ok());
+  CHECK(g->gemma_norms);
+  CHECK(g->qk_norm);
+  CHECK(g->tie_word_embeddings);
+  CHECK(g->mlp_activation == ModelConfig::Activation::kGeluTanh);
+  CHECK(g->embed_scale == Approx(std::sqrt(1152.0)));
+  CHECK(g->AttentionScale() == Approx(1.0 / 16));
+  // Every sixth layer global: layers 5 (and 11, ...); the others local.
+  CHECK(g->layer_window == std::vector<int64_t>{512, 512, 512, 512, 512, 0, 512, 512});
+  CHECK(g->LayerRope(0).theta == 10000);
+  CHECK(g->LayerRope(5).theta == 1000000);
+  // layer_types, when given, names each layer; linear RoPE scaling (4B and up).
+  auto t = ModelConfig::FromJson("{" + base + R"(, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                    "sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]})", "t.json");
+  REQUIRE(t.ok());
+  CHECK(t->layer_window == std::vector<int64_t>{0, 512, 512, 512, 512, 512, 0, 512});
+  CHECK(t->LayerRope(0).linear_factor == 8.0);
+  CHECK(t->LayerRope(1).linear_factor == 1.0);
+  auto capped = ModelConfig::FromJson(R"({"model_type": "gemma3_text", "vocab_size": 10, "hidden_size": 8,
+    "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "final_logit_softcapping": 30.0})",
+                                      "c.json");
+  REQUIRE(capped.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(capped.status().message()), Contains("final_logit_softcapping"));
 }
 
 TEST_CASE("bad configs name the file and the field", "[config]") {

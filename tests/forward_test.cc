@@ -62,7 +62,7 @@ struct Fixture {
   std::unique_ptr<BlockPool> pool;
 };
 
-const char* kArchs[] = {"llama", "mistral", "qwen2", "qwen3"};
+const char* kArchs[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"};
 
 TEST_CASE("one prompt: logits at every position match the reference", "[forward]") {
   for (const char* arch : kArchs) {

@@ -30,6 +30,29 @@ std::vector<double> Linear(const std::vector<double>& W, const std::vector<doubl
   return y;
 }
 
+// Rotary inverse frequencies, in double, with Llama-3 scaling by its
+// published formula, or linear scaling.
+std::vector<double> InvFreq(const kernels::RopeConfig& r, int64_t head_dim) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    double f = 1.0 / std::pow(r.theta, 2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    if (r.llama3_factor > 0) {
+      double wavelen = 2 * M_PI / f;
+      double low_wl = r.llama3_original_max_position / r.llama3_low_freq_factor;
+      double high_wl = r.llama3_original_max_position / r.llama3_high_freq_factor;
+      if (wavelen > low_wl) {
+        f = f / r.llama3_factor;
+      } else if (wavelen >= high_wl) {
+        double smooth = (r.llama3_original_max_position / wavelen - r.llama3_low_freq_factor) /
+                        (r.llama3_high_freq_factor - r.llama3_low_freq_factor);
+        f = (1 - smooth) * f / r.llama3_factor + smooth * f;
+      }
+    }
+    out.push_back(f / r.linear_factor);
+  }
+  return out;
+}
+
 }  // namespace
 
 ReferenceModel::ReferenceModel(const std::string& dir, std::optional<kernels::DType> weights) {
@@ -46,26 +69,8 @@ ReferenceModel::ReferenceModel(const std::string& dir, std::optional<kernels::DT
     }
     w_[name] = std::vector<double>(f.begin(), f.end());
   }
-  // Rotary inverse frequencies, in double, with Llama-3 scaling by its
-  // published formula.
-  const auto& r = config_.rope;
-  const int half = static_cast<int>(config_.head_dim / 2);
-  for (int i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(r.theta, 2.0 * i / config_.head_dim);
-    if (r.llama3_factor > 0) {
-      double wavelen = 2 * M_PI / f;
-      double low_wl = r.llama3_original_max_position / r.llama3_low_freq_factor;
-      double high_wl = r.llama3_original_max_position / r.llama3_high_freq_factor;
-      if (wavelen > low_wl) {
-        f = f / r.llama3_factor;
-      } else if (wavelen >= high_wl) {
-        double smooth = (r.llama3_original_max_position / wavelen - r.llama3_low_freq_factor) /
-                        (r.llama3_high_freq_factor - r.llama3_low_freq_factor);
-        f = (1 - smooth) * f / r.llama3_factor + smooth * f;
-      }
-    }
-    inv_freq_.push_back(f);
-  }
+  inv_freq_ = InvFreq(config_.rope, config_.head_dim);
+  if (config_.local_rope) inv_freq_local_ = InvFreq(*config_.local_rope, config_.head_dim);
 }
 
 const std::vector<double>& ReferenceModel::W(const std::string& name) const {
@@ -74,18 +79,29 @@ const std::vector<double>& ReferenceModel::W(const std::string& name) const {
   return it->second;
 }
 
+std::vector<double> ReferenceModel::Norm(const std::vector<double>& x, const std::string& name) const {
+  std::vector<double> w = W(name);
+  if (config_.gemma_norms) {
+    for (double& v : w) v += 1.0;  // Gemma: x * (1 + w)
+  }
+  return RmsNorm(x, w, config_.rms_norm_eps);
+}
+
 std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_t>& tokens) const {
   const auto& c = config_;
   const size_t T = tokens.size(), H = c.hidden_size, hd = c.head_dim;
   const size_t nq = c.num_heads, nkv = c.num_kv_heads;
   std::vector<std::vector<double>> x(T);
   const auto& emb = W("model.embed_tokens.weight");
-  for (size_t t = 0; t < T; ++t) x[t].assign(emb.begin() + tokens[t] * H, emb.begin() + (tokens[t] + 1) * H);
+  for (size_t t = 0; t < T; ++t) {
+    x[t].assign(emb.begin() + tokens[t] * H, emb.begin() + (tokens[t] + 1) * H);
+    for (double& v : x[t]) v *= c.embed_scale;
+  }
 
-  auto rope = [&](std::vector<double>& v, size_t heads, size_t pos) {
+  auto rope = [&](std::vector<double>& v, size_t heads, size_t pos, const std::vector<double>& inv_freq) {
     for (size_t h = 0; h < heads; ++h) {
       for (size_t i = 0; i < hd / 2; ++i) {
-        double a = pos * inv_freq_[i];
+        double a = pos * inv_freq[i];
         double x1 = v[h * hd + i], x2 = v[h * hd + i + hd / 2];
         v[h * hd + i] = x1 * std::cos(a) - x2 * std::sin(a);
         v[h * hd + i + hd / 2] = x2 * std::cos(a) + x1 * std::sin(a);
@@ -93,10 +109,10 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
     }
   };
 
-  auto head_norm = [&](std::vector<double>& v, size_t heads, const std::vector<double>& w) {
+  auto head_norm = [&](std::vector<double>& v, size_t heads, const std::string& name) {
     for (size_t h = 0; h < heads; ++h) {
       const std::vector<double> one(v.begin() + h * hd, v.begin() + (h + 1) * hd);
-      const std::vector<double> normed = RmsNorm(one, w, c.rms_norm_eps);
+      const std::vector<double> normed = Norm(one, name);
       std::copy(normed.begin(), normed.end(), v.begin() + h * hd);
     }
   };
@@ -106,16 +122,17 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
     const bool qkv_bias = c.attention_bias;
     std::vector<std::vector<double>> q(T), k(T), v(T);
     for (size_t t = 0; t < T; ++t) {
-      auto h = RmsNorm(x[t], W(p + "input_layernorm.weight"), c.rms_norm_eps);
+      auto h = Norm(x[t], p + "input_layernorm.weight");
       q[t] = Linear(W(p + "self_attn.q_proj.weight"), qkv_bias ? &W(p + "self_attn.q_proj.bias") : nullptr, h);
       k[t] = Linear(W(p + "self_attn.k_proj.weight"), qkv_bias ? &W(p + "self_attn.k_proj.bias") : nullptr, h);
       v[t] = Linear(W(p + "self_attn.v_proj.weight"), qkv_bias ? &W(p + "self_attn.v_proj.bias") : nullptr, h);
       if (c.qk_norm) {  // Each head's q and k normalised before RoPE (qwen3).
-        head_norm(q[t], nq, W(p + "self_attn.q_norm.weight"));
-        head_norm(k[t], nkv, W(p + "self_attn.k_norm.weight"));
+        head_norm(q[t], nq, p + "self_attn.q_norm.weight");
+        head_norm(k[t], nkv, p + "self_attn.k_norm.weight");
       }
-      rope(q[t], nq, t);
-      rope(k[t], nkv, t);
+      const std::vector<double>& freq = c.local_rope && c.layer_window[l] > 0 ? inv_freq_local_ : inv_freq_;
+      rope(q[t], nq, t, freq);
+      rope(k[t], nkv, t, freq);
     }
     const int64_t window = c.layer_window[l];
     for (size_t t = 0; t < T; ++t) {
@@ -128,7 +145,7 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
         for (size_t j = lo; j <= t; ++j) {
           double d = 0;
           for (size_t e = 0; e < hd; ++e) d += q[t][h * hd + e] * k[j][kh * hd + e];
-          s.push_back(d / std::sqrt(static_cast<double>(hd)));
+          s.push_back(d * c.AttentionScale());
           mx = std::max(mx, s.back());
         }
         double z = 0;
@@ -138,18 +155,27 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
         }
       }
       auto o = Linear(W(p + "self_attn.o_proj.weight"), c.o_bias ? &W(p + "self_attn.o_proj.bias") : nullptr, attn);
+      // Gemma: post_attention_layernorm on the attention's output, then
+      // pre_feedforward_layernorm before the MLP, post_feedforward on its output.
+      if (c.gemma_norms) o = Norm(o, p + "post_attention_layernorm.weight");
       for (size_t i = 0; i < H; ++i) x[t][i] += o[i];
-      auto h2 = RmsNorm(x[t], W(p + "post_attention_layernorm.weight"), c.rms_norm_eps);
+      auto h2 = Norm(x[t], p + (c.gemma_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
       auto g = Linear(W(p + "mlp.gate_proj.weight"), nullptr, h2);
       auto u = Linear(W(p + "mlp.up_proj.weight"), nullptr, h2);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      for (size_t i = 0; i < g.size(); ++i) {
+        const double a = c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh
+                             ? 0.5 * g[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                             : g[i] / (1 + std::exp(-g[i]));
+        g[i] = a * u[i];
+      }
       auto d = Linear(W(p + "mlp.down_proj.weight"), nullptr, g);
+      if (c.gemma_norms) d = Norm(d, p + "post_feedforward_layernorm.weight");
       for (size_t i = 0; i < H; ++i) x[t][i] += d[i];
     }
   }
   const auto& head = c.tie_word_embeddings ? W("model.embed_tokens.weight") : W("lm_head.weight");
   std::vector<std::vector<double>> out(T);
-  for (size_t t = 0; t < T; ++t) out[t] = Linear(head, nullptr, RmsNorm(x[t], W("model.norm.weight"), c.rms_norm_eps));
+  for (size_t t = 0; t < T; ++t) out[t] = Linear(head, nullptr, Norm(x[t], "model.norm.weight"));
   return out;
 }
 

@@ -31,9 +31,11 @@ class ReferenceModel {
 
  private:
   const std::vector<double>& W(const std::string& name) const;
+  // RMSNorm of x by the norm weights `name` (Gemma's x * (1 + w) where the config says).
+  std::vector<double> Norm(const std::vector<double>& x, const std::string& name) const;
   spec::ModelConfig config_;
   std::map<std::string, std::vector<double>> w_;
-  std::vector<double> inv_freq_;
+  std::vector<double> inv_freq_, inv_freq_local_;
 };
 
 // max|a - b| / max|b| over all positions.

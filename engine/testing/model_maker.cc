@@ -101,9 +101,14 @@ absl::Status MakeModel(const MakeModelOptions& o) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--size must be tiny or bench, got \"", o.size, "\""));
   }
-  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3") {
+  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "gemma3_text") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--arch must be llama, mistral, qwen2 or qwen3, got \"", o.arch, "\""));
+        absl::StrCat("--arch must be llama, mistral, qwen2, qwen3 or gemma3_text, got \"", o.arch, "\""));
+  }
+  const bool gemma = o.arch == "gemma3_text";
+  if (gemma) {  // Gemma-3's few wide heads (1B: 4 of 256 for 1152).
+    s.heads /= 2;
+    s.kv_heads = 2;
   }
   if (o.out_dir.empty()) return absl::InvalidArgumentError("--out is required");
   std::error_code ec;
@@ -127,7 +132,7 @@ absl::Status MakeModel(const MakeModelOptions& o) {
 
   // qwen3's head_dim is its own (Qwen3-0.6B: 128 with hidden 1024 / 16
   // heads): here 1.5x hidden / heads, so q's width differs from hidden.
-  const int64_t hd = o.arch == "qwen3" ? s.hidden / s.heads * 3 / 2 : s.hidden / s.heads;
+  const int64_t hd = o.arch == "qwen3" || gemma ? s.hidden / s.heads * 3 / 2 : s.hidden / s.heads;
   json cfg = {
       {"architectures", json::array()},
       {"model_type", o.arch},
@@ -163,6 +168,26 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     cfg["eos_token_id"] = special_id("<|im_end|>");
     cfg["torch_dtype"] = "float16";
     dtype = DType::kF16;
+  } else if (gemma) {
+    // Gemma-3: local layers (a window shorter than test prompts) between
+    // global ones, each kind with its RoPE base (the global one scaled
+    // linearly, as 4B and up), a query scalar other than head_dim.
+    cfg["architectures"].push_back("Gemma3ForCausalLM");
+    cfg["hidden_activation"] = "gelu_pytorch_tanh";
+    cfg["query_pre_attn_scalar"] = hd * 2 / 3;
+    cfg["sliding_window"] = o.size == "tiny" ? 24 : 512;
+    cfg["sliding_window_pattern"] = 2;
+    cfg["rope_theta"] = 1000000.0;
+    cfg["rope_local_base_freq"] = 10000.0;
+    cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+    cfg["final_logit_softcapping"] = nullptr;
+    cfg["attn_logit_softcapping"] = nullptr;
+    cfg["attention_bias"] = false;
+    cfg["rms_norm_eps"] = 1e-6;
+    cfg["eos_token_id"] = special_id("<|im_end|>");
+    cfg["torch_dtype"] = "bfloat16";
+    dtype = DType::kBF16;
+    tied = true;
   } else if (o.arch == "qwen3") {
     cfg["architectures"].push_back("Qwen3ForCausalLM");
     cfg["rope_theta"] = 1000000.0;
@@ -192,10 +217,15 @@ absl::Status MakeModel(const MakeModelOptions& o) {
   std::vector<Tensor> ts;
   const int64_t qd = s.heads * hd, kvd = s.kv_heads * hd;
   const double wstd = 1.0 / std::sqrt(static_cast<double>(s.hidden));
-  ts.push_back(MakeTensor("model.embed_tokens.weight", {s.vocab, s.hidden}, dtype, rng, 0, 0.3));
+  // Gemma scales its embeddings by sqrt(hidden): they are stored that much
+  // smaller, so the layers, not the token's own row, shape the logits.
+  ts.push_back(MakeTensor("model.embed_tokens.weight", {s.vocab, s.hidden}, dtype, rng, 0,
+                          gemma ? 0.3 / std::sqrt(static_cast<double>(s.hidden)) : 0.3));
   for (int64_t i = 0; i < s.layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    ts.push_back(MakeTensor(p + "input_layernorm.weight", {s.hidden}, dtype, rng, 1.0, 0.1));
+    // Gemma's norms multiply by 1 + w: its gains are stored around 0.
+    const double norm_mean = gemma ? 0.0 : 1.0, norm_std = gemma ? 0.3 : 0.1;
+    ts.push_back(MakeTensor(p + "input_layernorm.weight", {s.hidden}, dtype, rng, norm_mean, norm_std));
     ts.push_back(MakeTensor(p + "self_attn.q_proj.weight", {qd, s.hidden}, dtype, rng, 0, 2 * wstd));
     ts.push_back(MakeTensor(p + "self_attn.k_proj.weight", {kvd, s.hidden}, dtype, rng, 0, 2 * wstd));
     ts.push_back(MakeTensor(p + "self_attn.v_proj.weight", {kvd, s.hidden}, dtype, rng, 0, wstd));
@@ -204,18 +234,22 @@ absl::Status MakeModel(const MakeModelOptions& o) {
       ts.push_back(MakeTensor(p + "self_attn.k_proj.bias", {kvd}, dtype, rng, 0, 0.1));
       ts.push_back(MakeTensor(p + "self_attn.v_proj.bias", {kvd}, dtype, rng, 0, 0.1));
     }
-    if (o.arch == "qwen3") {  // Gains far from 1, so a missed norm shows.
-      ts.push_back(MakeTensor(p + "self_attn.q_norm.weight", {hd}, dtype, rng, 1.0, 0.3));
-      ts.push_back(MakeTensor(p + "self_attn.k_norm.weight", {hd}, dtype, rng, 1.0, 0.3));
+    if (o.arch == "qwen3" || gemma) {  // Gains far from 1, so a missed norm shows.
+      ts.push_back(MakeTensor(p + "self_attn.q_norm.weight", {hd}, dtype, rng, norm_mean, 0.3));
+      ts.push_back(MakeTensor(p + "self_attn.k_norm.weight", {hd}, dtype, rng, norm_mean, 0.3));
     }
     ts.push_back(MakeTensor(p + "self_attn.o_proj.weight", {s.hidden, qd}, dtype, rng, 0, wstd));
-    ts.push_back(MakeTensor(p + "post_attention_layernorm.weight", {s.hidden}, dtype, rng, 1.0, 0.1));
+    ts.push_back(MakeTensor(p + "post_attention_layernorm.weight", {s.hidden}, dtype, rng, norm_mean, norm_std));
+    if (gemma) {
+      ts.push_back(MakeTensor(p + "pre_feedforward_layernorm.weight", {s.hidden}, dtype, rng, norm_mean, norm_std));
+      ts.push_back(MakeTensor(p + "post_feedforward_layernorm.weight", {s.hidden}, dtype, rng, norm_mean, norm_std));
+    }
     ts.push_back(MakeTensor(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, dtype, rng, 0, wstd));
     ts.push_back(MakeTensor(p + "mlp.up_proj.weight", {s.inter, s.hidden}, dtype, rng, 0, wstd));
     ts.push_back(MakeTensor(p + "mlp.down_proj.weight", {s.hidden, s.inter}, dtype, rng, 0,
                             1.0 / std::sqrt(static_cast<double>(s.inter))));
   }
-  ts.push_back(MakeTensor("model.norm.weight", {s.hidden}, dtype, rng, 1.0, 0.1));
+  ts.push_back(MakeTensor("model.norm.weight", {s.hidden}, dtype, rng, gemma ? 0.0 : 1.0, gemma ? 0.3 : 0.1));
   if (!tied) {
     ts.push_back(MakeTensor("lm_head.weight", {s.vocab, s.hidden}, dtype, rng, 0, 2 * wstd));
   }

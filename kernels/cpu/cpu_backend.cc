@@ -147,6 +147,18 @@ class CpuBackend final : public KernelBackend {
     }, 4);
   }
 
+  void GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter) override {
+    pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        simd::GeluTanhMul(gu + r * 2 * inter, gu + r * 2 * inter + inter, out + r * inter, inter);
+      }
+    }, 4);
+  }
+
+  void Scale(float* x, float s, int64_t n) override {
+    pool_.ParallelFor(n, [&](int64_t b, int64_t e) { simd::Scale(x + b, s, e - b); }, 4096);
+  }
+
   // A copy with a rounding per element (KvLayout::Store): the reference's loop is the op.
   void KvStore(const KvStoreArgs& a) override { ref::KvStore(a); }
 

@@ -62,6 +62,22 @@ void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) {
   }
 }
 
+void GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * inter;
+    const float* u = g + inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      const double x = g[i];
+      out[r * inter + i] = static_cast<float>(0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x))) * u[i]);
+    }
+  }
+}
+
+void Scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void PagedAttention(const PagedAttentionArgs& a) {
   const KvLayout& l = a.layout;
   const int64_t hd = l.head_dim;

@@ -37,6 +37,12 @@ void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num
 // out[t, i] = silu(gu[t, i]) * gu[t, inter + i]: gate and up side by side.
 void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter);
 
+// out[t, i] = gelu_tanh(gu[t, i]) * gu[t, inter + i] (GELU's tanh approximation).
+void GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter);
+
+// x[i] *= s.
+void Scale(float* x, float s, int64_t n);
+
 // Paged attention as kernels/attention.h defines it, in double precision.
 void PagedAttention(const PagedAttentionArgs& args);
 

@@ -621,6 +621,26 @@ DUET_AVX2 void ScaleAvx2(float* x, float s, int64_t n) {
   for (; i < n; ++i) x[i] *= s;
 }
 
+// GELU's tanh form as a sigmoid: 0.5 x (1 + tanh(y)) = x / (1 + exp(-2 y)),
+// y = sqrt(2 / pi) (x + 0.044715 x^3).
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+inline float GeluTanh(float x) { return x / (1.0f + std::exp(-2.0f * kGeluC * (x + kGeluA * x * x * x))); }
+
+DUET_AVX2 void GeluTanhMulAvx2(const float* g, const float* u, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 m2c = _mm256_set1_ps(-2.0f * kGeluC);
+  const __m256 a = _mm256_set1_ps(kGeluA);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 z = _mm256_mul_ps(m2c, _mm256_add_ps(x, _mm256_mul_ps(a, x3)));
+    const __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(one, Exp256(z)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = GeluTanh(g[i]) * u[i];
+}
+
 DUET_AVX2 void SiluMulAvx2(const float* g, const float* u, float* out, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 zero = _mm256_setzero_ps();
@@ -772,6 +792,11 @@ void Scale(float* x, float s, int64_t n) {
 void SiluMul(const float* g, const float* u, float* out, int64_t n) {
   if (UseAvx2()) return SiluMulAvx2(g, u, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void GeluTanhMul(const float* g, const float* u, float* out, int64_t n) {
+  if (UseAvx2()) return GeluTanhMulAvx2(g, u, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = GeluTanh(g[i]) * u[i];
 }
 
 void Add(const float* x, float* y, int64_t n) {

@@ -57,6 +57,8 @@ float Max(const float* x, int64_t n);
 void Scale(float* x, float s, int64_t n);
 // out[i] = silu(g[i]) * u[i]
 void SiluMul(const float* g, const float* u, float* out, int64_t n);
+// out = gelu_tanh(g) * u (GELU's tanh approximation, as Gemma's MLP).
+void GeluTanhMul(const float* g, const float* u, float* out, int64_t n);
 void Add(const float* x, float* y, int64_t n);  // y += x
 
 }  // namespace duet::kernels::simd

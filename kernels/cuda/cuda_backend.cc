@@ -133,6 +133,8 @@ class CudaBackend final : public KernelBackend {
     Launched(LaunchRope(x, positions, dfreq, num_tokens, num_heads, head_dim, stream_), "Rope");
   }
   void SiluMul(const float*, float*, int64_t, int64_t) override { Missing("silu_mul"); }
+  void GeluTanhMul(const float*, float*, int64_t, int64_t) override { Missing("gelu_tanh_mul"); }
+  void Scale(float*, float, int64_t) override { Missing("scale"); }
   void PagedAttention(const PagedAttentionArgs&) override { Missing("paged_attention"); }
   void KvStore(const KvStoreArgs&) override { Missing("kv_store"); }
   void Add(const float*, float*, int64_t) override { Missing("add"); }
