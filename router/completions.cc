@@ -314,8 +314,11 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, uint64_t de
   // Chat without a length runs to the context's end (ParseChatRequest sets
   // it once the prompt's length is known), as OpenAI's and vLLM's chat do.
   int64_t max_tokens = r.kind == ApiKind::kChat ? kInt32Max : kDefaultMaxTokens;
-  int64_t top_k = 0, n = 1, min_tokens = 0, seed = 0;
-  double temperature = 1, top_p = 1, min_p = 0, presence = 0, frequency = 0;
+  // The checkpoint's defaults (generation_config.json), then the request's.
+  const spec::ModelConfig::SamplingDefaults& d = model.sampling_defaults;
+  int64_t top_k = d.top_k.value_or(0), n = 1, min_tokens = 0, seed = 0;
+  double temperature = d.temperature.value_or(1), top_p = d.top_p.value_or(1), min_p = d.min_p.value_or(0);
+  double presence = 0, frequency = 0;
   bool ignore_eos = false;
   RETURN_IF_ERROR(GetInt(body, "max_tokens", 1, kInt32Max, &max_tokens));
   if (r.kind == ApiKind::kChat) {

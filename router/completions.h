@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "spec/model_config.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "proto/control.pb.h"
@@ -48,6 +49,8 @@ struct ServedModel {
   // Token ids a prompt may hold: the model's embedding rows (config.json's
   // vocab_size), which may exceed the tokenizer's; 0: the tokenizer's.
   int64_t vocab_size = 0;
+  // generation_config.json's sampling fields: a request's where it sets none.
+  spec::ModelConfig::SamplingDefaults sampling_defaults;
 };
 
 enum class ApiKind { kCompletion, kChat };

@@ -156,6 +156,20 @@ TEST_CASE("defaults and a text prompt with the model's BOS") {
   CHECK_FALSE(r->spec.ignore_eos());
 }
 
+TEST_CASE("a checkpoint's sampling defaults (generation_config.json) apply where a request sets none") {
+  ServedModel served = M().served;
+  served.sampling_defaults = {.temperature = 0.6, .top_p = 0.95, .min_p = 0.0, .top_k = 20};  // Qwen3's
+  auto d = ParseCompletionRequest(R"({"model": "tiny", "prompt": "hi", "seed": 5})", served, 1);
+  REQUIRE(d.ok());
+  CheckSampling(d->spec.sampling(), {.temperature = 0.6f, .top_p = 0.95f, .top_k = 20, .min_p = 0.0f, .seed = 5,
+                                     .logprobs = 0});
+  auto e = ParseCompletionRequest(R"({"model": "tiny", "prompt": "hi", "seed": 5, "temperature": 0, "top_k": 3})",
+                                  served, 1);
+  REQUIRE(e.ok());
+  CheckSampling(e->spec.sampling(), {.temperature = 0.0f, .top_p = 0.95f, .top_k = 3, .min_p = 0.0f, .seed = 5,
+                                     .logprobs = 0});
+}
+
 TEST_CASE("explicit parameters and a token-id prompt pass through") {
   auto r = ParseCompletionRequest(
       R"({"model": "tiny", "prompt": [3, 4, 5], "max_tokens": 7, "temperature": 0, "top_p": 0.5,

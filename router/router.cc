@@ -31,7 +31,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                         .tokenizer = tokenizer_.get(),
                         .format = &format_,
                         .max_model_len = context,
-                        .vocab_size = config_.vocab_size};
+                        .vocab_size = config_.vocab_size,
+                        .sampling_defaults = config_.sampling_defaults};
   created_ = absl::ToUnixSeconds(absl::Now());
   // Names this build and model, as OpenAI's field does its backend config.
   system_fingerprint_ = absl::StrFormat(

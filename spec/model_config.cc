@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
@@ -68,8 +69,6 @@ class Reader {
   const std::string& source_;
 };
 
-// The ids a request's end depends on: eos_token_id (an integer or a list)
-// and bos_token_id, checked against c.vocab_size.
 // Gemma-3's own fields: its layers' kinds and windows, its two RoPEs, its
 // scales and activation; soft-capping (which Gemma-3 leaves null) refused.
 absl::Status ReadGemma3(const json& j, const Reader& r, ModelConfig& c) {
@@ -114,6 +113,9 @@ absl::Status ReadGemma3(const json& j, const Reader& r, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// The ids a request's end depends on: eos_token_id (an integer or a list,
+// added to those c holds) and bos_token_id (where set), checked against
+// c.vocab_size.
 absl::Status ReadTokenIds(const json& j, const Reader& r, ModelConfig& c) {
   auto eos = j.find("eos_token_id");
   if (eos != j.end() && !eos->is_null()) {
@@ -131,7 +133,12 @@ absl::Status ReadTokenIds(const json& j, const Reader& r, ModelConfig& c) {
   for (int32_t id : c.eos_token_ids) {
     if (id < 0 || id >= c.vocab_size) return r.Error("eos_token_id", "is outside the vocabulary");
   }
-  ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", false, -1, -1));
+  std::vector<int32_t> unique;  // In order of appearance, each once.
+  for (int32_t id : c.eos_token_ids) {
+    if (std::find(unique.begin(), unique.end(), id) == unique.end()) unique.push_back(id);
+  }
+  c.eos_token_ids = std::move(unique);
+  ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", false, c.bos_token_id, -1));
   c.bos_token_id = static_cast<int32_t>(bos);
   return absl::OkStatus();
 }
@@ -149,6 +156,37 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// generation_config.json beside `config_path`, where there is one: its EOS
+// ids join config.json's (Qwen3 lists two) and its sampling fields become
+// the defaults of requests that set none.
+absl::Status ReadGenerationConfig(const std::string& config_path, ModelConfig& c) {
+  const std::filesystem::path path = std::filesystem::path(config_path).parent_path() / "generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string text, ReadText(path.string()));
+  ASSIGN_OR_RETURN(json j, ParseObject(text, path.string()));
+  Reader r(j, path.string());
+  RETURN_IF_ERROR(ReadTokenIds(j, r, c));
+  ModelConfig::SamplingDefaults& d = c.sampling_defaults;
+  auto number = [&](const char* field, double lo, double hi, std::optional<double>& out) -> absl::Status {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_number() || it->get<double>() < lo || it->get<double>() > hi) {
+      return r.Error(field, absl::StrCat("must be a number in [", lo, ", ", hi, "]"));
+    }
+    out = it->get<double>();
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(number("temperature", 0, 2, d.temperature));
+  RETURN_IF_ERROR(number("top_p", 0, 1, d.top_p));
+  RETURN_IF_ERROR(number("min_p", 0, 1, d.min_p));
+  if (auto k = j.find("top_k"); k != j.end() && !k->is_null()) {
+    ASSIGN_OR_RETURN(int64_t top_k, r.Int("top_k", false, 0, 0));
+    d.top_k = top_k;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -288,7 +326,9 @@ const kernels::RopeConfig& ModelConfig::LayerRope(int64_t i) const {
 
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadText(path));
-  return FromJson(text, path);
+  ASSIGN_OR_RETURN(ModelConfig c, FromJson(text, path));
+  RETURN_IF_ERROR(ReadGenerationConfig(path, c));
+  return c;
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::ServingFromJson(const std::string& json_text, const std::string& source) {
@@ -304,7 +344,9 @@ absl::StatusOr<ModelConfig> ModelConfig::ServingFromJson(const std::string& json
 
 absl::StatusOr<ModelConfig> ModelConfig::ServingFromFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadText(path));
-  return ServingFromJson(text, path);
+  ASSIGN_OR_RETURN(ModelConfig c, ServingFromJson(text, path));
+  RETURN_IF_ERROR(ReadGenerationConfig(path, c));
+  return c;
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::ShapeFromFile(const std::string& path) {

@@ -61,9 +61,16 @@ struct ModelConfig {
   std::optional<kernels::RopeConfig> local_rope;
   // Sliding window per layer (0 = full attention).
   std::vector<int64_t> layer_window;
-  std::vector<int32_t> eos_token_ids;
+  std::vector<int32_t> eos_token_ids;  // config.json's, then generation_config.json's others
   int32_t bos_token_id = -1;
   std::string torch_dtype;
+  // generation_config.json's sampling fields: what a request that sets none
+  // of a field gets (as vLLM serves a checkpoint's defaults).
+  struct SamplingDefaults {
+    std::optional<double> temperature, top_p, min_p;
+    std::optional<int64_t> top_k;
+  };
+  SamplingDefaults sampling_defaults;
   // quantization_config of a GPTQ checkpoint (4 bits, desc_act false): its
   // linear layers are stored as qweight/qzeros/scales/g_idx and load as
   // kernels' kQ4Z. group_size -1 (one group per row) is kept as k.
@@ -75,10 +82,13 @@ struct ModelConfig {
 
   static absl::StatusOr<ModelConfig> FromJson(const std::string& json_text,
                                               const std::string& source_name);
+  // The file's, and a generation_config.json beside it where there is one
+  // (its EOS ids join the list; its sampling fields are the defaults).
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
   // Only what serving a request's tokens needs, by the same field rules:
   // vocab_size and max_position_embeddings (both required here), the EOS
-  // and BOS ids; the rest stays zero. The router reads this, so it serves
+  // and BOS ids (ServingFromFile: and generation_config.json's, as
+  // FromFile); the rest stays zero. The router reads this, so it serves
   // any model whose tokenizer it has, architectures the engine lacks too.
   static absl::StatusOr<ModelConfig> ServingFromJson(const std::string& json_text, const std::string& source_name);
   static absl::StatusOr<ModelConfig> ServingFromFile(const std::string& path);

@@ -1,9 +1,9 @@
 #include "spec/model_config.h"
 
-#include <cmath>
-
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -151,6 +151,35 @@ TEST_CASE("the planner's shape: any architecture, under either field name", "[co
   auto typed = ModelConfig::ShapeFromFile(
       WriteConfig("typed", R"({"n_layer": 12, "n_embd": "768", "n_head": 12, "vocab_size": 10})"));
   CHECK_THAT(std::string(typed.status().message()), Contains("n_embd"));
+}
+
+TEST_CASE("generation_config.json beside config.json: its EOS ids join, its sampling fields are defaults",
+          "[config]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / "with_generation_config";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "qwen3", "vocab_size": 200, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "eos_token_id": 151,
+      "max_position_embeddings": 64})";
+  std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 150, "eos_token_id": [151, 152],
+      "do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95})";
+  for (auto load : {&ModelConfig::FromFile, &ModelConfig::ServingFromFile}) {
+    auto c = load((dir / "config.json").string());
+    INFO(c.status());
+    REQUIRE(c.ok());
+    CHECK(c->eos_token_ids == std::vector<int32_t>{151, 152});
+    CHECK(c->IsEos(152));
+    CHECK(c->bos_token_id == 150);
+    CHECK(c->sampling_defaults.temperature == 0.6);
+    CHECK(c->sampling_defaults.top_p == 0.95);
+    CHECK(c->sampling_defaults.top_k == 20);
+    CHECK_FALSE(c->sampling_defaults.min_p.has_value());
+  }
+  std::ofstream(dir / "generation_config.json") << R"({"temperature": "hot"})";
+  auto bad = ModelConfig::FromFile((dir / "config.json").string());
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(bad.status().message()), Contains("generation_config.json"));
+  CHECK_THAT(std::string(bad.status().message()), Contains("temperature"));
 }
 
 }  // namespace
