@@ -134,12 +134,13 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
         visibility = visibility,
     )
 
-def duet_cuda_kernels(name, srcs, hdrs, deps = [], visibility = None):
+def duet_cuda_kernels(name, srcs, hdrs, simt, deps = [], visibility = None):
     """CUDA kernels (each .cu with its .cuh launcher, which includes
     kernels/cuda/cuda_compat.h) built two ways from the same sources: `name`
     by nvcc (cuda_library; --config=cuda) and `name_simt` by g++ as host code
-    on the SIMT executor (//kernels/simt), which every build has and CI runs.
-    A `#line` keeps the .cu's own name in the SIMT build's messages."""
+    on the SIMT executor (`simt`: its library's label), which every build has
+    and CI runs. A `#line` keeps the .cu's own name in the SIMT build's
+    messages."""
     cuda_library(name = name, srcs = srcs, hdrs = hdrs, deps = deps, visibility = visibility)
     wrappers = []
     for src in srcs:
@@ -155,7 +156,7 @@ def duet_cuda_kernels(name, srcs, hdrs, deps = [], visibility = None):
         name = name + "_simt",
         srcs = wrappers,
         hdrs = hdrs,
-        deps = deps + ["//kernels/simt"],
+        deps = deps + [simt],
         visibility = visibility,
     )
 
