@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/dtype.h"
 
 namespace duet::spec {
 namespace {
@@ -73,7 +74,14 @@ class Reader {
 // scales and activation; soft-capping (which Gemma-3 leaves null) refused.
 absl::Status ReadGemma3(const json& j, const Reader& r, ModelConfig& c) {
   c.gemma_norms = true;
-  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  // sqrt(hidden), rounded to the checkpoint's dtype as Hugging Face's
+  // Gemma3TextScaledWordEmbedding does (bf16: sqrt(1152) = 33.94 is 34).
+  const float scale = std::sqrt(static_cast<float>(c.hidden_size));
+  const auto dtype = j.find("torch_dtype");
+  const std::string d = dtype != j.end() && dtype->is_string() ? dtype->get<std::string>() : "";
+  c.embed_scale = d == "bfloat16" ? kernels::Bf16ToFloat(kernels::FloatToBf16(scale))
+                  : d == "float16" ? kernels::HalfToFloat(kernels::FloatToHalf(scale))
+                                   : scale;
   if (auto act = j.find("hidden_activation"); act != j.end() && !act->is_null()) {
     if (!act->is_string() || (*act != "gelu_pytorch_tanh" && *act != "gelu")) {
       return r.Error("hidden_activation", "must be gelu_pytorch_tanh");

@@ -9,7 +9,7 @@
 // RMSNorm of q and k before RoPE, attention_bias as the config says,
 // head_dim its own) and gemma3_text (Gemma-3's text model: RMSNorm as
 // x * (1 + w) with norms before and after attention and the MLP, q/k norms,
-// the embedding scaled by sqrt(hidden_size), a GELU-tanh MLP, local
+// the embedding scaled by sqrt(hidden_size) (in the checkpoint's dtype), a GELU-tanh MLP, local
 // sliding-window layers with their own RoPE base between global ones,
 // query_pre_attn_scalar; soft-capping is refused). Anything else, or a missing or ill-typed field,
 // is InvalidArgument naming the file and the field.

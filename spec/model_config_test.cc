@@ -77,7 +77,10 @@ TEST_CASE("Gemma-3's text config: layer kinds, two RoPEs, its scales; soft-cappi
   CHECK(g->qk_norm);
   CHECK(g->tie_word_embeddings);
   CHECK(g->mlp_activation == ModelConfig::Activation::kGeluTanh);
-  CHECK(g->embed_scale == Approx(std::sqrt(1152.0)));
+  CHECK(g->embed_scale == Approx(std::sqrt(1152.0)).epsilon(1e-6));  // no torch_dtype: float
+  auto bf = ModelConfig::FromJson("{" + base + R"(, "torch_dtype": "bfloat16"})", "bf.json");
+  REQUIRE(bf.ok());
+  CHECK(bf->embed_scale == 34.0);  // sqrt(1152) = 33.94 in bfloat16, as Hugging Face multiplies
   CHECK(g->AttentionScale() == Approx(1.0 / 16));
   // Every sixth layer global: layers 5 (and 11, ...); the others local.
   CHECK(g->layer_window == std::vector<int64_t>{512, 512, 512, 512, 512, 0, 512, 512});
