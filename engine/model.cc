@@ -674,7 +674,7 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   kernels::KernelBackend& be = *backend_;
   // The pool's memory for the ops below (the backend's own buffer).
   uint8_t* kv = static_cast<uint8_t*>(pool.region_base());
-  const float scale = static_cast<float>(c.AttentionScale());
+  const float scale = c.AttentionScale();
   if (sh.stage == 0) {
     RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids, x, T));
     if (c.embed_scale != 1.0) be.Scale(x, static_cast<float>(c.embed_scale), T * H);  // Gemma: sqrt(hidden)

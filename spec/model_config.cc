@@ -324,8 +324,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
   return c;
 }
 
-double ModelConfig::AttentionScale() const {
-  return attn_scale > 0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+float ModelConfig::AttentionScale() const {
+  // The default in float arithmetic, as the engine has always computed it.
+  return attn_scale > 0 ? static_cast<float>(attn_scale) : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
 const kernels::RopeConfig& ModelConfig::LayerRope(int64_t i) const {

@@ -102,7 +102,7 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> ShapeFromFile(const std::string& path);
 
   int64_t q_dim() const { return num_heads * head_dim; }
-  double AttentionScale() const;
+  float AttentionScale() const;
   // The RoPE of layer i: local_rope on a sliding-window layer if set, else rope.
   const kernels::RopeConfig& LayerRope(int64_t i) const;
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
