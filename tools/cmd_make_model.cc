@@ -16,7 +16,7 @@ int RunMakeModel(int argc, char** argv) {
   f.String("size", "tiny", "tiny | bench");
   f.String("out", "", "output directory (required)");
   f.String("arch", "llama",
-           "llama (untied, Llama-3 rope_scaling) | mistral (sliding window) | qwen2 (q/k/v bias, tied) | qwen3 (q/k norms, head_dim of its own)");
+           "llama (untied, Llama-3 rope_scaling) | mistral (sliding window) | qwen2 (q/k/v bias, tied) | qwen3 (q/k norms, head_dim of its own) | gemma3_text (local and global layers, GELU-tanh, four norms)");
   f.Int("seed", 0, "weight seed; same seed, same bytes");
   if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
   if (f.GetString("out").empty()) {
