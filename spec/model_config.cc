@@ -383,6 +383,9 @@ int64_t ModelConfig::NumParameters() const {
   int64_t per_layer = hidden_size * (q_dim() + 2 * kv_dim()) + q_dim() * hidden_size +
                       3 * hidden_size * intermediate_size + 2 * hidden_size;
   if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (o_bias) per_layer += hidden_size;
+  if (qk_norm) per_layer += 2 * head_dim;
+  if (gemma_norms) per_layer += 2 * hidden_size;  // post-attention and post-feedforward norms
   int64_t total = num_layers * per_layer + vocab_size * hidden_size + hidden_size;
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
   return total;

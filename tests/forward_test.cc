@@ -419,6 +419,16 @@ TEST_CASE("on protected backend memory every step shape runs, with the CPU's log
   });
 }
 
+TEST_CASE("ModelConfig::NumParameters counts every weight the engine loads, each architecture", "[forward]") {
+  for (const char* arch : kArchs) {
+    INFO("arch " << arch);
+    kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
+    auto m = engine::Model::Load(testing::TinyModelDir(arch), be.get(), {.weight_dtype = kernels::DType::kF32});
+    REQUIRE(m.ok());
+    CHECK((*m)->weight_bytes() == 4 * (*m)->config().NumParameters());
+  }
+}
+
 TEST_CASE("parallelism the model cannot be split by is refused by name", "[forward][parallel]") {
   const std::string dir = testing::TinyModelDir("llama");  // 8 heads, 2 KV heads, 4 layers
   kernels::KernelBackendPtr be = kernels::NewCpuBackend(1);
