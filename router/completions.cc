@@ -676,8 +676,19 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
     return ParamError("messages", absl::StrCat("the model `", model.name, "` cannot chat (",
                                                model.format->chat_unavailable(), "); use /v1/completions"));
   }
+  // vLLM's chat_template_kwargs: more variables for the template (Qwen3's
+  // enable_thinking).
+  Json variables = nullptr;
+  if (const Json* kw = Field(body, "chat_template_kwargs"); kw != nullptr && !kw->is_null()) {
+    if (!kw->is_object()) {
+      return ParamError("chat_template_kwargs",
+                        absl::StrCat("'chat_template_kwargs' must be an object, got ", Describe(*kw)));
+    }
+    variables = *kw;
+  }
   std::vector<size_t> starts;
-  auto rendered = model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts, tools);
+  auto rendered =
+      model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts, tools, variables);
   if (!rendered.ok()) return ParamError("messages", rendered.status().message());
   *rendered += r.tool_prefix;
   // Piece by piece between the documents' starts (each before a special

@@ -447,6 +447,16 @@ TEST_CASE("chat documents: rendered after the system message, the prefix cache's
           R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "documents": [{"text": "a", "id": 4}]})",
       },
       "documents");
+  RequireRefused(ParseChatRequest,
+                 {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]})",
+                  R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "a"})"},
+                 "chat_template_kwargs");
+  // An object passes to the template (the tiny model's reads none of it).
+  auto kw = ParseChatRequest(
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": false}})",
+      LongContext(), 5);
+  REQUIRE(kw.ok());
+  CHECK(kw->spec.prompt_ids_size() == plain->spec.prompt_ids_size());
 }
 
 TEST_CASE("chat requests: messages rendered with the chat template, chat-only fields checked") {

@@ -116,9 +116,13 @@ bool PromptFormat::StartsWithSpecial(absl::string_view text) const {
 }
 
 absl::StatusOr<std::string> PromptFormat::Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
-                                                 absl::Span<const ChatDocument> documents,
-                                                 const jinja::Value& tools) const {
+                                                 absl::Span<const ChatDocument> documents, const jinja::Value& tools,
+                                                 const jinja::Value& variables) const {
   jinja::Value ctx = jinja::Value::MakeObject();
+  // The request's variables first: what the template is always given wins.
+  if (!variables.is_undefined()) {
+    for (const auto& [k, v] : variables.object().items) ctx.mutable_object().Set(k, v);
+  }
   for (const auto& [k, v] : tokens_.object().items) ctx.mutable_object().Set(k, v);
   jinja::List list;
   for (const ChatMessage& m : messages) {
@@ -168,7 +172,8 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
                                                      bool add_generation_prompt,
                                                      absl::Span<const ChatDocument> documents,
                                                      std::vector<size_t>* document_starts,
-                                                     const nlohmann::ordered_json& tools_json) const {
+                                                     const nlohmann::ordered_json& tools_json,
+                                                     const nlohmann::ordered_json& variables_json) const {
   if (template_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("this model cannot chat: ", template_error_,
                                                       "; use plain completions"));
@@ -182,8 +187,11 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
     }
   }
   const jinja::Value tools = tools_json.is_null() ? jinja::Value() : jinja::Value::FromJson(tools_json);
+  const jinja::Value variables = variables_json.is_null() ? jinja::Value() : jinja::Value::FromJson(variables_json);
   if (document_starts != nullptr) document_starts->clear();
-  if (documents.empty() || reads_documents_) return Render(messages, add_generation_prompt, documents, tools);
+  if (documents.empty() || reads_documents_) {
+    return Render(messages, add_generation_prompt, documents, tools, variables);
+  }
 
   // duet's fallback: each document a system message after the leading one.
   const size_t first = messages[0].role == "system" ? 1 : 0;
@@ -195,7 +203,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
                                                 doc.text)});
   }
   with_docs.insert(with_docs.end(), messages.begin() + first, messages.end());
-  absl::StatusOr<std::string> text = Render(with_docs, add_generation_prompt, {}, tools);
+  absl::StatusOr<std::string> text = Render(with_docs, add_generation_prompt, {}, tools, variables);
   if (!text.ok()) {
     // The template takes one system message: the documents join it.
     std::vector<ChatMessage> joined(messages.begin(), messages.end());
@@ -203,7 +211,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
     for (size_t d = 0; d < documents.size(); ++d) {
       absl::StrAppend(&joined[0].content, joined[0].content.empty() ? "" : "\n\n", with_docs[first + d].content);
     }
-    return Render(joined, add_generation_prompt, {}, tools);
+    return Render(joined, add_generation_prompt, {}, tools, variables);
   }
   if (document_starts == nullptr) return text;
   // Each document's turn starts where the text of the messages before it
@@ -212,7 +220,7 @@ absl::StatusOr<std::string> PromptFormat::RenderChat(absl::Span<const ChatMessag
   for (size_t k = first; k <= first + documents.size(); ++k) {
     absl::StatusOr<std::string> prefix =
         k == 0 ? absl::StatusOr<std::string>(std::string())
-               : Render(absl::MakeConstSpan(with_docs).subspan(0, k), false, {}, tools);
+               : Render(absl::MakeConstSpan(with_docs).subspan(0, k), false, {}, tools, variables);
     if (prefix.ok() && prefix->empty()) continue;  // the prompt's own start
     if (!prefix.ok() || !absl::StartsWith(*text, *prefix) ||
         !StartsWithSpecial(absl::string_view(*text).substr(prefix->size())) ||

@@ -6,8 +6,9 @@
 //   ASSIGN_OR_RETURN(std::string text, pf.RenderChat(messages, /*add_generation_prompt=*/true));
 //
 // The template sees `messages`, `add_generation_prompt`, the tokens of the
-// config (bos_token, eos_token, unk_token, pad_token), and `tools` and
-// `documents` when the request has them. A message shows `role` and
+// config (bos_token, eos_token, unk_token, pad_token), `tools` and
+// `documents` when the request has them, and the request's
+// chat_template_kwargs. A message shows `role` and
 // `content`, and `name`, `tool_call_id` and `tool_calls` when set; each
 // call as {"id", "type": "function", "function": {"name", "arguments"}}
 // with the arguments parsed into a mapping, as vLLM hands them to
@@ -83,10 +84,14 @@ class PromptFormat {
   // them tokenize as they do in the whole); else nothing.
   //
   // `tools`: the request's tool definitions (a JSON array), or null.
+  // `variables`: more variables for the template (a JSON object, or null),
+  // as a request's chat_template_kwargs gives them (Qwen3's
+  // enable_thinking); the ones above win where a name is both.
   absl::StatusOr<std::string> RenderChat(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
                                          absl::Span<const ChatDocument> documents = {},
                                          std::vector<size_t>* document_starts = nullptr,
-                                         const nlohmann::ordered_json& tools = nullptr) const;
+                                         const nlohmann::ordered_json& tools = nullptr,
+                                         const nlohmann::ordered_json& variables = nullptr) const;
   // The text a plain completion prompt starts with: the BOS token when
   // add_bos_token is true, else nothing.
   std::string CompletionPrefix() const { return add_bos_token_ ? bos_token_ : ""; }
@@ -103,7 +108,8 @@ class PromptFormat {
 
  private:
   absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
-                                     absl::Span<const ChatDocument> documents, const jinja::Value& tools) const;
+                                     absl::Span<const ChatDocument> documents, const jinja::Value& tools,
+                                     const jinja::Value& variables) const;
   bool StartsWithSpecial(absl::string_view text) const;
 
   std::string source_;

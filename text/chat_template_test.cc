@@ -178,6 +178,27 @@ TEST_CASE("a template's own error is the request's error, with its line", "[chat
   REQUIRE(*pf->RenderChat({{"user", "hi"}}, true) == "ok");
 }
 
+TEST_CASE("a request's chat_template_kwargs are the template's variables; its own variables win", "[chat]") {
+  // The end of Qwen3's template: no thinking when enable_thinking is false.
+  auto pf = PromptFormat::FromTokenizerConfig(
+      Config("{{ messages[0].content }}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+             "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+             "{%- endif %}{%- endif %}",
+             "", false),
+      "tc.json");
+  REQUIRE(pf.ok());
+  const std::vector<ChatMessage> hi = {{"user", "hi"}};
+  CHECK(*pf->RenderChat(hi, true) == "hi<|im_start|>assistant\n");
+  const nlohmann::ordered_json off = {{"enable_thinking", false}};
+  CHECK(*pf->RenderChat(hi, true, {}, nullptr, nullptr, off) == "hi<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  const nlohmann::ordered_json on = {{"enable_thinking", true}};
+  CHECK(*pf->RenderChat(hi, true, {}, nullptr, nullptr, on) == "hi<|im_start|>assistant\n");
+  // A variable named as one the template is always given does not replace it.
+  const nlohmann::ordered_json clash = {{"messages", nlohmann::ordered_json::array()},
+                                        {"add_generation_prompt", false}};
+  CHECK(*pf->RenderChat(hi, true, {}, nullptr, nullptr, clash) == "hi<|im_start|>assistant\n");
+}
+
 TEST_CASE("no template: completions only, chat is a clear error", "[chat]") {
   auto pf = PromptFormat::FromTokenizerConfig(R"({"bos_token": "<s>", "add_bos_token": true})", "tc.json");
   REQUIRE(pf.ok());
