@@ -691,6 +691,9 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
       model.format->RenderChat(messages, /*add_generation_prompt=*/true, documents, &starts, tools, variables);
   if (!rendered.ok()) return ParamError("messages", rendered.status().message());
   *rendered += r.tool_prefix;
+  r.reasoning = TemplateThinks(model.format->chat_template_source());
+  r.reasoning_open = r.reasoning && PromptOpensThinking(*rendered);
+  r.reasoning_field = model.reasoning_field;
   // Piece by piece between the documents' starts (each before a special
   // token, so the pieces tokenize as the whole does), noting where each begins.
   std::vector<int32_t> all;
@@ -728,14 +731,28 @@ ChoiceBuilder::ChoiceBuilder(const text::Tokenizer* tokenizer, const CompletionR
       stop_(params.stop),
       echo_text_(params.echo ? echo_text : ""),
       detok_(tokenizer, /*skip_special=*/true),
-      text_chars_(CountChars(echo_text_)) {
+      text_chars_(CountChars(echo_text_)),
+      reasoning_field_(params.reasoning_field) {
   if (params.tool_format != ToolFormat::kNone) {
     tools_.emplace(params.tool_format, params.max_tool_calls);
     tools_->Push(params.tool_prefix);  // The prompt's end, which the output continues: nothing to show.
   }
+  // A prompt that ends in a tool call's opening is answered by the call, not by thinking.
+  if (params.reasoning && params.tool_prefix.empty()) reasoning_.emplace(params.reasoning_open);
 }
 
 std::string ChoiceBuilder::Split(std::string text, bool last) {
+  if (reasoning_) {  // Thinking first; only the content after it may call tools.
+    ReasoningSplitter::Out r = reasoning_->Push(text);
+    if (last) {
+      ReasoningSplitter::Out rest = reasoning_->Finish();
+      r.reasoning += rest.reasoning;
+      r.content += rest.content;
+    }
+    reasoning_text_ += r.reasoning;
+    pending_reasoning_ += r.reasoning;
+    text = std::move(r.content);
+  }
   if (!tools_) return text;
   ToolCallSplitter::Out o = tools_->Push(text);
   if (last) {
@@ -943,7 +960,8 @@ std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::str
   // The common chunk (a token's text, no logprobs, not the first of a chat
   // choice) written directly: streaming renders one per token per client.
   // The same bytes as the general path below.
-  if (lp_end == lp_begin && !finish_reason && !new_calls && !(kind_ == ApiKind::kChat && first_chunk_) &&
+  if (lp_end == lp_begin && !finish_reason && !new_calls && pending_reasoning_.empty() &&
+      !(kind_ == ApiKind::kChat && first_chunk_) &&
       text::IsValidUtf8(text) && text::IsValidUtf8(env.id) && text::IsValidUtf8(env.model) &&
       text::IsValidUtf8(env.system_fingerprint)) {
     std::string out;
@@ -979,6 +997,10 @@ std::string ChoiceBuilder::ChunkJson(const ResponseEnvelope& env, const std::str
   if (kind_ == ApiKind::kChat) {
     Json delta = Json::object();
     if (first_chunk_) delta["role"] = "assistant";
+    if (!pending_reasoning_.empty()) {
+      delta[reasoning_field_] = std::move(pending_reasoning_);
+      pending_reasoning_.clear();
+    }
     if (!text.empty()) {
       delta["content"] = text;
     } else if (first_chunk_) {
@@ -1034,6 +1056,9 @@ std::string RenderResponse(const ResponseEnvelope& env, const std::vector<Choice
     const std::string text = c.FullText();
     if (env.kind == ApiKind::kChat) {
       Json message{{"role", "assistant"}, {"content", text}};
+      if (c.reasoning_) {
+        message[c.reasoning_field_] = c.reasoning_text_.empty() ? Json(nullptr) : Json(c.reasoning_text_);
+      }
       if (!c.calls_.empty()) {
         if (absl::StripAsciiWhitespace(text).empty()) message["content"] = nullptr;
         Json calls = Json::array();

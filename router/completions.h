@@ -36,6 +36,7 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "proto/control.pb.h"
+#include "router/reasoning.h"
 #include "router/tool_calls.h"
 
 namespace duet::router {
@@ -51,6 +52,8 @@ struct ServedModel {
   int64_t vocab_size = 0;
   // generation_config.json's sampling fields: a request's where it sets none.
   spec::ModelConfig::SamplingDefaults sampling_defaults;
+  // The message field chat reasoning goes out in (RouterOptions::reasoning_field).
+  std::string reasoning_field = "reasoning";
 };
 
 enum class ApiKind { kCompletion, kChat };
@@ -86,6 +89,12 @@ struct CompletionRequest {
   // tool_format (ToolCallOpening), which ends the prompt, so the model's
   // output continues a call; the output is parsed as if it followed it.
   std::string tool_prefix;
+  // Chat with a template that thinks (router/reasoning.h): the output's
+  // <think> text goes out in reasoning_field, apart from the content;
+  // reasoning_open when the prompt ends inside a <think>.
+  bool reasoning = false;
+  bool reasoning_open = false;
+  std::string reasoning_field = "reasoning";
 };
 
 inline constexpr int kDefaultMaxTokens = 16;  // /v1/completions; chat: the context's rest.
@@ -193,6 +202,10 @@ class ChoiceBuilder {
   std::vector<std::vector<LpEntry>> lp_top_;  // Distinct tokens, best first.
   std::vector<int64_t> lp_offsets_;
   std::optional<ToolCallSplitter> tools_;  // Set when tools are parsed.
+  std::optional<ReasoningSplitter> reasoning_;  // Set when the template thinks.
+  const std::string reasoning_field_;
+  std::string reasoning_text_;     // All the reasoning so far.
+  std::string pending_reasoning_;  // Reasoning the next chunk carries.
   std::vector<ParsedToolCall> calls_;
 };
 

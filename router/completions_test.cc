@@ -813,6 +813,51 @@ TEST_CASE("chat tools: definitions, an assistant's calls and tool results render
   }
 }
 
+TEST_CASE("a thinking model's <think> text goes out as reasoning, streamed and whole; calls parse after it") {
+  CompletionRequest params;
+  params.kind = ApiKind::kChat;
+  params.reasoning = true;
+  params.tool_format = ToolFormat::kHermes;
+  const ResponseEnvelope env{.kind = ApiKind::kChat, .id = "chatcmpl-8", .created = 2, .model = "tiny"};
+  // The thinking mentions a call's tag: only the answer's call is a call.
+  const std::string text =
+      "<think>\nI could use <tool_call> here.\n</think>\n\nChecking.<tool_call>{\"name\": \"get_weather\", "
+      "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>";
+  for (const std::string field : {"reasoning", "reasoning_content"}) {
+    INFO(field);
+    params.reasoning_field = field;
+    ChoiceBuilder stream(M().tok.get(), params, 0, ""), whole(M().tok.get(), params, 0, "");
+    std::string reasoning, content;
+    int calls = 0;
+    auto take = [&](const json& c) {
+      const json& delta = c["choices"][0]["delta"];
+      if (delta.contains(field)) reasoning += delta[field].get<std::string>();
+      if (delta.contains("content") && delta["content"].is_string()) content += delta["content"].get<std::string>();
+      if (delta.contains("tool_calls")) calls += static_cast<int>(delta["tool_calls"].size());
+    };
+    for (int32_t id : Ids(text)) {
+      take(json::parse(stream.AddToken(Tok(id, -0.1f), env, true)));
+      whole.AddToken(Tok(id, -0.1f), env, false);
+    }
+    take(json::parse(stream.FinalChunk(env, "stop")));
+    CHECK(reasoning == "\nI could use <tool_call> here.\n");
+    CHECK(content == "\n\nChecking.");
+    CHECK(calls == 1);
+    const json body = json::parse(RenderResponse(env, {&whole}, {"stop"}, 3));
+    const json& msg = body["choices"][0]["message"];
+    CHECK(msg[field] == "\nI could use <tool_call> here.\n");
+    CHECK(msg["content"] == "\n\nChecking.");
+    CHECK(msg["tool_calls"].size() == 1);
+    CHECK(body["choices"][0]["finish_reason"] == "tool_calls");
+  }
+  // No thinking in the output: reasoning is null, the text all content.
+  ChoiceBuilder plain(M().tok.get(), params, 0, "");
+  for (int32_t id : Ids("Just the answer.")) plain.AddToken(Tok(id, -0.1f), env, false);
+  const json body = json::parse(RenderResponse(env, {&plain}, {"stop"}, 3));
+  CHECK(body["choices"][0]["message"]["content"] == "Just the answer.");
+  CHECK(body["choices"][0]["message"]["reasoning_content"].is_null());
+}
+
 TEST_CASE("chat tools: the output's calls stream as tool_calls deltas and end with finish_reason tool_calls") {
   CompletionRequest params;
   params.kind = ApiKind::kChat;

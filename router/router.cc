@@ -32,7 +32,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                         .format = &format_,
                         .max_model_len = context,
                         .vocab_size = config_.vocab_size,
-                        .sampling_defaults = config_.sampling_defaults};
+                        .sampling_defaults = config_.sampling_defaults,
+                        .reasoning_field = options_.reasoning_field};
   created_ = absl::ToUnixSeconds(absl::Now());
   // Names this build and model, as OpenAI's field does its backend config.
   system_fingerprint_ = absl::StrFormat(
@@ -169,6 +170,9 @@ void AddRouterFlags(FlagSet& f) {
         "times a request whose decode worker is lost moves on (prefilled again with the tokens it has, decoded "
         "elsewhere); 0: it ends with an error");
   f.Int("max-model-len", 0, "context in tokens (0: config.json's max_position_embeddings)");
+  f.String("reasoning-field", "reasoning",
+           "where a thinking model's <think> text goes in chat responses: reasoning (vLLM) | reasoning_content "
+           "(DeepSeek's API, SGLang)");
   f.Int("io-threads", 1, "network threads: 1 (HTTP and control plane share one) or 2");
   f.String("api-key", "", "require 'Authorization: Bearer KEY' on /v1/ endpoints (also $DUET_API_KEY)");
   f.String("api-key-file", "", "read the API key from this file (first line), instead of --api-key");
@@ -200,6 +204,11 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags(const FlagSet& f) {
   o.max_migrations = static_cast<int>(f.GetInt("max-migrations"));
   if (f.GetInt("max-model-len") < 0) return absl::InvalidArgumentError("--max-model-len must be >= 0");
   o.max_model_len = f.GetInt("max-model-len");
+  o.reasoning_field = f.GetString("reasoning-field");
+  if (o.reasoning_field != "reasoning" && o.reasoning_field != "reasoning_content") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reasoning-field \"", o.reasoning_field, "\" is not one of reasoning, reasoning_content"));
+  }
   o.api_key = f.GetString("api-key");
   if (o.api_key.empty()) {
     if (const char* env = std::getenv("DUET_API_KEY")) o.api_key = env;

@@ -74,6 +74,9 @@ struct RouterOptions {
   absl::Duration connect_timeout = absl::Seconds(2);
   // Context in tokens; 0: config.json's max_position_embeddings.
   int64_t max_model_len = 0;
+  // The message field a thinking model's reasoning goes out in: "reasoning"
+  // (vLLM's) or "reasoning_content" (DeepSeek's API, SGLang).
+  std::string reasoning_field = "reasoning";
   Clock* clock = RealClock();  // Heartbeat deadlines and latency metrics.
   // Non-empty: the OpenAI endpoints (/v1/...) require "Authorization: Bearer
   // <api_key>" (401 otherwise); /health and /metrics stay open.
