@@ -205,6 +205,16 @@ T FromBits(uint64_t b) {
 // lanes wrap inside their group), or a fault outside the mask.
 int ShuffleSource(unsigned mask, int src, int width, std::source_location where);
 
+// The xor, down and up shuffles: lane `src`'s value, or this lane's own `v`
+// where `src` falls outside this lane's `width`-wide group (CUDA's rule).
+template <typename T>
+T ShuffleInGroup(unsigned mask, T v, int src, int width, std::source_location where) {
+  const int group = LaneId() / width * width;
+  const uint64_t* all = WarpExchange(mask, ToBits(v), where);
+  if (src < group || src >= group + width) return v;
+  return FromBits<T>(all[ShuffleSource(mask, src, warpSize, where)]);
+}
+
 // ---- Shared memory: DUET_SHARED(T, name, n) declares n elements of T per
 // block; every access is checked for bounds and races.
 struct SharedShadow {
@@ -312,33 +322,17 @@ T __shfl_sync(unsigned mask, T v, int src, int width = warpSize,
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize,
                   std::source_location where = std::source_location::current()) {
-  const int lane = ::duet::simt::LaneId();
-  const uint64_t* all = ::duet::simt::WarpExchange(mask, ::duet::simt::ToBits(v), where);
-  const int group = lane / width * width;
-  const int src = lane ^ lane_mask;
-  // A source outside this lane's group reads the lane's own value (CUDA's rule).
-  if (src < group || src >= group + width) return v;
-  return ::duet::simt::FromBits<T>(all[::duet::simt::ShuffleSource(mask, src, warpSize, where)]);
+  return ::duet::simt::ShuffleInGroup(mask, v, ::duet::simt::LaneId() ^ lane_mask, width, where);
 }
 template <typename T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize,
                    std::source_location where = std::source_location::current()) {
-  const int lane = ::duet::simt::LaneId();
-  const uint64_t* all = ::duet::simt::WarpExchange(mask, ::duet::simt::ToBits(v), where);
-  const int group = lane / width * width;
-  const int src = lane + static_cast<int>(delta);
-  if (src >= group + width) return v;
-  return ::duet::simt::FromBits<T>(all[::duet::simt::ShuffleSource(mask, src, warpSize, where)]);
+  return ::duet::simt::ShuffleInGroup(mask, v, ::duet::simt::LaneId() + static_cast<int>(delta), width, where);
 }
 template <typename T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize,
                  std::source_location where = std::source_location::current()) {
-  const int lane = ::duet::simt::LaneId();
-  const uint64_t* all = ::duet::simt::WarpExchange(mask, ::duet::simt::ToBits(v), where);
-  const int group = lane / width * width;
-  const int src = lane - static_cast<int>(delta);
-  if (src < group) return v;
-  return ::duet::simt::FromBits<T>(all[::duet::simt::ShuffleSource(mask, src, warpSize, where)]);
+  return ::duet::simt::ShuffleInGroup(mask, v, ::duet::simt::LaneId() - static_cast<int>(delta), width, where);
 }
 unsigned __ballot_sync(unsigned mask, int predicate, std::source_location where = std::source_location::current());
 int __any_sync(unsigned mask, int predicate, std::source_location where = std::source_location::current());
