@@ -27,6 +27,9 @@ struct Item {
   std::function<std::string()> run;  // kWork: its fault, "" when clean.
   SimtEvent* event = nullptr;        // kRecord, kWait
   uint64_t serial = 0;               // kWait: the record it waits for.
+  // An implicit event's owner, shared by its record and its wait, so it
+  // goes when both have run (a user's event is the runtime's).
+  std::shared_ptr<SimtEvent> owned;
 };
 
 }  // namespace
@@ -132,11 +135,12 @@ cudaError_t DrainAll(Runtime& r) {
 }
 
 // `to` waits for what `from` holds now (an event of the runtime's own).
-void Order(Runtime& r, SimtStream& from, SimtStream& to) {
-  r.events.push_back(std::make_unique<SimtEvent>());
-  SimtEvent* e = r.events.back().get();
-  from.pending.push_back(Item{.kind = Item::kRecord, .what = "implicit record", .event = e, .serial = ++e->recorded});
-  to.pending.push_back(Item{.kind = Item::kWait, .what = "implicit wait", .event = e, .serial = e->recorded});
+void Order(SimtStream& from, SimtStream& to) {
+  auto e = std::make_shared<SimtEvent>();
+  from.pending.push_back(
+      Item{.kind = Item::kRecord, .what = "implicit record", .event = e.get(), .serial = ++e->recorded, .owned = e});
+  to.pending.push_back(
+      Item{.kind = Item::kWait, .what = "implicit wait", .event = e.get(), .serial = e->recorded, .owned = e});
 }
 
 void Push(Runtime& r, cudaStream_t stream, Item item) {
@@ -150,10 +154,10 @@ void Push(Runtime& r, cudaStream_t stream, Item item) {
   // cudaStreamCreate are blocking ones).
   if (s == &r.default_stream) {
     for (const auto& o : r.streams) {
-      if (!o->pending.empty()) Order(r, *o, *s);
+      if (!o->pending.empty()) Order(*o, *s);
     }
   } else if (!r.default_stream.pending.empty()) {
-    Order(r, r.default_stream, *s);
+    Order(r.default_stream, *s);
   }
   s->pending.push_back(std::move(item));
 }
