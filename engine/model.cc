@@ -289,10 +289,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
     return m;
   }
   if (tp < 1 || pp < 1) return absl::InvalidArgumentError("tensor and pipeline parallelism must be >= 1");
-  if (c.num_heads % tp != 0 || c.num_kv_heads % tp != 0 || c.intermediate_size % tp != 0) {
+  if (c.num_heads % tp != 0 || c.num_kv_heads % tp != 0 || c.intermediate_size % tp != 0 ||
+      c.moe_intermediate_size % tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor parallelism ", tp, " must divide the model's attention heads (", c.num_heads, "), KV heads (",
-        c.num_kv_heads, ") and intermediate size (", c.intermediate_size, ") in ", dir, "/config.json"));
+        c.num_kv_heads, ") and intermediate size (", c.intermediate_size,
+        c.num_experts > 0 ? absl::StrCat("; the experts': ", c.moe_intermediate_size) : "", ") in ", dir,
+        "/config.json"));
   }
   if (pp > c.num_layers) {
     return absl::InvalidArgumentError(
@@ -358,6 +361,10 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, " has ", map->layers.size(),
                                                      " layers; the model in ", dir_, " has ", c.num_layers));
     }
+    if (!map->experts.empty() && c.num_experts == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, " names experts' dtypes; the model in ",
+                                                     dir_, " has no experts"));
+    }
     if (c.gptq) {
       return absl::InvalidArgumentError(absl::StrCat("precision map ", map->source, ": the GPTQ checkpoint in ", dir_,
                                                      " holds its linear layers as q4z; a map applies to float "
@@ -407,6 +414,9 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
       RETURN_IF_ERROR(LoadNorm(*st, p + "self_attn.k_norm.weight", c.head_dim, L.k_norm));
     }
     RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt));
+    if (c.IsMoeLayer(i) && map && !map->experts.empty()) {  // The experts at their own dtype.
+      RETURN_IF_ERROR(LoadExperts(*st, i, map->experts[static_cast<size_t>(i)]));
+    }
     if (c.attention_bias) {
       L.bqkv.clear();
       RETURN_IF_ERROR(LoadSlice(*st, p + "self_attn.q_proj.bias", qd, sh.tp_rank * qd_r, qd_r, L.bqkv));
@@ -449,6 +459,7 @@ absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std:
                                       H, dt, *backend_));
   ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_,
                                     Cols{r * qd_r, qd_r}));
+  if (c.IsMoeLayer(i)) return LoadExperts(st, i, dt);
   ASSIGN_OR_RETURN(L.wgu, LoadLinear(st, c,
                                      {{p + "mlp.gate_proj.weight", I, r * I_r, I_r},
                                       {p + "mlp.up_proj.weight", I, r * I_r, I_r}},
@@ -456,6 +467,35 @@ absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std:
   ASSIGN_OR_RETURN(L.wdown, LoadLinear(st, c, {{p + "mlp.down_proj.weight", H}}, I, dt, *backend_,
                                        Cols{r * I_r, I_r}));
   return absl::OkStatus();
+}
+
+absl::Status Model::LoadExperts(const SafetensorsModel& st, int64_t i, std::optional<kernels::DType> dt) {
+  const spec::ModelConfig& c = config_;
+  const Shard& sh = shard_;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, r = sh.tp_rank, I_r = I / sh.tp;
+  Layer& L = layers_[i - sh.layer_begin];
+  ASSIGN_OR_RETURN(L.router, LoadMatrix(st, {{c.RouterName(i), c.num_experts}}, H, kernels::DType::kF32, *backend_));
+  L.expert_weights.clear();
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    // Each expert split as the dense MLP is: its gate and up rows, its down columns.
+    const spec::ModelConfig::ExpertNames n = c.ExpertTensorNames(i, e);
+    ASSIGN_OR_RETURN(kernels::HostWeights gu,
+                     LoadLinear(st, c, {{n.gate, I, r * I_r, I_r}, {n.up, I, r * I_r, I_r}}, H, dt, *backend_));
+    ASSIGN_OR_RETURN(kernels::HostWeights down, LoadLinear(st, c, {{n.down, H}}, I, dt, *backend_, Cols{r * I_r, I_r}));
+    L.expert_weights.push_back(std::move(gu));
+    L.expert_weights.push_back(std::move(down));
+  }
+  L.experts.clear();
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    L.experts.push_back({L.expert_weights[2 * e].view(), L.expert_weights[2 * e + 1].view()});
+  }
+  return absl::OkStatus();
+}
+
+int64_t Model::Layer::linear_bytes() const {
+  int64_t b = wqkv.bytes() + wo.bytes() + wgu.bytes() + wdown.bytes() + router.bytes();
+  for (const kernels::HostWeights& w : expert_weights) b += w.bytes();
+  return b;
 }
 
 absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dtype) {
@@ -480,14 +520,13 @@ int64_t Model::layer_weight_bytes(int64_t layer) const {
     }
     return b;
   }
-  const Layer& L = layers_[layer - shard_.layer_begin];
-  return L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
+  return layers_[layer - shard_.layer_begin].linear_bytes();
 }
 
 int64_t Model::weight_bytes() const {
   int64_t b = embed_.bytes() + lm_head_.bytes() + static_cast<int64_t>(final_norm_.size()) * 4;
   for (const Layer& L : layers_) {
-    b += L.wqkv.bytes() + L.wo.bytes() + L.wgu.bytes() + L.wdown.bytes();
+    b += L.linear_bytes();
     b += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size() +
                               L.attn_out_norm.size() + L.mlp_out_norm.size() + L.bqkv.size() + L.bo.size()) *
          4;
@@ -609,6 +648,10 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   // The LM head's output on this rank: all the logits at tp 1, else its
   // share of the vocabulary (or, on rank 0, any rank's, as it receives them).
   const int64_t part_cols = sh.tp == 1 ? V : V / sh.tp + 1;
+  // This stage's MLPs: dense, experts (each 1/tp of its width here), or both.
+  bool dense = false, moe = false;
+  for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) (c.IsMoeLayer(li) ? moe : dense) = true;
+  const int64_t E = c.num_experts, K = c.experts_per_token, Ie = c.moe_intermediate_size / sh.tp;
 
   // The step's memory, one buffer of the backend's that the host reaches
   // only by one upload of the indices and one download of the logits:
@@ -617,8 +660,11 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   Carver carve;
   const auto floats = [&](int64_t n) { return carve.Take(n * static_cast<int64_t>(sizeof(float))); };
   const int64_t x_at = floats(T * H), h_at = floats(T * H), qkv_at = floats(T * qkvd), q_at = floats(T * qd),
-                k_at = floats(T * kvd), v_at = floats(T * kvd), attn_at = floats(T * qd), gu_at = floats(T * 2 * I),
-                act_at = floats(T * I), partial_at = floats(sh.tp > 1 || c.gemma_norms ? T * H : 0),
+                k_at = floats(T * kvd), v_at = floats(T * kvd), attn_at = floats(T * qd),
+                gu_at = floats(dense ? T * 2 * I : 0), act_at = floats(dense ? T * I : 0),
+                partial_at = floats(sh.tp > 1 || c.gemma_norms || moe ? T * H : 0),
+                scores_at = floats(moe ? T * E : 0),
+                moe_at = carve.Take(moe ? kernels::MoeScratchBytes(T, K, E, H, Ie) : 0),
                 sel_at = floats(heads ? R * H : 0), part_at = floats(heads ? R * part_cols : 0),
                 logits_at = floats(heads && sh.tp > 1 && sh.tp_rank == 0 ? R * V : 0);
   Carver index;  // Inside the index region.
@@ -635,7 +681,7 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   const auto at = [&](int64_t offset) { return reinterpret_cast<float*>(base + offset); };
   float *x = at(x_at), *h = at(h_at), *qkv = at(qkv_at), *q = at(q_at), *k = at(k_at), *v = at(v_at),
         *attn = at(attn_at), *gu = at(gu_at), *act = at(act_at), *partial = at(partial_at), *sel = at(sel_at),
-        *part = at(part_at);
+        *part = at(part_at), *scores = at(scores_at);
   const int32_t* ids = reinterpret_cast<const int32_t*>(base + index_at + ids_at);
   const int32_t* positions = reinterpret_cast<const int32_t*>(base + index_at + pos_at);
   const int32_t* slots = reinterpret_cast<const int32_t*>(base + index_at + slots_at);
@@ -684,14 +730,19 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   // x += a * w^T (+ bias), normalised first by `out_norm` where a model has
   // one (Gemma): in one GEMM, or, for a row-parallel linear of a
   // tensor-parallel rank, this rank's partial product summed over the ranks.
+  // x += partial, summed over the tensor-parallel ranks and normalised
+  // by `out_norm` first where they apply.
+  auto add_partial = [&](const std::vector<float>& out_norm) {
+    if (sh.tp > 1) be.AllReduceSum(*sh.tp_group, partial, T * H);
+    if (!out_norm.empty()) be.RmsNorm(partial, out_norm.data(), partial, T, H, static_cast<float>(c.rms_norm_eps));
+    be.Add(partial, x, T * H);
+  };
   auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias,
                         const std::vector<float>& out_norm) {
     const float* b = bias.empty() ? nullptr : bias.data();
     if (sh.tp == 1 && out_norm.empty()) return be.Gemm(a, w.view(), b, x, T, true);
     RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial, T, false));
-    if (sh.tp > 1) be.AllReduceSum(*sh.tp_group, partial, T * H);
-    if (!out_norm.empty()) be.RmsNorm(partial, out_norm.data(), partial, T, H, static_cast<float>(c.rms_norm_eps));
-    be.Add(partial, x, T * H);
+    add_partial(out_norm);
     return absl::OkStatus();
   };
   for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) {
@@ -719,6 +770,15 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
                        .kv_head_begin = kv_head_begin, .kv_heads = nkv});
     RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo, L.attn_out_norm));
     be.RmsNorm(x, L.post_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
+    if (c.IsMoeLayer(li)) {
+      // The router's scores (every rank alike), then each token's experts.
+      RETURN_IF_ERROR(be.Gemm(h, L.router.view(), nullptr, scores, T, false));
+      RETURN_IF_ERROR(be.Moe({.x = h, .scores = scores, .out = partial, .experts = L.experts.data(),
+                              .num_experts = E, .top_k = K, .renormalize = c.norm_topk_prob, .rows = T,
+                              .scratch = base + moe_at}));
+      add_partial(L.mlp_out_norm);
+      continue;
+    }
     RETURN_IF_ERROR(be.Gemm(h, L.wgu.view(), nullptr, gu, T, false));
     if (c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh) {
       be.GeluTanhMul(gu, act, T, I);

@@ -1,4 +1,5 @@
-// A Llama-family decoder (llama, mistral, qwen2, qwen3) and its batched forward pass
+// A Llama-family decoder (llama, mistral, qwen2, qwen3, gemma3_text, and the
+// mixtures of experts qwen3_moe and mixtral) and its batched forward pass
 // over a paged KV cache.
 //
 //   ASSIGN_OR_RETURN(auto model, Model::Load(dir, backend.get()));
@@ -27,7 +28,9 @@
 // embedding is replicated on the first stage; the last stage's ranks each
 // hold 1/tp of the LM head's vocabulary rows (vocab-parallel; a tied head
 // is a slice of the embedding), and rank 0 gathers the logits, so the head
-// is read with every rank's threads. Every rank writes its layers' and
+// is read with every rank's threads. A mixture-of-experts layer's experts
+// are each split as the MLP is (1/tp of every expert's width on each rank,
+// the router whole on all), so every rank runs the same experts. Every rank writes its layers' and
 // heads' K and V into the caller's one pool, in the layout of an unsharded
 // model, so a sharded instance's KV handles and transfers are those of an
 // unsharded one. PP gives the same bits as PP=1 (the same ops on the same
@@ -74,8 +77,9 @@ struct LoadOptions {
   // layers load as q4z whatever this says (engine/gptq.h); it applies to
   // the embedding and lm_head there.
   std::optional<kernels::DType> weight_dtype;
-  // Each layer's linear weights' dtype, and the embedding's and lm_head's
-  // where it names them (weight_dtype where it does not). Not with GPTQ.
+  // Each layer's linear weights' dtype (and its experts', where the map
+  // names them apart), and the embedding's and lm_head's where it names
+  // them (weight_dtype where it does not). Not with GPTQ.
   std::optional<PrecisionMap> precision_map;
   // The KV cache's dtype (f32, bf16, f16; nullopt: the backend's default).
   std::optional<kernels::DType> kv_dtype;
@@ -149,6 +153,15 @@ class Model {
     std::vector<float> bo;
     kernels::HostWeights wgu;    // [gate rows | up rows][hidden]
     kernels::HostWeights wdown;  // [hidden][inter]
+    // A mixture-of-experts layer's (ModelConfig::IsMoeLayer) in place of
+    // wgu and wdown: the router, kept in f32 whatever the dtypes (so that
+    // tokens choose the experts the checkpoint's router chooses), and each
+    // expert's gate|up and down (expert_weights: 2e and 2e + 1), viewed by
+    // `experts` for the op.
+    kernels::HostWeights router;  // [experts][hidden]
+    std::vector<kernels::HostWeights> expert_weights;
+    std::vector<kernels::ExpertWeights> experts;
+    int64_t linear_bytes() const;
   };
 
   // One rank's place in a sharded model; the defaults are an unsharded one.
@@ -171,6 +184,8 @@ class Model {
   // first row and row count (all of it at tp 1).
   std::pair<int64_t, int64_t> VocabRange(int r) const;
   absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
+  // A mixture-of-experts layer's router and experts (its experts in `dtype`).
+  absl::Status LoadExperts(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
   // A norm's weights of `size`, with Gemma's 1 folded in (x * (1 + w)).
   absl::Status LoadNorm(const SafetensorsModel& st, const std::string& name, int64_t size, std::vector<float>& dst) const;
 

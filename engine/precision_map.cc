@@ -31,14 +31,14 @@ absl::StatusOr<PrecisionMap> ParsePrecisionMap(const std::string& json_text, con
   PrecisionMap map;
   map.source = source;
   for (const auto& [key, value] : j.items()) {
-    if (key == "layers") {
+    if (key == "layers" || key == "experts") {
       if (!value.is_array() || value.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(source, ": \"layers\" must be a non-empty array of dtypes"));
+        return absl::InvalidArgumentError(absl::StrCat(source, ": \"", key, "\" must be a non-empty array of dtypes"));
       }
       for (size_t i = 0; i < value.size(); ++i) {
-        absl::StatusOr<kernels::DType> d = DTypeAt(value[i], absl::StrCat(source, ": layers[", i, "]"));
+        absl::StatusOr<kernels::DType> d = DTypeAt(value[i], absl::StrCat(source, ": ", key, "[", i, "]"));
         if (!d.ok()) return d.status();
-        map.layers.push_back(*d);
+        (key == "layers" ? map.layers : map.experts).push_back(*d);
       }
     } else if (key == "embedding" || key == "lm_head") {
       absl::StatusOr<kernels::DType> d = DTypeAt(value, absl::StrCat(source, ": \"", key, "\""));
@@ -46,10 +46,14 @@ absl::StatusOr<PrecisionMap> ParsePrecisionMap(const std::string& json_text, con
       (key == "embedding" ? map.embedding : map.lm_head) = *d;
     } else if (key != "plan") {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": unknown key \"", key, "\" (a precision map has layers, embedding, lm_head, plan)"));
+          absl::StrCat(source, ": unknown key \"", key, "\" (a precision map has layers, experts, embedding, lm_head, plan)"));
     }
   }
   if (map.layers.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": no \"layers\""));
+  if (!map.experts.empty() && map.experts.size() != map.layers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": \"experts\" has ", map.experts.size(),
+                                                   " entries and \"layers\" ", map.layers.size(), "; one per layer"));
+  }
   return map;
 }
 
@@ -65,6 +69,10 @@ std::string PrecisionMapJson(const PrecisionMap& map, const std::string& plan) {
   nlohmann::ordered_json j;
   j["layers"] = nlohmann::ordered_json::array();
   for (kernels::DType d : map.layers) j["layers"].push_back(kernels::DTypeName(d));
+  if (!map.experts.empty()) {
+    j["experts"] = nlohmann::ordered_json::array();
+    for (kernels::DType d : map.experts) j["experts"].push_back(kernels::DTypeName(d));
+  }
   if (map.embedding) j["embedding"] = kernels::DTypeName(*map.embedding);
   if (map.lm_head) j["lm_head"] = kernels::DTypeName(*map.lm_head);
   if (!plan.empty()) j["plan"] = nlohmann::ordered_json::parse(plan);

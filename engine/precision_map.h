@@ -8,6 +8,9 @@
 //
 // The file is JSON:
 //   {"layers": ["bf16", "q4", "q4", "q8"],   one per layer, in order
+//    "experts": ["q4", "q4", "q4", "q4"],    optional: a mixture of experts' expert
+//                                            weights, one per layer (a dense layer's
+//                                            is unused; default: the layer's)
 //    "embedding": "q8", "lm_head": "q8",     optional (default: --weight-dtype)
 //    "plan": {...}}                          optional, what the planner measured;
 //                                            workers ignore it
@@ -27,6 +30,7 @@ namespace duet::engine {
 
 struct PrecisionMap {
   std::vector<kernels::DType> layers;
+  std::vector<kernels::DType> experts;  // Empty: each layer's experts as the layer.
   std::optional<kernels::DType> embedding;
   std::optional<kernels::DType> lm_head;
   std::string source;  // Where it was read from, for error messages.

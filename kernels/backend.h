@@ -28,6 +28,7 @@
 #include "kernels/buffer.h"
 #include "kernels/communicator.h"
 #include "kernels/dtype.h"
+#include "kernels/moe.h"
 
 namespace duet::kernels {
 
@@ -39,7 +40,7 @@ enum class WeightOp { kGemm, kEmbedding };
 // op harness (kernels/backend_ops_test.cc) must cover.
 inline constexpr std::string_view kOpNames[] = {
     "gemm", "embedding", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul", "scale", "paged_attention", "kv_store",
-    "add", "gather_rows", "copy_2d", "all_reduce_sum", "send", "recv"};
+    "add", "gather_rows", "copy_2d", "moe", "all_reduce_sum", "send", "recv"};
 
 class KernelBackend {
  public:
@@ -91,6 +92,11 @@ class KernelBackend {
   // their columns); the two must not overlap.
   virtual void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                       int64_t cols) = 0;
+
+  // The mixture-of-experts MLP (kernels/moe.h): each row's chosen experts,
+  // weighted; every weight dtype Gemm runs. Each row the same bits whatever
+  // the other rows chose where the Gemm is batch-invariant.
+  virtual absl::Status Moe(const MoeArgs& args) = 0;
 
   // Collectives (kernels/communicator.h) on this backend's memory, with the
   // communicator's meaning: `data` replaced on every rank by the sum in rank

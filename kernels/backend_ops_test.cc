@@ -344,6 +344,51 @@ void Copy2DCase(Env& env) {
   }
 }
 
+void MoeCase(Env& env) {
+  // Softmax probabilities over the experts are summed into the outputs, so
+  // summation alone separates the backends from the reference, as in Gemm.
+  constexpr double kTolerance = 1e-11;
+  Device dev(env.be);
+  const int64_t E = 6, H = 64, I = 96;
+  for (DType dtype : kAllDTypes) {
+    if (!env.be.Supports(WeightOp::kGemm, dtype)) continue;
+    std::vector<HostWeights> weights;
+    std::vector<ExpertWeights> experts;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> gu = Random(static_cast<size_t>(2 * I * H), 40 + e, 0.3f),
+                               down = Random(static_cast<size_t>(H * I), 50 + e, 0.3f);
+      weights.push_back(QuantizeWeights(gu.data(), 2 * I, H, dtype));
+      weights.push_back(QuantizeWeights(down.data(), H, I, dtype));
+    }
+    for (int64_t e = 0; e < E; ++e) experts.push_back({weights[2 * e].view(), weights[2 * e + 1].view()});
+    // One row, a decode batch, a prefill's rows (some experts idle at 1, all
+    // busy at 33); top 1, 2 and all of them.
+    for (int64_t rows : {1, 9, 33}) {
+      for (int64_t top_k : {int64_t{1}, int64_t{2}, E}) {
+        for (bool renormalize : {false, true}) {
+          INFO(DTypeName(dtype) << " rows=" << rows << " top_k=" << top_k << " renormalize=" << renormalize);
+          const std::vector<float> x = Random(static_cast<size_t>(rows * H), 60),
+                                   scores = Random(static_cast<size_t>(rows * E), 61, 3.0f);
+          std::vector<float> want(static_cast<size_t>(rows * H));
+          MoeArgs args{.num_experts = E, .top_k = top_k, .renormalize = renormalize, .rows = rows};
+          args.experts = experts.data();
+          MoeArgs host = args;
+          host.x = x.data();
+          host.scores = scores.data();
+          host.out = want.data();
+          ref::Moe(host);
+          args.x = dev.Put(x);
+          args.scores = dev.Put(scores);
+          args.out = dev.Put(std::vector<float>(want.size(), -1.0f));
+          args.scratch = dev.Put(std::vector<uint8_t>(static_cast<size_t>(MoeScratchBytes(rows, top_k, E, H, I))));
+          REQUIRE(env.be.Moe(args).ok());
+          Expect(dev.Get(args.out, want.size()), want, kTolerance);
+        }
+      }
+    }
+  }
+}
+
 // Two ranks on two threads: `be` rank 0 and `peer` rank 1.
 void CollectivesCase(Env& env) {
   Device d0(env.be), d1(env.peer);
@@ -389,6 +434,7 @@ const std::vector<OpCase>& Cases() {
       {{"add"}, AddCase},
       {{"gather_rows"}, GatherRowsCase},
       {{"copy_2d"}, Copy2DCase},
+      {{"moe"}, MoeCase},
       {{"all_reduce_sum", "send", "recv"}, CollectivesCase},
   };
   return *cases;

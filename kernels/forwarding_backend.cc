@@ -58,6 +58,12 @@ void ForwardingBackend::Copy2D(const float* src, int64_t src_stride, float* dst,
   Call("copy_2d", [&] { inner_->Copy2D(src, src_stride, dst, dst_stride, rows, cols); });
 }
 
+absl::Status ForwardingBackend::Moe(const MoeArgs& args) {
+  absl::Status st;
+  Call("moe", [&] { st = inner_->Moe(args); });
+  return st;
+}
+
 void ForwardingBackend::AllReduceSum(Communicator& comm, float* data, int64_t n) {
   Call("all_reduce_sum", [&] { inner_->AllReduceSum(comm, data, n); });
 }

@@ -47,6 +47,7 @@ class ForwardingBackend : public KernelBackend {
   void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) override;
   void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
               int64_t cols) override;
+  absl::Status Moe(const MoeArgs& args) override;
   void AllReduceSum(Communicator& comm, float* data, int64_t n) override;
   void Send(Communicator& comm, int peer, const float* data, int64_t n) override;
   void Recv(Communicator& comm, int peer, float* data, int64_t n) override;

@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -121,6 +123,40 @@ absl::Status ReadGemma3(const json& j, const Reader& r, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// The experts of qwen3_moe and mixtral (ModelConfig's MoE fields), and
+// which layers have them.
+absl::Status ReadMoe(const json& j, const Reader& r, ModelConfig& c) {
+  const bool mixtral = c.model_type == "mixtral";
+  ASSIGN_OR_RETURN(c.num_experts, r.Int(mixtral ? "num_local_experts" : "num_experts", true, 0, 1));
+  ASSIGN_OR_RETURN(c.experts_per_token, r.Int("num_experts_per_tok", true, 0, 1));
+  if (c.experts_per_token > c.num_experts) {
+    return r.Error("num_experts_per_tok", absl::StrCat("(", c.experts_per_token, ") exceeds the experts (",
+                                                       c.num_experts, ")"));
+  }
+  c.layer_moe.assign(static_cast<size_t>(c.num_layers), true);
+  if (mixtral) {  // Every layer's MLP is experts of intermediate_size, renormalised top-k.
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(c.moe_intermediate_size, r.Int("moe_intermediate_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c.norm_topk_prob, r.Bool("norm_topk_prob", false));
+  // Hugging Face's rule: layer i is sparse unless mlp_only_layers names it
+  // or (i + 1) is not a multiple of decoder_sparse_step.
+  ASSIGN_OR_RETURN(int64_t step, r.Int("decoder_sparse_step", false, 1, 1));
+  for (int64_t i = 0; i < c.num_layers; ++i) c.layer_moe[static_cast<size_t>(i)] = (i + 1) % step == 0;
+  if (auto only = j.find("mlp_only_layers"); only != j.end() && !only->is_null()) {
+    if (!only->is_array()) return r.Error("mlp_only_layers", "must be a list of layer indices");
+    for (const json& l : *only) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.num_layers) {
+        return r.Error("mlp_only_layers", absl::StrCat("must hold layer indices in 0..", c.num_layers - 1));
+      }
+      c.layer_moe[static_cast<size_t>(l.get<int64_t>())] = false;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The ids a request's end depends on: eos_token_id (an integer or a list,
 // added to those c holds) and bos_token_id (where set), checked against
 // c.vocab_size.
@@ -207,10 +243,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) return r.Error("model_type", "is missing or not a string");
   c.model_type = mt->get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
-      c.model_type != "gemma3_text") {
+  static constexpr std::string_view kTypes[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe",
+                                                 "mixtral"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
     return r.Error("model_type", absl::StrCat("is \"", c.model_type,
-                                              "\"; supported: llama, mistral, qwen2, qwen3, gemma3_text"));
+                                              "\"; supported: llama, mistral, qwen2, qwen3, gemma3_text, qwen3_moe, "
+                                              "mixtral"));
   }
   ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
   ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size", true, 0, 1));
@@ -273,13 +311,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
     c.o_bias = c.attention_bias;
     ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   }
-  c.qk_norm = c.model_type == "qwen3" || c.model_type == "gemma3_text";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gemma3_text";
   c.layer_window.assign(c.num_layers, 0);
   if (c.model_type == "gemma3_text") RETURN_IF_ERROR(ReadGemma3(j, r, c));
-  if (c.model_type == "mistral") {
+  if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") RETURN_IF_ERROR(ReadMoe(j, r, c));
+  if (c.model_type == "mistral" || c.model_type == "mixtral") {
     ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", false, 0, 0));
     std::fill(c.layer_window.begin(), c.layer_window.end(), w);
-  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
     ASSIGN_OR_RETURN(bool use, r.Bool("use_sliding_window", false));
     if (use) {
       ASSIGN_OR_RETURN(int64_t w, r.Int("sliding_window", true, 0, 1));
@@ -379,6 +418,28 @@ bool ModelConfig::IsEos(int32_t id) const {
   return std::find(eos_token_ids.begin(), eos_token_ids.end(), id) != eos_token_ids.end();
 }
 
+int64_t ModelConfig::NumMoeLayers() const {
+  return num_experts == 0 ? 0 : std::count(layer_moe.begin(), layer_moe.end(), true);
+}
+
+std::string ModelConfig::RouterName(int64_t i) const {
+  return absl::StrCat("model.layers.", i, model_type == "mixtral" ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight");
+}
+
+ModelConfig::ExpertNames ModelConfig::ExpertTensorNames(int64_t i, int64_t e) const {
+  if (model_type == "mixtral") {
+    const std::string p = absl::StrCat("model.layers.", i, ".block_sparse_moe.experts.", e, ".");
+    return {p + "w1.weight", p + "w3.weight", p + "w2.weight"};
+  }
+  const std::string p = absl::StrCat("model.layers.", i, ".mlp.experts.", e, ".");
+  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+}
+
+int64_t ModelConfig::NumActiveParameters() const {
+  const int64_t per_expert = 3 * hidden_size * moe_intermediate_size;
+  return NumParameters() - NumMoeLayers() * (num_experts - experts_per_token) * per_expert;
+}
+
 int64_t ModelConfig::NumParameters() const {
   int64_t per_layer = hidden_size * (q_dim() + 2 * kv_dim()) + q_dim() * hidden_size +
                       3 * hidden_size * intermediate_size + 2 * hidden_size;
@@ -387,6 +448,9 @@ int64_t ModelConfig::NumParameters() const {
   if (qk_norm) per_layer += 2 * head_dim;
   if (gemma_norms) per_layer += 2 * hidden_size;  // post-attention and post-feedforward norms
   int64_t total = num_layers * per_layer + vocab_size * hidden_size + hidden_size;
+  // A sparse layer holds its experts and its router instead of the dense MLP.
+  total += NumMoeLayers() * (num_experts * (3 * hidden_size * moe_intermediate_size + hidden_size) -
+                             3 * hidden_size * intermediate_size);
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
   return total;
 }

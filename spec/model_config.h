@@ -11,8 +11,14 @@
 // x * (1 + w) with norms before and after attention and the MLP, q/k norms,
 // the embedding scaled by sqrt(hidden_size) (in the checkpoint's dtype), a GELU-tanh MLP, local
 // sliding-window layers with their own RoPE base between global ones,
-// query_pre_attn_scalar; soft-capping is refused). Anything else, or a missing or ill-typed field,
-// is InvalidArgument naming the file and the field.
+// query_pre_attn_scalar; soft-capping is refused), and the mixtures of
+// experts qwen3_moe (qwen3's attention; each sparse layer's MLP num_experts
+// experts of moe_intermediate_size, num_experts_per_tok chosen per token,
+// norm_topk_prob, decoder_sparse_step and mlp_only_layers naming the dense
+// layers) and mixtral (mistral's attention; num_local_experts experts of
+// intermediate_size in every layer, the chosen experts' weights a softmax
+// over them). Anything else, or a missing or ill-typed field, is
+// InvalidArgument naming the file and the field.
 #ifndef DUET_SPEC_MODEL_CONFIG_H_
 #define DUET_SPEC_MODEL_CONFIG_H_
 
@@ -27,7 +33,7 @@
 namespace duet::spec {
 
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | gemma3_text
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | gemma3_text | qwen3_moe | mixtral
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -59,6 +65,17 @@ struct ModelConfig {
   // RoPE of the sliding-window layers where it differs from `rope`
   // (Gemma-3's rope_local_base_freq, no scaling); nullopt: `rope` everywhere.
   std::optional<kernels::RopeConfig> local_rope;
+  // Mixture of experts: a router (a [num_experts][hidden] linear) scores
+  // each token, the softmax of the scores picks experts_per_token experts,
+  // and the token's MLP output is their SiLU-gated MLPs' (each of
+  // moe_intermediate_size) weighted by those probabilities, renormalised to
+  // sum to one where norm_topk_prob is set. Layers whose layer_moe is false
+  // keep a dense MLP of intermediate_size. num_experts 0: a dense model.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  std::vector<bool> layer_moe;
   // Sliding window per layer (0 = full attention).
   std::vector<int64_t> layer_window;
   std::vector<int32_t> eos_token_ids;  // config.json's, then generation_config.json's others
@@ -102,13 +119,27 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> ShapeFromFile(const std::string& path);
 
   int64_t q_dim() const { return num_heads * head_dim; }
+  bool IsMoeLayer(int64_t i) const { return num_experts > 0 && layer_moe[static_cast<size_t>(i)]; }
+  int64_t NumMoeLayers() const;
+  // The checkpoint's names of layer i's router and of expert e's three
+  // linears (qwen3_moe: mlp.gate, mlp.experts.E.{gate,up,down}_proj;
+  // mixtral: block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2}).
+  struct ExpertNames {
+    std::string gate, up, down;
+  };
+  std::string RouterName(int64_t i) const;
+  ExpertNames ExpertTensorNames(int64_t i, int64_t e) const;
   float AttentionScale() const;
   // The RoPE of layer i: local_rope on a sliding-window layer if set, else rope.
   const kernels::RopeConfig& LayerRope(int64_t i) const;
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   bool IsEos(int32_t id) const;
-  // Parameters in the weights, embeddings included.
+  // Parameters in the weights, embeddings included (every expert's).
   int64_t NumParameters() const;
+  // Those a token's forward pass reads: NumParameters with only
+  // experts_per_token of each MoE layer's experts (NumParameters for a dense
+  // model).
+  int64_t NumActiveParameters() const;
 };
 
 }  // namespace duet::spec

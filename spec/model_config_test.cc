@@ -101,6 +101,49 @@ TEST_CASE("Gemma-3's text config: layer kinds, two RoPEs, its scales; soft-cappi
   CHECK_THAT(std::string(capped.status().message()), Contains("final_logit_softcapping"));
 }
 
+TEST_CASE("mixtures of experts: Qwen3-30B-A3B's and Mixtral-8x7B's configs, sparse layers, sizes", "[config]") {
+  auto q = ModelConfig::FromJson(R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": false,
+    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "attention_bias": false})", "config.json");
+  REQUIRE(q.ok());
+  CHECK(q->qk_norm);
+  CHECK(q->NumMoeLayers() == 48);
+  CHECK(q->norm_topk_prob);
+  CHECK(q->RouterName(3) == "model.layers.3.mlp.gate.weight");
+  CHECK(q->ExpertTensorNames(3, 127).down == "model.layers.3.mlp.experts.127.down_proj.weight");
+  // As published: 30.5B parameters, 3.3B of them active.
+  CHECK(std::abs(q->NumParameters() / 1e9 - 30.53) < 0.01);
+  CHECK(std::abs(q->NumActiveParameters() / 1e9 - 3.35) < 0.01);
+
+  auto m = ModelConfig::FromJson(R"({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": null, "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768})", "config.json");
+  REQUIRE(m.ok());
+  CHECK(m->moe_intermediate_size == 14336);
+  CHECK(m->norm_topk_prob);  // Mixtral's softmax over the chosen two.
+  CHECK(m->layer_window == std::vector<int64_t>(32, 0));
+  CHECK(m->ExpertTensorNames(0, 7).gate == "model.layers.0.block_sparse_moe.experts.7.w1.weight");
+  CHECK(m->ExpertTensorNames(0, 7).up == "model.layers.0.block_sparse_moe.experts.7.w3.weight");
+  CHECK(std::abs(m->NumParameters() / 1e9 - 46.70) < 0.01);  // 46.7B, 12.9B active
+  CHECK(std::abs(m->NumActiveParameters() / 1e9 - 12.88) < 0.01);
+
+  // Dense layers: mlp_only_layers, and every decoder_sparse_step-th layer sparse.
+  const std::string base = R"({"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 6, "num_attention_heads": 4,
+    "num_experts": 4, )";
+  auto sparse = ModelConfig::FromJson(base + R"("num_experts_per_tok": 2, "decoder_sparse_step": 2, "mlp_only_layers": [3]})", "c.json");
+  REQUIRE(sparse.ok());
+  CHECK(sparse->layer_moe == std::vector<bool>{false, true, false, false, false, true});
+  CHECK_FALSE(sparse->norm_topk_prob);
+  auto bad = ModelConfig::FromJson(base + R"("num_experts_per_tok": 2, "mlp_only_layers": [6]})", "c.json");
+  CHECK_THAT(std::string(bad.status().message()), Contains("mlp_only_layers") && Contains("0..5"));
+  auto many = ModelConfig::FromJson(base + R"("num_experts_per_tok": 5})", "c.json");
+  CHECK_THAT(std::string(many.status().message()), Contains("exceeds the experts (4)"));
+}
+
 TEST_CASE("bad configs name the file and the field", "[config]") {
   auto bad = [](const std::string& json) { return ModelConfig::FromJson(json, "/m/config.json").status(); };
   auto s = bad("{");

@@ -1,6 +1,9 @@
 #include "tests/reference_model.h"
 
 #include <cmath>
+#include <limits>
+#include <numeric>
+#include <set>
 #include <stdexcept>
 
 #include "engine/safetensors.h"
@@ -61,10 +64,14 @@ ReferenceModel::ReferenceModel(const std::string& dir, std::optional<kernels::DT
   config_ = *cfg;
   auto st = engine::SafetensorsModel::Open(dir);
   if (!st.ok()) throw std::runtime_error(st.status().ToString());
+  std::set<std::string> routers;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (config_.IsMoeLayer(l)) routers.insert(config_.RouterName(l));
+  }
   for (const std::string& name : (*st)->Names()) {
     const engine::TensorView& t = *(*st)->Find(name);
     std::vector<float> f = engine::ToFloat32(t);
-    if (weights && t.shape.size() == 2) {
+    if (weights && t.shape.size() == 2 && routers.count(name) == 0) {
       f = kernels::Dequantize(kernels::QuantizeWeights(f.data(), t.shape[0], t.shape[1], *weights).view());
     }
     w_[name] = std::vector<double>(f.begin(), f.end());
@@ -117,6 +124,45 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
     }
   };
 
+  // A SiLU-gated MLP of the three linears named.
+  auto mlp = [&](const std::vector<double>& in, const std::string& gate, const std::string& up,
+                 const std::string& down) {
+    auto g = Linear(W(gate), nullptr, in);
+    auto u = Linear(W(up), nullptr, in);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double a = c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh
+                           ? 0.5 * g[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                           : g[i] / (1 + std::exp(-g[i]));
+      g[i] = a * u[i];
+    }
+    return Linear(W(down), nullptr, g);
+  };
+  min_router_margin_ = std::numeric_limits<double>::infinity();
+  // A mixture of experts' MLP of layer l: the router's softmax, its top k
+  // (Hugging Face's order: by probability), renormalised where the config
+  // says, each chosen expert's MLP weighted by its probability.
+  auto experts = [&](const std::vector<double>& in, int64_t l) {
+    const std::vector<double> s = Linear(W(c.RouterName(l)), nullptr, in);
+    std::vector<size_t> order(s.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return s[a] > s[b]; });
+    const size_t k = static_cast<size_t>(c.experts_per_token);
+    if (k < s.size()) min_router_margin_ = std::min(min_router_margin_, s[order[k - 1]] - s[order[k]]);
+    const double mx = s[order[0]];
+    double z = 0, chosen = 0;
+    for (double v : s) z += std::exp(v - mx);
+    for (size_t j = 0; j < k; ++j) chosen += std::exp(s[order[j]] - mx) / z;
+    std::vector<double> out(in.size(), 0.0);
+    for (size_t j = 0; j < k; ++j) {
+      double w = std::exp(s[order[j]] - mx) / z;
+      if (c.norm_topk_prob) w /= chosen;
+      const spec::ModelConfig::ExpertNames n = c.ExpertTensorNames(l, static_cast<int64_t>(order[j]));
+      const std::vector<double> y = mlp(in, n.gate, n.up, n.down);
+      for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
+    }
+    return out;
+  };
+
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const bool qkv_bias = c.attention_bias;
@@ -160,15 +206,8 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
       if (c.gemma_norms) o = Norm(o, p + "post_attention_layernorm.weight");
       for (size_t i = 0; i < H; ++i) x[t][i] += o[i];
       auto h2 = Norm(x[t], p + (c.gemma_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
-      auto g = Linear(W(p + "mlp.gate_proj.weight"), nullptr, h2);
-      auto u = Linear(W(p + "mlp.up_proj.weight"), nullptr, h2);
-      for (size_t i = 0; i < g.size(); ++i) {
-        const double a = c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh
-                             ? 0.5 * g[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
-                             : g[i] / (1 + std::exp(-g[i]));
-        g[i] = a * u[i];
-      }
-      auto d = Linear(W(p + "mlp.down_proj.weight"), nullptr, g);
+      auto d = c.IsMoeLayer(l) ? experts(h2, l)
+                               : mlp(h2, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight");
       if (c.gemma_norms) d = Norm(d, p + "post_feedforward_layernorm.weight");
       for (size_t i = 0; i < H; ++i) x[t][i] += d[i];
     }

@@ -21,13 +21,19 @@ namespace duet::testing {
 
 class ReferenceModel {
  public:
-  // With `weights`, every weight matrix (each 2-D tensor) is replaced by
-  // what that dtype holds of it (kernels::Dequantize of QuantizeWeights),
-  // as the engine's --weight-dtype loads it.
+  // With `weights`, every weight matrix (each 2-D tensor) but a mixture of
+  // experts' routers (which the engine keeps in f32) is replaced by what
+  // that dtype holds of it (kernels::Dequantize of QuantizeWeights), as the
+  // engine's --weight-dtype loads it.
   explicit ReferenceModel(const std::string& dir, std::optional<kernels::DType> weights = std::nullopt);
   const spec::ModelConfig& config() const { return config_; }
   // Logits for every position of `tokens`, causal over the whole list.
   std::vector<std::vector<double>> Logits(const std::vector<int32_t>& tokens) const;
+  // Of the last Logits call on a mixture of experts: the smallest gap, over
+  // every token and MoE layer, between the router's score of the last
+  // expert chosen and of the first not chosen (a near tie there could let
+  // float rounding choose another expert). Infinity on a dense model.
+  double min_router_margin() const { return min_router_margin_; }
 
  private:
   const std::vector<double>& W(const std::string& name) const;
@@ -36,6 +42,7 @@ class ReferenceModel {
   spec::ModelConfig config_;
   std::map<std::string, std::vector<double>> w_;
   std::vector<double> inv_freq_, inv_freq_local_;
+  mutable double min_router_margin_ = 0;
 };
 
 // max|a - b| / max|b| over all positions.

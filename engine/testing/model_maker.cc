@@ -14,6 +14,7 @@
 #include "text/chat_templates.h"
 #include "engine/safetensors.h"
 #include "kernels/dtype.h"
+#include "spec/model_config.h"
 
 namespace duet::testing {
 namespace {
@@ -101,9 +102,10 @@ absl::Status MakeModel(const MakeModelOptions& o) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--size must be tiny or bench, got \"", o.size, "\""));
   }
-  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "gemma3_text") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--arch must be llama, mistral, qwen2, qwen3 or gemma3_text, got \"", o.arch, "\""));
+  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "gemma3_text" &&
+      o.arch != "qwen3_moe" && o.arch != "mixtral") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--arch must be llama, mistral, qwen2, qwen3, gemma3_text, qwen3_moe or mixtral, got \"", o.arch, "\""));
   }
   const bool gemma = o.arch == "gemma3_text";
   if (gemma) {  // Gemma-3's few wide heads (1B: 4 of 256 for 1152).
@@ -132,7 +134,8 @@ absl::Status MakeModel(const MakeModelOptions& o) {
 
   // qwen3's head_dim is its own (Qwen3-0.6B: 128 with hidden 1024 / 16
   // heads): here 1.5x hidden / heads, so q's width differs from hidden.
-  const int64_t hd = o.arch == "qwen3" || gemma ? s.hidden / s.heads * 3 / 2 : s.hidden / s.heads;
+  const bool qwen3 = o.arch == "qwen3" || o.arch == "qwen3_moe";
+  const int64_t hd = qwen3 || gemma ? s.hidden / s.heads * 3 / 2 : s.hidden / s.heads;
   json cfg = {
       {"architectures", json::array()},
       {"model_type", o.arch},
@@ -188,8 +191,21 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     cfg["torch_dtype"] = "bfloat16";
     dtype = DType::kBF16;
     tied = true;
-  } else if (o.arch == "qwen3") {
-    cfg["architectures"].push_back("Qwen3ForCausalLM");
+  } else if (o.arch == "mixtral") {
+    // Mixtral: mistral's attention, every layer 8 experts of
+    // intermediate_size (here a quarter of the dense models'), top 2.
+    cfg["architectures"].push_back("MixtralForCausalLM");
+    cfg["intermediate_size"] = s.inter / 4;
+    cfg["num_local_experts"] = 8;
+    cfg["num_experts_per_tok"] = 2;
+    cfg["router_aux_loss_coef"] = 0.02;
+    cfg["rope_theta"] = 1000000.0;
+    cfg["sliding_window"] = nullptr;
+    cfg["eos_token_id"] = special_id("<|im_end|>");
+    cfg["torch_dtype"] = "bfloat16";
+    dtype = DType::kBF16;
+  } else if (qwen3) {
+    cfg["architectures"].push_back(o.arch == "qwen3" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");
     cfg["rope_theta"] = 1000000.0;
     cfg["attention_bias"] = false;
     cfg["use_sliding_window"] = false;
@@ -198,6 +214,18 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     cfg["eos_token_id"] = special_id("<|im_end|>");
     cfg["torch_dtype"] = "bfloat16";
     dtype = DType::kBF16;
+    if (o.arch == "qwen3_moe") {
+      // tiny: 8 experts, top 2, unnormalised weights, layer 1 dense (by
+      // mlp_only_layers); bench: 16 experts, top 4, each a quarter of the
+      // dense bench model's MLP, so that its active parameters are qwen3's.
+      cfg["num_experts"] = o.size == "tiny" ? 8 : 16;
+      cfg["num_experts_per_tok"] = o.size == "tiny" ? 2 : 4;
+      cfg["moe_intermediate_size"] = o.size == "tiny" ? s.inter / 6 : s.inter / 4;
+      cfg["norm_topk_prob"] = o.size != "tiny";
+      cfg["decoder_sparse_step"] = 1;
+      cfg["mlp_only_layers"] = o.size == "tiny" ? json::array({1}) : json::array();
+      cfg["router_aux_loss_coef"] = 0.001;
+    }
   } else {
     cfg["architectures"].push_back("Qwen2ForCausalLM");
     cfg["rope_theta"] = 1000000.0;
@@ -209,7 +237,10 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     tied = true;
   }
   cfg["tie_word_embeddings"] = tied;
-  RETURN_IF_ERROR(WriteText(fs::path(o.out_dir) / "config.json", cfg.dump(2) + "\n"));
+  const std::string config_text = cfg.dump(2) + "\n";
+  RETURN_IF_ERROR(WriteText(fs::path(o.out_dir) / "config.json", config_text));
+  // The config as the engine reads it: which layers have experts, and their tensors' names.
+  ASSIGN_OR_RETURN(const spec::ModelConfig parsed, spec::ModelConfig::FromJson(config_text, "config.json"));
 
   // Weights. Scales keep activations in a healthy range through the layers
   // so that the logits are far from uniform and tests see real differences.
@@ -234,7 +265,7 @@ absl::Status MakeModel(const MakeModelOptions& o) {
       ts.push_back(MakeTensor(p + "self_attn.k_proj.bias", {kvd}, dtype, rng, 0, 0.1));
       ts.push_back(MakeTensor(p + "self_attn.v_proj.bias", {kvd}, dtype, rng, 0, 0.1));
     }
-    if (o.arch == "qwen3" || gemma) {  // Gains far from 1, so a missed norm shows.
+    if (parsed.qk_norm) {  // Gains far from 1, so a missed norm shows.
       ts.push_back(MakeTensor(p + "self_attn.q_norm.weight", {hd}, dtype, rng, norm_mean, 0.3));
       ts.push_back(MakeTensor(p + "self_attn.k_norm.weight", {hd}, dtype, rng, norm_mean, 0.3));
     }
@@ -243,6 +274,19 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     if (gemma) {
       ts.push_back(MakeTensor(p + "pre_feedforward_layernorm.weight", {s.hidden}, dtype, rng, norm_mean, norm_std));
       ts.push_back(MakeTensor(p + "post_feedforward_layernorm.weight", {s.hidden}, dtype, rng, norm_mean, norm_std));
+    }
+    if (parsed.IsMoeLayer(i)) {
+      // Router scores spread by a few units, so that the experts chosen
+      // are rarely near a tie; each expert as a dense MLP of its width.
+      const int64_t ei = parsed.moe_intermediate_size;
+      ts.push_back(MakeTensor(parsed.RouterName(i), {parsed.num_experts, s.hidden}, dtype, rng, 0, 3 * wstd));
+      for (int64_t e = 0; e < parsed.num_experts; ++e) {
+        const spec::ModelConfig::ExpertNames n = parsed.ExpertTensorNames(i, e);
+        ts.push_back(MakeTensor(n.gate, {ei, s.hidden}, dtype, rng, 0, wstd));
+        ts.push_back(MakeTensor(n.up, {ei, s.hidden}, dtype, rng, 0, wstd));
+        ts.push_back(MakeTensor(n.down, {s.hidden, ei}, dtype, rng, 0, 1.0 / std::sqrt(static_cast<double>(ei))));
+      }
+      continue;
     }
     ts.push_back(MakeTensor(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, dtype, rng, 0, wstd));
     ts.push_back(MakeTensor(p + "mlp.up_proj.weight", {s.inter, s.hidden}, dtype, rng, 0, wstd));

@@ -8,7 +8,12 @@
 // tokenizer_config.json. Each arch exercises its own feature: llama is untied
 // with Llama-3 rope_scaling (BF16 weights), mistral has a sliding window
 // shorter than test prompts (F16), qwen2 has q/k/v bias and tied embeddings
-// (F32), qwen3 has q/k norms and a head_dim of its own (BF16). The tokenizer is a byte-level BPE learned from duet's own corpus.
+// (F32), qwen3 has q/k norms and a head_dim of its own (BF16), gemma3_text
+// has Gemma-3's norms and local/global layers (BF16), qwen3_moe is qwen3
+// with experts (tiny: 8, top 2, unnormalised, layer 1 dense by
+// mlp_only_layers; bench: 16, top 4, renormalised, the active parameters of
+// the bench qwen3), mixtral has 8 experts, top 2, in every layer (BF16).
+// The tokenizer is a byte-level BPE learned from duet's own corpus.
 // Same options, same bytes.
 #ifndef DUET_ENGINE_TESTING_MODEL_MAKER_H_
 #define DUET_ENGINE_TESTING_MODEL_MAKER_H_
@@ -22,7 +27,7 @@ namespace duet::testing {
 
 struct MakeModelOptions {
   std::string size = "tiny";  // tiny | bench
-  std::string arch = "llama"; // llama | mistral | qwen2 | qwen3
+  std::string arch = "llama"; // llama | mistral | qwen2 | qwen3 | gemma3_text | qwen3_moe | mixtral
   uint64_t seed = 0;
   std::string out_dir;
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -37,8 +38,7 @@ class CpuBackend final : public KernelBackend {
   // at its full rate), then adds the bias to c's [m][n] slice.
   template <typename Slice>
   void ColumnSlices(int64_t m, int64_t n, const float* bias, float* c, Slice slice) {
-    const int64_t slices = std::min<int64_t>(pool_.num_threads(), std::max<int64_t>(1, n / 64));
-    const int64_t per = ((n + slices - 1) / slices + 15) / 16 * 16;
+    const auto [slices, per] = Slices(n);
     pool_.ParallelFor(slices, [&](int64_t sb, int64_t se) {
       for (int64_t s = sb; s < se; ++s) {
         const int64_t n0 = s * per;
@@ -52,34 +52,45 @@ class CpuBackend final : public KernelBackend {
     });
   }
 
-  // The F32 product (w [n][k] floats).
-  void GemmF32(const float* a, const float* w, const float* bias, float* c, int64_t m, int64_t n, int64_t k,
-               bool accumulate) {
+  // Columns [n0, n1) of a * w^T into c[i * ldc + (j - n0)] (+= where
+  // accumulate): the F32 kernels for w of floats, simd::DotRowsW for every
+  // other dtype (in either kernel mix).
+  void DotColumns(const float* a, int64_t m, const WeightMatrix& w, int64_t n0, int64_t n1, float* c, int64_t ldc,
+                  bool accumulate) {
+    if (w.dtype != DType::kF32) {
+      simd::DotRowsW(a, m, w, n0, n1, c, ldc, accumulate);
+      return;
+    }
+    const int64_t k = w.k;
+    const float* wf = static_cast<const float*>(w.values) + n0 * k;
     const float beta = accumulate ? 1.0f : 0.0f;
-    ColumnSlices(m, n, bias, c, [&](int64_t n0, int64_t n1) {
-      if (invariant_) {
-        simd::DotRows(a, m, w + n0 * k, n1 - n0, k, c + n0, n, accumulate);
-      } else if (m == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, k, 1.0f, w + n0 * k, k, a, 1, beta,
-                    c + n0, 1);
-      } else if (m <= kFewRows) {
-        // A decode step's few rows: each weight row is read from memory
-        // once and dotted with every activation row while it sits in L1.
-        // OpenBLAS's GEMM first packs the whole weight slice, which at
-        // this m costs more than the product itself.
-        for (int64_t j = n0; j < n1; ++j) {
-          const float* wj = w + j * k;
-          for (int64_t i = 0; i < m; ++i) {
-            const float d = simd::Dot(a + i * k, wj, k);
-            float& out = c[i * n + j];
-            out = accumulate ? out + d : d;
-          }
+    if (invariant_) {
+      simd::DotRows(a, m, wf, n1 - n0, k, c, ldc, accumulate);
+    } else if (m == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, k, 1.0f, wf, k, a, 1, beta, c, 1);
+    } else if (m <= kFewRows) {
+      // A decode step's few rows: each weight row is read from memory
+      // once and dotted with every activation row while it sits in L1.
+      // OpenBLAS's GEMM first packs the whole weight slice, which at
+      // this m costs more than the product itself.
+      for (int64_t j = 0; j < n1 - n0; ++j) {
+        const float* wj = wf + j * k;
+        for (int64_t i = 0; i < m; ++i) {
+          const float d = simd::Dot(a + i * k, wj, k);
+          float& out = c[i * ldc + j];
+          out = accumulate ? out + d : d;
         }
-      } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, a, k,
-                    w + n0 * k, k, beta, c + n0, n);
       }
-    });
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, a, k, wf, k, beta, c, ldc);
+    }
+  }
+
+  // The column slices ColumnSlices cuts `n` outputs into: how many, and
+  // the width of each but the last.
+  std::pair<int64_t, int64_t> Slices(int64_t n) const {
+    const int64_t slices = std::min<int64_t>(pool_.num_threads(), std::max<int64_t>(1, n / 64));
+    return {slices, ((n + slices - 1) / slices + 15) / 16 * 16};
   }
 
   bool Supports(WeightOp, DType) const override { return true; }
@@ -89,13 +100,71 @@ class CpuBackend final : public KernelBackend {
 
   absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
                     bool accumulate) override {
-    if (w.dtype == DType::kF32) {
-      GemmF32(a, static_cast<const float*>(w.values), bias, c, m, w.n, w.k, accumulate);
-      return absl::OkStatus();
-    }
-    // Every other dtype's rows are dotted by simd::DotRowsW, in either kernel mix.
     ColumnSlices(m, w.n, bias, c,
-                 [&](int64_t n0, int64_t n1) { simd::DotRowsW(a, m, w, n0, n1, c + n0, w.n, accumulate); });
+                 [&](int64_t n0, int64_t n1) { DotColumns(a, m, w, n0, n1, c + n0, w.n, accumulate); });
+    return absl::OkStatus();
+  }
+
+  // The rows grouped by expert in the scratch (a counting sort of the
+  // (row, choice) pairs), then each active expert's gate/up product over
+  // its rows, the activations, its down product, all experts' column
+  // slices in one parallel pass each; then each row's weighted sum of its
+  // experts' outputs in RouteRow's order. Each row's products are
+  // DotColumns's, so the batch-invariant kernels give a row the same bits
+  // whatever the other rows chose.
+  absl::Status Moe(const MoeArgs& a) override {
+    const int64_t H = a.hidden(), I = a.inter(), E = a.num_experts, K = a.top_k, P = a.rows * K;
+    const MoeScratch s = MoeScratchFor(a.rows, K, E, H, I);
+    uint8_t* const sb = static_cast<uint8_t*>(a.scratch);
+    int32_t* expert = reinterpret_cast<int32_t*>(sb + s.expert);
+    float* weight = reinterpret_cast<float*>(sb + s.weight);
+    int32_t* slot = reinterpret_cast<int32_t*>(sb + s.slot);
+    int32_t* first = reinterpret_cast<int32_t*>(sb + s.first);
+    float *xs = reinterpret_cast<float*>(sb + s.xs), *gu = reinterpret_cast<float*>(sb + s.gu),
+          *act = reinterpret_cast<float*>(sb + s.act), *ys = reinterpret_cast<float*>(sb + s.ys);
+    for (int64_t r = 0; r < a.rows; ++r) {
+      RouteRow(a.scores + r * E, E, K, a.renormalize, expert + r * K, weight + r * K);
+    }
+    std::fill(first, first + E + 1, 0);
+    for (int64_t p = 0; p < P; ++p) ++first[expert[p] + 1];
+    for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
+    std::vector<int32_t> next(first, first + E);
+    for (int64_t p = 0; p < P; ++p) {
+      slot[p] = next[expert[p]]++;
+      std::memcpy(xs + slot[p] * H, a.x + (p / K) * H, static_cast<size_t>(H) * sizeof(float));
+    }
+    // One pass over every active expert's column slices of a product.
+    struct Item {
+      int32_t e;
+      int64_t n0, n1;
+    };
+    const auto run = [&](int64_t n, auto product) {
+      std::vector<Item> items;
+      const auto [slices, per] = Slices(n);
+      for (int32_t e = 0; e < E; ++e) {
+        if (first[e + 1] == first[e]) continue;
+        for (int64_t n0 = 0; n0 < n; n0 += per) items.push_back({e, n0, std::min(n, n0 + per)});
+      }
+      pool_.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t end) {
+        for (int64_t i = b; i < end; ++i) product(items[i]);
+      });
+    };
+    run(2 * I, [&](const Item& it) {
+      DotColumns(xs + first[it.e] * H, first[it.e + 1] - first[it.e], a.experts[it.e].gate_up, it.n0, it.n1,
+                 gu + first[it.e] * 2 * I + it.n0, 2 * I, false);
+    });
+    SiluMul(gu, act, P, I);
+    run(H, [&](const Item& it) {
+      DotColumns(act + first[it.e] * I, first[it.e + 1] - first[it.e], a.experts[it.e].down, it.n0, it.n1,
+                 ys + first[it.e] * H + it.n0, H, false);
+    });
+    pool_.ParallelFor(a.rows, [&](int64_t b, int64_t end) {
+      for (int64_t r = b; r < end; ++r) {
+        float* o = a.out + r * H;
+        std::fill(o, o + H, 0.0f);
+        for (int64_t j = 0; j < K; ++j) simd::Axpy(weight[r * K + j], ys + slot[r * K + j] * H, o, H);
+      }
+    }, 4);
     return absl::OkStatus();
   }
 

@@ -143,4 +143,27 @@ void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride
   }
 }
 
+void Moe(const MoeArgs& a) {
+  const int64_t H = a.hidden(), I = a.inter(), K = a.top_k;
+  std::vector<std::vector<float>> gate_up(a.num_experts), down(a.num_experts);  // dequantized once
+  std::vector<int32_t> experts(K);
+  std::vector<float> weights(K), gu(2 * I), act(I), y(H);
+  for (int64_t r = 0; r < a.rows; ++r) {
+    RouteRow(a.scores + r * a.num_experts, a.num_experts, K, a.renormalize, experts.data(), weights.data());
+    std::vector<double> sum(H, 0.0);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = experts[j];
+      if (gate_up[e].empty()) {
+        gate_up[e] = Dequantize(a.experts[e].gate_up);
+        down[e] = Dequantize(a.experts[e].down);
+      }
+      Gemm(a.x + r * H, gate_up[e].data(), gu.data(), 1, 2 * I, H, false);
+      SiluMul(gu.data(), act.data(), 1, I);
+      Gemm(act.data(), down[e].data(), y.data(), 1, H, I, false);
+      for (int64_t i = 0; i < H; ++i) sum[i] += static_cast<double>(weights[j]) * y[i];
+    }
+    for (int64_t i = 0; i < H; ++i) a.out[r * H + i] = static_cast<float>(sum[i]);
+  }
+}
+
 }  // namespace duet::kernels::ref

@@ -13,6 +13,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/dtype.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 
 namespace duet::kernels::ref {
@@ -57,6 +58,11 @@ void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t d
 
 // dst[r * dst_stride + c] = src[r * src_stride + c].
 void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols);
+
+// The mixture-of-experts MLP as kernels/moe.h defines it (RouteRow's
+// choices), each expert's MLP by the Gemm and SiluMul above, the weighted
+// sum in double; needs no scratch.
+void Moe(const MoeArgs& args);
 
 }  // namespace duet::kernels::ref
 
