@@ -58,7 +58,7 @@ class RooflineLatency : public LatencyModel {
       kv_bytes += static_cast<double>(l) * m_.KvBytesPerToken();
       tokens += l;
     }
-    return Batch(p, flops, m_.WeightBytes() + kv_bytes, tokens);
+    return Batch(p, flops, m_.WeightBytesRead(tokens) + kv_bytes, tokens);
   }
 
   double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override {
@@ -67,7 +67,9 @@ class RooflineLatency : public LatencyModel {
       flops += m_.TokenFlops(c);
       kv_bytes += static_cast<double>(c + 1) * m_.KvBytesPerToken();
     }
-    return Batch(p, flops, m_.WeightBytes() + kv_bytes, static_cast<int64_t>(ctx.size()));
+    // A mixture of experts reads the experts its batch's rows chose.
+    return Batch(p, flops, m_.WeightBytesRead(static_cast<int64_t>(ctx.size())) + kv_bytes,
+                 static_cast<int64_t>(ctx.size()));
   }
 
   std::string Describe() const override {
@@ -79,7 +81,7 @@ class RooflineLatency : public LatencyModel {
  private:
   double Batch(const Parallel& p, double flops, double bytes, int64_t tokens) const {
     const double tp = p.tp;
-    if (m_.QuantizedWeights()) flops += static_cast<double>(m_.LinearParamCount()) * c_.dequant_flops_per_weight;
+    if (m_.QuantizedWeights()) flops += m_.LinearParamsRead(tokens) * c_.dequant_flops_per_weight;
     double t = KernelSeconds(g_, {flops / tp, bytes / tp}, {c_.compute_efficiency, c_.memory_efficiency});
     // Two all-reduces per layer of the tokens' activations (ring).
     const double act = static_cast<double>(tokens) * m_.hidden * m_.dtype_bytes;

@@ -38,6 +38,20 @@ ModelSpec Make(const char* name, int64_t layers, int64_t hidden, int64_t heads, 
   return m;
 }
 
+// A mixture of experts: `m` with `experts` experts of `inter`, top `k`, in every layer.
+ModelSpec Moe(ModelSpec m, int64_t experts, int64_t k, int64_t inter) {
+  m.num_experts = experts;
+  m.experts_per_token = k;
+  m.expert_intermediate = inter;
+  m.moe_layers = m.num_layers;
+  return m;
+}
+
+ModelSpec WithHeadDim(ModelSpec m, int64_t head_dim) {
+  m.head_dim = head_dim;
+  return m;
+}
+
 // The configs' published numbers.
 const std::vector<Preset>& Presets() {
   static const std::vector<Preset> p = {
@@ -52,6 +66,13 @@ const std::vector<Preset>& Presets() {
       {"qwen2.5-7b", "Qwen/Qwen2.5-7B", Make("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, true)},
       {"qwen2.5-72b", "Qwen/Qwen2.5-72B", Make("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768, true)},
       {"mistral-7b", "mistralai/Mistral-7B-v0.1", Make("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, true)},
+      {"qwen3-8b", "Qwen/Qwen3-8B", Make("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, true)},
+      {"gemma-3-27b", "google/gemma-3-27b-it",
+       WithHeadDim(Make("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, true), 128)},
+      {"qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B",
+       Moe(WithHeadDim(Make("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960, true), 128), 128, 8, 768)},
+      {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1",
+       Moe(Make("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, true), 8, 2, 14336)},
   };
   return p;
 }
@@ -64,10 +85,28 @@ std::string Lower(std::string s) {
 }  // namespace
 
 int64_t ModelSpec::LinearParamCount() const {
-  const int64_t attn = hidden * num_heads * head_dim + 2 * hidden * num_kv_heads * head_dim +
-                       num_heads * head_dim * hidden;
-  const int64_t mlp = (gated_mlp ? 3 : 2) * hidden * intermediate;
-  return num_layers * (attn + mlp);
+  return static_cast<int64_t>(std::llround(LinearParamsRead(-1)));
+}
+
+double ModelSpec::ExpectedExperts(int64_t tokens) const {
+  if (num_experts == 0) return 0;
+  const double e = static_cast<double>(num_experts);
+  return e * (1 - std::pow(1 - static_cast<double>(experts_per_token) / e, static_cast<double>(tokens)));
+}
+
+// tokens < 0: every expert (what the model holds).
+double ModelSpec::LinearParamsRead(int64_t tokens) const {
+  const double attn = static_cast<double>(hidden) * num_heads * head_dim + 2.0 * hidden * num_kv_heads * head_dim +
+                      static_cast<double>(num_heads) * head_dim * hidden;
+  const double mlp = (gated_mlp ? 3.0 : 2.0) * hidden * intermediate;
+  const double expert = 3.0 * hidden * expert_intermediate, router = static_cast<double>(num_experts) * hidden;
+  const double experts = tokens < 0 ? static_cast<double>(num_experts) : ExpectedExperts(tokens);
+  return num_layers * attn + static_cast<double>(num_layers - moe_layers) * mlp +
+         moe_layers * (router + experts * expert);
+}
+
+double ModelSpec::WeightBytesRead(int64_t tokens) const {
+  return static_cast<double>(WeightBytes()) - (LinearParamCount() - LinearParamsRead(tokens)) * LinearWeightBits() / 8;
 }
 
 int64_t ModelSpec::ParamCount() const { return LinearParamCount() + num_layers * 2 * hidden + vocab * hidden; }
@@ -102,9 +141,12 @@ double ModelSpec::TokenFlops(int64_t context) const {
   const double attn_proj = 2.0 * (hidden * num_heads * head_dim + 2.0 * hidden * num_kv_heads * head_dim +
                                   num_heads * head_dim * hidden);
   const double mlp = 2.0 * (gated_mlp ? 3 : 2) * hidden * intermediate;
+  // A token's experts and the router, in a mixture's sparse layers.
+  const double moe = 2.0 * (experts_per_token * 3.0 * hidden * expert_intermediate + num_experts * hidden);
   // QK^T and PV over the tokens before (and including) this one.
   const double attn = 4.0 * num_heads * head_dim * static_cast<double>(context + 1);
-  return num_layers * (attn_proj + mlp + attn) + 2.0 * hidden * vocab;
+  return num_layers * (attn_proj + attn) + (num_layers - moe_layers) * mlp + moe_layers * moe +
+         2.0 * hidden * vocab;
 }
 
 std::vector<std::string> ModelPresetNames() {
@@ -139,6 +181,10 @@ absl::StatusOr<ModelSpec> ModelFromConfig(const std::string& path) {
   m.max_context = c.max_position_embeddings;
   m.gated_mlp = c.model_type != "opt" && c.model_type != "gpt2";
   m.head_dim = c.head_dim;
+  m.num_experts = c.num_experts;
+  m.experts_per_token = c.experts_per_token;
+  m.expert_intermediate = c.moe_intermediate_size;
+  m.moe_layers = c.NumMoeLayers();
   return m;
 }
 

@@ -30,12 +30,30 @@ struct ModelSpec {
   // The layers' linear weights' dtype (kernels/dtype.h: bf16, f16, q8, q4,
   // q4z; their bits in memory, scales included); empty: dtype_bytes.
   std::string weight_dtype;
+  // A mixture of experts: moe_layers of the layers hold num_experts experts
+  // of expert_intermediate (and a router) in place of the dense MLP, and
+  // each token runs experts_per_token of them. 0: a dense model.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate = 0;
+  int64_t moe_layers = 0;
 
   // Parameters of the transformer blocks and the embeddings (and the LM head
   // when untied; counted once either way).
   int64_t ParamCount() const;
-  // The layers' linear weights (attention projections and MLP).
+  // The layers' linear weights (attention projections and MLP; every
+  // expert and router).
   int64_t LinearParamCount() const;
+  // The distinct experts a batch of `tokens` tokens touches in one layer,
+  // expected under uniform routing: E (1 - (1 - k/E)^tokens) (0 for a dense
+  // model).
+  double ExpectedExperts(int64_t tokens) const;
+  // The linear weights a forward pass of `tokens` tokens reads: all of a
+  // dense model's, a mixture's dense parts and the experts its tokens touch
+  // (ExpectedExperts).
+  double LinearParamsRead(int64_t tokens) const;
+  // Weight bytes that pass reads: WeightBytes with only those experts.
+  double WeightBytesRead(int64_t tokens) const;
   double LinearWeightBits() const;
   bool QuantizedWeights() const;  // weight_dtype is q8, q4 or q4z
   int64_t WeightBytes() const;
@@ -48,7 +66,9 @@ struct ModelSpec {
 
 // Built-in shapes, by lower-case name: opt-13b, opt-66b, opt-175b,
 // llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b,
-// qwen2.5-7b, qwen2.5-72b, mistral-7b. Hugging Face ids ("facebook/opt-13b",
+// qwen2.5-7b, qwen2.5-72b, mistral-7b, qwen3-8b, gemma-3-27b (the text
+// model, every layer's KV counted whole), and the mixtures of experts
+// qwen3-30b-a3b and mixtral-8x7b. Hugging Face ids ("facebook/opt-13b",
 // "meta-llama/Llama-2-7b-hf") are accepted too.
 absl::StatusOr<ModelSpec> ModelPreset(const std::string& name);
 std::vector<std::string> ModelPresetNames();
@@ -57,7 +77,8 @@ std::vector<std::string> ModelPresetNames();
 // InvalidArgument naming the choices otherwise.
 absl::StatusOr<ModelSpec> AtWeightDType(ModelSpec m, const std::string& dtype);
 
-// From a model directory or its config.json (llama, mistral, qwen2, opt).
+// From a model directory or its config.json (any Llama-family or OPT shape;
+// qwen3_moe's and mixtral's experts).
 absl::StatusOr<ModelSpec> ModelFromConfig(const std::string& path);
 
 // A preset name, a Hugging Face id, or a path to a config.

@@ -411,6 +411,8 @@ absl::StatusOr<ModelConfig> ModelConfig::ShapeFromFile(const std::string& path) 
   ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", true, 0, 1));
   ASSIGN_OR_RETURN(c.max_position_embeddings, r.IntAnyOf({"max_position_embeddings", "n_positions"}, false, 2048, 1));
   ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim", false, c.hidden_size / c.num_heads, 1));
+  c.layer_moe.assign(static_cast<size_t>(c.num_layers), false);
+  if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") RETURN_IF_ERROR(ReadMoe(j, r, c));
   return c;
 }
 

@@ -115,7 +115,8 @@ struct ModelConfig {
   // num_attention_heads | n_head and vocab_size are required;
   // num_key_value_heads (the heads), intermediate_size | ffn_dim (4 x
   // hidden), max_position_embeddings | n_positions (2048) and head_dim
-  // (hidden / heads) are not; model_type is taken as given.
+  // (hidden / heads) are not, nor are qwen3_moe's and mixtral's expert
+  // fields (read as FromJson reads them); model_type is taken as given.
   static absl::StatusOr<ModelConfig> ShapeFromFile(const std::string& path);
 
   int64_t q_dim() const { return num_heads * head_dim; }

@@ -12,6 +12,12 @@
 // q8, q4) is measured the same way, beside its own bytes' roofline and
 // beside F32; every figure is the median of 5 runs. --op-times adds where
 // the time goes, op class by op class.
+//
+// --arch picks the cached bench model of another architecture. A mixture of
+// experts (--arch qwen3_moe: 16 experts, top 4, each a quarter of the dense
+// bench model's MLP) counts as its decode bytes the distinct experts each
+// step's batch touched (TimedBackend counts them), and is measured beside
+// the dense model of the same active parameters (the bench qwen3).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -78,17 +84,26 @@ int32_t Argmax(const float* x, int64_t n) {
 struct GemmShape {
   const char* name;
   int64_t n, k;
-  int64_t per_forward;  // Calls per forward (layers).
+  int64_t per_forward;  // Calls per forward (layers; an expert's: the experts each token runs).
+  bool expert = false;  // An expert's: a decode step reads the experts its batch chose.
 };
 
 std::vector<GemmShape> LayerGemms(const ModelConfig& c) {
   // The shapes of Model::Forward's calls: q, k and v are three GEMMs there.
-  return {{"q", c.q_dim(), c.hidden_size, c.num_layers},
-          {"k", c.kv_dim(), c.hidden_size, c.num_layers},
-          {"v", c.kv_dim(), c.hidden_size, c.num_layers},
-          {"o", c.hidden_size, c.q_dim(), c.num_layers},
-          {"gate+up", 2 * c.intermediate_size, c.hidden_size, c.num_layers},
-          {"down", c.hidden_size, c.intermediate_size, c.num_layers}};
+  const int64_t L = c.num_layers, moe = c.NumMoeLayers(), H = c.hidden_size;
+  std::vector<GemmShape> g = {{"q", c.q_dim(), H, L},
+                              {"k", c.kv_dim(), H, L},
+                              {"v", c.kv_dim(), H, L},
+                              {"o", H, c.q_dim(), L},
+                              {"gate+up", 2 * c.intermediate_size, H, L - moe},
+                              {"down", H, c.intermediate_size, L - moe}};
+  if (moe > 0) {  // Every token's experts_per_token experts, and the router.
+    g.push_back({"router", c.num_experts, H, moe});
+    g.push_back({"expert gate+up", 2 * c.moe_intermediate_size, H, moe * c.experts_per_token, true});
+    g.push_back({"expert down", H, c.moe_intermediate_size, moe * c.experts_per_token, true});
+  }
+  g.erase(std::remove_if(g.begin(), g.end(), [](const GemmShape& s) { return s.per_forward == 0; }), g.end());
+  return g;
 }
 
 // FLOPs of one prefill forward of `t` tokens from position 0 with logits for
@@ -104,15 +119,29 @@ double PrefillFlops(const ModelConfig& c, int64_t t) {
 }
 
 // Weight bytes a decode step of `batch` sequences reads, the weight
-// matrices in `dtype` (the norms are F32).
+// matrices in `dtype` (the norms and routers are F32), the experts' apart
+// (a step reads those its batch chose: BenchDecode counts them).
 double DecodeWeightBytes(const ModelConfig& c, int64_t batch, kernels::DType dtype) {
   const int64_t H = c.hidden_size;
   const double per_weight = kernels::BitsPerWeight(dtype) / 8;
   double linear = 0;
-  for (const GemmShape& g : LayerGemms(c)) linear += static_cast<double>(g.n) * g.k;
+  for (const GemmShape& g : LayerGemms(c)) {
+    if (g.expert) continue;
+    const double bytes = std::string(g.name) == "router" ? 4.0 : per_weight;
+    linear += bytes * static_cast<double>(g.n) * g.k * g.per_forward;
+  }
   const double norms = 4.0 * (2.0 * H * c.num_layers + H);  // input, post-attention and final norms
   const double head = static_cast<double>(c.vocab_size) * H;  // lm_head (or tied embedding)
-  return per_weight * (linear * c.num_layers + head + batch * H /*embedding rows*/) + norms;
+  return linear + per_weight * (head + batch * H /*embedding rows*/) + norms;
+}
+
+// FLOPs of one decode token after `context` positions: every linear layer
+// it runs (its experts only) at 2 per weight, attention over its context,
+// the LM head.
+double DecodeTokenFlops(const ModelConfig& c, int64_t context) {
+  double f = 2.0 * c.vocab_size * c.hidden_size + 4.0 * (context + 1) * c.q_dim() * c.num_layers;
+  for (const GemmShape& g : LayerGemms(c)) f += 2.0 * g.n * g.k * g.per_forward;
+  return f;
 }
 
 double KvBytesPerToken(const ModelConfig& c) {
@@ -192,13 +221,16 @@ struct DecodeResult {
   double seconds;         // Median run of kDecodeSteps steps.
   double bytes;           // Weight + KV bytes those steps read.
   double kv_bytes;
+  double expert_bytes;    // Of which the experts' the batches chose.
+  double flops;           // Those steps' FLOPs.
 };
 
 // One untimed step, then `repeats` runs of kDecodeSteps steps of the first
 // `batch` sequences (greedy tokens); the median run counts.
 // `timed`, when given, is reset after the warm-up so it counts the timed steps.
 absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSet& set, int64_t batch,
-                                         int repeats, kernels::DType dtype, TimedBackend* timed = nullptr) {
+                                         int repeats, kernels::DType dtype, const TimedBackend& backend,
+                                         TimedBackend* timed = nullptr) {
   const ModelConfig& c = model.config();
   std::vector<int32_t> tokens(batch);
   std::vector<BatchSeq> seqs(batch);
@@ -214,6 +246,7 @@ absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSe
   std::copy(set.first_token.begin(), set.first_token.begin() + batch, tokens.begin());
   RETURN_IF_ERROR(step(kDecodePrompt));  // Warm-up.
   if (timed != nullptr) timed->Reset();
+  const double experts_before = backend.expert_bytes();
   std::vector<double> runs;
   for (int r = 0; r < repeats; ++r) {
     std::copy(set.first_token.begin(), set.first_token.begin() + batch, tokens.begin());
@@ -222,12 +255,16 @@ absl::StatusOr<DecodeResult> BenchDecode(Model& model, BlockPool& pool, DecodeSe
     runs.push_back(SecondsSince(start));
   }
   const double median = Median(runs);
-  double kv = 0;
+  double kv = 0, flops = 0;
   for (int64_t i = 0; i < kDecodeSteps; ++i) {
     kv += static_cast<double>(batch) * (kDecodePrompt + i + 1) * KvBytesPerToken(c);
+    flops += static_cast<double>(batch) * DecodeTokenFlops(c, kDecodePrompt + i);
   }
-  const double bytes = kDecodeSteps * DecodeWeightBytes(c, batch, dtype) + kv;
-  return DecodeResult{batch * kDecodeSteps / median, median, bytes, kv};
+  // The experts the steps' batches chose, per run of kDecodeSteps (each run
+  // feeds the same tokens, so chooses the same experts).
+  const double experts = (backend.expert_bytes() - experts_before) / repeats;
+  const double bytes = kDecodeSteps * DecodeWeightBytes(c, batch, dtype) + kv + experts;
+  return DecodeResult{batch * kDecodeSteps / median, median, bytes, kv, experts, flops};
 }
 
 void PrintRow(const std::string& figure, double measured, double reference,
@@ -295,13 +332,34 @@ void PrintDiagnostics(const ModelConfig& c, int threads) {
   openblas_set_num_threads(1);
 }
 
+// Decode at each of `batches` of the model in `dir`, F32 weights on the
+// serving kernels: the dense model a mixture of experts is measured beside.
+absl::StatusOr<std::vector<DecodeResult>> DenseDecode(const std::string& dir, int threads,
+                                                      const std::vector<int64_t>& batches) {
+  TimedBackend backend(kernels::NewCpuBackend(threads));
+  backend.set_enabled(false);
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir, &backend, {.weight_dtype = kernels::DType::kF32}));
+  BlockPool pool(model->KvLayoutFor(kBlockSize),
+                 batches.back() * ((kDecodePrompt + kDecodeSteps + 1 + kBlockSize - 1) / kBlockSize));
+  DecodeSet set;
+  RETURN_IF_ERROR(PrefillDecodeSet(*model, pool, batches.back(), set));
+  std::vector<DecodeResult> out;
+  for (int64_t b : batches) {
+    Progress(absl::StrCat("dense model: decode batch ", b));
+    ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, pool, set, b, kRepeats, kernels::DType::kF32, backend));
+    out.push_back(d);
+  }
+  return out;
+}
+
 absl::Status Run(const FlagSet& f) {
   const int threads = static_cast<int>(f.GetInt("threads"));
   if (threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
   std::string dir = f.GetString("model");
+  const std::string arch = f.GetString("arch");
   if (dir.empty()) {
-    Progress("making or finding the cached bench model (the first time takes a while)");
-    ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("bench", "llama"));
+    Progress(absl::StrCat("making or finding the cached ", arch, " bench model (the first time takes a while)"));
+    ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("bench", arch));
   }
   ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::FromFile(dir + "/config.json"));
   if (cfg.max_position_embeddings < kPrefillTokens) {
@@ -369,10 +427,18 @@ absl::Status Run(const FlagSet& f) {
     RETURN_IF_ERROR(PrefillDecodeSet(*model, *pool, max_batch, set));
     for (int64_t b : batches) {
       Progress(absl::StrCat("decode batch ", b, ": ", kDecodeSteps, " steps, median of ", kRepeats));
-      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, kRepeats, k.dtype));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, kRepeats, k.dtype, *timed_owner));
       m.decode.push_back(d);
     }
     measured.push_back(std::move(m));
+  }
+  // A mixture of experts beside the dense model of its active parameters.
+  std::vector<DecodeResult> dense;
+  std::string dense_dir;
+  if (cfg.num_experts > 0 && arch == "qwen3_moe" && f.GetString("model").empty()) {
+    Progress("making or finding the cached qwen3 bench model (the same active parameters)");
+    ASSIGN_OR_RETURN(dense_dir, testing::EnsureCachedModel("bench", "qwen3"));
+    ASSIGN_OR_RETURN(dense, DenseDecode(dense_dir, threads, batches));
   }
   // OpenBLAS's SGEMM rate on the prefill shapes last: its threads, once
   // started, took a core from the engine's decode steps measured after them.
@@ -406,6 +472,20 @@ absl::Status Run(const FlagSet& f) {
               "medians of %d runs\n\n",
               DecodeWeightBytes(cfg, 1, kernels::DType::kF32) * 1e-6, stream.triad_gb_per_s,
               stream.array_bytes >> 20, kRepeats);
+  if (cfg.num_experts > 0) {
+    std::printf("mixture of experts: %lld of %lld layers, %lld experts of %lld (gate+up %lldx%lld, down %lldx%lld), "
+                "top %lld%s; %.1fM parameters, %.1fM active per token\n",
+                static_cast<long long>(cfg.NumMoeLayers()), static_cast<long long>(cfg.num_layers),
+                static_cast<long long>(cfg.num_experts), static_cast<long long>(cfg.moe_intermediate_size),
+                static_cast<long long>(2 * cfg.moe_intermediate_size), static_cast<long long>(cfg.hidden_size),
+                static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.moe_intermediate_size),
+                static_cast<long long>(cfg.experts_per_token), cfg.norm_topk_prob ? ", renormalised" : "",
+                cfg.NumParameters() * 1e-6, cfg.NumActiveParameters() * 1e-6);
+    std::printf("decode bytes count the distinct experts each step's batch chose (mean per step at b=1/8/32: "
+                "%.1f / %.1f / %.1f MB of experts)\n\n",
+                serving.decode[0].expert_bytes / kDecodeSteps * 1e-6, serving.decode[1].expert_bytes / kDecodeSteps * 1e-6,
+                serving.decode[2].expert_bytes / kDecodeSteps * 1e-6);
+  }
   std::printf("%-30s %12s   %-30s %6s   %s\n", "figure", "measured", "reference", "ratio", "target");
   PrintRow(absl::StrCat("prefill ", kPrefillTokens, " tok/s"), prefill.tokens_per_s, prefill_roof,
            "(SGEMM roofline)", ">= 0.50");
@@ -413,7 +493,21 @@ absl::Status Run(const FlagSet& f) {
     const DecodeResult& d = serving.decode[i];
     const double roof = batches[i] * kDecodeSteps / (d.bytes / bw);
     PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), d.tokens_per_s, roof,
-             "(STREAM roofline)", i == 0 ? ">= 0.60" : "-");
+             "(STREAM roofline)", cfg.num_experts > 0 ? ">= 0.70" : i == 0 ? ">= 0.60" : "-");
+  }
+  // A mixture of experts' larger batches run more FLOPs (each row its own
+  // experts' products) than this CPU's SGEMM rate covers in the bytes'
+  // time: the roofline's compute side beside its memory side.
+  for (size_t i = 0; cfg.num_experts > 0 && i < batches.size(); ++i) {
+    const DecodeResult& d = serving.decode[i];
+    const double seconds = std::max(d.bytes / bw, d.flops / (sgemm_gflops * 1e9));
+    PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), d.tokens_per_s, batches[i] * kDecodeSteps / seconds,
+             "(STREAM or SGEMM, the slower)", "-");
+  }
+  // Step time at most 1.3x the dense model's at b=1: tokens/s at least 1/1.3 of its.
+  for (size_t i = 0; i < dense.size(); ++i) {
+    PrintRow(absl::StrCat("decode b=", batches[i], " tok/s"), serving.decode[i].tokens_per_s, dense[i].tokens_per_s,
+             "(dense qwen3, same active)", i == 0 ? ">= 0.77" : "-");
   }
   // Each other configuration: against the roofline of its own bytes, and
   // against F32 on the serving kernels (what batch invariance costs, what
@@ -463,7 +557,7 @@ absl::Status Run(const FlagSet& f) {
                    absl::StrCat("prefill ", kPrefillTokens, " tokens, ", kRepeats, " forwards"));
     }
     for (int64_t b : {int64_t{1}, int64_t{32}}) {
-      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, configs.back().dtype, &timed));
+      ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, configs.back().dtype, timed, &timed));
       PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
     }
     timed.set_enabled(false);
@@ -481,7 +575,11 @@ int main(int argc, char** argv) {
                   "Prefill and decode throughput of duet's CPU engine beside the machine's "
                   "measured roofline (OpenBLAS SGEMM, STREAM triad), in one table.");
   f.Int("threads", duet::AvailableCores(), "threads for the engine, STREAM and OpenBLAS");
-  f.String("model", "", "model directory (default: the cached bench model, made on first use)");
+  f.String("model", "", "model directory (default: the cached bench model of --arch, made on first use)");
+  f.String("arch", "llama",
+           "the bench model's architecture without --model: llama | mistral | qwen2 | qwen3 | gemma3_text | "
+           "qwen3_moe | mixtral (qwen3_moe: 16 experts, top 4, measured beside the dense qwen3 of its active "
+           "parameters)");
   f.Bool("op-times",
          "also print where the time goes, per op class (prefill, decode b=1 and b=32), for the last of "
          "--weight-dtypes");

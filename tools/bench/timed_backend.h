@@ -43,6 +43,12 @@ class TimedBackend final : public kernels::ForwardingBackend {
   std::string Name() const override { return "timed(" + ForwardingBackend::Name() + ")"; }
   absl::Status Gemm(const float* a, const kernels::WeightMatrix& w, const float* bias, float* c, int64_t m,
                     bool accumulate) override;
+  // Also counts, timed or not, the weight bytes of the distinct experts
+  // each call's rows chose (read from its scores: host memory, so CPU
+  // backends only).
+  absl::Status Moe(const kernels::MoeArgs& args) override;
+  // The experts' weight bytes Moe calls have read since the start.
+  double expert_bytes() const { return expert_bytes_; }
 
  protected:
   void Call(const char* op, absl::FunctionRef<void()> run) override;
@@ -51,6 +57,7 @@ class TimedBackend final : public kernels::ForwardingBackend {
   bool enabled_ = true;
   OpStat* gemm_ = nullptr;  // The stat of the GEMM being run (keyed by its shape), else null.
   std::map<std::string, OpStat> stats_;
+  double expert_bytes_ = 0;
 };
 
 }  // namespace duet::bench
