@@ -488,6 +488,16 @@ absl::Status ParseMessageExtras(const Json& m, const std::string& role, const st
     }
     msg.tool_call_id = id->get<std::string>();
   }
+  // An assistant turn's thinking, under either name the router writes it by.
+  for (const char* field : {"reasoning_content", "reasoning"}) {
+    const Json* r = Field(m, field);
+    if (r == nullptr || r->is_null()) continue;
+    if (role != "assistant" || !r->is_string()) {
+      return ParamError("messages", absl::StrCat(where, ".", field, " must be a string, on an assistant message"));
+    }
+    msg.reasoning = r->get<std::string>();
+    break;
+  }
   const Json* calls = Field(m, "tool_calls");
   if (calls == nullptr) return absl::OkStatus();
   if (role != "assistant") return ParamError("messages", absl::StrCat(where, ": only assistant messages carry tool_calls"));

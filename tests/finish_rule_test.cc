@@ -5,13 +5,9 @@
 // on a model whose next tokens the test forces; each must reach the table's
 // decision, min_tokens included.
 //
-// The forced model is the tiny llama with every attention and MLP output
-// zeroed, so the last hidden state is the last token's embedding. Each token
-// the table feeds gets a one-hot embedding of its own, and the lm_head row of
-// its successor the same one-hot: greedy sampling then always picks it.
+// The forced model is the tiny llama made to pick each token's successor
+// (engine/testing/forced_model.h).
 #include <catch2/catch.hpp>
-#include <cstring>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,7 +17,7 @@
 #include "spec/generation.h"
 #include "engine/generator.h"
 #include "engine/model.h"
-#include "engine/safetensors.h"
+#include "engine/testing/forced_model.h"
 #include "engine/testing/tiny_model.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "prefill/request.h"
@@ -30,7 +26,6 @@
 
 namespace duet::testing {
 namespace {
-namespace fs = std::filesystem;
 using spec::FinishDecision;
 
 constexpr int32_t kFiller = 7;  // Prompt tokens before the chain's first.
@@ -44,49 +39,11 @@ struct Row {
   FinishDecision want;
 };
 
-// Writes the tiny llama with the successor map `next` forced into it.
+// The tiny llama with the successor map `next` forced into it.
 std::string ForcedModel(const std::map<int32_t, int32_t>& next) {
-  const std::string src = TinyModelDir("llama");
-  const std::string dir = FreshDir("forced-llama");
-  for (const auto& e : fs::directory_iterator(src)) {
-    if (e.path().filename() != "model.safetensors") fs::copy(e.path(), dir / e.path().filename());
-  }
-  auto in = engine::SafetensorsModel::Open(src);
-  REQUIRE(in.ok());
-  std::vector<std::vector<uint8_t>> bytes;
-  std::vector<engine::TensorToWrite> out;
-  const std::vector<std::string> names = (*in)->Names();
-  bytes.reserve(names.size());
-  for (const std::string& name : names) {
-    const engine::TensorView* t = (*in)->Find(name);
-    REQUIRE(t->dtype == engine::DType::kBF16);
-    std::vector<uint8_t>& b = bytes.emplace_back(t->data, t->data + t->num_bytes);
-    auto set = [&](int64_t i, float v) {
-      const uint16_t h = kernels::FloatToBf16(v);
-      std::memcpy(b.data() + 2 * i, &h, 2);
-    };
-    const bool zeroed = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos;
-    if (zeroed || name == "lm_head.weight") std::fill(b.begin(), b.end(), 0);
-    if (name == "model.norm.weight") {
-      for (int64_t i = 0; i < t->NumElements(); ++i) set(i, 1.0f);
-    }
-    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-      const int64_t hidden = t->shape[1];
-      int64_t dim = 0;
-      for (const auto& [from, to] : next) {
-        REQUIRE(dim < hidden);
-        const int64_t row = name == "lm_head.weight" ? to : from;
-        if (name == "model.embed_tokens.weight") {
-          for (int64_t j = 0; j < hidden; ++j) set(row * hidden + j, 0.0f);
-        }
-        set(row * hidden + dim, 1.0f);
-        ++dim;
-      }
-    }
-    out.push_back({.name = name, .dtype = t->dtype, .shape = t->shape, .data = b.data(), .num_bytes = b.size()});
-  }
-  REQUIRE(engine::WriteSafetensors(dir + "/model.safetensors", out).ok());
-  return dir;
+  absl::StatusOr<std::string> dir = WriteForcedModel(TinyModelDir("llama"), FreshDir("forced-llama"), next);
+  REQUIRE(dir.ok());
+  return *dir;
 }
 
 spec::GenerationParams Params(int64_t max_tokens, int64_t min_tokens = 0, bool ignore_eos = false,

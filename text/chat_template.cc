@@ -131,6 +131,7 @@ absl::StatusOr<std::string> PromptFormat::Render(absl::Span<const ChatMessage> m
     msg.mutable_object().Set("content", jinja::Value::String(m.content));
     if (!m.name.empty()) msg.mutable_object().Set("name", jinja::Value::String(m.name));
     if (!m.tool_call_id.empty()) msg.mutable_object().Set("tool_call_id", jinja::Value::String(m.tool_call_id));
+    if (m.reasoning) msg.mutable_object().Set("reasoning_content", jinja::Value::String(*m.reasoning));
     if (!m.tool_calls.empty()) {
       jinja::List calls;
       for (const ToolCall& c : m.tool_calls) {

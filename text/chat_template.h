@@ -44,6 +44,9 @@ struct ChatMessage {
   std::vector<ToolCall> tool_calls;  // An assistant's calls.
   std::string tool_call_id;          // A tool message: the call it answers.
   std::string name;                  // The author's name, when given.
+  // An assistant's thinking, when given: the template sees it as
+  // message.reasoning_content (Qwen3's and DeepSeek-R1's templates render it).
+  std::optional<std::string> reasoning;
 };
 
 // A retrieved document (vLLM's `documents`): its text, and an id and title

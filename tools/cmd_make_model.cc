@@ -16,7 +16,12 @@ int RunMakeModel(int argc, char** argv) {
   f.String("size", "tiny", "tiny | bench");
   f.String("out", "", "output directory (required)");
   f.String("arch", "llama",
-           "llama (untied, Llama-3 rope_scaling) | mistral (sliding window) | qwen2 (q/k/v bias, tied) | qwen3 (q/k norms, head_dim of its own) | gemma3_text (local and global layers, GELU-tanh, four norms)");
+           "llama (untied, Llama-3 rope_scaling) | mistral (sliding window) | qwen2 (q/k/v bias, tied) | qwen3 (q/k "
+           "norms, head_dim of its own) | gemma3_text (local and global layers, GELU-tanh, four norms) | qwen3_moe "
+           "(qwen3 with experts: tiny 8, top 2, layer 1 dense; bench 16, top 4) | mixtral (8 experts, top 2)");
+  f.String("tokenizer", "",
+           "a real tokenizer's directory (tokenizer.json, tokenizer_config.json): copied in with its chat template "
+           "in place of the trained BPE; the vocabulary and EOS/BOS ids are its");
   f.Int("seed", 0, "weight seed; same seed, same bytes");
   if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
   if (f.GetString("out").empty()) {
@@ -26,7 +31,8 @@ int RunMakeModel(int argc, char** argv) {
   std::fprintf(stderr, "duet make-model: writing the %s %s model to %s\n", f.GetString("size").c_str(),
                f.GetString("arch").c_str(), f.GetString("out").c_str());
   absl::Status s = testing::MakeModel({.size = f.GetString("size"), .arch = f.GetString("arch"),
-                 .seed = static_cast<uint64_t>(f.GetInt("seed")), .out_dir = f.GetString("out")});
+                 .seed = static_cast<uint64_t>(f.GetInt("seed")), .out_dir = f.GetString("out"),
+                 .tokenizer_dir = f.GetString("tokenizer")});
   if (!s.ok()) {
     std::fprintf(stderr, "duet make-model: %s\n", s.ToString().c_str());
     return 1;

@@ -6,12 +6,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "text/bpe_trainer.h"
 #include "text/chat_templates.h"
+#include "text/tokenizer.h"
 #include "engine/safetensors.h"
 #include "kernels/dtype.h"
 #include "spec/model_config.h"
@@ -81,6 +85,14 @@ Tensor MakeTensor(const std::string& name, std::vector<int64_t> shape, DType dty
   return t;
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 absl::Status WriteText(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -118,19 +130,33 @@ absl::Status MakeModel(const MakeModelOptions& o) {
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out_dir, ": ", ec.message()));
 
   // Tokenizer first: the config's special token ids come from it.
-  const text::ChatFormat format =
-      o.arch == "llama" ? text::ChatFormat::kLlama3 : text::ChatFormat::kChatML;
-  text::BpeTrainerOptions bo;
-  bo.vocab_size = static_cast<int>(std::min<int64_t>(s.vocab, 4096));
-  bo.special_tokens = text::SpecialTokensFor(format);
-  ASSIGN_OR_RETURN(text::BpeVocab vocab, text::TrainByteLevelBpe(text::TrainingCorpus(), bo));
-  RETURN_IF_ERROR(text::WriteTokenizerFiles(o.out_dir, vocab, format));
-  auto special_id = [&](const std::string& tok) {
-    for (size_t i = 0; i < vocab.special_tokens.size(); ++i) {
-      if (vocab.special_tokens[i] == tok) return static_cast<int64_t>(vocab.tokens.size() + i);
+  std::function<int64_t(const std::string&)> special_id;
+  std::unique_ptr<text::Tokenizer> real;
+  text::BpeVocab vocab;
+  if (!o.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+      const fs::path from = fs::path(o.tokenizer_dir) / f;
+      if (!fs::exists(from) && std::string(f) == "special_tokens_map.json") continue;
+      fs::copy_file(from, fs::path(o.out_dir) / f, fs::copy_options::overwrite_existing, ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot copy ", from.string(), ": ", ec.message()));
     }
-    return int64_t{-1};
-  };
+    ASSIGN_OR_RETURN(real, text::Tokenizer::Load(o.out_dir));
+    s.vocab = real->vocab_size();
+    special_id = [&](const std::string& tok) { return static_cast<int64_t>(real->TokenToId(tok)); };
+  } else {
+    const text::ChatFormat format = o.arch == "llama" ? text::ChatFormat::kLlama3 : text::ChatFormat::kChatML;
+    text::BpeTrainerOptions bo;
+    bo.vocab_size = static_cast<int>(std::min<int64_t>(s.vocab, 4096));
+    bo.special_tokens = text::SpecialTokensFor(format);
+    ASSIGN_OR_RETURN(vocab, text::TrainByteLevelBpe(text::TrainingCorpus(), bo));
+    RETURN_IF_ERROR(text::WriteTokenizerFiles(o.out_dir, vocab, format));
+    special_id = [&](const std::string& tok) {
+      for (size_t i = 0; i < vocab.special_tokens.size(); ++i) {
+        if (vocab.special_tokens[i] == tok) return static_cast<int64_t>(vocab.tokens.size() + i);
+      }
+      return int64_t{-1};
+    };
+  }
 
   // qwen3's head_dim is its own (Qwen3-0.6B: 128 with hidden 1024 / 16
   // heads): here 1.5x hidden / heads, so q's width differs from hidden.
@@ -237,6 +263,19 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     tied = true;
   }
   cfg["tie_word_embeddings"] = tied;
+  if (real != nullptr) {  // The tokenizer's own end and start.
+    ASSIGN_OR_RETURN(const std::string tc, ReadFile((fs::path(o.out_dir) / "tokenizer_config.json").string()));
+    const json t = json::parse(tc, nullptr, false);
+    for (const char* key : {"eos_token", "bos_token"}) {
+      const json* v = t.is_object() && t.contains(key) ? &t[key] : nullptr;
+      if (v != nullptr && v->is_object() && v->contains("content")) v = &(*v)["content"];
+      const std::string field = std::string(key) == "eos_token" ? "eos_token_id" : "bos_token_id";
+      cfg.erase(field);
+      if (v != nullptr && v->is_string() && real->TokenToId(v->get<std::string>()) >= 0) {
+        cfg[field] = real->TokenToId(v->get<std::string>());
+      }
+    }
+  }
   const std::string config_text = cfg.dump(2) + "\n";
   RETURN_IF_ERROR(WriteText(fs::path(o.out_dir) / "config.json", config_text));
   // The config as the engine reads it: which layers have experts, and their tensors' names.

@@ -13,7 +13,8 @@
 // with experts (tiny: 8, top 2, unnormalised, layer 1 dense by
 // mlp_only_layers; bench: 16, top 4, renormalised, the active parameters of
 // the bench qwen3), mixtral has 8 experts, top 2, in every layer (BF16).
-// The tokenizer is a byte-level BPE learned from duet's own corpus.
+// The tokenizer is a byte-level BPE learned from duet's own corpus, or the
+// real one tokenizer_dir names.
 // Same options, same bytes.
 #ifndef DUET_ENGINE_TESTING_MODEL_MAKER_H_
 #define DUET_ENGINE_TESTING_MODEL_MAKER_H_
@@ -30,6 +31,11 @@ struct MakeModelOptions {
   std::string arch = "llama"; // llama | mistral | qwen2 | qwen3 | gemma3_text | qwen3_moe | mixtral
   uint64_t seed = 0;
   std::string out_dir;
+  // A real tokenizer's directory: its tokenizer.json and tokenizer_config.json
+  // (and its chat template) go into the model in place of the trained BPE,
+  // the vocabulary is the tokenizer's, and the EOS and BOS ids are its
+  // eos_token's and bos_token's.
+  std::string tokenizer_dir;
 };
 
 absl::Status MakeModel(const MakeModelOptions& options);
