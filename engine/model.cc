@@ -351,7 +351,7 @@ std::pair<int64_t, int64_t> Model::VocabRange(int r) const {
 absl::Status Model::LoadWeights(const LoadOptions& options) {
   const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
-  ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
+  ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_, config_.tensor_prefix));
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), qd_r = qd / sh.tp, kvd_r = kvd / sh.tp;
   const std::optional<kernels::DType> all = options.weight_dtype;
@@ -508,7 +508,7 @@ absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dty
   if (ranks_ != nullptr) {
     return absl::InvalidArgumentError("a layer of a sharded model (tp or pp above 1) is not reloaded");
   }
-  ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_));
+  ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_, config_.tensor_prefix));
   return LoadLayerLinears(*st, layer, dtype);
 }
 
@@ -766,7 +766,8 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     be.KvStore({.k = k, .v = v, .slots = slots, .rows = T, .kv = kv, .layout = kl, .layer = li,
                 .kv_head_begin = kv_head_begin, .kv_heads = nkv});
     be.PagedAttention({.q = q, .out = attn, .kv = kv, .layout = kl, .layer = li, .num_q_heads = nq,
-                       .scale = scale, .window = c.layer_window[li], .seqs = aseqs, .num_seqs = S,
+                       .scale = scale * static_cast<float>(c.LayerRope(li).ScoreFactor()), .softcap = static_cast<float>(c.attn_softcap), .window = c.layer_window[li],
+                       .seqs = aseqs, .num_seqs = S,
                        .kv_head_begin = kv_head_begin, .kv_heads = nkv});
     RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo, L.attn_out_norm));
     be.RmsNorm(x, L.post_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
@@ -800,9 +801,16 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
   RETURN_IF_ERROR(be.Gemm(sel, head.view(), nullptr, part, R, false));
   Logits logits{.vocab_size = V};
+  // Soft-capped logits (final_logit_softcapping), on the host's copy.
+  const auto cap = [&]() {
+    const float f = static_cast<float>(c.final_softcap);
+    if (f <= 0) return;
+    for (float& l : logits.data) l = f * std::tanh(l / f);
+  };
   if (sh.tp == 1) {
     logits.data.resize(R * V);
     RETURN_IF_ERROR(step_->Read(part_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
+    cap();
     return logits;
   }
   // Each row of a GEMM is its own dot products, so a slice's logits are
@@ -820,6 +828,7 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   }
   logits.data.resize(R * V);
   RETURN_IF_ERROR(step_->Read(logits_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
+  cap();
   return logits;
 }
 

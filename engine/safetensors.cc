@@ -411,8 +411,19 @@ std::vector<std::string> SafetensorsFile::Names() const {
   return names;
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
-    const std::string& model_dir) {
+absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::string& model_dir,
+                                                                         std::string_view prefix) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModel> model, OpenAll(model_dir));
+  if (prefix.empty()) return model;
+  std::map<std::string, const TensorView*, std::less<>> kept;
+  for (const auto& [name, view] : model->tensors_) {
+    if (std::string_view(name).substr(0, prefix.size()) == prefix) kept[name.substr(prefix.size())] = view;
+  }
+  model->tensors_ = std::move(kept);
+  return model;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::OpenAll(const std::string& model_dir) {
   std::unique_ptr<SafetensorsModel> model(new SafetensorsModel(model_dir));
   const std::string index_path = (fs::path(model_dir) / kIndexFile).string();
   const std::string single_path = (fs::path(model_dir) / kSingleFile).string();

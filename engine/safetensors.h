@@ -89,7 +89,11 @@ class SafetensorsModel {
   // Errors: NotFound when the directory has neither file or the index names
   // a missing shard; InvalidArgument for a malformed index or shard, or an
   // index naming a tensor its shard lacks.
-  static absl::StatusOr<std::unique_ptr<SafetensorsModel>> Open(const std::string& model_dir);
+  // With a `prefix`, only the tensors whose names start with it are seen,
+  // under their names less it (a multimodal checkpoint's text model:
+  // "language_model.").
+  static absl::StatusOr<std::unique_ptr<SafetensorsModel>> Open(const std::string& model_dir,
+                                                                std::string_view prefix = "");
 
   // nullptr when absent.
   const TensorView* Find(std::string_view name) const;
@@ -101,6 +105,7 @@ class SafetensorsModel {
 
  private:
   explicit SafetensorsModel(std::string dir) : dir_(std::move(dir)) {}
+  static absl::StatusOr<std::unique_ptr<SafetensorsModel>> OpenAll(const std::string& model_dir);
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

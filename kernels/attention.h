@@ -34,6 +34,9 @@ struct PagedAttentionArgs {
   int64_t layer = 0;
   int64_t num_q_heads = 0;   // A multiple of KvHeads() (GQA).
   float scale = 1.0f;        // Usually 1 / sqrt(head_dim).
+  // Scores s (already scaled) become softcap * tanh(s / softcap) before the
+  // softmax (Gemma-2's attn_logit_softcapping); 0: as they are.
+  float softcap = 0.0f;
   int64_t window = 0;        // Sliding window in positions; 0 = none.
   const AttentionSeq* seqs = nullptr;
   int64_t num_seqs = 0;

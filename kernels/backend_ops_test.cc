@@ -253,9 +253,11 @@ void PagedAttentionCase(Env& env) {
     const int rows = 169;
     for (auto [nq, head_begin, heads] : std::vector<std::tuple<int, int, int>>{{6, 0, 0}, {3, 1, 1}}) {
       const auto q = Random(static_cast<size_t>(rows * nq * 16), 12);
-      for (int64_t window : {0, 5}) {
-        INFO("KV " << DTypeName(kv_dtype) << " window " << window << " heads " << head_begin << "+" << heads);
-        PagedAttentionArgs args{.layout = l, .layer = 1, .num_q_heads = nq, .scale = 0.25f, .window = window,
+      for (auto [window, softcap] : std::vector<std::pair<int64_t, float>>{{0, 0.0f}, {5, 0.0f}, {0, 1.5f}}) {
+        INFO("KV " << DTypeName(kv_dtype) << " window " << window << " softcap " << softcap << " heads " << head_begin
+                   << "+" << heads);
+        PagedAttentionArgs args{.layout = l, .layer = 1, .num_q_heads = nq, .scale = 0.25f, .softcap = softcap,
+                                .window = window,
                                 .num_seqs = static_cast<int64_t>(seqs.size()), .kv_head_begin = head_begin,
                                 .kv_heads = heads};
         std::vector<float> want(q.size());
@@ -362,10 +364,10 @@ void MoeCase(Env& env) {
     }
     for (int64_t e = 0; e < E; ++e) experts.push_back({weights[2 * e].view(), weights[2 * e + 1].view()});
     // One row, a decode batch, a prefill's rows (some experts idle at 1, all
-    // busy at 33); top 1, 2 and all of them.
+    // busy at 33); top 1, 2 (renormalised and not) and all of them.
     for (int64_t rows : {1, 9, 33}) {
-      for (int64_t top_k : {int64_t{1}, int64_t{2}, E}) {
-        for (bool renormalize : {false, true}) {
+      for (auto [top_k, renormalize] : std::vector<std::pair<int64_t, bool>>{{1, false}, {2, false}, {2, true}, {E, true}}) {
+        {
           INFO(DTypeName(dtype) << " rows=" << rows << " top_k=" << top_k << " renormalize=" << renormalize);
           const std::vector<float> x = Random(static_cast<size_t>(rows * H), 60),
                                    scores = Random(static_cast<size_t>(rows * E), 61, 3.0f);

@@ -92,12 +92,9 @@ absl::Status ReadGemma3(const json& j, const Reader& r, ModelConfig& c) {
   c.mlp_activation = ModelConfig::Activation::kGeluTanh;
   ASSIGN_OR_RETURN(double scalar, r.Double("query_pre_attn_scalar", static_cast<double>(c.head_dim), 0.0));
   c.attn_scale = 1.0 / std::sqrt(scalar);
-  for (const char* field : {"final_logit_softcapping", "attn_logit_softcapping"}) {
-    if (auto f = j.find(field); f != j.end() && !f->is_null()) {
-      return absl::UnimplementedError(absl::StrCat(r.source(), ": ", field, " is set; duet runs Gemma-3 configs, "
-                                                   "which leave it null (soft-capping is not implemented)"));
-    }
-  }
+  // Gemma-2's soft-capping, which Gemma-3's configs leave null.
+  ASSIGN_OR_RETURN(c.final_softcap, r.Double("final_logit_softcapping", 0.0, 0.0));
+  ASSIGN_OR_RETURN(c.attn_softcap, r.Double("attn_logit_softcapping", 0.0, 0.0));
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", false, 4096, 1));
   std::vector<bool> local(static_cast<size_t>(c.num_layers));
   if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
@@ -187,11 +184,34 @@ absl::Status ReadTokenIds(const json& j, const Reader& r, ModelConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<json> ParseObject(const std::string& json_text, const std::string& source) {
+// The config object, or a multimodal Gemma-3's text model as one: its
+// text_config over Hugging Face's Gemma3TextConfig defaults (the published
+// configs leave most fields to them), the top level's token ids and dtype
+// where text_config has none; `prefix` gets where its tensors are.
+absl::StatusOr<json> ParseObject(const std::string& json_text, const std::string& source,
+                                 std::string* prefix = nullptr) {
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
-  return j;
+  const auto mt = j.find("model_type");
+  if (mt == j.end() || *mt != "gemma3") return j;
+  const auto tc = j.find("text_config");
+  if (tc == j.end() || !tc->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": field \"text_config\" is missing or not an object"));
+  }
+  json text = {{"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+               {"num_hidden_layers", 26}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+               {"head_dim", 256}, {"hidden_activation", "gelu_pytorch_tanh"}, {"max_position_embeddings", 131072},
+               {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"attention_bias", false},
+               {"query_pre_attn_scalar", 256}, {"sliding_window", 4096}, {"rope_local_base_freq", 10000.0},
+               {"sliding_window_pattern", 6}, {"tie_word_embeddings", true}};
+  for (const auto& [k, v] : tc->items()) text[k] = v;
+  for (const char* k : {"eos_token_id", "bos_token_id", "torch_dtype"}) {
+    if (!text.contains(k) && j.contains(k)) text[k] = j[k];
+  }
+  text["model_type"] = "gemma3_text";
+  if (prefix != nullptr) *prefix = "language_model.";
+  return text;
 }
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
@@ -237,9 +257,11 @@ absl::Status ReadGenerationConfig(const std::string& config_path, ModelConfig& c
 
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
                                                   const std::string& source) {
-  ASSIGN_OR_RETURN(json j, ParseObject(json_text, source));
+  std::string prefix;
+  ASSIGN_OR_RETURN(json j, ParseObject(json_text, source, &prefix));
   Reader r(j, source);
   ModelConfig c;
+  c.tensor_prefix = prefix;
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) return r.Error("model_type", "is missing or not a string");
   c.model_type = mt->get<std::string>();
@@ -276,9 +298,31 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
     std::string type;
     if (auto t = rs->find("rope_type"); t != rs->end() && t->is_string()) type = t->get<std::string>();
     else if (auto t2 = rs->find("type"); t2 != rs->end() && t2->is_string()) type = t2->get<std::string>();
-    if (type != "llama3" && type != "linear" && type != "default") {
+    if (type != "llama3" && type != "linear" && type != "yarn" && type != "default") {
       return r.Error("rope_scaling", absl::StrCat("has rope_type \"", type,
-                                                  "\"; supported: llama3, linear, default"));
+                                                  "\"; supported: llama3, linear, yarn, default"));
+    }
+    if (type == "yarn") {
+      Reader sr(*rs, source);
+      auto sub = [&](const std::string& f, double def) -> absl::StatusOr<double> {
+        auto v = sr.Double(f, def, 0.0);
+        if (!v.ok()) return r.Error("rope_scaling." + f, "must be a positive number");
+        return v;
+      };
+      ASSIGN_OR_RETURN(c.rope.yarn_factor, sub("factor", 0.0));
+      if (c.rope.yarn_factor <= 0) return r.Error("rope_scaling.factor", "is required for yarn");
+      ASSIGN_OR_RETURN(c.rope.yarn_original_max_position,
+                       sub("original_max_position_embeddings", static_cast<double>(c.max_position_embeddings)));
+      ASSIGN_OR_RETURN(c.rope.yarn_beta_fast, sub("beta_fast", 32.0));
+      ASSIGN_OR_RETURN(c.rope.yarn_beta_slow, sub("beta_slow", 1.0));
+      ASSIGN_OR_RETURN(c.rope.yarn_truncate, sr.Bool("truncate", true));
+      // Hugging Face's get_mscale: 0.1 m ln(factor) + 1 (1 for factor <= 1).
+      const double f = c.rope.yarn_factor;
+      const auto mscale = [f](double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; };
+      ASSIGN_OR_RETURN(double given, sub("attention_factor", 0.0));
+      ASSIGN_OR_RETURN(double m, sub("mscale", 0.0));
+      ASSIGN_OR_RETURN(double m_all, sub("mscale_all_dim", 0.0));
+      c.rope.yarn_attention_factor = given > 0 ? given : m > 0 && m_all > 0 ? mscale(m) / mscale(m_all) : mscale(1.0);
     }
     if (type == "linear") {
       Reader sr(*rs, source);

@@ -11,14 +11,16 @@
 // x * (1 + w) with norms before and after attention and the MLP, q/k norms,
 // the embedding scaled by sqrt(hidden_size) (in the checkpoint's dtype), a GELU-tanh MLP, local
 // sliding-window layers with their own RoPE base between global ones,
-// query_pre_attn_scalar; soft-capping is refused), and the mixtures of
+// query_pre_attn_scalar, the soft-capping fields where set), and the mixtures of
 // experts qwen3_moe (qwen3's attention; each sparse layer's MLP num_experts
 // experts of moe_intermediate_size, num_experts_per_tok chosen per token,
 // norm_topk_prob, decoder_sparse_step and mlp_only_layers naming the dense
 // layers) and mixtral (mistral's attention; num_local_experts experts of
 // intermediate_size in every layer, the chosen experts' weights a softmax
-// over them). Anything else, or a missing or ill-typed field, is
-// InvalidArgument naming the file and the field.
+// over them). A multimodal Gemma-3 config (model_type gemma3) is read as
+// its text_config with Gemma3TextConfig's defaults, its tensors under
+// language_model. (tensor_prefix). Anything else, or a missing or ill-typed
+// field, is InvalidArgument naming the file and the field.
 #ifndef DUET_SPEC_MODEL_CONFIG_H_
 #define DUET_SPEC_MODEL_CONFIG_H_
 
@@ -62,6 +64,10 @@ struct ModelConfig {
   // The attention's score scale: 1 / sqrt(head_dim) unless a config says
   // otherwise (Gemma-3: query_pre_attn_scalar ** -0.5).
   double attn_scale = 0;
+  // Soft-capping (final_logit_softcapping, attn_logit_softcapping; 0: none):
+  // logits, and the attention's scaled scores, x -> cap * tanh(x / cap).
+  double final_softcap = 0;
+  double attn_softcap = 0;
   // RoPE of the sliding-window layers where it differs from `rope`
   // (Gemma-3's rope_local_base_freq, no scaling); nullopt: `rope` everywhere.
   std::optional<kernels::RopeConfig> local_rope;
@@ -81,6 +87,10 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;  // config.json's, then generation_config.json's others
   int32_t bos_token_id = -1;
   std::string torch_dtype;
+  // Where a multimodal checkpoint keeps its text model's tensors
+  // (Gemma3ForConditionalGeneration, model_type gemma3: "language_model.");
+  // the text model is what duet serves, its config the text_config.
+  std::string tensor_prefix;
   // generation_config.json's sampling fields: what a request that sets none
   // of a field gets (as vLLM serves a checkpoint's defaults).
   struct SamplingDefaults {

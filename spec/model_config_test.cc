@@ -64,7 +64,7 @@ TEST_CASE("mistral's sliding window and qwen2's bias and per-layer window", "[co
   REQUIRE(q3->layer_window == std::vector<int64_t>(28, 0));
 }
 
-TEST_CASE("Gemma-3's text config: layer kinds, two RoPEs, its scales; soft-capping refused", "[config]") {
+TEST_CASE("Gemma-3's text config: layer kinds, two RoPEs, its scales, soft-capping where set", "[config]") {
   // gemma-3-1b-it's text config (its fields that duet reads).
   const std::string base = R"("model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152,
     "intermediate_size": 6912, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -94,11 +94,74 @@ TEST_CASE("Gemma-3's text config: layer kinds, two RoPEs, its scales; soft-cappi
   CHECK(t->layer_window == std::vector<int64_t>{0, 512, 512, 512, 512, 512, 0, 512});
   CHECK(t->LayerRope(0).linear_factor == 8.0);
   CHECK(t->LayerRope(1).linear_factor == 1.0);
+  CHECK(t->final_softcap == 0);
+  CHECK(t->attn_softcap == 0);
   auto capped = ModelConfig::FromJson(R"({"model_type": "gemma3_text", "vocab_size": 10, "hidden_size": 8,
-    "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "final_logit_softcapping": 30.0})",
-                                      "c.json");
-  REQUIRE(capped.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK_THAT(std::string(capped.status().message()), Contains("final_logit_softcapping"));
+    "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "final_logit_softcapping": 30.0,
+    "attn_logit_softcapping": 50.0})", "c.json");
+  REQUIRE(capped.ok());
+  CHECK(capped->final_softcap == 30.0);
+  CHECK(capped->attn_softcap == 50.0);
+  auto negative = ModelConfig::FromJson(R"({"model_type": "gemma3_text", "vocab_size": 10, "hidden_size": 8,
+    "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "final_logit_softcapping": -1})",
+                                        "c.json");
+  CHECK_THAT(std::string(negative.status().message()), Contains("final_logit_softcapping"));
+}
+
+TEST_CASE("yarn rope_scaling, as Qwen3's model card sets it for 131072 tokens", "[config]") {
+  const std::string base = R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 32, "max_position_embeddings": 131072, )";
+  auto c = ModelConfig::FromJson(base + R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 32768}})", "c.json");
+  REQUIRE(c.ok());
+  CHECK(c->rope.yarn_factor == 4.0);
+  CHECK(c->rope.yarn_original_max_position == 32768.0);
+  CHECK(c->rope.yarn_attention_factor == Approx(0.1 * std::log(4.0) + 1));
+  CHECK(c->rope.ScoreFactor() == Approx(std::pow(0.1 * std::log(4.0) + 1, 2)));
+  // The first dimensions (fast rotations) keep their frequency, the last
+  // are factor times slower.
+  const std::vector<float> plain = kernels::RopeInvFreq({.head_dim = 32, .theta = 10000});
+  const std::vector<float> yarn = kernels::RopeInvFreq(c->rope);
+  CHECK(yarn[0] == plain[0]);
+  CHECK(yarn[15] == Approx(plain[15] / 4).epsilon(1e-6));
+  auto given = ModelConfig::FromJson(base + R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    "attention_factor": 1.5}})", "c.json");
+  REQUIRE(given.ok());
+  CHECK(given->rope.yarn_attention_factor == 1.5);
+  CHECK(given->rope.yarn_original_max_position == 131072.0);  // max_position_embeddings when unset
+  auto bad = ModelConfig::FromJson(base + R"("rope_scaling": {"rope_type": "yarn"}})", "c.json");
+  CHECK_THAT(std::string(bad.status().message()), Contains("rope_scaling.factor"));
+}
+
+TEST_CASE("a multimodal Gemma-3 config (gemma-3-4b-it's) is read as its text model", "[config]") {
+  // As published: most text fields left to Gemma3TextConfig's defaults, the
+  // token ids at the top level.
+  auto c = ModelConfig::FromJson(R"({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "model_type": "siglip_vision_model"}})",
+                                 "config.json");
+  REQUIRE(c.ok());
+  CHECK(c->tensor_prefix == "language_model.");
+  CHECK(c->model_type == "gemma3_text");
+  CHECK(c->vocab_size == 262208);
+  CHECK(c->num_heads == 8);
+  CHECK(c->num_kv_heads == 4);
+  CHECK(c->head_dim == 256);
+  CHECK(c->layer_window[0] == 1024);
+  CHECK(c->layer_window[5] == 0);  // every sixth layer global
+  CHECK(c->rope.linear_factor == 8.0);
+  CHECK(c->IsEos(106));
+  CHECK(c->tie_word_embeddings);
+  CHECK(c->embed_scale == Approx(std::sqrt(2560.0)).epsilon(0.01));  // in bf16
+  // 4.3B parameters with the vision tower; its text model's 3.88B.
+  CHECK(std::abs(c->NumParameters() / 1e9 - 3.88) < 0.01);
+  auto bad = ModelConfig::FromJson(R"({"model_type": "gemma3"})", "config.json");
+  CHECK_THAT(std::string(bad.status().message()), Contains("text_config"));
 }
 
 TEST_CASE("mixtures of experts: Qwen3-30B-A3B's and Mixtral-8x7B's configs, sparse layers, sizes", "[config]") {

@@ -8,14 +8,19 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/block_pool.h"
 #include "engine/model.h"
 #include "engine/precision_plan.h"
+#include "engine/safetensors.h"
 #include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/testing/protected_backend.h"
@@ -296,6 +301,136 @@ TEST_CASE("every weight dtype: the logits match the reference on the same dequan
   }
 }
 
+
+TEST_CASE("a multimodal Gemma-3 checkpoint serves its text model: the text model's logits, bit for bit",
+          "[forward]") {
+  // Gemma3ForConditionalGeneration as published: model_type gemma3, the
+  // text model's fields in text_config (those equal to Gemma3TextConfig's
+  // defaults left out, the EOS id at the top level), its tensors under
+  // language_model. beside a vision tower's and a projector's.
+  namespace fs = std::filesystem;
+  const std::string text_dir = testing::TinyModelDir("gemma3_text");
+  const std::string dir = testing::FreshDir("gemma3-multimodal");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fs::path(text_dir) / f, fs::path(dir) / f);
+  std::ifstream in(fs::path(text_dir) / "config.json");
+  nlohmann::json text = nlohmann::json::parse(in);
+  const nlohmann::json eos = text["eos_token_id"];
+  for (const char* k : {"architectures", "eos_token_id", "rms_norm_eps", "rope_theta", "rope_local_base_freq",
+                        "tie_word_embeddings", "attention_bias", "hidden_activation"}) {
+    text.erase(k);
+  }
+  const nlohmann::json cfg = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"},
+                              {"text_config", text}, {"eos_token_id", eos}, {"image_token_index", 262144},
+                              {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 8}}}};
+  std::ofstream(fs::path(dir) / "config.json") << cfg.dump(2);
+  auto st = engine::SafetensorsModel::Open(text_dir);
+  REQUIRE(st.ok());
+  std::vector<std::string> names;
+  std::vector<engine::TensorToWrite> out;
+  const std::vector<uint8_t> vision(64, 1);
+  out.push_back({.name = "vision_tower.vision_model.embeddings.patch_embedding.weight", .dtype = engine::DType::kBF16,
+                 .shape = {4, 8}, .data = vision.data(), .num_bytes = vision.size()});
+  out.push_back({.name = "multi_modal_projector.mm_input_projection_weight", .dtype = engine::DType::kBF16,
+                 .shape = {8, 4}, .data = vision.data(), .num_bytes = vision.size()});
+  names.reserve((*st)->Names().size());
+  for (const std::string& name : (*st)->Names()) {
+    const engine::TensorView* t = (*st)->Find(name);
+    names.push_back("language_model." + name);
+    out.push_back({.name = names.back(), .dtype = t->dtype, .shape = t->shape, .data = t->data, .num_bytes = t->num_bytes});
+  }
+  REQUIRE(engine::WriteSafetensors(dir + "/model.safetensors", out).ok());
+
+  auto config = spec::ModelConfig::FromFile(dir + "/config.json");
+  REQUIRE(config.ok());
+  CHECK(config->tensor_prefix == "language_model.");
+  CHECK(config->model_type == "gemma3_text");
+  CHECK(config->rms_norm_eps == 1e-6);  // Gemma3TextConfig's default
+  CHECK(config->IsEos(eos.get<int32_t>()));
+  Fixture mm_text("gemma3_text");
+  kernels::KernelBackendPtr be = kernels::NewCpuBackend(2);
+  auto mm = engine::Model::Load(dir, be.get());
+  REQUIRE(mm.ok());
+  BlockPool pool((*mm)->KvLayoutFor(kBlockSize), 64);
+  const auto tokens = Tokens(40, 3, static_cast<int>((*mm)->config().vocab_size));
+  SequenceKv seq(&pool);
+  REQUIRE(seq.Reserve(tokens.size()).ok());
+  BatchSeq b{.tokens = tokens, .start_pos = 0, .block_table = seq.block_table(), .logit_rows = {39}};
+  auto got = (*mm)->Forward({b}, pool);
+  REQUIRE(got.ok());
+  CHECK(Row(*got, 0) == AllLogits(mm_text, tokens).back());
+  // The reference reads the same tensors through the prefix.
+  testing::ReferenceModel ref(dir);
+  CHECK(NormalizedError(Row(*got, 0), ref.Logits(tokens).back()) <= kTolerance);
+}
+
+// A copy of the tiny `arch` model with `fields` set in its config.json.
+std::string Variant(const std::string& arch, const std::string& name, const nlohmann::json& fields) {
+  namespace fs = std::filesystem;
+  const std::string base = testing::TinyModelDir(arch);
+  const std::string dir = testing::FreshDir(name);
+  for (const auto& e : fs::directory_iterator(base)) fs::copy(e.path(), fs::path(dir) / e.path().filename());
+  std::ifstream in(fs::path(base) / "config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  for (const auto& [k, v] : fields.items()) cfg[k] = v;
+  std::ofstream(fs::path(dir) / "config.json", std::ios::trunc) << cfg.dump(2);
+  return dir;
+}
+
+// Every position's logits of one prefill of `tokens` on the model in `dir`.
+std::vector<std::vector<float>> PrefillLogits(const std::string& dir, const std::vector<int32_t>& tokens) {
+  kernels::KernelBackendPtr be = kernels::NewCpuBackend(2);
+  auto m = engine::Model::Load(dir, be.get());
+  REQUIRE(m.ok());
+  BlockPool pool((*m)->KvLayoutFor(kBlockSize), 64);
+  SequenceKv seq(&pool);
+  REQUIRE(seq.Reserve(tokens.size()).ok());
+  BatchSeq b{.tokens = tokens, .start_pos = 0, .block_table = seq.block_table()};
+  for (size_t i = 0; i < tokens.size(); ++i) b.logit_rows.push_back(static_cast<int32_t>(i));
+  auto out = (*m)->Forward({b}, pool);
+  REQUIRE(out.ok());
+  std::vector<std::vector<float>> rows;
+  for (int64_t i = 0; i < out->rows(); ++i) rows.push_back(Row(*out, i));
+  return rows;
+}
+
+TEST_CASE("yarn RoPE scaling (Qwen3's long context) on the tiny qwen3 matches the reference's published formula",
+          "[forward]") {
+  // An original context shorter than the prompt, so that the blend and the
+  // attention factor both act.
+  const std::string dir = Variant("qwen3", "qwen3-yarn",
+                                  {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0},
+                                                     {"original_max_position_embeddings", 32}}}});
+  const auto tokens = Tokens(60, 5, 1000);
+  const auto got = PrefillLogits(dir, tokens);
+  const auto want = testing::ReferenceModel(dir).Logits(tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    INFO("position " << i);
+    REQUIRE(NormalizedError(got[i], want[i]) <= kTolerance);
+  }
+  CHECK(NormalizedError(got.back(), testing::ReferenceModel(testing::TinyModelDir("qwen3")).Logits(tokens).back()) >
+        1e-3);
+}
+
+TEST_CASE("soft-capping (Gemma-2's fields on the tiny gemma3_text): logits and attention scores capped as the "
+          "reference caps them",
+          "[forward]") {
+  // Caps near the values they meet, so both change what they cap.
+  const std::string dir =
+      Variant("gemma3_text", "gemma3-softcap", {{"final_logit_softcapping", 2.0}, {"attn_logit_softcapping", 1.0}});
+  const auto tokens = Tokens(50, 4, 1000);
+  const auto got = PrefillLogits(dir, tokens);
+  const auto want = testing::ReferenceModel(dir).Logits(tokens);
+  const auto uncapped = testing::ReferenceModel(testing::TinyModelDir("gemma3_text")).Logits(tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    INFO("position " << i);
+    REQUIRE(NormalizedError(got[i], want[i]) <= kTolerance);
+    for (float l : got[i]) REQUIRE(std::fabs(l) <= 2.0f);
+  }
+  // Attention capping alone moves the logits too: undo the final cap and compare.
+  std::vector<float> atanh_last;
+  for (float l : got.back()) atanh_last.push_back(2.0f * std::atanh(std::min(0.999999f, std::max(-0.999999f, l / 2.0f))));
+  CHECK(NormalizedError(atanh_last, uncapped.back()) > 1e-2);
+}
 
 // --- Tensor and pipeline parallelism (LoadOptions::tp, ::pp)
 

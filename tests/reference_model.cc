@@ -1,5 +1,6 @@
 #include "tests/reference_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -51,6 +52,17 @@ std::vector<double> InvFreq(const kernels::RopeConfig& r, int64_t head_dim) {
         f = (1 - smooth) * f / r.llama3_factor + smooth * f;
       }
     }
+    if (r.yarn_factor > 0) {  // The published formula (Hugging Face's _compute_yarn_parameters).
+      const double dim = static_cast<double>(head_dim), orig = r.yarn_original_max_position;
+      auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(r.theta)); };
+      double lo = corr(r.yarn_beta_fast), hi = corr(r.yarn_beta_slow);
+      if (r.yarn_truncate) lo = std::floor(lo), hi = std::ceil(hi);
+      lo = std::max(lo, 0.0);
+      hi = std::min(hi, dim - 1);
+      if (lo == hi) hi += 0.001;
+      const double keep = 1 - std::clamp((static_cast<double>(i) - lo) / (hi - lo), 0.0, 1.0);
+      f = f / r.yarn_factor * (1 - keep) + f * keep;
+    }
     out.push_back(f / r.linear_factor);
   }
   return out;
@@ -62,7 +74,7 @@ ReferenceModel::ReferenceModel(const std::string& dir, std::optional<kernels::DT
   auto cfg = spec::ModelConfig::FromFile(dir + "/config.json");
   if (!cfg.ok()) throw std::runtime_error(cfg.status().ToString());
   config_ = *cfg;
-  auto st = engine::SafetensorsModel::Open(dir);
+  auto st = engine::SafetensorsModel::Open(dir, config_.tensor_prefix);
   if (!st.ok()) throw std::runtime_error(st.status().ToString());
   std::set<std::string> routers;
   for (int64_t l = 0; l < config_.num_layers; ++l) {
@@ -105,13 +117,15 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
     for (double& v : x[t]) v *= c.embed_scale;
   }
 
-  auto rope = [&](std::vector<double>& v, size_t heads, size_t pos, const std::vector<double>& inv_freq) {
+  // yarn multiplies cos and sin by its attention factor (1 otherwise).
+  auto rope = [&](std::vector<double>& v, size_t heads, size_t pos, const std::vector<double>& inv_freq,
+                  double m) {
     for (size_t h = 0; h < heads; ++h) {
       for (size_t i = 0; i < hd / 2; ++i) {
         double a = pos * inv_freq[i];
         double x1 = v[h * hd + i], x2 = v[h * hd + i + hd / 2];
-        v[h * hd + i] = x1 * std::cos(a) - x2 * std::sin(a);
-        v[h * hd + i + hd / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+        v[h * hd + i] = x1 * m * std::cos(a) - x2 * m * std::sin(a);
+        v[h * hd + i + hd / 2] = x2 * m * std::cos(a) + x1 * m * std::sin(a);
       }
     }
   };
@@ -176,9 +190,12 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
         head_norm(q[t], nq, p + "self_attn.q_norm.weight");
         head_norm(k[t], nkv, p + "self_attn.k_norm.weight");
       }
-      const std::vector<double>& freq = c.local_rope && c.layer_window[l] > 0 ? inv_freq_local_ : inv_freq_;
-      rope(q[t], nq, t, freq);
-      rope(k[t], nkv, t, freq);
+      const bool local = c.local_rope && c.layer_window[l] > 0;
+      const std::vector<double>& freq = local ? inv_freq_local_ : inv_freq_;
+      const kernels::RopeConfig& rc = local ? *c.local_rope : c.rope;
+      const double m = rc.yarn_factor > 0 ? rc.yarn_attention_factor : 1.0;
+      rope(q[t], nq, t, freq, m);
+      rope(k[t], nkv, t, freq, m);
     }
     const int64_t window = c.layer_window[l];
     for (size_t t = 0; t < T; ++t) {
@@ -192,6 +209,7 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
           double d = 0;
           for (size_t e = 0; e < hd; ++e) d += q[t][h * hd + e] * k[j][kh * hd + e];
           s.push_back(d * c.AttentionScale());
+          if (c.attn_softcap > 0) s.back() = c.attn_softcap * std::tanh(s.back() / c.attn_softcap);
           mx = std::max(mx, s.back());
         }
         double z = 0;
@@ -214,7 +232,12 @@ std::vector<std::vector<double>> ReferenceModel::Logits(const std::vector<int32_
   }
   const auto& head = c.tie_word_embeddings ? W("model.embed_tokens.weight") : W("lm_head.weight");
   std::vector<std::vector<double>> out(T);
-  for (size_t t = 0; t < T; ++t) out[t] = Linear(head, nullptr, Norm(x[t], "model.norm.weight"));
+  for (size_t t = 0; t < T; ++t) {
+    out[t] = Linear(head, nullptr, Norm(x[t], "model.norm.weight"));
+    if (c.final_softcap > 0) {
+      for (double& l : out[t]) l = c.final_softcap * std::tanh(l / c.final_softcap);
+    }
+  }
   return out;
 }
 

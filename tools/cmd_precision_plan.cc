@@ -3,6 +3,7 @@
 // layer) that fits a size or decode-speed budget with the least total
 // sensitivity (engine/precision_plan.h), then measures that map whole.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -46,9 +47,15 @@ absl::StatusOr<std::vector<kernels::DType>> ParseDTypes(const std::string& list)
 }
 
 // The linear weights of one layer, counted from the config.
-int64_t LayerWeights(const spec::ModelConfig& c) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
-  return H * (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() * H + 3 * I * H;
+// Layer i's linear weights: attention, then the MLP's, or a mixture of
+// experts' router and experts (all of them: `read` of them, each token's
+// experts_per_token, for what a batch-1 step reads).
+double LayerWeights(const spec::ModelConfig& c, int64_t i, bool read = false) {
+  const double H = static_cast<double>(c.hidden_size);
+  const double attn = H * (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() * H;
+  if (!c.IsMoeLayer(i)) return attn + 3.0 * c.intermediate_size * H;
+  const double experts = static_cast<double>(read ? c.experts_per_token : c.num_experts);
+  return attn + c.num_experts * H + experts * 3.0 * c.moe_intermediate_size * H;
 }
 
 absl::Status Run(const FlagSet& f) {
@@ -98,7 +105,8 @@ absl::Status Run(const FlagSet& f) {
                    }));
 
   // The budget, in bytes of the layers' linear weights.
-  const double weights = static_cast<double>(LayerWeights(c)) * static_cast<double>(c.num_layers);
+  double weights = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) weights += LayerWeights(c, i);
   int64_t budget = 0;
   std::string budget_text;
   if (f.IsSet("bits-per-weight")) {
@@ -109,10 +117,19 @@ absl::Status Run(const FlagSet& f) {
     budget_text = absl::StrCat(f.GetDouble("max-weight-gib"), " GiB of weights in all");
   } else {
     // Decode at batch 1 reads every weight once a step (the roofline; the
-    // embedding table, of which a step reads one row, counted whole).
+    // embedding table, of which a step reads one row, counted whole), a
+    // mixture of experts only its token's experts of each sparse layer: the
+    // budget is then on those bytes, each layer's its share of its own.
     budget = static_cast<int64_t>(f.GetDouble("bandwidth-gbs") * 1e9 / f.GetDouble("decode-tok-s")) - s.other_bytes;
+    weights = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const double read = LayerWeights(c, i, true) / LayerWeights(c, i);
+      for (int64_t& b : s.bytes[static_cast<size_t>(i)]) b = static_cast<int64_t>(std::llround(b * read));
+      weights += LayerWeights(c, i, true);
+    }
     budget_text = absl::StrCat(f.GetDouble("decode-tok-s"), " decode tokens/s at ", f.GetDouble("bandwidth-gbs"),
-                               " GB/s (the roofline of a batch-1 step)");
+                               " GB/s (the roofline of a batch-1 step",
+                               c.num_experts > 0 ? ", which reads each token's experts, not all" : "", ")");
   }
   ASSIGN_OR_RETURN(const engine::PrecisionPlan plan, engine::PlanPrecision(s, budget));
 
@@ -193,8 +210,8 @@ int RunPrecisionPlan(int argc, char** argv) {
                            kernels::BitsPerWeight(kernels::DType::kQ4), kernels::BitsPerWeight(kernels::DType::kQ4Z)));
   f.Double("max-weight-gib", 0, "budget: every weight of the model, GiB");
   f.Double("decode-tok-s", 0,
-           "budget: batch-1 decode tokens/s, at --bandwidth-gbs (a step reads every weight once: the roofline, "
-           "which real steps reach only in part)");
+           "budget: batch-1 decode tokens/s, at --bandwidth-gbs (a step reads every weight once, a mixture of "
+           "experts its token's experts: the roofline, which real steps reach only in part)");
   f.Double("bandwidth-gbs", 0, "the memory bandwidth --decode-tok-s assumes, GB/s");
   f.String("out", "", "where to write the map (default <model>-precision.json)");
   return RunWithFlags(f, argc, argv, Run);

@@ -299,6 +299,13 @@ class CpuBackend final : public KernelBackend {
   // of keys per row.
   static constexpr int64_t kInvariantTileRows = 32;
 
+  // Scores capped as PagedAttentionArgs::softcap says (each on its own, so
+  // the row and tile paths give the same bits).
+  static void SoftCap(const PagedAttentionArgs& a, float* s, int64_t n) {
+    if (a.softcap <= 0) return;
+    for (int64_t i = 0; i < n; ++i) s[i] = a.softcap * std::tanh(s[i] / a.softcap);
+  }
+
   // The first key a query at `pos` sees: 0, or the start of its window.
   static int64_t FirstKey(const PagedAttentionArgs& a, int64_t pos) {
     return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
@@ -357,6 +364,7 @@ class CpuBackend final : public KernelBackend {
         const float* k = widen ? kbuf + (j - lo) * hd : PoolRow(a, seq, 0, kvh, j);
         scores[j - lo] = simd::Dot(q, k, hd) * a.scale;
       }
+      SoftCap(a, scores, len);
       float sum = simd::ExpShiftSum(scores, simd::Max(scores, len), len);
       float inv = 1.0f / sum;
       float* o = a.out + (row * a.num_q_heads + h) * hd;
@@ -410,6 +418,7 @@ class CpuBackend final : public KernelBackend {
         float* valid = srow + (lo - k_lo);
         const int64_t len = pos - lo + 1;
         if (invariant) simd::Scale(valid, a.scale, len);  // As AttentionRow: Dot(q, k) * scale.
+        SoftCap(a, valid, len);
         float sum = simd::ExpShiftSum(valid, simd::Max(valid, len), len);
         simd::Scale(valid, 1.0f / sum, len);
         std::fill(srow, valid, 0.0f);

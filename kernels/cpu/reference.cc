@@ -98,6 +98,7 @@ void PagedAttention(const PagedAttentionArgs& a) {
           double d = 0;
           for (int64_t e = 0; e < hd; ++e) d += static_cast<double>(q[e]) * l.Value(a.kv, k + e);
           scores[j - lo] = d * a.scale;
+          if (a.softcap > 0) scores[j - lo] = a.softcap * std::tanh(scores[j - lo] / a.softcap);
           mx = std::max(mx, scores[j - lo]);
         }
         double sum = 0;
