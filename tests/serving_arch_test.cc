@@ -3,15 +3,23 @@
 // request sent twice so the second finds its prompt cached) and a colocated
 // one (prefix cache off) give duet generate's outputs for prompts up to 100
 // tokens (past the tiny gemma3_text's 24-token window, and every block
-// size), and a TP=2 prefill of each mixture of experts hands its KV to a
-// TP=1 decode with TP=1's greedy tokens.
+// size), a TP=2 prefill of each mixture of experts hands its KV to a TP=1
+// decode with TP=1's greedy tokens, and mixtral made with Llama-2's
+// SentencePiece-style tokenizer (the pinned @lenml package) serves text.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/testing/model_maker.h"
+#include "engine/testing/tiny_model.h"
+#include "engine/testing/tokenizer_node.h"
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
-#include "engine/testing/tiny_model.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace duet::testing {
 namespace {
@@ -71,6 +79,40 @@ TEST_CASE("qwen3, gemma3_text, qwen3_moe and mixtral serve duet generate's outpu
     REQUIRE(c.Start(model_dir, {{"colocated", "colocated-0", {"--kv-blocks", "256", "--no-prefix-cache"}}}).ok());
     ServeAndCheck(c, reqs);
   }
+}
+
+TEST_CASE("mixtral with Llama-2's SentencePiece-style tokenizer (Mixtral's own kind) serves token and text "
+          "prompts",
+          "[serving]") {
+  absl::StatusOr<std::string> modules = FindNodeModules("engine/testing/npm/encode_lenml.js");
+  REQUIRE(modules.ok());
+  const std::string dir = FreshDir("mixtral-llama2-tokenizer");
+  REQUIRE(MakeModel({.size = "tiny", .arch = "mixtral", .out_dir = dir,
+                     .tokenizer_dir = (std::filesystem::path(*modules) / "@lenml" / "tokenizer-llama2" / "models")
+                                          .string()})
+              .ok());
+  Cluster c;
+  REQUIRE(c.Start(dir, {{"colocated", "colocated-0", {"--kv-blocks", "256"}}}).ok());
+  ServeAndCheck(c, Requests(34));
+  // A text prompt: the router's SentencePiece encoding (with its BOS), the
+  // engine's greedy tokens, their text.
+  std::unique_ptr<text::Tokenizer> tok = std::move(text::Tokenizer::Load(dir)).value();
+  const text::PromptFormat format = text::PromptFormat::Load(dir).value();
+  const std::string prompt = "The weather in Paris is";
+  TestRequest r;
+  r.prompt = tok->Encode(format.CompletionPrefix() + prompt).value();
+  r.max_tokens = 6;
+  const engine::GenerateResult want = ReferenceOutputs(dir, {r})[0];
+  const nlohmann::json body = {{"model", ModelName(dir)}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0},
+                               {"ignore_eos", true}};
+  auto got = c.Post("/v1/completions", body.dump());
+  REQUIRE(got.ok());
+  INFO(got->body);
+  REQUIRE(got->status == 200);
+  const nlohmann::json j = nlohmann::json::parse(got->body);
+  CHECK(j["usage"]["prompt_tokens"] == r.prompt.size());
+  CHECK(r.prompt.front() == tok->TokenToId("<s>"));
+  CHECK(j["choices"][0]["text"] == tok->Decode(want.ids).value());
 }
 
 TEST_CASE("a TP=2 prefill of a mixture of experts hands its KV to a TP=1 decode with TP=1's greedy tokens",
