@@ -302,13 +302,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
       return r.Error("rope_scaling", absl::StrCat("has rope_type \"", type,
                                                   "\"; supported: llama3, linear, yarn, default"));
     }
+    // A positive number of rope_scaling's, named as such when it is not.
+    Reader sr(*rs, source);
+    auto sub = [&](const std::string& f, double def) -> absl::StatusOr<double> {
+      auto v = sr.Double(f, def, 0.0);
+      if (!v.ok()) return r.Error("rope_scaling." + f, "must be a positive number");
+      return v;
+    };
     if (type == "yarn") {
-      Reader sr(*rs, source);
-      auto sub = [&](const std::string& f, double def) -> absl::StatusOr<double> {
-        auto v = sr.Double(f, def, 0.0);
-        if (!v.ok()) return r.Error("rope_scaling." + f, "must be a positive number");
-        return v;
-      };
       ASSIGN_OR_RETURN(c.rope.yarn_factor, sub("factor", 0.0));
       if (c.rope.yarn_factor <= 0) return r.Error("rope_scaling.factor", "is required for yarn");
       ASSIGN_OR_RETURN(c.rope.yarn_original_max_position,
@@ -325,18 +326,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& json_text,
       c.rope.yarn_attention_factor = given > 0 ? given : m > 0 && m_all > 0 ? mscale(m) / mscale(m_all) : mscale(1.0);
     }
     if (type == "linear") {
-      Reader sr(*rs, source);
-      auto f = sr.Double("factor", 1.0, 0.0);
-      if (!f.ok()) return r.Error("rope_scaling.factor", "must be a positive number");
-      c.rope.linear_factor = *f;
+      ASSIGN_OR_RETURN(c.rope.linear_factor, sub("factor", 1.0));
     }
     if (type == "llama3") {
-      Reader sr(*rs, source);
-      auto sub = [&](const std::string& f, double def) -> absl::StatusOr<double> {
-        auto v = sr.Double(f, def, 0.0);
-        if (!v.ok()) return r.Error("rope_scaling." + f, "must be a positive number");
-        return v;
-      };
       ASSIGN_OR_RETURN(c.rope.llama3_factor, sub("factor", 8.0));
       ASSIGN_OR_RETURN(c.rope.llama3_low_freq_factor, sub("low_freq_factor", 1.0));
       ASSIGN_OR_RETURN(c.rope.llama3_high_freq_factor, sub("high_freq_factor", 4.0));

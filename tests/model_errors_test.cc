@@ -236,6 +236,26 @@ TEST_CASE("precision maps: bad files are named errors, a good one sets each laye
   auto f32 = engine::Model::Load(dir, backend.get(), {.weight_dtype = kernels::DType::kF32});
   REQUIRE(f32.ok());
   CHECK((*mapped)->weight_bytes() < (*f32)->weight_bytes());
+
+  // A mixture of experts' experts at their own dtype: q4 experts under f32
+  // attention hold fewer bytes than f32 and more than q4 throughout. A dense
+  // model's map that names experts, or a list of another length, is refused.
+  const std::string moe = testing::TinyModelDir("qwen3_moe");
+  auto experts = parse(R"({"layers": ["f32", "f32", "f32", "f32"], "experts": ["q4", "q4", "q4", "q4"]})");
+  REQUIRE(experts.ok());
+  auto split = engine::Model::Load(moe, backend.get(), {.precision_map = *experts});
+  REQUIRE(split.ok());
+  auto all_f32 = engine::Model::Load(moe, backend.get(), {.weight_dtype = kernels::DType::kF32});
+  auto all_q4 = engine::Model::Load(moe, backend.get(), {.weight_dtype = kernels::DType::kQ4});
+  REQUIRE(all_f32.ok());
+  REQUIRE(all_q4.ok());
+  CHECK((*split)->layer_weight_bytes(0) < (*all_f32)->layer_weight_bytes(0));
+  CHECK((*split)->layer_weight_bytes(0) > (*all_q4)->layer_weight_bytes(0));
+  CHECK((*split)->layer_weight_bytes(1) == (*all_f32)->layer_weight_bytes(1));  // layer 1 is dense
+  CHECK(parse(engine::PrecisionMapJson(*experts))->experts == experts->experts);
+  s = engine::Model::Load(dir, backend.get(), {.precision_map = *experts}).status();
+  CHECK_THAT(std::string(s.message()), Contains("names experts' dtypes") && Contains("no experts"));
+  CHECK_THAT(message(R"({"layers": ["q4", "q4"], "experts": ["q4"]})"), Contains("\"experts\" has 1 entries"));
 }
 
 }  // namespace

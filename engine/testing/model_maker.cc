@@ -8,12 +8,12 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "text/bpe_trainer.h"
+#include "text/chat_template.h"
 #include "text/chat_templates.h"
 #include "text/tokenizer.h"
 #include "engine/safetensors.h"
@@ -83,14 +83,6 @@ Tensor MakeTensor(const std::string& name, std::vector<int64_t> shape, DType dty
     }
   }
   return t;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 absl::Status WriteText(const fs::path& path, const std::string& text) {
@@ -263,17 +255,12 @@ absl::Status MakeModel(const MakeModelOptions& o) {
     tied = true;
   }
   cfg["tie_word_embeddings"] = tied;
-  if (real != nullptr) {  // The tokenizer's own end and start.
-    ASSIGN_OR_RETURN(const std::string tc, ReadFile((fs::path(o.out_dir) / "tokenizer_config.json").string()));
-    const json t = json::parse(tc, nullptr, false);
-    for (const char* key : {"eos_token", "bos_token"}) {
-      const json* v = t.is_object() && t.contains(key) ? &t[key] : nullptr;
-      if (v != nullptr && v->is_object() && v->contains("content")) v = &(*v)["content"];
-      const std::string field = std::string(key) == "eos_token" ? "eos_token_id" : "bos_token_id";
+  if (real != nullptr) {  // The tokenizer's own end and start, as its config names them.
+    ASSIGN_OR_RETURN(const text::PromptFormat format, text::PromptFormat::Load(o.out_dir));
+    for (const auto& [field, token] : {std::pair<const char*, std::string>{"eos_token_id", format.eos_token()},
+                                       {"bos_token_id", format.bos_token()}}) {
       cfg.erase(field);
-      if (v != nullptr && v->is_string() && real->TokenToId(v->get<std::string>()) >= 0) {
-        cfg[field] = real->TokenToId(v->get<std::string>());
-      }
+      if (!token.empty() && real->TokenToId(token) >= 0) cfg[field] = real->TokenToId(token);
     }
   }
   const std::string config_text = cfg.dump(2) + "\n";

@@ -54,4 +54,20 @@ function usage(text) {
   process.exit(2);
 }
 
-module.exports = { nodeModulesDir, requirePackage, readRecords, writeIdLines, usage };
+// The tool-calling scripts' one function and question (the C++ tests that
+// serve them play a model calling it on Paris).
+const weatherTools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'The current weather in a city',
+    parameters: {
+      type: 'object',
+      properties: { city: { type: 'string' }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
+      required: ['city'],
+    },
+  },
+}];
+const weatherQuestion = [{ role: 'user', content: 'What is the weather in Paris?' }];
+
+module.exports = { nodeModulesDir, requirePackage, readRecords, writeIdLines, usage, weatherTools, weatherQuestion };

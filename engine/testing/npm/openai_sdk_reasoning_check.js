@@ -16,23 +16,12 @@
 // success its last stdout line is a JSON summary.
 'use strict';
 const assert = require('assert/strict');
-const { requirePackage } = require('./common.js');
+const { requirePackage, weatherTools, weatherQuestion } = require('./common.js');
 
 const OpenAI = requirePackage('openai');
 
-const tools = [{
-  type: 'function',
-  function: {
-    name: 'get_weather',
-    description: 'The current weather in a city',
-    parameters: {
-      type: 'object',
-      properties: { city: { type: 'string' }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
-      required: ['city'],
-    },
-  },
-}];
-const question = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const tools = weatherTools;
+const question = weatherQuestion;
 const max_tokens = 200;
 
 function checkCall(call, what) {

@@ -14,23 +14,12 @@
 // failed one. On success its last stdout line is a JSON summary.
 'use strict';
 const assert = require('assert/strict');
-const { requirePackage } = require('./common.js');
+const { requirePackage, weatherTools, weatherQuestion } = require('./common.js');
 
 const OpenAI = requirePackage('openai');
 
-const tools = [{
-  type: 'function',
-  function: {
-    name: 'get_weather',
-    description: 'The current weather in a city',
-    parameters: {
-      type: 'object',
-      properties: { city: { type: 'string' }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
-      required: ['city'],
-    },
-  },
-}];
-const question = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const tools = weatherTools;
+const question = weatherQuestion;
 // Room for the call (duet's default max_tokens is 16, as for completions).
 const max_tokens = 100;
 
