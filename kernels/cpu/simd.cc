@@ -104,62 +104,23 @@ inline int64_t L2Rows(int64_t k, int64_t tile) {
   return std::max<int64_t>(tile, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / tile * tile);
 }
 
-// R rows of a against C rows of w: R x C dots, each accumulated exactly as
-// DotAvx2 accumulates it (same lanes, same order), with every loaded
-// vector used C (or R) times.
-template <int R, int C>
-DUET_AVX2 inline void DotTileAvx2(const float* a, const float* w, int64_t k, float* c, int64_t ldc, bool accumulate) {
-  __m256 s0[R][C], s1[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < C; ++j) s0[r][j] = s1[r][j] = _mm256_setzero_ps();
-  }
+// One row of a (a decode step's GEMV) against C rows of F32 w: both
+// accumulators of DotAvx2 in registers, each weight read once.
+template <int C>
+DUET_AVX2 inline void DotTileRowAvx2(const float* a, const float* w, int64_t k, float* c, bool accumulate) {
+  __m256 s0[C], s1[C];
+  for (int j = 0; j < C; ++j) s0[j] = s1[j] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
-    __m256 wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_loadu_ps(a + r * k + i);
-      for (int j = 0; j < C; ++j) s0[r][j] = _mm256_fmadd_ps(av, wv[j], s0[r][j]);
-    }
-    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + j * k + i + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_loadu_ps(a + r * k + i + 8);
-      for (int j = 0; j < C; ++j) s1[r][j] = _mm256_fmadd_ps(av, wv[j], s1[r][j]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
+    const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
     for (int j = 0; j < C; ++j) {
-      const float d = FinishDot(s0[r][j], s1[r][j], a + r * k, w + j * k, i, k);
-      float& out = c[r * ldc + j];
-      out = accumulate ? out + d : d;
+      s0[j] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w + j * k + i), s0[j]);
+      s1[j] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w + j * k + i + 8), s1[j]);
     }
   }
-}
-
-template <int R>
-DUET_AVX2 inline void DotTileColsAvx2(const float* a, const float* w, int64_t cols, int64_t k, float* c,
-                                      int64_t ldc, bool accumulate) {
-  int64_t j = 0;
-  if constexpr (R == 1) {
-    // One row of a (a decode step's GEMV): four weight rows a tile, for
-    // more independent sums per loaded activation.
-    for (; j + 4 <= cols; j += 4) DotTileAvx2<1, 4>(a, w + j * k, k, c + j, ldc, accumulate);
-  }
-  for (; j + 2 <= cols; j += 2) DotTileAvx2<R, 2>(a, w + j * k, k, c + j, ldc, accumulate);
-  if (j < cols) DotTileAvx2<R, 1>(a, w + j * k, k, c + j, ldc, accumulate);
-}
-
-DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
-                           bool accumulate) {
-  // Blocks of weight rows in L2, every row of a passing over them, three
-  // rows at a time.
-  const int64_t block = L2Rows(k, 2);
-  for (int64_t j0 = 0; j0 < n; j0 += block) {
-    const int64_t cols = std::min(block, n - j0);
-    int64_t i = 0;
-    for (; i + 3 <= m; i += 3) DotTileColsAvx2<3>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
-    if (m - i == 2) DotTileColsAvx2<2>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
-    if (m - i == 1) DotTileColsAvx2<1>(a + i * k, w + j0 * k, cols, k, c + i * ldc + j0, ldc, accumulate);
+  for (int j = 0; j < C; ++j) {
+    const float d = FinishDot(s0[j], s1[j], a, w + j * k, i, k);
+    c[j] = accumulate ? c[j] + d : d;
   }
 }
 
@@ -170,6 +131,15 @@ DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n,
 // stored length, gives the same values as Load8(i) and Load8(i + 8) with
 // fewer instructions (a quantized block unpacked once per half); Load512(i)
 // gives them in one 16-lane vector.
+struct F32Row {
+  const float* p;
+  DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
+    w0 = _mm256_loadu_ps(p + i);
+    w1 = _mm256_loadu_ps(p + i + 8);
+  }
+  float At(int64_t i) const { return p[i]; }
+};
+
 struct Bf16Row {
   const uint16_t* p;
   DUET_AVX2 __m256 Load8(int64_t i) const {
@@ -369,25 +339,141 @@ DUET_AVX2 void DotRowAvx2(const float* a, const WeightMatrix& w, int64_t j0, int
   }
 }
 
-// Columns [j0, j1) of a non-F32 `w`: a block of its rows at a time is
-// converted to floats (into an L2-sized scratch) and the F32 tiles run over
-// it. Measured on the bench model, as fast as converting inside the tiles
-// at one row (q8) or faster (q4), and much faster from a few rows on, where
-// the tiles would convert the weights again for every three rows. Each
-// output is the dot over Dequantize's values.
+// The AVX2 GEMM from two rows of a on. A block of weight rows (about 256
+// KiB of floats, in L2 while every row of a passes over it) is packed
+// into tiles of C = 3 rows (the last one or two rows tiles of one), each
+// tile one run of floats: for parity h = 0, 1 and each 16-float step s of
+// k, the tile's C chunks of 8 floats at 16 s + 8 h; then each row's tail
+// past the last whole step (k % 16 floats, zero-padded to 16). Each pass
+// over a tile accumulates one parity, one register per output: the
+// chunks at 0, 16, 32, ... make DotAvx2's s0 and those at 8, 24, ... its
+// s1, each with the same multiply-adds in the same order, so every output
+// is DotAvx2's bits whatever m is. One register per output lets a tile of
+// 4 rows of a x 3 weight rows live in AVX2's 16 registers (both
+// accumulators at once allowed 3 x 2), and the packed tile is one stream;
+// on the prefill shapes this ran at 0.9 of OpenBLAS's AVX2 SGEMM, where
+// the unpacked 3 x 2 tiles ran at 0.5. Packing converts a non-F32 dtype's
+// rows as it goes, so they are converted once per block.
+constexpr int kPackC = 3;
+
+inline int64_t PackedRowFloats(int64_t k) { return k / 16 * 16 + 16; }
+
+template <class Row>
+DUET_AVX2 void PackTileAvx2(const Row* rows, int c, int64_t k, float* out) {
+  const int64_t steps = k / 16;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int j = 0; j < c; ++j) {
+      __m256 w0, w1;
+      rows[j].Load16(16 * s, w0, w1);
+      _mm256_storeu_ps(out + (s * c + j) * 8, w0);
+      _mm256_storeu_ps(out + ((steps + s) * c + j) * 8, w1);
+    }
+  }
+  float* tail = out + 2 * steps * c * 8;
+  for (int j = 0; j < c; ++j) {
+    for (int64_t t = 0; t < 16; ++t) tail[j * 16 + t] = 16 * steps + t < k ? rows[j].At(16 * steps + t) : 0.0f;
+  }
+}
+
+// acc[r * C + j] = the parity-h chunks of a's row r dotted with the packed
+// tile's row j (w: the tile's chunks of that parity).
+template <int R, int C>
+DUET_AVX2 inline void DotPassAvx2(const float* a, int64_t k, int h, const float* w, int64_t steps, __m256* acc) {
+  __m256 s[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) s[r][j] = _mm256_setzero_ps();
+  }
+  a += 8 * h;
+  for (int64_t t = 0; t < steps; ++t) {
+    __m256 wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + (t * C + j) * 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_loadu_ps(a + r * k + 16 * t);
+      for (int j = 0; j < C; ++j) s[r][j] = _mm256_fmadd_ps(av, wv[j], s[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) acc[r * C + j] = s[r][j];
+  }
+}
+
+template <int R, int C>
+DUET_AVX2 inline void DotPackedTileAvx2(const float* a, int64_t k, const float* tile, float* c, int64_t ldc,
+                                        bool accumulate) {
+  const int64_t steps = k / 16;
+  __m256 s0[R * C], s1[R * C];
+  DotPassAvx2<R, C>(a, k, 0, tile, steps, s0);
+  DotPassAvx2<R, C>(a, k, 1, tile + steps * C * 8, steps, s1);
+  const float* tail = tile + 2 * steps * C * 8;
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      const float d = FinishDot(s0[r * C + j], s1[r * C + j], a + r * k + 16 * steps, tail + j * 16, 0, k - 16 * steps);
+      float& out = c[r * ldc + j];
+      out = accumulate ? out + d : d;
+    }
+  }
+}
+
+template <int R>
+DUET_AVX2 void DotPackedBlockAvx2(const float* a, int64_t k, const float* packed, int64_t cols, float* c, int64_t ldc,
+                                  bool accumulate) {
+  const int64_t row_floats = PackedRowFloats(k);
+  int64_t j = 0;
+  for (; j + kPackC <= cols; j += kPackC) {
+    DotPackedTileAvx2<R, kPackC>(a, k, packed + j * row_floats, c + j, ldc, accumulate);
+  }
+  for (; j < cols; ++j) DotPackedTileAvx2<R, 1>(a, k, packed + j * row_floats, c + j, ldc, accumulate);
+}
+
+// c[i * ldc + j] (+)= row i of a . row_at(j) for i < m, j < n (m >= 2).
+template <class RowAt>
+DUET_AVX2 void DotRowsPackedAvx2(const float* a, int64_t m, const RowAt& row_at, int64_t n, int64_t k, float* c,
+                                 int64_t ldc, bool accumulate) {
+  const int64_t row_floats = PackedRowFloats(k);
+  const int64_t block = std::max<int64_t>(kPackC, (int64_t{256} << 10) / (4 * row_floats) / kPackC * kPackC);
+  thread_local std::vector<float> packed;
+  packed.resize(static_cast<size_t>(std::min(block, n) * row_floats));
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t cols = std::min(block, n - j0);
+    int64_t j = 0;
+    for (; j + kPackC <= cols; j += kPackC) {
+      decltype(row_at(0)) rows[kPackC];
+      for (int t = 0; t < kPackC; ++t) rows[t] = row_at(j0 + j + t);
+      PackTileAvx2(rows, kPackC, k, packed.data() + j * row_floats);
+    }
+    for (; j < cols; ++j) {
+      const auto row = row_at(j0 + j);
+      PackTileAvx2(&row, 1, k, packed.data() + j * row_floats);
+    }
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) DotPackedBlockAvx2<4>(a + i * k, k, packed.data(), cols, c + i * ldc + j0, ldc, accumulate);
+    const float* ai = a + i * k;
+    float* ci = c + i * ldc + j0;
+    if (m - i == 3) DotPackedBlockAvx2<3>(ai, k, packed.data(), cols, ci, ldc, accumulate);
+    if (m - i == 2) DotPackedBlockAvx2<2>(ai, k, packed.data(), cols, ci, ldc, accumulate);
+    if (m - i == 1) DotPackedBlockAvx2<1>(ai, k, packed.data(), cols, ci, ldc, accumulate);
+  }
+}
+
+DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
+                           bool accumulate) {
+  if (m == 1) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) DotTileRowAvx2<4>(a, w + j * k, k, c + j, accumulate);
+    for (; j < n; ++j) DotTileRowAvx2<1>(a, w + j * k, k, c + j, accumulate);
+    return;
+  }
+  DotRowsPackedAvx2(a, m, [w, k](int64_t j) { return F32Row{w + j * k}; }, n, k, c, ldc, accumulate);
+}
+
+// Columns [j0, j1) of a non-F32 `w`: one row of a dots the weights as
+// they are converted in registers; more rows share each block's converted
+// tiles. Each output is the dot over Dequantize's values.
 template <class Row>
 DUET_AVX2 void DotRowsConvertedAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1,
                                     float* c, int64_t ldc, bool accumulate) {
   if (m == 1) return DotRowAvx2<Row>(a, w, j0, j1, c, accumulate);
-  const int64_t k = w.k, n = j1 - j0;
-  const int64_t block = L2Rows(k, 2);
-  thread_local std::vector<float> floats;
-  floats.resize(static_cast<size_t>(std::min(block, n) * k));
-  for (int64_t b0 = 0; b0 < n; b0 += block) {
-    const int64_t cols = std::min(block, n - b0);
-    for (int64_t r = 0; r < cols; ++r) WidenAvx2(RowOf<Row>(w, j0 + b0 + r), k, floats.data() + r * k);
-    DotRowsAvx2(a, m, floats.data(), cols, k, c + b0, ldc, accumulate);
-  }
+  DotRowsPackedAvx2(a, m, [&w, j0](int64_t j) { return RowOf<Row>(w, j0 + j); }, j1 - j0, w.k, c, ldc, accumulate);
 }
 
 // The AVX-512 twins of the F32 tiles, the one-row GEMV and the converted
