@@ -104,24 +104,11 @@ inline int64_t L2Rows(int64_t k, int64_t tile) {
   return std::max<int64_t>(tile, (int64_t{256} << 10) / (4 * std::max<int64_t>(1, k)) / tile * tile);
 }
 
-// One row of a (a decode step's GEMV) against C rows of F32 w: both
-// accumulators of DotAvx2 in registers, each weight read once.
-template <int C>
-DUET_AVX2 inline void DotTileRowAvx2(const float* a, const float* w, int64_t k, float* c, bool accumulate) {
-  __m256 s0[C], s1[C];
-  for (int j = 0; j < C; ++j) s0[j] = s1[j] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
-    for (int j = 0; j < C; ++j) {
-      s0[j] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w + j * k + i), s0[j]);
-      s1[j] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w + j * k + i + 8), s1[j]);
-    }
-  }
-  for (int j = 0; j < C; ++j) {
-    const float d = FinishDot(s0[j], s1[j], a, w + j * k, i, k);
-    c[j] = accumulate ? c[j] + d : d;
-  }
+// How far ahead a one-row GEMV prefetches: about 6 KiB (the rows of a tile
+// or two on). Measured on a cold matrix, the hardware prefetchers alone
+// fed q8 at half speed.
+inline int64_t PrefetchAhead(int64_t row_bytes) {
+  return std::max<int64_t>(4, (6144 + row_bytes - 1) / row_bytes) * row_bytes;
 }
 
 // One weight row of each non-F32 dtype, read eight floats at a time (from
@@ -137,7 +124,16 @@ struct F32Row {
     w0 = _mm256_loadu_ps(p + i);
     w1 = _mm256_loadu_ps(p + i + 8);
   }
+  DUET_AVX2 void Load32(int64_t i, __m256* w) const {
+    for (int t = 0; t < 4; ++t) w[t] = _mm256_loadu_ps(p + i + 8 * t);
+  }
+  DUET_AVX512 __m512 Load512(int64_t i) const { return _mm512_loadu_ps(p + i); }
+  DUET_AVX512 void Load32(int64_t i, __m512& w0, __m512& w1) const {
+    w0 = _mm512_loadu_ps(p + i);
+    w1 = _mm512_loadu_ps(p + i + 16);
+  }
   float At(int64_t i) const { return p[i]; }
+  const char* Addr(int64_t i) const { return reinterpret_cast<const char*>(p + i); }
 };
 
 struct Bf16Row {
@@ -149,6 +145,9 @@ struct Bf16Row {
   DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
     w0 = Load8(i);
     w1 = Load8(i + 8);
+  }
+  DUET_AVX2 void Load32(int64_t i, __m256* w) const {
+    for (int t = 0; t < 4; ++t) w[t] = Load8(i + 8 * t);
   }
   DUET_AVX512 __m512 Load512(int64_t i) const {
     const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
@@ -170,6 +169,9 @@ struct F16Row {
   DUET_AVX2 void Load16(int64_t i, __m256& w0, __m256& w1) const {
     w0 = Load8(i);
     w1 = Load8(i + 8);
+  }
+  DUET_AVX2 void Load32(int64_t i, __m256* w) const {
+    for (int t = 0; t < 4; ++t) w[t] = Load8(i + 8 * t);
   }
   DUET_AVX512 __m512 Load512(int64_t i) const {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
@@ -197,6 +199,16 @@ struct Q8Row {
     const __m256 scale = _mm256_broadcast_ss(scales + BlockOf(i));
     w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), scale);
     w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), scale);
+  }
+  // A whole block (i a multiple of 32): one load, four conversions.
+  DUET_AVX2 void Load32(int64_t i, __m256* w) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+    const __m256 scale = _mm256_broadcast_ss(scales + BlockOf(i));
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
+    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
+    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
+    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
   }
   DUET_AVX512 __m512 Load512(int64_t i) const {
     const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
@@ -236,6 +248,20 @@ struct Q4Row {
     const __m256 scale = _mm256_broadcast_ss(scales + b);
     w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), scale);
     w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), scale);
+  }
+  // A whole block (i a multiple of 32): its 16 bytes loaded once, low
+  // nibbles then high ones.
+  DUET_AVX2 void Load32(int64_t i, __m256* w) const {
+    const int64_t b = BlockOf(i);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
+    const __m128i mask = _mm_set1_epi8(0x0f), zero = _mm_set1_epi8(static_cast<char>(Zero(b)));
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, mask), zero);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), mask), zero);
+    const __m256 scale = _mm256_broadcast_ss(scales + b);
+    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
+    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
+    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
+    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
   }
   DUET_AVX512 __m512 Load512(int64_t i) const {
     const int64_t b = BlockOf(i);
@@ -305,10 +331,24 @@ DUET_AVX2 void WidenAvx2(const Row& row, int64_t k, float* o) {
 // order; the tail widened into a buffer for FinishDot). A decode step's
 // GEMV, where nothing would reuse a converted block.
 template <int C, class Row>
-DUET_AVX2 inline void DotTileRowsAvx2(const float* a, const Row* rows, int64_t k, float* c, bool accumulate) {
+DUET_AVX2 inline void DotTileRowsAvx2(const float* a, const Row* rows, int64_t k, float* c, bool accumulate,
+                                     int64_t ahead) {
   __m256 s0[C], s1[C];
   for (int j = 0; j < C; ++j) s0[j] = s1[j] = _mm256_setzero_ps();
   int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    __m256 av[4];
+    for (int t = 0; t < 4; ++t) av[t] = _mm256_loadu_ps(a + i + 8 * t);
+    for (int j = 0; j < C; ++j) {
+      _mm_prefetch(rows[j].Addr(i) + ahead, _MM_HINT_T0);
+      __m256 w[4];
+      rows[j].Load32(i, w);
+      s0[j] = _mm256_fmadd_ps(av[0], w[0], s0[j]);
+      s1[j] = _mm256_fmadd_ps(av[1], w[1], s1[j]);
+      s0[j] = _mm256_fmadd_ps(av[2], w[2], s0[j]);
+      s1[j] = _mm256_fmadd_ps(av[3], w[3], s1[j]);
+    }
+  }
   for (; i + 16 <= k; i += 16) {
     const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
     for (int j = 0; j < C; ++j) {
@@ -326,16 +366,21 @@ DUET_AVX2 inline void DotTileRowsAvx2(const float* a, const Row* rows, int64_t k
   }
 }
 
-template <class Row>
-DUET_AVX2 void DotRowAvx2(const float* a, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, bool accumulate) {
-  int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) {
-    const Row rows[4] = {RowOf<Row>(w, j), RowOf<Row>(w, j + 1), RowOf<Row>(w, j + 2), RowOf<Row>(w, j + 3)};
-    DotTileRowsAvx2<4>(a, rows, w.k, c + (j - j0), accumulate);
+
+// One row of a against rows [0, n) of row_at (a decode step's GEMV): four
+// weight rows a tile, prefetched ahead.
+template <class RowAt>
+DUET_AVX2 void DotRowAvx2(const float* a, const RowAt& row_at, int64_t n, int64_t k, int64_t row_bytes, float* c,
+                          bool accumulate) {
+  const int64_t ahead = PrefetchAhead(row_bytes);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const decltype(row_at(0)) rows[4] = {row_at(j), row_at(j + 1), row_at(j + 2), row_at(j + 3)};
+    DotTileRowsAvx2<4>(a, rows, k, c + j, accumulate, ahead);
   }
-  for (; j < j1; ++j) {
-    const Row row = RowOf<Row>(w, j);
-    DotTileRowsAvx2<1>(a, &row, w.k, c + (j - j0), accumulate);
+  for (; j < n; ++j) {
+    const auto row = row_at(j);
+    DotTileRowsAvx2<1>(a, &row, k, c + j, accumulate, ahead);
   }
 }
 
@@ -457,13 +502,9 @@ DUET_AVX2 void DotRowsPackedAvx2(const float* a, int64_t m, const RowAt& row_at,
 
 DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
                            bool accumulate) {
-  if (m == 1) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) DotTileRowAvx2<4>(a, w + j * k, k, c + j, accumulate);
-    for (; j < n; ++j) DotTileRowAvx2<1>(a, w + j * k, k, c + j, accumulate);
-    return;
-  }
-  DotRowsPackedAvx2(a, m, [w, k](int64_t j) { return F32Row{w + j * k}; }, n, k, c, ldc, accumulate);
+  const auto row_at = [w, k](int64_t j) { return F32Row{w + j * k}; };
+  if (m == 1) return DotRowAvx2(a, row_at, n, k, 4 * k, c, accumulate);
+  DotRowsPackedAvx2(a, m, row_at, n, k, c, ldc, accumulate);
 }
 
 // Columns [j0, j1) of a non-F32 `w`: one row of a dots the weights as
@@ -472,8 +513,9 @@ DUET_AVX2 void DotRowsAvx2(const float* a, int64_t m, const float* w, int64_t n,
 template <class Row>
 DUET_AVX2 void DotRowsConvertedAvx2(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1,
                                     float* c, int64_t ldc, bool accumulate) {
-  if (m == 1) return DotRowAvx2<Row>(a, w, j0, j1, c, accumulate);
-  DotRowsPackedAvx2(a, m, [&w, j0](int64_t j) { return RowOf<Row>(w, j0 + j); }, j1 - j0, w.k, c, ldc, accumulate);
+  const auto row_at = [&w, j0](int64_t j) { return RowOf<Row>(w, j0 + j); };
+  if (m == 1) return DotRowAvx2(a, row_at, j1 - j0, w.k, w.RowBytes(), c, accumulate);
+  DotRowsPackedAvx2(a, m, row_at, j1 - j0, w.k, c, ldc, accumulate);
 }
 
 // The AVX-512 twins of the F32 tiles, the one-row GEMV and the converted
@@ -606,24 +648,28 @@ DUET_AVX512 inline void DotTileRowsAvx512(const float* a, const Row* rows, int64
   }
 }
 
+template <class RowAt>
+DUET_AVX512 void DotRowAvx512(const float* a, const RowAt& row_at, int64_t n, int64_t k, int64_t row_bytes, float* c,
+                             bool accumulate) {
+  const int64_t ahead = PrefetchAhead(row_bytes);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const decltype(row_at(0)) rows[4] = {row_at(j), row_at(j + 1), row_at(j + 2), row_at(j + 3)};
+    DotTileRowsAvx512<4>(a, rows, k, c + j, accumulate, ahead);
+  }
+  for (; j < n; ++j) {
+    const auto row = row_at(j);
+    DotTileRowsAvx512<1>(a, &row, k, c + j, accumulate, ahead);
+  }
+}
+
 template <class Row>
 DUET_AVX512 void DotRowsConvertedAvx512(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1,
                                         float* c, int64_t ldc, bool accumulate) {
   const int64_t k = w.k, n = j1 - j0;
   if (m == 1) {
-    // Prefetch about 6 KiB ahead (the rows of a tile or two on): measured
-    // on a cold matrix, the hardware prefetchers alone fed q8 at half speed.
-    const int64_t ahead = std::max<int64_t>(4, (6144 + w.RowBytes() - 1) / w.RowBytes()) * w.RowBytes();
-    int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-      const Row rows[4] = {RowOf<Row>(w, j), RowOf<Row>(w, j + 1), RowOf<Row>(w, j + 2), RowOf<Row>(w, j + 3)};
-      DotTileRowsAvx512<4>(a, rows, k, c + (j - j0), accumulate, ahead);
-    }
-    for (; j < j1; ++j) {
-      const Row row = RowOf<Row>(w, j);
-      DotTileRowsAvx512<1>(a, &row, k, c + (j - j0), accumulate, ahead);
-    }
-    return;
+    return DotRowAvx512(a, [&w, j0](int64_t j) { return RowOf<Row>(w, j0 + j); }, n, k, w.RowBytes(), c,
+                        accumulate);
   }
   const int64_t block = L2Rows(k, 4);
   thread_local std::vector<float> floats;
@@ -776,7 +822,11 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, float* c, int64_t ldc,
              bool accumulate) {
-  if (UseAvx512()) return DotRowsAvx512(a, m, w, n, k, c, ldc, accumulate);
+  if (UseAvx512()) {
+    // One row: the GEMV's prefetching tiles.
+    if (m == 1) return DotRowAvx512(a, [w, k](int64_t j) { return F32Row{w + j * k}; }, n, k, 4 * k, c, accumulate);
+    return DotRowsAvx512(a, m, w, n, k, c, ldc, accumulate);
+  }
   if (UseAvx2()) return DotRowsAvx2(a, m, w, n, k, c, ldc, accumulate);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
