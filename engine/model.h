@@ -59,6 +59,7 @@
 #include "engine/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
 
 namespace duet::engine {
@@ -93,6 +94,10 @@ struct LoadOptions {
   int pp = 1;
   int rank_threads = 0;
   std::function<absl::StatusOr<kernels::KernelBackendPtr>(int threads)> rank_backend;
+  // The CPU backend's kernels, for the ranks' backends and the one a
+  // command makes beside the model (kernels/cpu/cpu_backend.h:
+  // kInt8Activations is the opt-in integer dots on quantized weights).
+  kernels::CpuKernels cpu_kernels = kernels::CpuKernels::kBatchInvariant;
 };
 
 // --weight-dtype and --kv-dtype: "auto" (nullopt) or a dtype name

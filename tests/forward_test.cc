@@ -53,8 +53,9 @@ std::vector<float> Row(const engine::Logits& l, int64_t i) {
 }
 
 struct Fixture {
-  explicit Fixture(const std::string& arch, std::optional<kernels::DType> weights = std::nullopt)
-      : dir(testing::TinyModelDir(arch)), backend(kernels::NewCpuBackend(2)), ref(dir, weights) {
+  explicit Fixture(const std::string& arch, std::optional<kernels::DType> weights = std::nullopt,
+                   kernels::CpuKernels kernels = kernels::CpuKernels::kBatchInvariant)
+      : dir(testing::TinyModelDir(arch)), backend(kernels::NewCpuBackend(2, kernels)), ref(dir, weights) {
     auto m = engine::Model::Load(dir, backend.get(), {.weight_dtype = weights});
     REQUIRE(m.ok());
     model = std::move(*m);
@@ -215,10 +216,24 @@ TEST_CASE("a window-sized decode on mistral differs from full attention", "[forw
   REQUIRE(NormalizedError(wf, unwindowed) > 1e-3);
 }
 
-TEST_CASE("a mixture of experts' decode rows keep their bits at every batch size, 1 to 9 and 33", "[forward]") {
-  for (const char* arch : {"qwen3_moe", "mixtral"}) {
-    INFO("arch " << arch);
-    Fixture f(arch);  // The batch-invariant CPU kernels.
+// Decode rows keep their bits at every batch size, 1 to 9 and 33: a
+// mixture of experts on the batch-invariant kernels, and the opt-in
+// integer dots (kInt8Activations) on q8 and q4 weights, dense and MoE.
+TEST_CASE("decode rows keep their bits at every batch size, 1 to 9 and 33: experts, and int8 activations",
+          "[forward]") {
+  struct Case {
+    const char* arch;
+    std::optional<kernels::DType> weights;
+    kernels::CpuKernels kernels;
+  };
+  for (const Case& c : {Case{"qwen3_moe", std::nullopt, kernels::CpuKernels::kBatchInvariant},
+                        Case{"mixtral", std::nullopt, kernels::CpuKernels::kBatchInvariant},
+                        Case{"llama", kernels::DType::kQ8, kernels::CpuKernels::kInt8Activations},
+                        Case{"qwen3_moe", kernels::DType::kQ4, kernels::CpuKernels::kInt8Activations}}) {
+    const char* arch = c.arch;
+    INFO("arch " << arch << ", " << (c.weights ? kernels::DTypeName(*c.weights) : "checkpoint") << " weights, "
+                 << (c.kernels == kernels::CpuKernels::kBatchInvariant ? "exact" : "int8") << " kernels");
+    Fixture f(arch, c.weights, c.kernels);
     const int vocab = static_cast<int>(f.model->config().vocab_size);
     constexpr int kSeqs = 33, kPrompt = 6;
     BlockPool pool(f.model->KvLayoutFor(kBlockSize), 2 * kSeqs);
@@ -301,6 +316,46 @@ TEST_CASE("every weight dtype: the logits match the reference on the same dequan
   }
 }
 
+// The opt-in integer dots on quantized activations: not the exact product,
+// so no reference bound; their drift from F32 printed beside the exact
+// kernels' on the same weights (kernels/README.md quotes it).
+TEST_CASE("int8 activations: drift from F32 of the exact kernels' order on the same weights, quality printed",
+          "[forward]") {
+  for (const char* arch : kArchs) {
+    Fixture f32(arch, kernels::DType::kF32);
+    const auto tokens = Tokens(60, 1, static_cast<int>(f32.model->config().vocab_size));
+    const auto base = AllLogits(f32, tokens);
+    for (kernels::DType dtype : {kernels::DType::kQ8, kernels::DType::kQ4}) {
+      INFO("arch " << arch << ", " << kernels::DTypeName(dtype));
+      Fixture exact(arch, dtype);
+      Fixture int8(arch, dtype, kernels::CpuKernels::kInt8Activations);
+      const auto want = AllLogits(exact, tokens);
+      const auto got = AllLogits(int8, tokens);
+      double kl = 0, kl_exact = 0;
+      int agree = 0, agree_exact = 0;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        INFO("position " << i);
+        // It really is another product.
+        if (i == 0) CHECK(NormalizedError(got[i], std::vector<double>(want[i].begin(), want[i].end())) > 0);
+        const int64_t vocab = f32.model->config().vocab_size;
+        const engine::LogitDrift d = engine::CompareLogits(base[i], got[i], vocab);
+        const engine::LogitDrift e = engine::CompareLogits(base[i], want[i], vocab);
+        kl += d.mean_kl, kl_exact += e.mean_kl;
+        agree += d.top1_agreement == 1.0, agree_exact += e.top1_agreement == 1.0;
+      }
+      // These random models amplify any change through their layers (int8
+      // moves q8's logits by about 10% of their range), so the bound is on
+      // the drift from F32: of the exact kernels' order on the same weights,
+      // where a wrong product would drift by whole units.
+      const double n = static_cast<double>(tokens.size());
+      CHECK(kl / n <= 3 * kl_exact / n + 0.01);
+      std::printf("quality %-11s %-2s int8 activations vs f32: mean KL %.2e, top-1 agreement %.3f (exact kernels: "
+                  "%.2e, %.3f)\n",
+                  arch, std::string(kernels::DTypeName(dtype)).c_str(), kl / n, agree / n, kl_exact / n,
+                  agree_exact / n);
+    }
+  }
+}
 
 TEST_CASE("a multimodal Gemma-3 checkpoint serves its text model: the text model's logits, bit for bit",
           "[forward]") {

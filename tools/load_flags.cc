@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/status_macros.h"
+#include "absl/strings/str_cat.h"
 #include "engine/precision_map.h"
 
 namespace duet::tools {
@@ -13,6 +14,10 @@ void AddLoadFlags(FlagSet& f) {
            "JSON file of each layer's weight dtype (as duet precision-plan writes it); --weight-dtype then applies "
            "to the embedding and lm_head where the map names no dtype for them");
   f.String("kv-dtype", "auto", engine::kKvDTypeHelp);
+  f.String("cpu-kernels", "exact",
+           "the CPU backend's GEMMs on q8, q4 and q4z weights: exact (the F32 product over the dequantized weights) "
+           "or int8 (each activation row quantized to int8 in blocks of 32 and integer dot products: faster "
+           "decode, not the exact product; both batch-invariant; kernels/README.md gives int8's quality)");
   f.Int("tp", 1,
         "tensor parallelism: ranks that split the attention heads, the KV heads and the MLP (it must divide each); "
         "on the CPU backend each rank is a thread of this process with --threads / tp threads");
@@ -27,6 +32,11 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   ASSIGN_OR_RETURN(o.kv_dtype, engine::ParseKvDType(f.GetString("kv-dtype")));
   if (!f.GetString("precision-map").empty()) {
     ASSIGN_OR_RETURN(o.precision_map, engine::ReadPrecisionMap(f.GetString("precision-map")));
+  }
+  if (const std::string k = f.GetString("cpu-kernels"); k == "int8") {
+    o.cpu_kernels = kernels::CpuKernels::kInt8Activations;
+  } else if (k != "exact") {
+    return absl::InvalidArgumentError(absl::StrCat("--cpu-kernels: \"", k, "\" is not exact or int8"));
   }
   o.tp = static_cast<int>(f.GetInt("tp"));
   o.pp = static_cast<int>(f.GetInt("pp"));

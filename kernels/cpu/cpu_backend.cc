@@ -20,11 +20,11 @@ namespace {
 class CpuBackend final : public KernelBackend {
  public:
   CpuBackend(int threads, CpuKernels kernels)
-      : invariant_(kernels == CpuKernels::kBatchInvariant), pool_(threads) {
+      : invariant_(kernels != CpuKernels::kFastest), int8_(kernels == CpuKernels::kInt8Activations), pool_(threads) {
     openblas_set_num_threads(1);
   }
 
-  std::string Name() const override { return invariant_ ? "cpu" : "cpu-fastest"; }
+  std::string Name() const override { return int8_ ? "cpu-int8" : invariant_ ? "cpu" : "cpu-fastest"; }
   BufferType& DefaultBufferType() override { return HostMemoryType(); }
 
   // Up to this many rows Gemm dots weight rows itself instead of calling
@@ -58,8 +58,8 @@ class CpuBackend final : public KernelBackend {
   void DotColumns(const float* a, int64_t m, const WeightMatrix& w, int64_t n0, int64_t n1, float* c, int64_t ldc,
                   bool accumulate) {
     if (w.dtype != DType::kF32) {
-      simd::DotRowsW(a, m, w, n0, n1, c, ldc, accumulate);
-      return;
+      if (int8_) return simd::DotRowsInt8(a, m, w, n0, n1, c, ldc, accumulate);
+      return simd::DotRowsW(a, m, w, n0, n1, c, ldc, accumulate);
     }
     const int64_t k = w.k;
     const float* wf = static_cast<const float*>(w.values) + n0 * k;
@@ -440,6 +440,7 @@ class CpuBackend final : public KernelBackend {
   }
 
   const bool invariant_;
+  const bool int8_;  // kInt8Activations: DotRowsInt8 for quantized weights.
   ThreadPool pool_;
 };
 
@@ -448,6 +449,11 @@ class CpuBackend final : public KernelBackend {
 KernelBackendPtr NewCpuBackend(int threads, CpuKernels kernels) {
   if (threads <= 0) threads = AvailableCores();
   return std::make_unique<CpuBackend>(threads, kernels);
+}
+
+const char* CpuInstructionSet() {
+  if (simd::UseAvx512()) return "AVX-512";
+  return simd::UseAvx2() ? "AVX2" : "scalar";
 }
 
 }  // namespace duet::kernels

@@ -27,10 +27,21 @@
 
 namespace duet::kernels {
 
-enum class CpuKernels { kBatchInvariant, kFastest };
+// kInt8Activations: kBatchInvariant, except that a GEMM on Q8, Q4 or Q4Z
+// weights quantizes each row of activations to int8 (blocks of 32, a scale
+// each, that row alone) and takes integer dot products (simd::DotRowsInt8):
+// still batch-invariant, and the same bits on AVX2 and AVX-512, but not the
+// F32 product over the dequantized weights (kernels/README.md gives its
+// quality against F32). Opt-in: it changes outputs.
+enum class CpuKernels { kBatchInvariant, kFastest, kInt8Activations };
 
 // threads <= 0 means every core this process may run on.
 KernelBackendPtr NewCpuBackend(int threads, CpuKernels kernels = CpuKernels::kBatchInvariant);
+
+// The vector instructions the CPU backend's kernels run on in this process:
+// "AVX-512", "AVX2" (also with DUET_NO_AVX512=1) or "scalar" (DUET_NO_AVX2=1
+// or a CPU without AVX2/FMA/F16C).
+const char* CpuInstructionSet();
 
 }  // namespace duet::kernels
 

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -359,6 +360,99 @@ TEST_CASE("AVX-512 and AVX2 give the same bits on every dtype, row count and dot
     run(false, [&] { narrow = simd::Dot(x.data(), y.data(), n); });
     INFO("dot n=" << n);
     CHECK(SameBits(&wide, &narrow, 1));
+  }
+}
+
+// kInt8Activations as simd.h defines it, computed here from the
+// definition: each row's blocks of 32 quantized to int8, each block's
+// integer dot in 8 lanes of four products, one fused multiply-add per lane
+// and block, the lanes summed in Dot's order.
+std::vector<float> Int8Definition(const std::vector<float>& a, int64_t m, const WeightMatrix& w) {
+  const int64_t k = w.k, blocks = QuantBlocks(k);
+  std::vector<int> wi(static_cast<size_t>(w.n * blocks * kQuantBlock));
+  const std::vector<float> dense = Dequantize(w);
+  for (int64_t j = 0; j < w.n; ++j) {
+    for (int64_t e = 0; e < k; ++e) {
+      // Dequantize gives (q - zero) x scale exactly (at most 19 bits).
+      const float s = w.scales[j * blocks + e / kQuantBlock];
+      wi[j * blocks * kQuantBlock + e] = s == 0 ? 0 : static_cast<int>(std::lround(dense[j * k + e] / s));
+    }
+  }
+  std::vector<float> out(static_cast<size_t>(m * w.n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<int> q(static_cast<size_t>(blocks * kQuantBlock), 0);
+    std::vector<float> d(static_cast<size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) {
+      float amax = 0;
+      for (int64_t e = b * kQuantBlock; e < std::min(k, (b + 1) * kQuantBlock); ++e) {
+        amax = std::max(amax, std::fabs(a[i * k + e]));
+      }
+      d[b] = amax / 127.0f;
+      const float inv = d[b] == 0 ? 0 : 1.0f / d[b];
+      for (int64_t e = b * kQuantBlock; e < std::min(k, (b + 1) * kQuantBlock); ++e) {
+        q[e] = static_cast<int>(std::nearbyint(a[i * k + e] * inv));
+      }
+    }
+    for (int64_t j = 0; j < w.n; ++j) {
+      float lane[8] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float scale = d[b] * w.scales[j * blocks + b];
+        for (int l = 0; l < 8; ++l) {
+          int p = 0;
+          for (int64_t e = b * kQuantBlock + 4 * l; e < b * kQuantBlock + 4 * l + 4; ++e) {
+            p += q[e] * wi[j * blocks * kQuantBlock + e];
+          }
+          lane[l] = std::fma(static_cast<float>(p), scale, lane[l]);
+        }
+      }
+      out[i * w.n + j] = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    }
+  }
+  return out;
+}
+
+TEST_CASE("int8 activations: the defined integer dots, a row's bits whatever m, AVX-512 giving AVX2's bits, "
+          "near the exact product",
+          "[kernels]") {
+  auto be = NewCpuBackend(2, CpuKernels::kInt8Activations);
+  auto exact = NewCpuBackend(2);
+  for (DType dtype : kAllDTypes) {
+    for (auto [n, k] : std::vector<std::pair<int, int>>{{70, 37}, {129, 100}, {64, 250}, {16, 512}, {9, 7}}) {
+      const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 51);
+      const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
+      const WeightMatrix w = hw.view();
+      const int max_m = 33;
+      const std::vector<float> a = Random(static_cast<size_t>(max_m) * k, 52);
+      std::vector<float> all(static_cast<size_t>(max_m) * n), ex(all.size());
+      REQUIRE(be->Gemm(a.data(), w, nullptr, all.data(), max_m, false).ok());
+      REQUIRE(exact->Gemm(a.data(), w, nullptr, ex.data(), max_m, false).ok());
+      INFO(DTypeName(dtype) << " n=" << n << " k=" << k);
+      if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) {
+        // Float weights keep the exact kernels.
+        CHECK(SameBits(all.data(), ex.data(), all.size()));
+        continue;
+      }
+      const std::vector<float> want = Int8Definition(a, max_m, w);
+      CHECK(SameBits(all.data(), want.data(), all.size()));
+      // Activation rounding (half a step of max|x| / 127 per block): near
+      // the exact product, and not it.
+      const double nmse = Nmse(all, ex);
+      CHECK(nmse < 1e-4);
+      CHECK(nmse > 0);
+      for (int m = 1; m <= 9; ++m) {
+        std::vector<float> got(static_cast<size_t>(m) * n), acc(got.size(), 3.0f);
+        REQUIRE(be->Gemm(a.data(), w, nullptr, got.data(), m, false).ok());
+        INFO("m=" << m);
+        CHECK(SameBits(got.data(), all.data(), got.size()));
+        REQUIRE(be->Gemm(a.data(), w, nullptr, acc.data(), m, true).ok());
+        for (size_t t = 0; t < acc.size(); ++t) CHECK(acc[t] == 3.0f + got[t]);
+      }
+      std::vector<float> narrow(all.size());
+      simd::SetAvx512ForTesting(false);
+      REQUIRE(be->Gemm(a.data(), w, nullptr, narrow.data(), max_m, false).ok());
+      simd::SetAvx512ForTesting(true);
+      CHECK(SameBits(narrow.data(), all.data(), all.size()));
+    }
   }
 }
 

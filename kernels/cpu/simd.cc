@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace duet::kernels::simd {
@@ -220,6 +221,11 @@ struct Q8Row {
     w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), scale);
     w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), scale);
   }
+  // Block b's 32 integers, as int8.
+  DUET_AVX2 __m256i LoadInt8(int64_t b) const {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kQuantBlock));
+  }
+  int Int(int64_t i) const { return q[i]; }
   float At(int64_t i) const { return static_cast<float>(q[i]) * scales[BlockOf(i)]; }
   const char* Addr(int64_t i) const { return reinterpret_cast<const char*>(q + i); }
 };
@@ -281,6 +287,17 @@ struct Q4Row {
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2)));
     w0 = _mm512_permutexvar_ps(v, table);
     w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+  }
+  // Block b's 32 integers q - zero (in [-16, 15]), as int8.
+  DUET_AVX2 __m256i LoadInt8(int64_t b) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m256i both = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    return _mm256_sub_epi8(both, _mm256_set1_epi8(static_cast<char>(Zero(b))));
+  }
+  int Int(int64_t i) const {
+    const int64_t b = BlockOf(i);
+    return Nibble(q + b * kQuantBlock / 2, i % kQuantBlock) - Zero(b);
   }
   float At(int64_t i) const {
     const int64_t b = BlockOf(i);
@@ -794,6 +811,162 @@ DUET_AVX2 void AddAvx2(const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += x[i];
 }
 
+// Integer dots on quantized activations (DotRowsInt8).
+
+// x[e] * inv rounded to nearest even (the default rounding, as nearbyint),
+// as int8 at out[e], eight at a time from e0; returns where it stopped.
+// |x| <= max |x| keeps every value within [-127, 127].
+DUET_AVX2 int64_t QuantizeRunAvx2(const float* x, int64_t e0, int64_t e1, float inv, int8_t* out) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  int64_t e = e0;
+  for (; e + 8 <= e1; e += 8) {
+    const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e), vinv));
+    const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + e), _mm_packs_epi16(h, h));
+  }
+  return e;
+}
+
+// Row r of a (k floats) as blocks of 32 int8 (q + r * blocks * 32, zero
+// past k) and their scales (d + r * blocks).
+void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* d) {
+  const int64_t blocks = QuantBlocks(k);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t e0 = b * kQuantBlock, e1 = std::min(k, e0 + kQuantBlock);
+    float amax = 0;
+    for (int64_t e = e0; e < e1; ++e) amax = std::max(amax, std::fabs(x[e]));
+    const float scale = amax / 127.0f;
+    const float inv = scale == 0 ? 0 : 1.0f / scale;
+    d[b] = scale;
+    int8_t* out = q + e0;
+    int64_t e = e0;
+    if (UseAvx2()) e = QuantizeRunAvx2(x, e0, e1, inv, out - e0);
+    for (; e < e1; ++e) out[e - e0] = static_cast<int8_t>(std::clamp(static_cast<int>(std::nearbyint(x[e] * inv)), -127, 127));
+    for (e = e1; e < e0 + kQuantBlock; ++e) out[e - e0] = 0;
+  }
+}
+
+// Lanes summed in HSum's order: ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)).
+float HSumScalar(const float* v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// R int8 rows (qa, da: the row stride in blocks) against C weight rows,
+// one 8-lane accumulator per output.
+template <int R, int C, class Row>
+DUET_AVX2 inline void Int8TileAvx2(const int8_t* qa, const float* da, int64_t blocks, const Row* rows, float* c,
+                                   int64_t ldc, bool accumulate, int64_t ahead) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i wq[C];
+    float ws[C];
+    for (int j = 0; j < C; ++j) {
+      _mm_prefetch(rows[j].Addr(b * kQuantBlock) + ahead, _MM_HINT_T0);
+      wq[j] = rows[j].LoadInt8(b);
+      ws[j] = rows[j].scales[b];
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + (r * blocks + b) * kQuantBlock));
+      const __m256i ax = _mm256_sign_epi8(x, x);
+      const float dx = da[r * blocks + b];
+      for (int j = 0; j < C; ++j) {
+        // |x| times w with x's sign: pairs of products in int16 (at most
+        // 2 x 127 x 128, no saturation), then fours in int32.
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[j], x)), ones);
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx * ws[j]), acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      const float v = HSum(acc[r][j]);
+      float& out = c[r * ldc + j];
+      out = accumulate ? out + v : v;
+    }
+  }
+}
+
+template <int R, class Row>
+DUET_AVX2 void Int8RowsAvx2(const int8_t* qa, const float* da, int64_t blocks, const WeightMatrix& w, int64_t j0,
+                            int64_t j1, float* c, int64_t ldc, bool accumulate) {
+  constexpr int C = R == 1 ? 4 : 2;
+  const int64_t ahead = PrefetchAhead(w.RowBytes());
+  int64_t j = j0;
+  for (; j + C <= j1; j += C) {
+    Row rows[C];
+    for (int t = 0; t < C; ++t) rows[t] = RowOf<Row>(w, j + t);
+    Int8TileAvx2<R, C>(qa, da, blocks, rows, c + (j - j0), ldc, accumulate, ahead);
+  }
+  for (; j < j1; ++j) {
+    const Row row = RowOf<Row>(w, j);
+    Int8TileAvx2<R, 1>(qa, da, blocks, &row, c + (j - j0), ldc, accumulate, ahead);
+  }
+}
+
+template <class Row>
+DUET_AVX2 void DotRowsInt8Avx2(const int8_t* qa, const float* da, int64_t m, int64_t blocks, const WeightMatrix& w,
+                               int64_t j0, int64_t j1, float* c, int64_t ldc, bool accumulate) {
+  // Blocks of weight rows in L2 while every group of rows passes over them.
+  const int64_t block = std::max<int64_t>(4, (int64_t{256} << 10) / std::max<int64_t>(1, w.RowBytes()));
+  for (int64_t b0 = j0; b0 < j1; b0 += block) {
+    const int64_t b1 = std::min(j1, b0 + block);
+    int64_t i = 0;
+    const auto rows = [&](auto tile, int64_t i) {
+      constexpr int R = decltype(tile)::value;
+      Int8RowsAvx2<R, Row>(qa + i * blocks * kQuantBlock, da + i * blocks, blocks, w, b0, b1,
+                           c + i * ldc + (b0 - j0), ldc, accumulate);
+    };
+    if (m == 1) {
+      rows(std::integral_constant<int, 1>{}, 0);
+      continue;
+    }
+    for (; i + 4 <= m; i += 4) rows(std::integral_constant<int, 4>{}, i);
+    if (m - i == 3) rows(std::integral_constant<int, 3>{}, i);
+    if (m - i == 2) rows(std::integral_constant<int, 2>{}, i);
+    if (m - i == 1) rows(std::integral_constant<int, 1>{}, i);
+  }
+}
+
+// The same sums without vectors: each block's lane sums exactly, the same
+// fused multiply-adds per lane, the same lane sum.
+template <class Row>
+void DotRowsInt8Scalar(const int8_t* qa, const float* da, int64_t m, int64_t blocks, const WeightMatrix& w, int64_t j0,
+                       int64_t j1, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const Row row = RowOf<Row>(w, j);
+    for (int64_t i = 0; i < m; ++i) {
+      float acc[8] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int8_t* x = qa + (i * blocks + b) * kQuantBlock;
+        const float scale = da[i * blocks + b] * row.scales[b];
+        for (int l = 0; l < 8; ++l) {
+          int p = 0;
+          for (int t = 4 * l; t < 4 * l + 4; ++t) p += x[t] * row.Int(b * kQuantBlock + t);
+          acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
+        }
+      }
+      const float v = HSumScalar(acc);
+      float& out = c[i * ldc + (j - j0)];
+      out = accumulate ? out + v : v;
+    }
+  }
+}
+
+template <class Row>
+void DotRowsInt8Of(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
+                   bool accumulate) {
+  const int64_t blocks = QuantBlocks(w.k);
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d;
+  q.resize(static_cast<size_t>(m * blocks * kQuantBlock));
+  d.resize(static_cast<size_t>(m * blocks));
+  for (int64_t i = 0; i < m; ++i) QuantizeRowInt8(a + i * w.k, w.k, q.data() + i * blocks * kQuantBlock, d.data() + i * blocks);
+  if (UseAvx2()) return DotRowsInt8Avx2<Row>(q.data(), d.data(), m, blocks, w, j0, j1, c, ldc, accumulate);
+  DotRowsInt8Scalar<Row>(q.data(), d.data(), m, blocks, w, j0, j1, c, ldc, accumulate);
+}
+
 }  // namespace
 
 bool UseAvx2() {
@@ -876,6 +1049,16 @@ void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int6
       float& out = c[i * ldc + (j - j0)];
       out = accumulate ? out + d : d;
     }
+  }
+}
+
+void DotRowsInt8(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
+                 bool accumulate) {
+  switch (w.dtype) {
+    case DType::kQ8: return DotRowsInt8Of<Q8Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    case DType::kQ4:
+    case DType::kQ4Z: return DotRowsInt8Of<Q4Row>(a, m, w, j0, j1, c, ldc, accumulate);
+    default: return DotRowsW(a, m, w, j0, j1, c, ldc, accumulate);
   }
 }
 

@@ -39,6 +39,19 @@ void DotRows(const float* a, int64_t m, const float* w, int64_t n, int64_t k, fl
 // share a block of converted rows in an L2-sized scratch).
 void DotRowsW(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
               bool accumulate);
+// DotRowsW for a Q8, Q4 or Q4Z `w` with integer dot products (the CPU
+// backend's CpuKernels::kInt8Activations): each row of a is quantized to
+// int8 in blocks of 32 along k (scale d = max |x| / 127 per block, q =
+// x / d rounded to nearest even), and output (i, j) is
+//   sum over blocks b of float(P_b) x (d_ib x s_jb),
+// P_b the exact integer dot of the block's int8 activations with the
+// weights' integers (q - zero), accumulated in 8 float lanes (lane l takes
+// each block's elements 4l .. 4l + 3, one fused multiply-add per block) and
+// the lanes summed as Dot sums them. A row's quantization depends on that
+// row alone, so every output keeps its bits whatever m is, and the same
+// code runs with AVX-512, so both give the same bits (the scalar path too).
+void DotRowsInt8(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
+                 bool accumulate);
 // out[i] = src[i] as a float, src of dtype f32, bf16 or f16 (exact).
 void Widen(const void* src, DType dtype, int64_t n, float* out);
 // y += a * x
