@@ -414,10 +414,10 @@ absl::Status Model::LoadWeights(const LoadOptions& options) {
       RETURN_IF_ERROR(LoadNorm(*st, p + "self_attn.q_norm.weight", c.head_dim, L.q_norm));
       RETURN_IF_ERROR(LoadNorm(*st, p + "self_attn.k_norm.weight", c.head_dim, L.k_norm));
     }
-    RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt));
-    if (c.IsMoeLayer(i) && map && !map->experts.empty()) {  // The experts at their own dtype.
-      RETURN_IF_ERROR(LoadExperts(*st, i, map->experts[static_cast<size_t>(i)]));
-    }
+    // A precision map's experts list gives the experts their own dtype.
+    const std::optional<kernels::DType> experts_dt =
+        map && !map->experts.empty() ? std::optional<kernels::DType>(map->experts[static_cast<size_t>(i)]) : dt;
+    RETURN_IF_ERROR(LoadLayerLinears(*st, i, dt, experts_dt));
     if (c.attention_bias) {
       L.bqkv.clear();
       RETURN_IF_ERROR(LoadSlice(*st, p + "self_attn.q_proj.bias", qd, sh.tp_rank * qd_r, qd_r, L.bqkv));
@@ -443,7 +443,8 @@ absl::Status Model::LoadNorm(const SafetensorsModel& st, const std::string& name
   return absl::OkStatus();
 }
 
-absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std::optional<kernels::DType> dt) {
+absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std::optional<kernels::DType> dt,
+                                     std::optional<kernels::DType> experts_dt) {
   const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
@@ -460,7 +461,7 @@ absl::Status Model::LoadLayerLinears(const SafetensorsModel& st, int64_t i, std:
                                       H, dt, *backend_));
   ASSIGN_OR_RETURN(L.wo, LoadLinear(st, c, {{p + "self_attn.o_proj.weight", H}}, qd, dt, *backend_,
                                     Cols{r * qd_r, qd_r}));
-  if (c.IsMoeLayer(i)) return LoadExperts(st, i, dt);
+  if (c.IsMoeLayer(i)) return LoadExperts(st, i, experts_dt);
   ASSIGN_OR_RETURN(L.wgu, LoadLinear(st, c,
                                      {{p + "mlp.gate_proj.weight", I, r * I_r, I_r},
                                       {p + "mlp.up_proj.weight", I, r * I_r, I_r}},
@@ -510,7 +511,7 @@ absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dty
     return absl::InvalidArgumentError("a layer of a sharded model (tp or pp above 1) is not reloaded");
   }
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_, config_.tensor_prefix));
-  return LoadLayerLinears(*st, layer, dtype);
+  return LoadLayerLinears(*st, layer, dtype, dtype);
 }
 
 int64_t Model::layer_weight_bytes(int64_t layer) const {

@@ -188,7 +188,10 @@ class Model {
   // Tensor-parallel rank r's share of the vocabulary in the LM head: its
   // first row and row count (all of it at tp 1).
   std::pair<int64_t, int64_t> VocabRange(int r) const;
-  absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
+  // A layer's linear weights in `dtype`, a mixture of experts' experts in
+  // `experts_dtype` (each loaded once).
+  absl::Status LoadLayerLinears(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype,
+                                std::optional<kernels::DType> experts_dtype);
   // A mixture-of-experts layer's router and experts (its experts in `dtype`).
   absl::Status LoadExperts(const SafetensorsModel& st, int64_t layer, std::optional<kernels::DType> dtype);
   // A norm's weights of `size`, with Gemma's 1 folded in (x * (1 + w)).
