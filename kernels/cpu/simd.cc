@@ -188,6 +188,16 @@ struct F16Row {
 // A block's index from an element's (non-negative) offset.
 inline int64_t BlockOf(int64_t i) { return static_cast<int64_t>(static_cast<uint64_t>(i) / kQuantBlock); }
 
+// A quantized block's 32 integers (int8, in element order) times its
+// scale: four vectors of 8 floats, each value one rounding (kernels/dtype.h).
+DUET_AVX2 inline void ScaleBlockAvx2(__m256i v, __m256 scale, __m256* w) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
+  w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
+  w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
+  w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
+}
+
 struct Q8Row {
   const int8_t* q;
   const float* scales;
@@ -203,13 +213,7 @@ struct Q8Row {
   }
   // A whole block (i a multiple of 32): one load, four conversions.
   DUET_AVX2 void Load32(int64_t i, __m256* w) const {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
-    const __m256 scale = _mm256_broadcast_ss(scales + BlockOf(i));
-    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
-    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
-    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
-    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
+    ScaleBlockAvx2(LoadInt8(BlockOf(i)), _mm256_broadcast_ss(scales + BlockOf(i)), w);
   }
   DUET_AVX512 __m512 Load512(int64_t i) const {
     const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
@@ -258,16 +262,7 @@ struct Q4Row {
   // A whole block (i a multiple of 32): its 16 bytes loaded once, low
   // nibbles then high ones.
   DUET_AVX2 void Load32(int64_t i, __m256* w) const {
-    const int64_t b = BlockOf(i);
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
-    const __m128i mask = _mm_set1_epi8(0x0f), zero = _mm_set1_epi8(static_cast<char>(Zero(b)));
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, mask), zero);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), mask), zero);
-    const __m256 scale = _mm256_broadcast_ss(scales + b);
-    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
-    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
-    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
-    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
+    ScaleBlockAvx2(LoadInt8(BlockOf(i)), _mm256_broadcast_ss(scales + BlockOf(i)), w);
   }
   DUET_AVX512 __m512 Load512(int64_t i) const {
     const int64_t b = BlockOf(i);
@@ -918,10 +913,6 @@ DUET_AVX2 void DotRowsInt8Avx2(const int8_t* qa, const float* da, int64_t m, int
       Int8RowsAvx2<R, Row>(qa + i * blocks * kQuantBlock, da + i * blocks, blocks, w, b0, b1,
                            c + i * ldc + (b0 - j0), ldc, accumulate);
     };
-    if (m == 1) {
-      rows(std::integral_constant<int, 1>{}, 0);
-      continue;
-    }
     for (; i + 4 <= m; i += 4) rows(std::integral_constant<int, 4>{}, i);
     if (m - i == 3) rows(std::integral_constant<int, 3>{}, i);
     if (m - i == 2) rows(std::integral_constant<int, 2>{}, i);
