@@ -290,7 +290,9 @@ TEST_CASE("Gemm on every weight dtype matches the reference, and a row's bits ne
   const double kTolerance = 1e-11;
   for (DType dtype : kAllDTypes) {
     REQUIRE(be->Supports(WeightOp::kGemm, dtype));
-    for (auto [n, k] : std::vector<std::pair<int, int>>{{1, 1}, {70, 37}, {33, 64}, {129, 100}, {64, 250}, {16, 512}}) {
+    // k = 1037: 33 rows take the L2-blocked GEMM, fewer the streaming one.
+    for (auto [n, k] :
+         std::vector<std::pair<int, int>>{{1, 1}, {70, 37}, {33, 64}, {129, 100}, {64, 250}, {16, 512}, {11, 1037}}) {
       const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 11);
       const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
       const WeightMatrix w = hw.view();
@@ -340,10 +342,10 @@ TEST_CASE("AVX-512 and AVX2 give the same bits on every dtype, row count and dot
     simd::SetAvx512ForTesting(true);
   };
   for (DType dtype : kAllDTypes) {
-    for (auto [n, k] : std::vector<std::pair<int, int>>{{70, 37}, {129, 100}, {64, 250}, {16, 512}, {9, 7}}) {
+    for (auto [n, k] : std::vector<std::pair<int, int>>{{70, 37}, {129, 100}, {64, 250}, {16, 512}, {9, 7}, {11, 1037}}) {
       const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 41);
       const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
-      for (int m : {1, 2, 3, 4, 5, 9}) {
+      for (int m : {1, 2, 3, 4, 5, 9, 33}) {
         const std::vector<float> a = Random(static_cast<size_t>(m) * k, 42);
         std::vector<float> wide(static_cast<size_t>(m) * n), narrow(wide.size());
         run(true, [&] { REQUIRE(be->Gemm(a.data(), hw.view(), nullptr, wide.data(), m, false).ok()); });
