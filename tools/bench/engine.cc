@@ -577,7 +577,7 @@ absl::Status Run(const FlagSet& f) {
       PrintOpTimes(timed, p.total_seconds,
                    absl::StrCat("prefill ", kPrefillTokens, " tokens, ", kRepeats, " forwards"));
     }
-    for (int64_t b : {int64_t{1}, int64_t{32}}) {
+    for (int64_t b : {int64_t{1}, int64_t{8}, int64_t{32}}) {
       ASSIGN_OR_RETURN(DecodeResult d, BenchDecode(*model, *pool, set, b, 1, configs.back().dtype, timed, &timed));
       PrintOpTimes(timed, d.seconds, absl::StrCat("decode b=", b, ", ", kDecodeSteps, " steps"));
     }
@@ -602,7 +602,7 @@ int main(int argc, char** argv) {
            "qwen3_moe | mixtral (qwen3_moe: 16 experts, top 4, measured beside the dense qwen3 of its active "
            "parameters)");
   f.Bool("op-times",
-         "also print where the time goes, per op class (prefill, decode b=1 and b=32), for the last of "
+         "also print where the time goes, per op class (prefill, decode b=1, 8 and 32), for the last of "
          "--weight-dtypes");
   f.String("weight-dtypes", "f32,bf16,q8,q4",
            "weight dtypes to measure, each on the serving kernels beside F32 (f32 | bf16 | f16 | q8 | q4 | q4z)");
