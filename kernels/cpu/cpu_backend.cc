@@ -256,9 +256,11 @@ class CpuBackend final : public KernelBackend {
   void PagedAttention(const PagedAttentionArgs& a) override {
     const int64_t nkv = a.KvHeads();
     // Work items: a tile of query rows of one sequence against one KV head.
-    // Tiles of prefill chunks run as AttentionTile (all the group's query
-    // heads share the gathered K and V); short runs (decode) take the row
-    // path, which reads each K/V row once per query head.
+    // Tiles run as AttentionTile (all the group's query heads share the
+    // gathered K and V, and each output row stays in registers across the
+    // keys), decode rows too with the batch-invariant kernels, whose tiles
+    // give a row AttentionRow's bits; the fastest kernels' short runs take
+    // the row path, which reads each K/V row once per query head.
     struct Item {
       int32_t seq;
       int32_t first;  // Offset of the tile's first row inside the sequence.
@@ -280,7 +282,7 @@ class CpuBackend final : public KernelBackend {
       std::vector<float> scratch;
       for (int64_t it = b; it < e; ++it) {
         const Item& item = items[it];
-        if (item.rows >= kGemmMinRows) {
+        if (item.rows >= kGemmMinRows || invariant_) {
           AttentionTile(a, a.seqs[item.seq], item.first, item.rows, item.kvh, invariant_, scratch);
         } else {
           for (int32_t r = 0; r < item.rows; ++r) {

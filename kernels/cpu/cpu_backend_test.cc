@@ -183,8 +183,9 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
           "and whatever else the call holds",
           "[kernels]") {
   const DType kv_dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
-  // 64 and 128 take AxpyRows' register tiles; a window cuts each row's keys.
-  const int64_t hd = GENERATE(32, 64, 128);
+  // Every width takes AxpyRows' register tiles (AVX2 in 64-column slices); a
+  // window cuts each row's keys.
+  const int64_t hd = GENERATE(32, 64, 96, 128);
   const int window = GENERATE(0, 50);
   INFO("head_dim " << hd << ", window " << window);
   auto be = NewCpuBackend(2);
@@ -222,7 +223,7 @@ TEST_CASE("batch-invariant PagedAttention: a query row's output has the same bit
                           {.first_row = 3, .num_tokens = 20, .start_pos = 240, .block_table = table.data()}},
                          mixed_q.data(), 23);
   CHECK(SameBits(mixed.data() + 3 * width, all.data() + 200 * width, 20 * width));
-  // The AVX2 paths (one Axpy per key) give the AVX-512 tiles' bits.
+  // The AVX2 paths (8-lane register tiles) give the AVX-512 tiles' bits.
   simd::SetAvx512ForTesting(false);
   const auto avx2 = run({{.first_row = 0, .num_tokens = total, .start_pos = 40, .block_table = table.data()}},
                         q.data(), total);

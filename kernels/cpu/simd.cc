@@ -748,6 +748,35 @@ DUET_AVX512 void AxpyRowsAvx512(const float* a, int64_t lda, int64_t m, const fl
   for (; r < m; ++r) AxpyTileAvx512<1, D>(a + r * lda, lda, x, n, y + r * ldy, ldy);
 }
 
+// The AVX2 twin, for D x 8 columns at offset 0 of rows ldx apart (a wider
+// d runs in column slices).
+template <int R, int D>
+DUET_AVX2 inline void AxpyTileAvx2(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float* y,
+                                   int64_t ldy) {
+  __m256 acc[R][D];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < D; ++t) acc[r][t] = _mm256_loadu_ps(y + r * ldy + 8 * t);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * lda + j);
+      for (int t = 0; t < D; ++t) acc[r][t] = _mm256_fmadd_ps(av, _mm256_loadu_ps(x + j * ldx + 8 * t), acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < D; ++t) _mm256_storeu_ps(y + r * ldy + 8 * t, acc[r][t]);
+  }
+}
+
+template <int D>
+DUET_AVX2 void AxpyRowsAvx2(const float* a, int64_t lda, int64_t m, const float* x, int64_t ldx, int64_t n, float* y,
+                            int64_t ldy) {
+  constexpr int R = D <= 4 ? 2 : 1;  // R x D accumulators (+ D loads) of the 16 registers.
+  int64_t r = 0;
+  for (; r + R <= m; r += R) AxpyTileAvx2<R, D>(a + r * lda, lda, x, ldx, n, y + r * ldy, ldy);
+  for (; r < m; ++r) AxpyTileAvx2<1, D>(a + r * lda, lda, x, ldx, n, y + r * ldy, ldy);
+}
+
 template <class Row>
 DUET_AVX512 void WidenAvx512(const Row& row, int64_t k, float* o) {
   int64_t i = 0;
@@ -1183,10 +1212,37 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 void AxpyRows(const float* a, int64_t lda, int64_t m, const float* x, int64_t n, int64_t d, float* y, int64_t ldy) {
-  // Fused multiply-adds of any width give each element the bits of Axpy's
-  // AVX2 ones; without AVX-512, or for another width, it is Axpy itself.
-  if (UseAvx512() && d == 64) return AxpyRowsAvx512<4>(a, lda, m, x, n, y, ldy);
-  if (UseAvx512() && d == 128) return AxpyRowsAvx512<8>(a, lda, m, x, n, y, ldy);
+  // Fused multiply-adds of any width in registers give each element the
+  // bits of Axpy's AVX2 ones; a width neither tiles is Axpy itself.
+  if (UseAvx512() && d % 16 == 0 && d <= 128) {
+    switch (d / 16) {
+      case 1: return AxpyRowsAvx512<1>(a, lda, m, x, n, y, ldy);
+      case 2: return AxpyRowsAvx512<2>(a, lda, m, x, n, y, ldy);
+      case 3: return AxpyRowsAvx512<3>(a, lda, m, x, n, y, ldy);
+      case 4: return AxpyRowsAvx512<4>(a, lda, m, x, n, y, ldy);
+      case 5: return AxpyRowsAvx512<5>(a, lda, m, x, n, y, ldy);
+      case 6: return AxpyRowsAvx512<6>(a, lda, m, x, n, y, ldy);
+      case 7: return AxpyRowsAvx512<7>(a, lda, m, x, n, y, ldy);
+      default: return AxpyRowsAvx512<8>(a, lda, m, x, n, y, ldy);
+    }
+  }
+  if (UseAvx2() && d % 8 == 0) {
+    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+      const float* xc = x + c0;
+      float* yc = y + c0;
+      switch (std::min<int64_t>(64, d - c0) / 8) {
+        case 1: AxpyRowsAvx2<1>(a, lda, m, xc, d, n, yc, ldy); break;
+        case 2: AxpyRowsAvx2<2>(a, lda, m, xc, d, n, yc, ldy); break;
+        case 3: AxpyRowsAvx2<3>(a, lda, m, xc, d, n, yc, ldy); break;
+        case 4: AxpyRowsAvx2<4>(a, lda, m, xc, d, n, yc, ldy); break;
+        case 5: AxpyRowsAvx2<5>(a, lda, m, xc, d, n, yc, ldy); break;
+        case 6: AxpyRowsAvx2<6>(a, lda, m, xc, d, n, yc, ldy); break;
+        case 7: AxpyRowsAvx2<7>(a, lda, m, xc, d, n, yc, ldy); break;
+        default: AxpyRowsAvx2<8>(a, lda, m, xc, d, n, yc, ldy); break;
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t j = 0; j < n; ++j) Axpy(a[r * lda + j], x + j * d, y + r * ldy, d);
   }
