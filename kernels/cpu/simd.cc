@@ -634,10 +634,11 @@ DUET_AVX512 inline void DotTileAvx512(const float* a, const float* w, int64_t k,
     __m512 wv[C];
     for (int j = 0; j < C; ++j) {
       wv[j] = _mm512_loadu_ps(w + j * k + i);
-      // Held in a register: left to itself, g++ folds the load into each
-      // row's multiply-add (C x R loads a step, not C), which halved the
-      // speed of 2- and 3-row tiles.
-      asm("" : "+v"(wv[j]));
+      // Held in a register below 4 rows: left to itself, g++ folds the
+      // load into each row's multiply-add (C x R loads a step, not C),
+      // which halved the speed of 2- and 3-row tiles (at 4 rows it keeps
+      // the registers, and the barrier cost 5%).
+      if constexpr (R < 4) asm("" : "+v"(wv[j]));
     }
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_loadu_ps(a + r * k + i);
