@@ -447,7 +447,7 @@ struct PassPrefetch {
 
 // acc[r * C + j] = the parity-h chunks of a's row r dotted with the packed
 // tile's row j (w: the tile's chunks of that parity).
-template <int R, int C>
+template <int R, int C, bool kPrefetch>
 DUET_AVX2 inline void DotPassAvx2(const float* a, int64_t k, int h, const float* w, int64_t steps, __m256* acc,
                                   const PassPrefetch& pf) {
   __m256 s[R][C];
@@ -456,7 +456,7 @@ DUET_AVX2 inline void DotPassAvx2(const float* a, int64_t k, int h, const float*
   }
   a += 8 * h;
   for (int64_t t = 0; t < steps; ++t) {
-    pf.At(t);
+    if constexpr (kPrefetch) pf.At(t);
     __m256 wv[C];
     for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_ps(w + (t * C + j) * 8);
     for (int r = 0; r < R; ++r) {
@@ -469,13 +469,13 @@ DUET_AVX2 inline void DotPassAvx2(const float* a, int64_t k, int h, const float*
   }
 }
 
-template <int R, int C>
+template <int R, int C, bool kPrefetch = false>
 DUET_AVX2 inline void DotPackedTileAvx2(const float* a, int64_t k, const float* tile, float* c, int64_t ldc,
                                         bool accumulate, const PassPrefetch& pf = {}) {
   const int64_t steps = k / 16;
   __m256 s0[R * C], s1[R * C];
-  DotPassAvx2<R, C>(a, k, 0, tile, steps, s0, pf);
-  DotPassAvx2<R, C>(a, k, 1, tile + steps * C * 8, steps, s1, pf.Next(steps));
+  DotPassAvx2<R, C, kPrefetch>(a, k, 0, tile, steps, s0, pf);
+  DotPassAvx2<R, C, kPrefetch>(a, k, 1, tile + steps * C * 8, steps, s1, pf.Next(steps));
   const float* tail = tile + 2 * steps * C * 8;
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < C; ++j) {
@@ -568,10 +568,10 @@ DUET_AVX2 void DotRowsStreamAvx2(const float* a, int64_t m, const RowAt& row_at,
       float* ci = c + i * ldc + j;
       const int64_t r = std::min<int64_t>(4, m - i);
       if (cols == kPackC) {
-        if (r == 4) DotPackedTileAvx2<4, kPackC>(ai, k, tile.data(), ci, ldc, accumulate, pf);
-        if (r == 3) DotPackedTileAvx2<3, kPackC>(ai, k, tile.data(), ci, ldc, accumulate, pf);
-        if (r == 2) DotPackedTileAvx2<2, kPackC>(ai, k, tile.data(), ci, ldc, accumulate, pf);
-        if (r == 1) DotPackedTileAvx2<1, kPackC>(ai, k, tile.data(), ci, ldc, accumulate, pf);
+        if (r == 4) DotPackedTileAvx2<4, kPackC, true>(ai, k, tile.data(), ci, ldc, accumulate, pf);
+        if (r == 3) DotPackedTileAvx2<3, kPackC, true>(ai, k, tile.data(), ci, ldc, accumulate, pf);
+        if (r == 2) DotPackedTileAvx2<2, kPackC, true>(ai, k, tile.data(), ci, ldc, accumulate, pf);
+        if (r == 1) DotPackedTileAvx2<1, kPackC, true>(ai, k, tile.data(), ci, ldc, accumulate, pf);
       } else {
         for (int t = 0; t < cols; ++t) {
           const float* tt = tile.data() + t * row_floats;
@@ -621,7 +621,7 @@ DUET_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
   return Finish512(s, a, b, i, n);
 }
 
-template <int R, int C>
+template <int R, int C, bool kPrefetch = false>
 DUET_AVX512 inline void DotTileAvx512(const float* a, const float* w, int64_t k, float* c, int64_t ldc,
                                       bool accumulate, const PassPrefetch& pf = {}) {
   __m512 s[R][C];
@@ -630,7 +630,7 @@ DUET_AVX512 inline void DotTileAvx512(const float* a, const float* w, int64_t k,
   }
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
-    pf.At(i / 16);
+    if constexpr (kPrefetch) pf.At(i / 16);
     __m512 wv[C];
     for (int j = 0; j < C; ++j) {
       wv[j] = _mm512_loadu_ps(w + j * k + i);
@@ -687,10 +687,10 @@ DUET_AVX512 void DotRowsStreamAvx512(const float* a, int64_t m, const RowAt& row
       float* ci = c + i * ldc + j;
       const int64_t r = std::min<int64_t>(4, m - i);
       if (cols == C) {
-        if (r == 4) DotTileAvx512<4, C>(ai, tile, k, ci, ldc, accumulate, pf);
-        if (r == 3) DotTileAvx512<3, C>(ai, tile, k, ci, ldc, accumulate, pf);
-        if (r == 2) DotTileAvx512<2, C>(ai, tile, k, ci, ldc, accumulate, pf);
-        if (r == 1) DotTileAvx512<1, C>(ai, tile, k, ci, ldc, accumulate, pf);
+        if (r == 4) DotTileAvx512<4, C, true>(ai, tile, k, ci, ldc, accumulate, pf);
+        if (r == 3) DotTileAvx512<3, C, true>(ai, tile, k, ci, ldc, accumulate, pf);
+        if (r == 2) DotTileAvx512<2, C, true>(ai, tile, k, ci, ldc, accumulate, pf);
+        if (r == 1) DotTileAvx512<1, C, true>(ai, tile, k, ci, ldc, accumulate, pf);
       } else {
         for (int t = 0; t < cols; ++t) {
           if (r == 4) DotTileAvx512<4, 1>(ai, tile + t * k, k, ci + t, ldc, accumulate);
