@@ -199,6 +199,7 @@ DUET_AVX2 inline void ScaleBlockAvx2(__m256i v, __m256 scale, __m256* w) {
 }
 
 struct Q8Row {
+  static constexpr int kBlockBytes = kQuantBlock;  // stored bytes of a block's values
   const int8_t* q;
   const float* scales;
   DUET_AVX2 __m256 Load8(int64_t i) const {
@@ -236,6 +237,7 @@ struct Q8Row {
 
 // kQ4 (zeros null: 8) and kQ4Z.
 struct Q4Row {
+  static constexpr int kBlockBytes = kQuantBlock / 2;
   const uint8_t* q;
   const float* scales;
   const uint8_t* zeros;
@@ -283,12 +285,15 @@ struct Q4Row {
     w0 = _mm512_permutexvar_ps(v, table);
     w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
+  // Block b's 32 nibbles q (0..15), as bytes in element order: its 16
+  // bytes in both halves of the register, the upper half shifted by 4.
+  DUET_AVX2 __m256i LoadNibbles(int64_t b) const {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2)));
+    return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+  }
   // Block b's 32 integers q - zero (in [-16, 15]), as int8.
   DUET_AVX2 __m256i LoadInt8(int64_t b) const {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m256i both = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
-    return _mm256_sub_epi8(both, _mm256_set1_epi8(static_cast<char>(Zero(b))));
+    return _mm256_sub_epi8(LoadNibbles(b), _mm256_set1_epi8(static_cast<char>(Zero(b))));
   }
   int Int(int64_t i) const {
     const int64_t b = BlockOf(i);
@@ -975,8 +980,10 @@ DUET_AVX2 int64_t QuantizeRunAvx2(const float* x, int64_t e0, int64_t e1, float 
 }
 
 // Row r of a (k floats) as blocks of 32 int8 (q + r * blocks * 32, zero
-// past k) and their scales (d + r * blocks).
-void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* d) {
+// past k) and their scales (d + r * blocks); with s8, also each block's
+// eight lanes' sums (elements 4l .. 4l + 3) times 8 (s8 + r * blocks * 8),
+// which the Q4 tiles subtract (below).
+void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s8) {
   const int64_t blocks = QuantBlocks(k);
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t e0 = b * kQuantBlock, e1 = std::min(k, e0 + kQuantBlock);
@@ -990,39 +997,69 @@ void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* d) {
     if (UseAvx2()) e = QuantizeRunAvx2(x, e0, e1, inv, out - e0);
     for (; e < e1; ++e) out[e - e0] = static_cast<int8_t>(std::clamp(static_cast<int>(std::nearbyint(x[e] * inv)), -127, 127));
     for (e = e1; e < e0 + kQuantBlock; ++e) out[e - e0] = 0;
+    if (s8 == nullptr) continue;
+    for (int l = 0; l < 8; ++l) {
+      s8[b * 8 + l] = 8 * (out[4 * l] + out[4 * l + 1] + out[4 * l + 2] + out[4 * l + 3]);
+    }
   }
 }
 
 // Lanes summed in HSum's order: ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)).
 float HSumScalar(const float* v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
-// R int8 rows (qa, da: the row stride in blocks) against C weight rows,
-// one 8-lane accumulator per output.
-template <int R, int C, class Row>
-DUET_AVX2 inline void Int8TileAvx2(const int8_t* qa, const float* da, int64_t blocks, const Row* rows, float* c,
-                                   int64_t ldc, bool accumulate, int64_t ahead) {
+// Quantized rows of activations: row r's blocks at q + r * blocks * 32,
+// their scales at d + r * blocks, and (Q4) their lane sums x 8 at s8 + r *
+// blocks * 8.
+struct Int8Acts {
+  const int8_t* q;
+  const float* d;
+  const int32_t* s8;
+  int64_t blocks;
+};
+
+// R rows of activations against C weight rows, one 8-lane accumulator per
+// output. Each lane's block product P is exact in int32 (vpmaddubsw pairs,
+// at most 2 x 127 x 128, then vpmaddwd fours), two ways:
+//   signed weights (Q8, Q4Z's q - zero): |x| times w with x's sign;
+//   kNibbles (Q4): the nibbles q (0..15) times x as they are, less 8 x the
+//   lane's sum of x, which is the sum of (q - 8) x, with no per-row sign
+//   or subtraction of the zero.
+template <int R, int C, bool kNibbles, class Row>
+DUET_AVX2 inline void Int8TileAvx2(const Int8Acts& a, const Row* rows, float* c, int64_t ldc, bool accumulate,
+                                   int64_t ahead) {
+  constexpr int64_t kPerLine = 64 / Row::kBlockBytes;  // blocks per cache line of a weight row
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < C; ++j) acc[r][j] = _mm256_setzero_ps();
   }
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t b = 0; b < blocks; ++b) {
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    if (b % kPerLine == 0) {
+      for (int j = 0; j < C; ++j) _mm_prefetch(rows[j].Addr(b * kQuantBlock) + ahead, _MM_HINT_T0);
+    }
     __m256i wq[C];
-    float ws[C];
+    __m256 ws[C];
     for (int j = 0; j < C; ++j) {
-      _mm_prefetch(rows[j].Addr(b * kQuantBlock) + ahead, _MM_HINT_T0);
-      wq[j] = rows[j].LoadInt8(b);
-      ws[j] = rows[j].scales[b];
+      if constexpr (kNibbles) {
+        wq[j] = rows[j].LoadNibbles(b);
+      } else {
+        wq[j] = rows[j].LoadInt8(b);
+      }
+      ws[j] = _mm256_broadcast_ss(rows[j].scales + b);
     }
     for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + (r * blocks + b) * kQuantBlock));
-      const __m256i ax = _mm256_sign_epi8(x, x);
-      const float dx = da[r * blocks + b];
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (r * a.blocks + b) * kQuantBlock));
+      const __m256 dx = _mm256_broadcast_ss(a.d + r * a.blocks + b);
+      __m256i p[C];
+      if constexpr (kNibbles) {
+        const __m256i s8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.s8 + (r * a.blocks + b) * 8));
+        for (int j = 0; j < C; ++j) p[j] = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], x), ones), s8);
+      } else {
+        const __m256i ax = _mm256_sign_epi8(x, x);
+        for (int j = 0; j < C; ++j) p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[j], x)), ones);
+      }
       for (int j = 0; j < C; ++j) {
-        // |x| times w with x's sign: pairs of products in int16 (at most
-        // 2 x 127 x 128, no saturation), then fours in int32.
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[j], x)), ones);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx * ws[j]), acc[r][j]);
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[j]), _mm256_mul_ps(dx, ws[j]), acc[r][j]);
       }
     }
   }
@@ -1035,26 +1072,26 @@ DUET_AVX2 inline void Int8TileAvx2(const int8_t* qa, const float* da, int64_t bl
   }
 }
 
-template <int R, class Row>
-DUET_AVX2 void Int8RowsAvx2(const int8_t* qa, const float* da, int64_t blocks, const WeightMatrix& w, int64_t j0,
-                            int64_t j1, float* c, int64_t ldc, bool accumulate) {
+template <int R, bool kNibbles, class Row>
+DUET_AVX2 void Int8RowsAvx2(const Int8Acts& a, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
+                            bool accumulate) {
   constexpr int C = R == 1 ? 4 : 2;
   const int64_t ahead = PrefetchAhead(w.RowBytes());
   int64_t j = j0;
   for (; j + C <= j1; j += C) {
     Row rows[C];
     for (int t = 0; t < C; ++t) rows[t] = RowOf<Row>(w, j + t);
-    Int8TileAvx2<R, C>(qa, da, blocks, rows, c + (j - j0), ldc, accumulate, ahead);
+    Int8TileAvx2<R, C, kNibbles>(a, rows, c + (j - j0), ldc, accumulate, ahead);
   }
   for (; j < j1; ++j) {
     const Row row = RowOf<Row>(w, j);
-    Int8TileAvx2<R, 1>(qa, da, blocks, &row, c + (j - j0), ldc, accumulate, ahead);
+    Int8TileAvx2<R, 1, kNibbles>(a, &row, c + (j - j0), ldc, accumulate, ahead);
   }
 }
 
-template <class Row>
-DUET_AVX2 void DotRowsInt8Avx2(const int8_t* qa, const float* da, int64_t m, int64_t blocks, const WeightMatrix& w,
-                               int64_t j0, int64_t j1, float* c, int64_t ldc, bool accumulate) {
+template <bool kNibbles, class Row>
+DUET_AVX2 void DotRowsInt8Avx2(const Int8Acts& a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c,
+                               int64_t ldc, bool accumulate) {
   // Blocks of weight rows in L2 while every group of rows passes over them.
   const int64_t block = std::max<int64_t>(4, (int64_t{256} << 10) / std::max<int64_t>(1, w.RowBytes()));
   for (int64_t b0 = j0; b0 < j1; b0 += block) {
@@ -1062,8 +1099,9 @@ DUET_AVX2 void DotRowsInt8Avx2(const int8_t* qa, const float* da, int64_t m, int
     int64_t i = 0;
     const auto rows = [&](auto tile, int64_t i) {
       constexpr int R = decltype(tile)::value;
-      Int8RowsAvx2<R, Row>(qa + i * blocks * kQuantBlock, da + i * blocks, blocks, w, b0, b1,
-                           c + i * ldc + (b0 - j0), ldc, accumulate);
+      const Int8Acts ai{a.q + i * a.blocks * kQuantBlock, a.d + i * a.blocks,
+                        a.s8 != nullptr ? a.s8 + i * a.blocks * 8 : nullptr, a.blocks};
+      Int8RowsAvx2<R, kNibbles, Row>(ai, w, b0, b1, c + i * ldc + (b0 - j0), ldc, accumulate);
     };
     for (; i + 4 <= m; i += 4) rows(std::integral_constant<int, 4>{}, i);
     if (m - i == 3) rows(std::integral_constant<int, 3>{}, i);
@@ -1101,12 +1139,23 @@ template <class Row>
 void DotRowsInt8Of(const float* a, int64_t m, const WeightMatrix& w, int64_t j0, int64_t j1, float* c, int64_t ldc,
                    bool accumulate) {
   const int64_t blocks = QuantBlocks(w.k);
+  // Q4 without zero points takes its nibbles unsigned (Int8TileAvx2).
+  const bool nibbles = UseAvx2() && w.dtype == DType::kQ4;
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d;
+  thread_local std::vector<int32_t> s8;
   q.resize(static_cast<size_t>(m * blocks * kQuantBlock));
   d.resize(static_cast<size_t>(m * blocks));
-  for (int64_t i = 0; i < m; ++i) QuantizeRowInt8(a + i * w.k, w.k, q.data() + i * blocks * kQuantBlock, d.data() + i * blocks);
-  if (UseAvx2()) return DotRowsInt8Avx2<Row>(q.data(), d.data(), m, blocks, w, j0, j1, c, ldc, accumulate);
+  s8.resize(nibbles ? static_cast<size_t>(m * blocks * 8) : 0);
+  for (int64_t i = 0; i < m; ++i) {
+    QuantizeRowInt8(a + i * w.k, w.k, q.data() + i * blocks * kQuantBlock, d.data() + i * blocks,
+                    nibbles ? s8.data() + i * blocks * 8 : nullptr);
+  }
+  const Int8Acts acts{q.data(), d.data(), nibbles ? s8.data() : nullptr, blocks};
+  if constexpr (std::is_same_v<Row, Q4Row>) {
+    if (nibbles) return DotRowsInt8Avx2<true, Row>(acts, m, w, j0, j1, c, ldc, accumulate);
+  }
+  if (UseAvx2()) return DotRowsInt8Avx2<false, Row>(acts, m, w, j0, j1, c, ldc, accumulate);
   DotRowsInt8Scalar<Row>(q.data(), d.data(), m, blocks, w, j0, j1, c, ldc, accumulate);
 }
 
