@@ -121,7 +121,11 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
             name = "_" + name + "_" + base + "_nvcc",
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = _NVCC + " " + _NVCC_FLAGS + " -c $(location " + src + ") -o $@",
+            # nvcc names its temporary files by its process id, which is the
+            # same in every sandbox's PID namespace: concurrent compiles would
+            # share /tmp's names, so each gets its own directory.
+            cmd = ("t=$$(mktemp -d) && TMPDIR=$$t " + _NVCC + " " + _NVCC_FLAGS + " -c $(location " + src +
+                   ") -o $@; rc=$$?; rm -rf $$t; exit $$rc"),
             target_compatible_with = _CUDA_ONLY,
         )
         objs.append(obj)

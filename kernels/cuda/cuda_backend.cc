@@ -7,8 +7,11 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_compat.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/kv_store.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
+#include "kernels/kv_layout.h"
 
 namespace duet::kernels::cuda {
 namespace {
@@ -98,6 +101,10 @@ class DeviceMemory final : public BufferType {
 
 const BufferType& DeviceBuffer::type() const { return *type_; }
 
+// The ops (kOpNames) the backend runs so far.
+constexpr std::string_view kRuns[] = {"rms_norm", "rope",       "silu_mul",    "gelu_tanh_mul", "scale",
+                                      "kv_store", "add",        "gather_rows", "copy_2d"};
+
 class CudaBackend final : public KernelBackend {
  public:
   explicit CudaBackend(cudaStream_t stream) : stream_(stream) {}
@@ -111,11 +118,18 @@ class CudaBackend final : public KernelBackend {
 #else
   std::string Name() const override { return "cuda"; }
 #endif
-  bool Implements(std::string_view op) const override { return op == "rms_norm" || op == "rope"; }
+  bool Implements(std::string_view op) const override {
+    for (std::string_view runs : kRuns) {
+      if (op == runs) return true;
+    }
+    return false;
+  }
   BufferType& DefaultBufferType() override { return memory_; }
   bool Supports(WeightOp, DType) const override { return false; }
   DType DefaultKvDType() const override { return DType::kF32; }
-  bool SupportsKv(DType) const override { return false; }
+  // KvStore writes every KV dtype; PagedAttention, which will read them, is
+  // not here yet (Implements).
+  bool SupportsKv(DType dtype) const override { return IsKvDType(dtype); }
 
   absl::Status Gemm(const float*, const WeightMatrix&, const float*, float*, int64_t, bool) override {
     return absl::UnimplementedError("the CUDA backend runs no GEMM yet");
@@ -132,14 +146,36 @@ class CudaBackend final : public KernelBackend {
     const float* dfreq = Stage(inv_freq, head_dim / 2);
     Launched(LaunchRope(x, positions, dfreq, num_tokens, num_heads, head_dim, stream_), "Rope");
   }
-  void SiluMul(const float*, float*, int64_t, int64_t) override { Missing("silu_mul"); }
-  void GeluTanhMul(const float*, float*, int64_t, int64_t) override { Missing("gelu_tanh_mul"); }
-  void Scale(float*, float, int64_t) override { Missing("scale"); }
+  void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) override {
+    Launched(LaunchSiluMul(gu, out, rows, inter, stream_), "SiluMul");
+  }
+  void GeluTanhMul(const float* gu, float* out, int64_t rows, int64_t inter) override {
+    Launched(LaunchGeluTanhMul(gu, out, rows, inter, stream_), "GeluTanhMul");
+  }
+  void Scale(float* x, float s, int64_t n) override { Launched(LaunchScale(x, s, n, stream_), "Scale"); }
   void PagedAttention(const PagedAttentionArgs&) override { Missing("paged_attention"); }
-  void KvStore(const KvStoreArgs&) override { Missing("kv_store"); }
-  void Add(const float*, float*, int64_t) override { Missing("add"); }
-  void GatherRows(const float*, const int32_t*, int64_t, int64_t, float*) override { Missing("gather_rows"); }
-  void Copy2D(const float*, int64_t, float*, int64_t, int64_t, int64_t) override { Missing("copy_2d"); }
+  void KvStore(const KvStoreArgs& a) override {
+    const KvLayout& l = a.layout;
+    const KvPoolShape shape{.element = l.dtype == DType::kBF16  ? KvPoolShape::kBF16
+                                       : l.dtype == DType::kF16 ? KvPoolShape::kF16
+                                                                : KvPoolShape::kF32,
+                            .block_size = l.block_size,
+                            .head_dim = l.head_dim,
+                            .block_stride = l.BlockStride(),
+                            .layer_stride = l.LayerStride(),
+                            .kv_stride = l.KvStride(),
+                            .head_stride = l.HeadStride()};
+    Launched(LaunchKvStore(a.k, a.v, a.slots, a.rows, a.kv, shape, a.layer, a.kv_head_begin, a.KvHeads(), stream_),
+             "KvStore");
+  }
+  void Add(const float* x, float* y, int64_t n) override { Launched(LaunchAdd(x, y, n, stream_), "Add"); }
+  void GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out) override {
+    Launched(LaunchGatherRows(x, rows, num_rows, dim, out, stream_), "GatherRows");
+  }
+  void Copy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+              int64_t cols) override {
+    Launched(LaunchCopy2D(src, src_stride, dst, dst_stride, rows, cols, stream_), "Copy2D");
+  }
   absl::Status Moe(const MoeArgs&) override {
     return absl::UnimplementedError("the CUDA backend runs no mixture of experts yet");
   }

@@ -1,7 +1,9 @@
 // The CUDA backend: a KernelBackend whose memory is a CUDA device's and
-// whose ops are duet's CUDA kernels (kernels/cuda/*.cu). Its first ops are
-// RMSNorm and RoPE (Implements says which; the rest are the next CUDA
-// issue's), so NewBackend does not offer it to the engine yet.
+// whose ops are duet's CUDA kernels (kernels/cuda/*.cu). It runs RMSNorm,
+// RoPE, the gated activations, Scale, Add, GatherRows, Copy2D and KvStore
+// so far (Implements says which); the GEMMs, attention, the embedding, MoE
+// and the collectives are still to come, so NewBackend does not offer it to
+// the engine yet.
 //
 //   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::cuda::NewCudaBackend());
 //
