@@ -7,7 +7,9 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_compat.h"
+#include "kernels/cuda/dequantize.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_store.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
@@ -102,14 +104,26 @@ class DeviceMemory final : public BufferType {
 const BufferType& DeviceBuffer::type() const { return *type_; }
 
 // The ops (kOpNames) the backend runs so far.
-constexpr std::string_view kRuns[] = {"rms_norm", "rope",       "silu_mul",    "gelu_tanh_mul", "scale",
-                                      "kv_store", "add",        "gather_rows", "copy_2d"};
+constexpr std::string_view kRuns[] = {"gemm",  "embedding", "rms_norm", "rope",        "silu_mul", "gelu_tanh_mul",
+                                      "scale", "kv_store",  "add",      "gather_rows", "copy_2d"};
+
+DeviceWeights::Type TypeOf(DType d) {
+  switch (d) {
+    case DType::kF32: return DeviceWeights::kF32;
+    case DType::kBF16: return DeviceWeights::kBF16;
+    case DType::kF16: return DeviceWeights::kF16;
+    case DType::kQ8: return DeviceWeights::kQ8;
+    case DType::kQ4: return DeviceWeights::kQ4;
+    case DType::kQ4Z: return DeviceWeights::kQ4Z;
+  }
+  return DeviceWeights::kF32;
+}
 
 class CudaBackend final : public KernelBackend {
  public:
   explicit CudaBackend(cudaStream_t stream) : stream_(stream) {}
   ~CudaBackend() override {
-    staged_.reset();
+    for (BufferPtr& b : scratch_) b.reset();
     cudaStreamDestroy(stream_);
   }
 
@@ -125,25 +139,38 @@ class CudaBackend final : public KernelBackend {
     return false;
   }
   BufferType& DefaultBufferType() override { return memory_; }
-  bool Supports(WeightOp, DType) const override { return false; }
+  // Every dtype, as F32 products: the weights widened on the device (bit
+  // for bit DequantizeRow's values), then the GEMM seam's F32 GEMM.
+  bool Supports(WeightOp, DType) const override { return true; }
   DType DefaultKvDType() const override { return DType::kF32; }
   // KvStore writes every KV dtype; PagedAttention, which will read them, is
   // not here yet (Implements).
   bool SupportsKv(DType dtype) const override { return IsKvDType(dtype); }
 
-  absl::Status Gemm(const float*, const WeightMatrix&, const float*, float*, int64_t, bool) override {
-    return absl::UnimplementedError("the CUDA backend runs no GEMM yet");
+  absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
+                    bool accumulate) override {
+    if (m < 0) return absl::InvalidArgumentError(absl::StrCat("a GEMM of ", m, " rows"));
+    if (m == 0 || w.n == 0) return absl::OkStatus();
+    float* widened = static_cast<float*>(Scratch(kWidened, w.n * w.k * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(Check(LaunchDequantize(StageWeights(w), widened, stream_), "widening GEMM weights"));
+    GemmArgs g{.m = m, .n = w.n, .k = w.k, .a = a, .b = widened, .c = c, .beta = accumulate ? 1.0f : 0.0f};
+    RETURN_IF_ERROR(Check(cuda::Gemm(g, stream_), "GEMM"));
+    if (bias == nullptr) return absl::OkStatus();
+    return Check(LaunchAddBias(StageFloats(kBias, bias, w.n), c, m, w.n, stream_), "GEMM bias");
   }
-  absl::Status EmbeddingLookup(const WeightMatrix&, const int32_t*, float*, int64_t) override {
-    return absl::UnimplementedError("the CUDA backend runs no embedding lookup yet");
+  absl::Status EmbeddingLookup(const WeightMatrix& table, const int32_t* ids, float* out,
+                               int64_t num_tokens) override {
+    if (num_tokens < 0) return absl::InvalidArgumentError(absl::StrCat("an embedding of ", num_tokens, " tokens"));
+    if (num_tokens == 0) return absl::OkStatus();
+    return Check(LaunchEmbedding(StageWeights(table), ids, num_tokens, out, stream_), "embedding lookup");
   }
   void RmsNorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) override {
-    const float* dw = Stage(w, dim);
+    const float* dw = StageFloats(kValues, w, dim);
     Launched(LaunchRmsNorm(x, dw, y, rows, dim, eps, stream_), "RmsNorm");
   }
   void Rope(float* x, const int32_t* positions, const float* inv_freq, int64_t num_tokens, int64_t num_heads,
             int64_t head_dim) override {
-    const float* dfreq = Stage(inv_freq, head_dim / 2);
+    const float* dfreq = StageFloats(kValues, inv_freq, head_dim / 2);
     Launched(LaunchRope(x, positions, dfreq, num_tokens, num_heads, head_dim, stream_), "Rope");
   }
   void SiluMul(const float* gu, float* out, int64_t rows, int64_t inter) override {
@@ -192,25 +219,46 @@ class CudaBackend final : public KernelBackend {
   // return nothing, so it stops the process with what CUDA said.
   static void Launched(cudaError_t e, const char* op) { CHECK_EQ(e, cudaSuccess) << ErrorText(e, op); }
 
-  // `n` host floats copied to device scratch on the stream, for the op that follows.
-  const float* Stage(const float* host, int64_t n) {
-    const int64_t bytes = std::max<int64_t>(n, 1) * static_cast<int64_t>(sizeof(float));
-    if (staged_ == nullptr || staged_->bytes() < bytes) {
-      absl::StatusOr<BufferPtr> b = memory_.Allocate(bytes, "staged weights");
-      CHECK(b.ok()) << b.status();
-      staged_ = *std::move(b);
+  // Device scratch, one buffer per use, grown as needed (a buffer is freed
+  // only by cudaFree, which waits for the work that reads it).
+  enum Slot { kValues, kScales, kZeros, kBias, kWidened, kSlots };
+  void* Scratch(Slot slot, int64_t bytes) {
+    BufferPtr& b = scratch_[slot];
+    if (b == nullptr || b->bytes() < bytes) {
+      b.reset();
+      absl::StatusOr<BufferPtr> grown = memory_.Allocate(std::max<int64_t>(bytes, 1), "scratch");
+      CHECK(grown.ok()) << grown.status();
+      b = *std::move(grown);
     }
-    if (n > 0) {
-      Launched(cudaMemcpyAsync(staged_->base(), host, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice,
-                               stream_),
+    return b->base();
+  }
+  // `bytes` of host memory copied into scratch `slot` on the stream, for the
+  // ops that follow (the host weights an op takes, until weights live in
+  // backend buffers).
+  void* Stage(Slot slot, const void* host, int64_t bytes) {
+    void* at = Scratch(slot, bytes);
+    if (bytes > 0) {
+      Launched(cudaMemcpyAsync(at, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
                "staging weights");
     }
-    return static_cast<const float*>(staged_->base());
+    return at;
+  }
+  const float* StageFloats(Slot slot, const float* host, int64_t n) {
+    return static_cast<const float*>(Stage(slot, host, n * static_cast<int64_t>(sizeof(float))));
+  }
+  // A weight matrix's arrays staged on the device.
+  DeviceWeights StageWeights(const WeightMatrix& w) {
+    DeviceWeights d{.dtype = TypeOf(w.dtype), .n = w.n, .k = w.k, .row_bytes = w.RowBytes()};
+    d.values = Stage(kValues, w.values, w.n * d.row_bytes);
+    const int64_t blocks = w.n * QuantBlocks(w.k);
+    if (w.scales != nullptr) d.scales = StageFloats(kScales, w.scales, blocks);
+    if (w.zeros != nullptr) d.zeros = static_cast<const uint8_t*>(Stage(kZeros, w.zeros, blocks));
+    return d;
   }
 
   DeviceMemory memory_;
   cudaStream_t stream_;
-  BufferPtr staged_;
+  BufferPtr scratch_[kSlots];
 };
 
 }  // namespace

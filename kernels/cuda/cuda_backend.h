@@ -1,9 +1,10 @@
 // The CUDA backend: a KernelBackend whose memory is a CUDA device's and
-// whose ops are duet's CUDA kernels (kernels/cuda/*.cu). It runs RMSNorm,
-// RoPE, the gated activations, Scale, Add, GatherRows, Copy2D and KvStore
-// so far (Implements says which); the GEMMs, attention, the embedding, MoE
-// and the collectives are still to come, so NewBackend does not offer it to
-// the engine yet.
+// whose ops are duet's CUDA kernels (kernels/cuda/*.cu). It runs the GEMM
+// (every weight dtype widened to F32 on the device, then the GEMM seam's F32
+// GEMM), the embedding lookup, RMSNorm, RoPE, the gated activations, Scale,
+// Add, GatherRows, Copy2D and KvStore so far (Implements says which);
+// attention, MoE and the collectives are still to come, so NewBackend does
+// not offer it to the engine yet.
 //
 //   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::cuda::NewCudaBackend());
 //
@@ -13,7 +14,8 @@
 // what CI runs through the op harness). Buffers are device memory
 // (cudaMalloc), reached from the host by cudaMemcpy; ops run in order on
 // the backend's stream, and a buffer's copy waits for them. The weights an
-// op takes as host memory (RMSNorm's gain, RoPE's frequencies) are copied to
+// op takes as host memory (weight matrices, biases, RMSNorm's gain, RoPE's
+// frequencies) are copied to
 // the device with the op until weights live in backend buffers.
 #ifndef DUET_KERNELS_CUDA_CUDA_BACKEND_H_
 #define DUET_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -46,6 +46,10 @@ __global__ void AddKernel(const float* __restrict__ x, float* __restrict__ y, in
   for (int64_t e = First(); e < n; e += Stride()) y[e] += x[e];
 }
 
+__global__ void AddBiasKernel(const float* __restrict__ bias, float* __restrict__ c, int64_t cols, int64_t n) {
+  for (int64_t e = First(); e < n; e += Stride()) c[e] += bias[e % cols];
+}
+
 __global__ void GatherRowsKernel(const float* __restrict__ x, const int32_t* __restrict__ rows, int64_t dim,
                                  int64_t n, float* __restrict__ out) {
   for (int64_t e = First(); e < n; e += Stride()) {
@@ -92,6 +96,14 @@ cudaError_t LaunchAdd(const float* x, float* y, int64_t n, cudaStream_t stream) 
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   DUET_LAUNCH(AddKernel, BlocksFor(n), kThreads, 0, stream)(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddBias(const float* bias, float* c, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  DUET_LAUNCH(AddBiasKernel, BlocksFor(n), kThreads, 0, stream)(bias, c, cols, n);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 // The element-wise and row-moving ops on the GPU: the CUDA launchers behind
-// the CUDA backend's SiluMul, GeluTanhMul, Scale, Add, GatherRows and Copy2D
+// the CUDA backend's SiluMul, GeluTanhMul, Scale, Add, GatherRows and Copy2D,
+// and the GEMM's bias
 // (one kernel per op; they share this pair because each is a few lines).
 //
 //   cudaError_t err = LaunchSiluMul(d_gate_up, d_out, rows, inter, stream);
@@ -27,6 +28,8 @@ cudaError_t LaunchGeluTanhMul(const float* gu, float* out, int64_t rows, int64_t
 cudaError_t LaunchScale(float* x, float s, int64_t n, cudaStream_t stream);
 // y[i] += x[i].
 cudaError_t LaunchAdd(const float* x, float* y, int64_t n, cudaStream_t stream);
+// c[i, j] += bias[j] for i < rows, j < cols (a linear layer's bias).
+cudaError_t LaunchAddBias(const float* bias, float* c, int64_t rows, int64_t cols, cudaStream_t stream);
 // out[i, :] = x[rows[i], :], rows of `dim` floats.
 cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out,
                              cudaStream_t stream);

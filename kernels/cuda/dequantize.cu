@@ -1,0 +1,91 @@
+#include "kernels/cuda/dequantize.cuh"
+
+#if !defined(DUET_SIMT)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace duet::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;
+constexpr int64_t kBlock = 32;  // kernels::kQuantBlock
+
+unsigned BlocksFor(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+// Element e of row j, as kernels::DequantizeRow computes it.
+__device__ float Element(const DeviceWeights& w, int64_t j, int64_t e) {
+  switch (w.dtype) {
+    case DeviceWeights::kF32:
+      return static_cast<const float*>(w.values)[j * w.k + e];
+    case DeviceWeights::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(w.values)[j * w.k + e]);
+    case DeviceWeights::kF16:
+      return __half2float(static_cast<const __half*>(w.values)[j * w.k + e]);
+    default:
+      break;
+  }
+  const int64_t blocks = (w.k + kBlock - 1) / kBlock;
+  const int64_t b = e / kBlock, i = e % kBlock;
+  const uint8_t* row = static_cast<const uint8_t*>(w.values) + j * w.row_bytes;
+  int q;
+  if (w.dtype == DeviceWeights::kQ8) {
+    q = static_cast<int8_t>(row[b * kBlock + i]);
+  } else {
+    // Byte i of a block holds element i in its low nibble, i + 16 in its high one.
+    const uint8_t byte = row[b * kBlock / 2 + i % 16];
+    const int nibble = i < 16 ? (byte & 0x0f) : (byte >> 4);
+    q = nibble - (w.dtype == DeviceWeights::kQ4 ? 8 : static_cast<int>(w.zeros[j * blocks + b]));
+  }
+  return static_cast<float>(q) * w.scales[j * blocks + b];
+}
+
+__global__ void DequantizeKernel(DeviceWeights w, float* __restrict__ out, int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
+    out[t] = Element(w, t / w.k, t % w.k);
+  }
+}
+
+__global__ void EmbeddingKernel(DeviceWeights w, const int32_t* __restrict__ ids, float* __restrict__ out,
+                                int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
+    const int64_t id = ids[t / w.k];
+    out[t] = id >= 0 && id < w.n ? Element(w, id, t % w.k) : 0.0f;
+  }
+}
+
+bool Valid(const DeviceWeights& w) {
+  if (w.n < 0 || w.k < 0 || w.row_bytes < 0) return false;
+  if (w.n > 0 && w.k > 0 && w.values == nullptr) return false;
+  const bool quantized = w.dtype == DeviceWeights::kQ8 || w.dtype == DeviceWeights::kQ4 || w.dtype == DeviceWeights::kQ4Z;
+  if (quantized && w.n > 0 && w.k > 0 && w.scales == nullptr) return false;
+  if (w.dtype == DeviceWeights::kQ4Z && w.n > 0 && w.k > 0 && w.zeros == nullptr) return false;
+  return w.dtype >= DeviceWeights::kF32 && w.dtype <= DeviceWeights::kQ4Z;
+}
+
+}  // namespace
+
+cudaError_t LaunchDequantize(const DeviceWeights& w, float* out, cudaStream_t stream) {
+  if (!Valid(w)) return cudaErrorInvalidValue;
+  const int64_t total = w.n * w.k;
+  if (total == 0) return cudaSuccess;
+  DUET_LAUNCH(DequantizeKernel, BlocksFor(total), kThreads, 0, stream)(w, out, total);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbedding(const DeviceWeights& w, const int32_t* ids, int64_t num_tokens, float* out,
+                            cudaStream_t stream) {
+  if (!Valid(w) || num_tokens < 0) return cudaErrorInvalidValue;
+  const int64_t total = num_tokens * w.k;
+  if (total == 0) return cudaSuccess;
+  DUET_LAUNCH(EmbeddingKernel, BlocksFor(total), kThreads, 0, stream)(w, ids, out, total);
+  return cudaGetLastError();
+}
+
+}  // namespace duet::kernels::cuda
