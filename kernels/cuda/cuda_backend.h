@@ -15,8 +15,8 @@
 // (cudaMalloc), reached from the host by cudaMemcpy; ops run in order on
 // the backend's stream, and a buffer's copy waits for them. The weights an
 // op takes as host memory (weight matrices, biases, RMSNorm's gain, RoPE's
-// frequencies) are copied to
-// the device with the op until weights live in backend buffers.
+// frequencies) are copied to device scratch with the op until weights live
+// in backend buffers.
 #ifndef DUET_KERNELS_CUDA_CUDA_BACKEND_H_
 #define DUET_KERNELS_CUDA_CUDA_BACKEND_H_
 
