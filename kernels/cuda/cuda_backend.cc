@@ -1,11 +1,13 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <cstddef>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_compat.h"
 #include "kernels/cuda/dequantize.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -104,8 +106,28 @@ class DeviceMemory final : public BufferType {
 const BufferType& DeviceBuffer::type() const { return *type_; }
 
 // The ops (kOpNames) the backend runs so far.
-constexpr std::string_view kRuns[] = {"gemm",  "embedding", "rms_norm", "rope",        "silu_mul", "gelu_tanh_mul",
-                                      "scale", "kv_store",  "add",      "gather_rows", "copy_2d"};
+constexpr std::string_view kRuns[] = {"gemm",     "embedding", "rms_norm",        "rope",     "silu_mul",
+                                      "gelu_tanh_mul", "scale",  "paged_attention", "kv_store", "add",
+                                      "gather_rows",   "copy_2d"};
+
+// The attention kernel reads the engine's AttentionSeq array as DeviceSeq.
+static_assert(sizeof(DeviceSeq) == sizeof(AttentionSeq));
+static_assert(offsetof(DeviceSeq, first_row) == offsetof(AttentionSeq, first_row));
+static_assert(offsetof(DeviceSeq, num_tokens) == offsetof(AttentionSeq, num_tokens));
+static_assert(offsetof(DeviceSeq, start_pos) == offsetof(AttentionSeq, start_pos));
+static_assert(offsetof(DeviceSeq, block_table) == offsetof(AttentionSeq, block_table));
+
+KvPoolShape ShapeOf(const KvLayout& l) {
+  return {.element = l.dtype == DType::kBF16  ? KvPoolShape::kBF16
+                     : l.dtype == DType::kF16 ? KvPoolShape::kF16
+                                              : KvPoolShape::kF32,
+          .block_size = l.block_size,
+          .head_dim = l.head_dim,
+          .block_stride = l.BlockStride(),
+          .layer_stride = l.LayerStride(),
+          .kv_stride = l.KvStride(),
+          .head_stride = l.HeadStride()};
+}
 
 DeviceWeights::Type TypeOf(DType d) {
   switch (d) {
@@ -143,8 +165,6 @@ class CudaBackend final : public KernelBackend {
   // for bit DequantizeRow's values), then the GEMM seam's F32 GEMM.
   bool Supports(WeightOp, DType) const override { return true; }
   DType DefaultKvDType() const override { return DType::kF32; }
-  // KvStore writes every KV dtype; PagedAttention, which will read them, is
-  // not here yet (Implements).
   bool SupportsKv(DType dtype) const override { return IsKvDType(dtype); }
 
   absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
@@ -180,19 +200,25 @@ class CudaBackend final : public KernelBackend {
     Launched(LaunchGeluTanhMul(gu, out, rows, inter, stream_), "GeluTanhMul");
   }
   void Scale(float* x, float s, int64_t n) override { Launched(LaunchScale(x, s, n, stream_), "Scale"); }
-  void PagedAttention(const PagedAttentionArgs&) override { Missing("paged_attention"); }
+  void PagedAttention(const PagedAttentionArgs& a) override {
+    const AttentionParams p{.q = a.q,
+                            .out = a.out,
+                            .kv = a.kv,
+                            .pool = ShapeOf(a.layout),
+                            .layer = a.layer,
+                            .num_q_heads = a.num_q_heads,
+                            .kv_head_begin = a.kv_head_begin,
+                            .kv_heads = a.KvHeads(),
+                            .scale = a.scale,
+                            .softcap = a.softcap,
+                            .window = a.window,
+                            .seqs = reinterpret_cast<const DeviceSeq*>(a.seqs),
+                            .num_seqs = a.num_seqs};
+    Launched(LaunchPagedAttention(p, stream_), "PagedAttention");
+  }
   void KvStore(const KvStoreArgs& a) override {
-    const KvLayout& l = a.layout;
-    const KvPoolShape shape{.element = l.dtype == DType::kBF16  ? KvPoolShape::kBF16
-                                       : l.dtype == DType::kF16 ? KvPoolShape::kF16
-                                                                : KvPoolShape::kF32,
-                            .block_size = l.block_size,
-                            .head_dim = l.head_dim,
-                            .block_stride = l.BlockStride(),
-                            .layer_stride = l.LayerStride(),
-                            .kv_stride = l.KvStride(),
-                            .head_stride = l.HeadStride()};
-    Launched(LaunchKvStore(a.k, a.v, a.slots, a.rows, a.kv, shape, a.layer, a.kv_head_begin, a.KvHeads(), stream_),
+    Launched(LaunchKvStore(a.k, a.v, a.slots, a.rows, a.kv, ShapeOf(a.layout), a.layer, a.kv_head_begin,
+                           a.KvHeads(), stream_),
              "KvStore");
   }
   void Add(const float* x, float* y, int64_t n) override { Launched(LaunchAdd(x, y, n, stream_), "Add"); }

@@ -2,8 +2,8 @@
 // whose ops are duet's CUDA kernels (kernels/cuda/*.cu). It runs the GEMM
 // (every weight dtype widened to F32 on the device, then the GEMM seam's F32
 // GEMM), the embedding lookup, RMSNorm, RoPE, the gated activations, Scale,
-// Add, GatherRows, Copy2D and KvStore so far (Implements says which);
-// attention, MoE and the collectives are still to come, so NewBackend does
+// Add, GatherRows, Copy2D, KvStore and PagedAttention so far (Implements
+// says which); MoE and the collectives are still to come, so NewBackend does
 // not offer it to the engine yet.
 //
 //   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::cuda::NewCudaBackend());

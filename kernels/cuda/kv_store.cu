@@ -39,8 +39,7 @@ __global__ void KvStoreKernel(const float* __restrict__ k, const float* __restri
     const int64_t h = rh % heads, r = rh / heads;
     const int64_t slot_id = slots[r];
     const int64_t block = slot_id / s.block_size, slot = slot_id % s.block_size;
-    const int64_t at = block * s.block_stride + layer * s.layer_stride + (head_begin + h) * s.head_stride +
-                       slot * s.head_dim + d;
+    const int64_t at = s.Offset(block, layer, head_begin + h, slot) + d;
     pool[at] = Round<T>(k[e]);
     pool[at + s.kv_stride] = Round<T>(v[e]);
   }

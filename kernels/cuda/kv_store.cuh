@@ -14,21 +14,11 @@
 #define DUET_KERNELS_CUDA_KV_STORE_CUH_
 
 #include "kernels/cuda/cuda_compat.h"
+#include "kernels/cuda/kv_pool.cuh"
 
 #include <cstdint>
 
 namespace duet::kernels::cuda {
-
-// A pool's element type and strides, in elements (kernels/kv_layout.h).
-struct KvPoolShape {
-  enum Element { kF32, kBF16, kF16 } element = kF32;
-  int64_t block_size = 0;
-  int64_t head_dim = 0;
-  int64_t block_stride = 0;
-  int64_t layer_stride = 0;
-  int64_t kv_stride = 0;  // K to V
-  int64_t head_stride = 0;
-};
 
 // Enqueues the op on `stream`; negative sizes give cudaErrorInvalidValue,
 // no rows enqueue nothing.
