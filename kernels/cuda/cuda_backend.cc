@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
@@ -13,6 +14,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_store.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/kv_layout.h"
@@ -105,11 +107,6 @@ class DeviceMemory final : public BufferType {
 
 const BufferType& DeviceBuffer::type() const { return *type_; }
 
-// The ops (kOpNames) the backend runs so far.
-constexpr std::string_view kRuns[] = {"gemm",     "embedding", "rms_norm",        "rope",     "silu_mul",
-                                      "gelu_tanh_mul", "scale",  "paged_attention", "kv_store", "add",
-                                      "gather_rows",   "copy_2d"};
-
 // The attention kernel reads the engine's AttentionSeq array as DeviceSeq.
 static_assert(sizeof(DeviceSeq) == sizeof(AttentionSeq));
 static_assert(offsetof(DeviceSeq, first_row) == offsetof(AttentionSeq, first_row));
@@ -154,12 +151,6 @@ class CudaBackend final : public KernelBackend {
 #else
   std::string Name() const override { return "cuda"; }
 #endif
-  bool Implements(std::string_view op) const override {
-    for (std::string_view runs : kRuns) {
-      if (op == runs) return true;
-    }
-    return false;
-  }
   BufferType& DefaultBufferType() override { return memory_; }
   // Every dtype, as F32 products: the weights widened on the device (bit
   // for bit DequantizeRow's values), then the GEMM seam's F32 GEMM.
@@ -229,21 +220,74 @@ class CudaBackend final : public KernelBackend {
               int64_t cols) override {
     Launched(LaunchCopy2D(src, src_stride, dst, dst_stride, rows, cols, stream_), "Copy2D");
   }
-  absl::Status Moe(const MoeArgs&) override {
-    return absl::UnimplementedError("the CUDA backend runs no mixture of experts yet");
+  // Routing on the device, then every expert's MLP over every row (not yet
+  // grouped GEMMs over the rows that chose it: the host does not see the
+  // choices without waiting for them), each row's outputs kept where it
+  // chose that expert and summed in its order of choice.
+  absl::Status Moe(const MoeArgs& a) override {
+    if (a.rows < 0 || a.num_experts <= 0 || a.top_k <= 0 || a.top_k > a.num_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MoE of ", a.rows, " rows, top ", a.top_k, " of ", a.num_experts, " experts"));
+    }
+    if (a.rows == 0) return absl::OkStatus();
+    const int64_t H = a.hidden(), I = a.inter(), K = a.top_k;
+    const MoeScratch s = MoeScratchFor(a.rows, K, a.num_experts, H, I);
+    uint8_t* sb = static_cast<uint8_t*>(a.scratch);
+    int32_t* expert = reinterpret_cast<int32_t*>(sb + s.expert);
+    float* weight = reinterpret_cast<float*>(sb + s.weight);
+    float* gu = reinterpret_cast<float*>(sb + s.gu);     // [rows][2I] of its [pairs][2I]
+    float* act = reinterpret_cast<float*>(sb + s.act);   // [rows][I]
+    float* y = reinterpret_cast<float*>(sb + s.xs);      // [rows][H]: one expert's outputs
+    float* slots = reinterpret_cast<float*>(sb + s.ys);  // [pairs][H]: each choice's
+    RETURN_IF_ERROR(Check(LaunchMoeRoute(a.scores, a.rows, a.num_experts, K, a.renormalize, expert, weight, stream_),
+                          "MoE routing"));
+    for (int64_t e = 0; e < a.num_experts; ++e) {
+      RETURN_IF_ERROR(Gemm(a.x, a.experts[e].gate_up, nullptr, gu, a.rows, false));
+      SiluMul(gu, act, a.rows, I);
+      RETURN_IF_ERROR(Gemm(act, a.experts[e].down, nullptr, y, a.rows, false));
+      RETURN_IF_ERROR(Check(LaunchMoeGather(y, static_cast<int32_t>(e), expert, a.rows, K, H, slots, stream_),
+                            "MoE gather"));
+    }
+    return Check(LaunchMoeCombine(weight, slots, a.rows, K, H, a.out, stream_), "MoE sum");
   }
-  void AllReduceSum(Communicator&, float*, int64_t) override { Missing("all_reduce_sum"); }
-  void Send(Communicator&, int, const float*, int64_t) override { Missing("send"); }
-  void Recv(Communicator&, int, float*, int64_t) override { Missing("recv"); }
+  // The collectives through host memory, with the communicator's meaning
+  // (the thread communicator in tests; an NCCL communicator on device
+  // memory is not here yet): the stream's work waited for, the floats
+  // copied out, exchanged, and copied back in.
+  void AllReduceSum(Communicator& comm, float* data, int64_t n) override {
+    std::vector<float> host = ToHost(data, n);
+    comm.AllReduceSum(host.data(), n);
+    ToDevice(host, data);
+  }
+  void Send(Communicator& comm, int peer, const float* data, int64_t n) override {
+    comm.Send(peer, ToHost(data, n).data(), n);
+  }
+  void Recv(Communicator& comm, int peer, float* data, int64_t n) override {
+    std::vector<float> host(static_cast<size_t>(n));
+    comm.Recv(peer, host.data(), n);
+    ToDevice(host, data);
+  }
 
  private:
-  [[noreturn]] static void Missing(const char* op) {
-    LOG(FATAL) << "the CUDA backend does not run " << op << " yet (Implements says so)";
-    abort();
-  }
   // A launch error is a bug in the caller's shapes or the launcher: the ops
   // return nothing, so it stops the process with what CUDA said.
   static void Launched(cudaError_t e, const char* op) { CHECK_EQ(e, cudaSuccess) << ErrorText(e, op); }
+
+  std::vector<float> ToHost(const float* data, int64_t n) {
+    std::vector<float> host(static_cast<size_t>(n));
+    if (n > 0) {
+      Launched(cudaMemcpyAsync(host.data(), data, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+               "collective's copy out");
+      Launched(cudaStreamSynchronize(stream_), "collective's copy out");
+    }
+    return host;
+  }
+  // The copy reads `host` before it returns (pageable memory is staged).
+  void ToDevice(const std::vector<float>& host, float* data) {
+    if (host.empty()) return;
+    Launched(cudaMemcpyAsync(data, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+             "collective's copy in");
+  }
 
   // Device scratch, one buffer per use, grown as needed (a buffer is freed
   // only by cudaFree, which waits for the work that reads it).

@@ -1,10 +1,8 @@
 // The CUDA backend: a KernelBackend whose memory is a CUDA device's and
-// whose ops are duet's CUDA kernels (kernels/cuda/*.cu). It runs the GEMM
-// (every weight dtype widened to F32 on the device, then the GEMM seam's F32
-// GEMM), the embedding lookup, RMSNorm, RoPE, the gated activations, Scale,
-// Add, GatherRows, Copy2D, KvStore and PagedAttention so far (Implements
-// says which); MoE and the collectives are still to come, so NewBackend does
-// not offer it to the engine yet.
+// whose ops are duet's CUDA kernels (kernels/cuda/*.cu): every op of the
+// interface, in F32 (the GEMM's weights of any dtype widened to F32 on the
+// device, then the GEMM seam's F32 GEMM; MoE routed on the device, then
+// every expert over every row; the collectives through host memory).
 //
 //   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::cuda::NewCudaBackend());
 //

@@ -44,10 +44,15 @@ __device__ float Element(const DeviceWeights& w, int64_t j, int64_t e) {
   return static_cast<float>(q) * w.scales[j * blocks + b];
 }
 
-__global__ void DequantizeKernel(DeviceWeights w, float* __restrict__ out, int64_t total) {
+// A thread a run of 32 elements of a row (a quantized block), which it
+// widens in order: fewer threads than elements, and each block's scale read once.
+__global__ void DequantizeKernel(DeviceWeights w, float* __restrict__ out, int64_t runs) {
+  const int64_t per_row = (w.k + kBlock - 1) / kBlock;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
-    out[t] = Element(w, t / w.k, t % w.k);
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < runs; t += stride) {
+    const int64_t j = t / per_row, e0 = t % per_row * kBlock;
+    const int64_t e1 = e0 + kBlock < w.k ? e0 + kBlock : w.k;
+    for (int64_t e = e0; e < e1; ++e) out[j * w.k + e] = Element(w, j, e);
   }
 }
 
@@ -73,9 +78,9 @@ bool Valid(const DeviceWeights& w) {
 
 cudaError_t LaunchDequantize(const DeviceWeights& w, float* out, cudaStream_t stream) {
   if (!Valid(w)) return cudaErrorInvalidValue;
-  const int64_t total = w.n * w.k;
-  if (total == 0) return cudaSuccess;
-  DUET_LAUNCH(DequantizeKernel, BlocksFor(total), kThreads, 0, stream)(w, out, total);
+  if (w.n == 0 || w.k == 0) return cudaSuccess;
+  const int64_t runs = w.n * ((w.k + kBlock - 1) / kBlock);
+  DUET_LAUNCH(DequantizeKernel, BlocksFor(runs), kThreads, 0, stream)(w, out, runs);
   return cudaGetLastError();
 }
 

@@ -6,13 +6,15 @@ namespace {
 constexpr int kThreads = 256;
 // Enough blocks to fill a large GPU; each thread strides over the rest.
 constexpr int64_t kMaxBlocks = 4096;
+// Elements per thread (a grid-stride loop's turns): a block's 256 threads
+// read 256 consecutive elements a turn.
+constexpr int64_t kPerThread = 4;
 
 // Blocks for n elements, one per thread up to kMaxBlocks blocks.
 unsigned BlocksFor(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
+  const int64_t b = (n + kPerThread * kThreads - 1) / (kPerThread * kThreads);
   return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
 }
-
 // This thread's first element and the stride of a grid-stride loop.
 __device__ int64_t First() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ int64_t Stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
