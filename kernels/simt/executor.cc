@@ -258,23 +258,37 @@ std::string RunBlock(const char* kernel, dim3 grid, dim3 dim, uint3 idx, uint64_
       return std::move(t.back);
     });
   }
+  // The runnable threads: only Release wakes a thread, so the list is
+  // gathered again only after it, and a thread that stops running (done or
+  // waiting) leaves it by a swap with the last; a draw stays O(1), which a
+  // scan per switch made O(threads).
   std::vector<Thread*> runnable;
+  bool gather = true;
   while (b.fault.empty()) {
-    runnable.clear();
-    for (Thread& t : b.threads) {
-      if (t.state == State::kRunnable) runnable.push_back(&t);
+    if (gather) {
+      runnable.clear();
+      for (Thread& t : b.threads) {
+        if (t.state == State::kRunnable) runnable.push_back(&t);
+      }
+      gather = false;
     }
     if (runnable.empty()) {
       if (std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.state == State::kDone; })) {
         break;
       }
       if (!Release(b) && b.fault.empty()) SetFault(b, Stuck(b));
+      gather = true;
       continue;
     }
-    Thread* t = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(b.rng)];
+    const size_t pick = std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(b.rng);
+    Thread* t = runnable[pick];
     b.current = t;
     t->fiber = std::move(t->fiber).resume();
     b.current = nullptr;
+    if (t->state != State::kRunnable) {
+      runnable[pick] = runnable.back();
+      runnable.pop_back();
+    }
   }
   // Threads still suspended (after a fault) are unwound as their fibers go.
   for (Thread& t : b.threads) t.fiber = ctx::fiber();

@@ -1,0 +1,112 @@
+// The engine on the CUDA backend's kernels run by the SIMT executor
+// (kernels/cuda, kernels/simt): the tiny model of every architecture, its
+// weights, activations and KV pool in emulated device memory, against the
+// same model on the CPU backend: a prompt's logits at every position within
+// 1e-4 (forward_test's measure), and greedy decoding after it giving the
+// same tokens. The device prefills the prompt in chunks (after a cached
+// prefix, past the sliding windows), the CPU whole.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/block_pool.h"
+#include "engine/model.h"
+#include "engine/testing/tiny_model.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace duet {
+namespace {
+
+using engine::BatchSeq;
+using engine::BlockPool;
+using engine::SequenceKv;
+
+constexpr int64_t kBlockSize = 16;
+
+// forward_test's measure: max |got - want| / max |want|.
+double NormalizedError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return diff / scale;
+}
+
+std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
+  std::vector<int32_t> t(n);
+  uint64_t s = seed * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t[i] = static_cast<int32_t>((s >> 33) % vocab);
+  }
+  return t;
+}
+
+struct Engine {
+  Engine(const std::string& dir, kernels::KernelBackendPtr be) : backend(std::move(be)) {
+    auto m = engine::Model::Load(dir, backend.get());
+    REQUIRE(m.ok());
+    model = std::move(*m);
+    pool = std::make_unique<BlockPool>(model->KvLayoutFor(kBlockSize), 16, backend->DefaultBufferType());
+  }
+  // Logits of every position of `prompt` fed in chunks of `chunk`, then
+  // `steps` greedy tokens.
+  void Run(const std::vector<int32_t>& prompt, int chunk, int steps, std::vector<std::vector<float>>& logits,
+           std::vector<int32_t>& generated) {
+    SequenceKv seq(pool.get());
+    REQUIRE(seq.Reserve(prompt.size() + steps).ok());
+    const int64_t vocab = model->config().vocab_size;
+    for (size_t at = 0; at < prompt.size(); at += chunk) {
+      const size_t end = std::min(prompt.size(), at + chunk);
+      BatchSeq b{.tokens = absl::MakeConstSpan(prompt).subspan(at, end - at),
+                 .start_pos = static_cast<int64_t>(at),
+                 .block_table = seq.block_table()};
+      for (size_t i = at; i < end; ++i) b.logit_rows.push_back(static_cast<int32_t>(i - at));
+      auto out = model->Forward({b}, *pool);
+      REQUIRE(out.ok());
+      for (int64_t r = 0; r < out->rows(); ++r) logits.emplace_back(out->row(r), out->row(r) + vocab);
+    }
+    int32_t next = static_cast<int32_t>(std::max_element(logits.back().begin(), logits.back().end()) -
+                                        logits.back().begin());
+    for (int s = 0; s < steps; ++s) {
+      generated.push_back(next);
+      BatchSeq b{.tokens = absl::MakeConstSpan(&generated.back(), 1), .start_pos = static_cast<int64_t>(prompt.size()) + s,
+                 .block_table = seq.block_table(), .logit_rows = {0}};
+      auto out = model->Forward({b}, *pool);
+      REQUIRE(out.ok());
+      next = static_cast<int32_t>(std::max_element(out->row(0), out->row(0) + vocab) - out->row(0));
+    }
+  }
+  kernels::KernelBackendPtr backend;
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<BlockPool> pool;
+};
+
+TEST_CASE("every architecture on the emulated CUDA device: the CPU backend's logits and greedy tokens", "[device]") {
+  for (const char* arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}) {
+    INFO("arch " << arch);
+    const std::string dir = testing::TinyModelDir(arch);
+    auto cuda = kernels::cuda::NewCudaBackend();
+    REQUIRE(cuda.ok());
+    Engine device(dir, *std::move(cuda)), cpu(dir, kernels::NewCpuBackend(2));
+    const auto prompt = Tokens(40, 7, static_cast<int>(cpu.model->config().vocab_size));
+    std::vector<std::vector<float>> want, got;
+    std::vector<int32_t> want_tokens, got_tokens;
+    cpu.Run(prompt, 40, 6, want, want_tokens);
+    device.Run(prompt, 13, 6, got, got_tokens);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("position " << i);
+      CHECK(NormalizedError(got[i], want[i]) <= 1e-4);
+    }
+    CHECK(got_tokens == want_tokens);
+  }
+}
+
+}  // namespace
+}  // namespace duet
