@@ -316,7 +316,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
     for (int r = 0; r < tp; ++r) {
       ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, options.rank_backend
                                                           ? options.rank_backend(threads)
-                                                          : kernels::NewBackend({.threads = threads,
+                                                          : kernels::NewBackend({.kind = options.device,
+                                                                                 .threads = threads,
                                                                                  .cpu_kernels = options.cpu_kernels}));
       std::unique_ptr<Model> shard(new Model());
       shard->dir_ = dir;

@@ -98,6 +98,9 @@ struct LoadOptions {
   // command makes beside the model (kernels/cpu/cpu_backend.h:
   // kInt8Activations is the opt-in integer dots on quantized weights).
   kernels::CpuKernels cpu_kernels = kernels::CpuKernels::kBatchInvariant;
+  // The backend kind (kernels/factory.h) of the ranks' backends and of the
+  // one a command makes beside the model: cpu, cuda or cuda-emulated.
+  std::string device = "cpu";
 };
 
 // --weight-dtype and --kv-dtype: "auto" (nullopt) or a dtype name

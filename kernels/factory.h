@@ -2,11 +2,17 @@
 //
 //   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::NewBackend({.threads = 2}));
 //
-// Kinds: "cpu" (kernels/cpu, AVX2/FMA with scalar fallbacks). "cuda" is
-// named so that asking for it says plainly that it is not built yet.
+// Kinds: "cpu" (kernels/cpu, AVX2/FMA with scalar fallbacks) in every
+// binary; "cuda" (kernels/cuda on a GPU) and "cuda-emulated" (the same
+// kernels on the SIMT executor's emulated device, kernels/simt) where the
+// binary links their registration (kernels/cuda:register_cuda under
+// --config=cuda, :register_cuda_simt otherwise: one binary cannot hold both
+// the CUDA runtime and its emulation). The duet binary links the one its
+// build has.
 #ifndef DUET_KERNELS_FACTORY_H_
 #define DUET_KERNELS_FACTORY_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,8 +27,15 @@ struct BackendOptions {
   CpuKernels cpu_kernels = CpuKernels::kBatchInvariant;
 };
 
-// InvalidArgument for an unknown kind, Unimplemented for one not built.
+// InvalidArgument for an unknown kind, Unimplemented for one this binary
+// does not hold (with the build that has it), else the maker's answer.
 absl::StatusOr<KernelBackendPtr> NewBackend(const BackendOptions& options);
+
+// Makes `kind` available to NewBackend (from a static initializer of a
+// library linked with alwayslink); a second registration of a kind replaces
+// the first.
+using BackendMaker = std::function<absl::StatusOr<KernelBackendPtr>(const BackendOptions&)>;
+bool RegisterBackend(const std::string& kind, BackendMaker make);
 
 }  // namespace duet::kernels
 

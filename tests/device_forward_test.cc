@@ -16,7 +16,7 @@
 #include "engine/model.h"
 #include "engine/testing/tiny_model.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/factory.h"
 
 namespace duet {
 namespace {
@@ -91,8 +91,9 @@ TEST_CASE("every architecture on the emulated CUDA device: the CPU backend's log
   for (const char* arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}) {
     INFO("arch " << arch);
     const std::string dir = testing::TinyModelDir(arch);
-    auto cuda = kernels::cuda::NewCudaBackend();
+    auto cuda = kernels::NewBackend({.kind = "cuda-emulated"});  // as --device cuda-emulated makes it
     REQUIRE(cuda.ok());
+    REQUIRE((*cuda)->Name() == "cuda-simt");
     Engine device(dir, *std::move(cuda)), cpu(dir, kernels::NewCpuBackend(2));
     const auto prompt = Tokens(40, 7, static_cast<int>(cpu.model->config().vocab_size));
     std::vector<std::vector<float>> want, got;

@@ -93,13 +93,13 @@ absl::Status Generate(const FlagSet& f) {
   RETURN_IF_ERROR(opt.Validate());
 
   ASSIGN_OR_RETURN(const engine::LoadOptions load, LoadOptionsFromFlags(f));
-  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.threads = static_cast<int>(f.GetInt("threads")), .cpu_kernels = load.cpu_kernels}));
+  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.kind = load.device, .threads = static_cast<int>(f.GetInt("threads")), .cpu_kernels = load.cpu_kernels}));
   ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, backend.get(), load));
   const int64_t bs = f.GetInt("block-size");
   if (bs <= 0) return absl::InvalidArgumentError("--block-size must be > 0");
   const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opt.max_tokens + 1,
                                            model->config().max_position_embeddings + 1);
-  engine::BlockPool pool(model->KvLayoutFor(bs), (tokens + bs - 1) / bs);
+  engine::BlockPool pool(model->KvLayoutFor(bs), (tokens + bs - 1) / bs, backend->DefaultBufferType());
   ASSIGN_OR_RETURN(engine::GenerateResult r, engine::Generate(*model, pool, prompt, opt));
 
   std::string text;

@@ -54,12 +54,13 @@ absl::Status Run(const FlagSet& f) {
     ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("tiny"));
   }
   ASSIGN_OR_RETURN(const engine::LoadOptions load, LoadOptionsFromFlags(f));
-  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.threads = static_cast<int>(f.GetInt("threads")), .cpu_kernels = load.cpu_kernels}));
+  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.kind = load.device, .threads = static_cast<int>(f.GetInt("threads")), .cpu_kernels = load.cpu_kernels}));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, engine::Model::Load(dir, backend.get(), load));
   const int64_t bs = f.GetInt("block-size");
   const int64_t max_ctx = std::min<int64_t>(model->config().max_position_embeddings, f.GetInt("max-context"));
   const int64_t max_batch = f.GetInt("max-batch");
-  engine::BlockPool pool(model->KvLayoutFor(bs), (max_ctx / bs + 2) * std::max<int64_t>(max_batch, 8));
+  engine::BlockPool pool(model->KvLayoutFor(bs), (max_ctx / bs + 2) * std::max<int64_t>(max_batch, 8),
+                         backend->DefaultBufferType());
   const int reps = static_cast<int>(f.GetInt("reps"));
   // A grid of shapes is timed in `reps` passes, each shape once per pass,
   // and each keeps its median: a slow spell of the machine (this VM's speed

@@ -18,6 +18,10 @@ void AddLoadFlags(FlagSet& f) {
            "the CPU backend's GEMMs on q8, q4 and q4z weights: exact (the F32 product over the dequantized weights) "
            "or int8 (each activation row quantized to int8 in blocks of 32 and integer dot products: faster "
            "decode, not the exact product; both batch-invariant; kernels/README.md gives int8's quality)");
+  f.String("device", "cpu",
+           "the kernel backend: cpu; cuda (a --config=cuda build on a GPU: every op in F32, correctness first, "
+           "kernels/README.md); cuda-emulated (the CUDA kernels on the CPU by the SIMT executor, for tests; slow). "
+           "Not cpu: one rank (no --tp or --pp), and duet serve only in the colocated role");
   f.Int("tp", 1,
         "tensor parallelism: ranks that split the attention heads, the KV heads and the MLP (it must divide each); "
         "on the CPU backend each rank is a thread of this process with --threads / tp threads");
@@ -41,6 +45,16 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   o.tp = static_cast<int>(f.GetInt("tp"));
   o.pp = static_cast<int>(f.GetInt("pp"));
   if (o.tp < 1 || o.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
+  o.device = f.GetString("device");
+  if (o.device != "cpu" && o.device != "cuda" && o.device != "cuda-emulated") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: \"", o.device, "\" is not cpu, cuda or cuda-emulated"));
+  }
+  if (o.device != "cpu" && o.tp * o.pp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", o.device,
+                                                   " runs one rank: tensor and pipeline parallelism run on the CPU "
+                                                   "backend only so far"));
+  }
   // --threads is the process's budget: the tensor-parallel ranks share it
   // (the stages run one after another, so each may use a rank's share).
   if (const int64_t threads = f.GetInt("threads"); threads > 0) {
