@@ -1,6 +1,7 @@
 // The engine on the CUDA backend's kernels run by the SIMT executor
-// (kernels/cuda, kernels/simt): the tiny model of every architecture, its
-// weights, activations and KV pool in emulated device memory, against the
+// (kernels/cuda, kernels/simt; device_forward_gpu_test: on a GPU, by
+// tools/gpu_check.sh): the tiny model of every architecture, its
+// activations and KV pool in (emulated) device memory, against the
 // same model on the CPU backend: a prompt's logits at every position within
 // 1e-4 (forward_test's measure), and greedy decoding after it giving the
 // same tokens. The device prefills the prompt in chunks (after a cached
@@ -27,6 +28,14 @@ using engine::SequenceKv;
 
 constexpr int64_t kBlockSize = 16;
 
+// The backend kind this binary links (tests/BUILD): cuda-emulated, or cuda
+// in the GPU twin.
+#if defined(DUET_TEST_ON_GPU)
+constexpr char kDevice[] = "cuda";
+#else
+constexpr char kDevice[] = "cuda-emulated";
+#endif
+
 // forward_test's measure: max |got - want| / max |want|.
 double NormalizedError(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0, scale = 0;
@@ -37,15 +46,7 @@ double NormalizedError(const std::vector<float>& got, const std::vector<float>& 
   return diff / scale;
 }
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::vector<int32_t> t(n);
-  uint64_t s = seed * 2654435761u + 1;
-  for (int i = 0; i < n; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t[i] = static_cast<int32_t>((s >> 33) % vocab);
-  }
-  return t;
-}
+std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) { return testing::RandomTokens(n, seed, vocab); }
 
 struct Engine {
   Engine(const std::string& dir, kernels::KernelBackendPtr be) : backend(std::move(be)) {
@@ -87,13 +88,13 @@ struct Engine {
   std::unique_ptr<BlockPool> pool;
 };
 
-TEST_CASE("every architecture on the emulated CUDA device: the CPU backend's logits and greedy tokens", "[device]") {
+TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and greedy tokens", "[device]") {
   for (const char* arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}) {
     INFO("arch " << arch);
     const std::string dir = testing::TinyModelDir(arch);
-    auto cuda = kernels::NewBackend({.kind = "cuda-emulated"});  // as --device cuda-emulated makes it
+    auto cuda = kernels::NewBackend({.kind = kDevice});  // as --device makes it
     REQUIRE(cuda.ok());
-    REQUIRE((*cuda)->Name() == "cuda-simt");
+    REQUIRE((*cuda)->Name() == (std::string(kDevice) == "cuda" ? "cuda" : "cuda-simt"));
     Engine device(dir, *std::move(cuda)), cpu(dir, kernels::NewCpuBackend(2));
     const auto prompt = Tokens(40, 7, static_cast<int>(cpu.model->config().vocab_size));
     std::vector<std::vector<float>> want, got;

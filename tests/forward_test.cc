@@ -38,15 +38,7 @@ using testing::NormalizedError;
 constexpr double kTolerance = 1e-4;
 constexpr int64_t kBlockSize = 16;
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::vector<int32_t> t(n);
-  uint64_t s = seed * 2654435761u + 1;
-  for (int i = 0; i < n; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t[i] = static_cast<int32_t>((s >> 33) % vocab);
-  }
-  return t;
-}
+std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) { return testing::RandomTokens(n, seed, vocab); }
 
 std::vector<float> Row(const engine::Logits& l, int64_t i) {
   return std::vector<float>(l.row(i), l.row(i) + l.vocab_size);

@@ -44,4 +44,14 @@ std::string FreshDir(const std::string& name) {
   return dir.string();
 }
 
+std::vector<int32_t> RandomTokens(int n, uint32_t seed, int vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t s = seed * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t[static_cast<size_t>(i)] = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return t;
+}
+
 }  // namespace duet::testing

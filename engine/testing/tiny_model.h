@@ -9,7 +9,9 @@
 #ifndef DUET_ENGINE_TESTING_TINY_MODEL_H_
 #define DUET_ENGINE_TESTING_TINY_MODEL_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace duet::testing {
 
@@ -19,6 +21,9 @@ std::string TinyModelDir(const std::string& arch = "llama");
 
 // A fresh empty directory under the test's temporary folder.
 std::string FreshDir(const std::string& name);
+
+// n token ids below `vocab`, the same for the same seed (a 64-bit LCG).
+std::vector<int32_t> RandomTokens(int n, uint32_t seed, int vocab);
 
 }  // namespace duet::testing
 

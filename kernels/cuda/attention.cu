@@ -2,10 +2,7 @@
 
 #include <climits>
 
-#if !defined(DUET_SIMT)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#endif
+#include "kernels/cuda/device.cuh"
 
 namespace duet::kernels::cuda {
 namespace {
@@ -17,20 +14,6 @@ constexpr int kWarps = 4;  // query rows a block works on at once
 constexpr int kSplit = 4;
 constexpr int kPerLane = static_cast<int>(kMaxHeadDim / kWarpSize);  // dimensions a lane sums
 
-template <typename T>
-__device__ float Widen(T x);
-template <>
-__device__ float Widen<float>(float x) {
-  return x;
-}
-template <>
-__device__ float Widen<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-__device__ float Widen<__half>(__half x) {
-  return __half2float(x);
-}
 
 // blockIdx.x: query head; blockIdx.y: sequence; blockIdx.z and the warp:
 // which of the sequence's rows (row i for i % (kSplit * kWarps) = z * kWarps + warp).

@@ -1,21 +1,11 @@
 #include "kernels/cuda/dequantize.cuh"
 
-#if !defined(DUET_SIMT)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#endif
+#include "kernels/cuda/device.cuh"
 
 namespace duet::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 4096;
 constexpr int64_t kBlock = 32;  // kernels::kQuantBlock
-
-unsigned BlocksFor(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-}
 
 // Element e of row j, as kernels::DequantizeRow computes it.
 __device__ float Element(const DeviceWeights& w, int64_t j, int64_t e) {
@@ -23,9 +13,9 @@ __device__ float Element(const DeviceWeights& w, int64_t j, int64_t e) {
     case DeviceWeights::kF32:
       return static_cast<const float*>(w.values)[j * w.k + e];
     case DeviceWeights::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(w.values)[j * w.k + e]);
+      return Widen(static_cast<const __nv_bfloat16*>(w.values)[j * w.k + e]);
     case DeviceWeights::kF16:
-      return __half2float(static_cast<const __half*>(w.values)[j * w.k + e]);
+      return Widen(static_cast<const __half*>(w.values)[j * w.k + e]);
     default:
       break;
   }
@@ -48,8 +38,7 @@ __device__ float Element(const DeviceWeights& w, int64_t j, int64_t e) {
 // widens in order: fewer threads than elements, and each block's scale read once.
 __global__ void DequantizeKernel(DeviceWeights w, float* __restrict__ out, int64_t runs) {
   const int64_t per_row = (w.k + kBlock - 1) / kBlock;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < runs; t += stride) {
+  for (int64_t t = GridFirst(); t < runs; t += GridStride()) {
     const int64_t j = t / per_row, e0 = t % per_row * kBlock;
     const int64_t e1 = e0 + kBlock < w.k ? e0 + kBlock : w.k;
     for (int64_t e = e0; e < e1; ++e) out[j * w.k + e] = Element(w, j, e);
@@ -58,8 +47,7 @@ __global__ void DequantizeKernel(DeviceWeights w, float* __restrict__ out, int64
 
 __global__ void EmbeddingKernel(DeviceWeights w, const int32_t* __restrict__ ids, float* __restrict__ out,
                                 int64_t total) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
+  for (int64_t t = GridFirst(); t < total; t += GridStride()) {
     const int64_t id = ids[t / w.k];
     out[t] = id >= 0 && id < w.n ? Element(w, id, t % w.k) : 0.0f;
   }
@@ -68,7 +56,8 @@ __global__ void EmbeddingKernel(DeviceWeights w, const int32_t* __restrict__ ids
 bool Valid(const DeviceWeights& w) {
   if (w.n < 0 || w.k < 0 || w.row_bytes < 0) return false;
   if (w.n > 0 && w.k > 0 && w.values == nullptr) return false;
-  const bool quantized = w.dtype == DeviceWeights::kQ8 || w.dtype == DeviceWeights::kQ4 || w.dtype == DeviceWeights::kQ4Z;
+  const bool quantized =
+      w.dtype == DeviceWeights::kQ8 || w.dtype == DeviceWeights::kQ4 || w.dtype == DeviceWeights::kQ4Z;
   if (quantized && w.n > 0 && w.k > 0 && w.scales == nullptr) return false;
   if (w.dtype == DeviceWeights::kQ4Z && w.n > 0 && w.k > 0 && w.zeros == nullptr) return false;
   return w.dtype >= DeviceWeights::kF32 && w.dtype <= DeviceWeights::kQ4Z;

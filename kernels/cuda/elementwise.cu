@@ -1,23 +1,13 @@
 #include "kernels/cuda/elementwise.cuh"
 
+#include "kernels/cuda/device.cuh"
+
 namespace duet::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// Enough blocks to fill a large GPU; each thread strides over the rest.
-constexpr int64_t kMaxBlocks = 4096;
-// Elements per thread (a grid-stride loop's turns): a block's 256 threads
-// read 256 consecutive elements a turn.
+// Elements per thread (a grid-stride loop's turns): a block's threads
+// read consecutive elements each turn.
 constexpr int64_t kPerThread = 4;
-
-// Blocks for n elements, one per thread up to kMaxBlocks blocks.
-unsigned BlocksFor(int64_t n) {
-  const int64_t b = (n + kPerThread * kThreads - 1) / (kPerThread * kThreads);
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-}
-// This thread's first element and the stride of a grid-stride loop.
-__device__ int64_t First() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ int64_t Stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // expf, not __expf: the reference is exact, and the fast one is off by
 // several ulps over the range gates take.
@@ -33,7 +23,7 @@ struct GeluTanh {
 
 template <class Act>
 __global__ void GatedKernel(const float* __restrict__ gu, float* __restrict__ out, int64_t inter, int64_t n) {
-  for (int64_t e = First(); e < n; e += Stride()) {
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) {
     const int64_t r = e / inter, i = e - r * inter;
     const float* g = gu + r * 2 * inter;
     out[e] = Act::Apply(g[i]) * g[inter + i];
@@ -41,20 +31,20 @@ __global__ void GatedKernel(const float* __restrict__ gu, float* __restrict__ ou
 }
 
 __global__ void ScaleKernel(float* x, float s, int64_t n) {
-  for (int64_t e = First(); e < n; e += Stride()) x[e] *= s;
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) x[e] *= s;
 }
 
 __global__ void AddKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
-  for (int64_t e = First(); e < n; e += Stride()) y[e] += x[e];
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) y[e] += x[e];
 }
 
 __global__ void AddBiasKernel(const float* __restrict__ bias, float* __restrict__ c, int64_t cols, int64_t n) {
-  for (int64_t e = First(); e < n; e += Stride()) c[e] += bias[e % cols];
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) c[e] += bias[e % cols];
 }
 
 __global__ void GatherRowsKernel(const float* __restrict__ x, const int32_t* __restrict__ rows, int64_t dim,
                                  int64_t n, float* __restrict__ out) {
-  for (int64_t e = First(); e < n; e += Stride()) {
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) {
     const int64_t i = e / dim, d = e - i * dim;
     out[e] = x[static_cast<int64_t>(rows[i]) * dim + d];
   }
@@ -62,7 +52,7 @@ __global__ void GatherRowsKernel(const float* __restrict__ x, const int32_t* __r
 
 __global__ void Copy2DKernel(const float* __restrict__ src, int64_t src_stride, float* __restrict__ dst,
                              int64_t dst_stride, int64_t cols, int64_t n) {
-  for (int64_t e = First(); e < n; e += Stride()) {
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) {
     const int64_t r = e / cols, c = e - r * cols;
     dst[r * dst_stride + c] = src[r * src_stride + c];
   }
@@ -73,7 +63,7 @@ cudaError_t LaunchGated(const float* gu, float* out, int64_t rows, int64_t inter
   if (rows < 0 || inter < 0) return cudaErrorInvalidValue;
   const int64_t n = rows * inter;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(GatedKernel<Act>, BlocksFor(n), kThreads, 0, stream)(gu, out, inter, n);
+  DUET_LAUNCH(GatedKernel<Act>, BlocksFor(n, kPerThread), kThreads, 0, stream)(gu, out, inter, n);
   return cudaGetLastError();
 }
 
@@ -90,14 +80,14 @@ cudaError_t LaunchGeluTanhMul(const float* gu, float* out, int64_t rows, int64_t
 cudaError_t LaunchScale(float* x, float s, int64_t n, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(ScaleKernel, BlocksFor(n), kThreads, 0, stream)(x, s, n);
+  DUET_LAUNCH(ScaleKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(x, s, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdd(const float* x, float* y, int64_t n, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(AddKernel, BlocksFor(n), kThreads, 0, stream)(x, y, n);
+  DUET_LAUNCH(AddKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(x, y, n);
   return cudaGetLastError();
 }
 
@@ -105,7 +95,7 @@ cudaError_t LaunchAddBias(const float* bias, float* c, int64_t rows, int64_t col
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(AddBiasKernel, BlocksFor(n), kThreads, 0, stream)(bias, c, cols, n);
+  DUET_LAUNCH(AddBiasKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(bias, c, cols, n);
   return cudaGetLastError();
 }
 
@@ -114,7 +104,7 @@ cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t num_ro
   if (num_rows < 0 || dim < 0) return cudaErrorInvalidValue;
   const int64_t n = num_rows * dim;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(GatherRowsKernel, BlocksFor(n), kThreads, 0, stream)(x, rows, dim, n, out);
+  DUET_LAUNCH(GatherRowsKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(x, rows, dim, n, out);
   return cudaGetLastError();
 }
 
@@ -123,7 +113,7 @@ cudaError_t LaunchCopy2D(const float* src, int64_t src_stride, float* dst, int64
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(Copy2DKernel, BlocksFor(n), kThreads, 0, stream)(src, src_stride, dst, dst_stride, cols, n);
+  DUET_LAUNCH(Copy2DKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(src, src_stride, dst, dst_stride, cols, n);
   return cudaGetLastError();
 }
 

@@ -1,30 +1,9 @@
 #include "kernels/cuda/kv_store.cuh"
 
-#if !defined(DUET_SIMT)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#endif
+#include "kernels/cuda/device.cuh"
 
 namespace duet::kernels::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 4096;
-
-template <typename T>
-__device__ T Round(float x);
-template <>
-__device__ float Round<float>(float x) {
-  return x;
-}
-template <>
-__device__ __nv_bfloat16 Round<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-template <>
-__device__ __half Round<__half>(float x) {
-  return __float2half(x);
-}
 
 // One thread per element of the batch's K (and the same one of V), in a
 // grid-stride loop: element e is row e / (heads * head_dim), head (e /
@@ -33,24 +12,21 @@ template <typename T>
 __global__ void KvStoreKernel(const float* __restrict__ k, const float* __restrict__ v,
                               const int32_t* __restrict__ slots, T* __restrict__ pool, KvPoolShape s,
                               int64_t layer, int64_t head_begin, int64_t heads, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) {
     const int64_t d = e % s.head_dim, rh = e / s.head_dim;
     const int64_t h = rh % heads, r = rh / heads;
     const int64_t slot_id = slots[r];
     const int64_t block = slot_id / s.block_size, slot = slot_id % s.block_size;
     const int64_t at = s.Offset(block, layer, head_begin + h, slot) + d;
-    pool[at] = Round<T>(k[e]);
-    pool[at + s.kv_stride] = Round<T>(v[e]);
+    pool[at] = RoundTo<T>(k[e]);
+    pool[at + s.kv_stride] = RoundTo<T>(v[e]);
   }
 }
 
 template <typename T>
 void Launch(const float* k, const float* v, const int32_t* slots, void* pool, const KvPoolShape& s, int64_t layer,
             int64_t head_begin, int64_t heads, int64_t n, cudaStream_t stream) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-  DUET_LAUNCH(KvStoreKernel<T>, blocks, kThreads, 0, stream)(k, v, slots, static_cast<T*>(pool), s, layer,
+  DUET_LAUNCH(KvStoreKernel<T>, BlocksFor(n), kThreads, 0, stream)(k, v, slots, static_cast<T*>(pool), s, layer,
                                                              head_begin, heads, n);
 }
 

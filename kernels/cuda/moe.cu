@@ -1,22 +1,17 @@
 #include "kernels/cuda/moe.cuh"
 
+#include "kernels/cuda/device.cuh"
+
 namespace duet::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 4096;
-// Elements per thread (a grid-stride loop's turns): a block's 256 threads
-// read 256 consecutive elements a turn.
+// Elements per thread (a grid-stride loop's turns): a block's threads
+// read consecutive elements each turn.
 constexpr int64_t kPerThread = 4;
 
-unsigned BlocksFor(int64_t n) {
-  const int64_t b = (n + kPerThread * kThreads - 1) / (kPerThread * kThreads);
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-}
 __global__ void RouteKernel(const float* __restrict__ scores, int64_t rows, int64_t num_experts, int64_t top_k,
                             bool renormalize, int32_t* __restrict__ expert, float* __restrict__ weight) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
+  for (int64_t r = GridFirst(); r < rows; r += GridStride()) {
     const float* s = scores + r * num_experts;
     int32_t* ex = expert + r * top_k;
     float* w = weight + r * top_k;
@@ -45,8 +40,7 @@ __global__ void RouteKernel(const float* __restrict__ scores, int64_t rows, int6
 
 __global__ void GatherKernel(const float* __restrict__ y, int32_t e, const int32_t* __restrict__ expert,
                              int64_t top_k, int64_t hidden, float* __restrict__ slots, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n; t += stride) {
+  for (int64_t t = GridFirst(); t < n; t += GridStride()) {
     const int64_t r = t / hidden, i = t % hidden;
     for (int64_t j = 0; j < top_k; ++j) {
       if (expert[r * top_k + j] == e) slots[(r * top_k + j) * hidden + i] = y[t];
@@ -56,8 +50,7 @@ __global__ void GatherKernel(const float* __restrict__ y, int32_t e, const int32
 
 __global__ void CombineKernel(const float* __restrict__ weight, const float* __restrict__ slots, int64_t top_k,
                               int64_t hidden, float* __restrict__ out, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n; t += stride) {
+  for (int64_t t = GridFirst(); t < n; t += GridStride()) {
     const int64_t r = t / hidden, i = t % hidden;
     float o = 0.0f;
     for (int64_t j = 0; j < top_k; ++j) o = fmaf(weight[r * top_k + j], slots[(r * top_k + j) * hidden + i], o);
@@ -81,7 +74,7 @@ cudaError_t LaunchMoeGather(const float* y, int32_t e, const int32_t* expert, in
   if (rows < 0 || top_k <= 0 || hidden < 0) return cudaErrorInvalidValue;
   const int64_t n = rows * hidden;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(GatherKernel, BlocksFor(n), kThreads, 0, stream)(y, e, expert, top_k, hidden, slots, n);
+  DUET_LAUNCH(GatherKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(y, e, expert, top_k, hidden, slots, n);
   return cudaGetLastError();
 }
 
@@ -90,7 +83,7 @@ cudaError_t LaunchMoeCombine(const float* weight, const float* slots, int64_t ro
   if (rows < 0 || top_k <= 0 || hidden < 0) return cudaErrorInvalidValue;
   const int64_t n = rows * hidden;
   if (n == 0) return cudaSuccess;
-  DUET_LAUNCH(CombineKernel, BlocksFor(n), kThreads, 0, stream)(weight, slots, top_k, hidden, out, n);
+  DUET_LAUNCH(CombineKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(weight, slots, top_k, hidden, out, n);
   return cudaGetLastError();
 }
 
