@@ -230,9 +230,12 @@ void ScaleCase(Env& env) {
 
 void PagedAttentionCase(Env& env) {
   Device dev(env.be);
-  for (DType kv_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+  // Head dim 16 in every KV dtype and mode; 128 (a real model's, four
+  // dimensions a lane in the CUDA kernel) in f32 and bf16.
+  for (auto [kv_dtype, hd] : std::vector<std::pair<DType, int64_t>>{
+           {DType::kF32, 16}, {DType::kBF16, 16}, {DType::kF16, 16}, {DType::kF32, 128}, {DType::kBF16, 128}}) {
     if (!env.be.SupportsKv(kv_dtype)) continue;
-    const KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = 16, .dtype = kv_dtype};
+    const KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = hd, .dtype = kv_dtype};
     const int num_blocks = 80;  // Tables: 6, 4, 8 and 48 blocks from table_at.
     const std::vector<uint8_t> pool = PoolOf(l, Random(num_blocks * l.BlockStride(), 11));
     std::vector<int32_t> tables(num_blocks);
@@ -254,10 +257,10 @@ void PagedAttentionCase(Env& env) {
     const void* kv = dev.Put(pool);
     const int rows = 169;
     for (auto [nq, head_begin, heads] : std::vector<std::tuple<int, int, int>>{{6, 0, 0}, {3, 1, 1}}) {
-      const auto q = Random(static_cast<size_t>(rows * nq * 16), 12);
+      const auto q = Random(static_cast<size_t>(rows * nq * hd), 12);
       for (auto [window, softcap] : std::vector<std::pair<int64_t, float>>{{0, 0.0f}, {5, 0.0f}, {0, 1.5f}}) {
-        INFO("KV " << DTypeName(kv_dtype) << " window " << window << " softcap " << softcap << " heads " << head_begin
-                   << "+" << heads);
+        INFO("KV " << DTypeName(kv_dtype) << " head dim " << hd << " window " << window << " softcap " << softcap
+                   << " heads " << head_begin << "+" << heads);
         PagedAttentionArgs args{.layout = l, .layer = 1, .num_q_heads = nq, .scale = 0.25f, .softcap = softcap,
                                 .window = window,
                                 .num_seqs = static_cast<int64_t>(seqs.size()), .kv_head_begin = head_begin,

@@ -76,7 +76,8 @@ struct Engine {
                                         logits.back().begin());
     for (int s = 0; s < steps; ++s) {
       generated.push_back(next);
-      BatchSeq b{.tokens = absl::MakeConstSpan(&generated.back(), 1), .start_pos = static_cast<int64_t>(prompt.size()) + s,
+      BatchSeq b{.tokens = absl::MakeConstSpan(&generated.back(), 1),
+                 .start_pos = static_cast<int64_t>(prompt.size()) + s,
                  .block_table = seq.block_table(), .logit_rows = {0}};
       auto out = model->Forward({b}, *pool);
       REQUIRE(out.ok());

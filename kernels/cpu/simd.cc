@@ -288,7 +288,8 @@ struct Q4Row {
   // Block b's 32 nibbles q (0..15), as bytes in element order: its 16
   // bytes in both halves of the register, the upper half shifted by 4.
   DUET_AVX2 __m256i LoadNibbles(int64_t b) const {
-    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2)));
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kQuantBlock / 2));
+    const __m256i v = _mm256_broadcastsi128_si256(bytes);
     return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
   }
   // Block b's 32 integers q - zero (in [-16, 15]), as int8.
