@@ -264,8 +264,8 @@ absl::Status Run(const FlagSet& f) {
                 pts.size(), errs[errs.size() / 2] * 100, worst * 100);
   };
   const std::string name = std::filesystem::path(dir).filename().string();
-  std::printf("duet profile: %s on this machine's CPU backend, %lld thread(s), ms per batch\n", name.c_str(),
-              static_cast<long long>(f.GetInt("threads")));
+  std::printf("duet profile: %s on this machine's %s backend, %lld thread(s), ms per batch\n", name.c_str(),
+              load.device.c_str(), static_cast<long long>(f.GetInt("threads")));
   report("prefill ms = a + b sum(l) + c sum(l^2)", prefill, fit.prefill);
   if (fit.threshold == placement::kOneDecodeRegime) {
     report("decode  ms = a + b sum(context) + c batch", decode, fit.decode_small);
