@@ -316,9 +316,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
     for (int r = 0; r < tp; ++r) {
       ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, options.rank_backend
                                                           ? options.rank_backend(threads)
-                                                          : kernels::NewBackend({.kind = options.device,
-                                                                                 .threads = threads,
-                                                                                 .cpu_kernels = options.cpu_kernels}));
+                                                          : kernels::NewBackend(options.Backend(threads)));
       std::unique_ptr<Model> shard(new Model());
       shard->dir_ = dir;
       shard->config_ = c;

@@ -61,6 +61,7 @@
 #include "kernels/communicator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
+#include "kernels/factory.h"
 
 namespace duet::engine {
 
@@ -101,6 +102,10 @@ struct LoadOptions {
   // The backend kind (kernels/factory.h) of the ranks' backends and of the
   // one a command makes beside the model: cpu, cuda or cuda-emulated.
   std::string device = "cpu";
+  // NewBackend's options for the backend above with `threads` threads.
+  kernels::BackendOptions Backend(int threads) const {
+    return {.kind = device, .threads = threads, .cpu_kernels = cpu_kernels};
+  }
 };
 
 // --weight-dtype and --kv-dtype: "auto" (nullopt) or a dtype name

@@ -46,7 +46,7 @@ double NormalizedError(const std::vector<float>& got, const std::vector<float>& 
   return diff / scale;
 }
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) { return testing::RandomTokens(n, seed, vocab); }
+using testing::RandomTokens;
 
 struct Engine {
   Engine(const std::string& dir, kernels::KernelBackendPtr be) : backend(std::move(be)) {
@@ -97,7 +97,7 @@ TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and g
     REQUIRE(cuda.ok());
     REQUIRE((*cuda)->Name() == (std::string(kDevice) == "cuda" ? "cuda" : "cuda-simt"));
     Engine device(dir, *std::move(cuda)), cpu(dir, kernels::NewCpuBackend(2));
-    const auto prompt = Tokens(40, 7, static_cast<int>(cpu.model->config().vocab_size));
+    const auto prompt = RandomTokens(40, 7, static_cast<int>(cpu.model->config().vocab_size));
     std::vector<std::vector<float>> want, got;
     std::vector<int32_t> want_tokens, got_tokens;
     cpu.Run(prompt, 40, 6, want, want_tokens);

@@ -38,7 +38,7 @@ using testing::NormalizedError;
 constexpr double kTolerance = 1e-4;
 constexpr int64_t kBlockSize = 16;
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) { return testing::RandomTokens(n, seed, vocab); }
+using testing::RandomTokens;
 
 std::vector<float> Row(const engine::Logits& l, int64_t i) {
   return std::vector<float>(l.row(i), l.row(i) + l.vocab_size);
@@ -73,7 +73,7 @@ TEST_CASE("one prompt: logits at every position match the reference", "[forward]
     INFO("arch " << arch);
     Fixture f(arch);
     // 60 tokens: longer than the mistral window (24), spanning 4 blocks.
-    auto tokens = Tokens(60, 1, static_cast<int>(f.model->config().vocab_size));
+    auto tokens = RandomTokens(60, 1, static_cast<int>(f.model->config().vocab_size));
     SequenceKv seq(f.pool.get());
     REQUIRE(seq.Reserve(tokens.size()).ok());
     BatchSeq b{.tokens = tokens, .start_pos = 0, .block_table = seq.block_table()};
@@ -95,8 +95,8 @@ TEST_CASE("a batch of prompts of different lengths matches each prompt alone", "
     INFO("arch " << arch);
     Fixture f(arch);
     const int vocab = static_cast<int>(f.model->config().vocab_size);
-    std::vector<std::vector<int32_t>> prompts = {Tokens(5, 2, vocab), Tokens(33, 3, vocab),
-                                                 Tokens(17, 4, vocab), Tokens(1, 5, vocab)};
+    std::vector<std::vector<int32_t>> prompts = {RandomTokens(5, 2, vocab), RandomTokens(33, 3, vocab),
+                                                 RandomTokens(17, 4, vocab), RandomTokens(1, 5, vocab)};
     std::vector<SequenceKv> seqs;
     std::vector<BatchSeq> batch;
     for (auto& p : prompts) {
@@ -124,7 +124,7 @@ TEST_CASE("chunked prefill then 20 decode steps match the reference", "[forward]
     INFO("arch " << arch);
     Fixture f(arch);
     const int vocab = static_cast<int>(f.model->config().vocab_size);
-    std::vector<int32_t> tokens = Tokens(45, 6, vocab);
+    std::vector<int32_t> tokens = RandomTokens(45, 6, vocab);
     SequenceKv seq(f.pool.get());
     // Chunks of 13, 13, 13, 6: boundaries fall inside blocks.
     engine::Logits last;
@@ -162,8 +162,8 @@ TEST_CASE("two sequences sharing prefix blocks by reference count", "[forward]")
     Fixture f(arch);
     const int vocab = static_cast<int>(f.model->config().vocab_size);
     const int64_t free0 = f.pool->num_free();
-    auto prefix = Tokens(32, 7, vocab);  // Two full blocks.
-    auto tail_a = Tokens(9, 8, vocab), tail_b = Tokens(14, 9, vocab);
+    auto prefix = RandomTokens(32, 7, vocab);  // Two full blocks.
+    auto tail_a = RandomTokens(9, 8, vocab), tail_b = RandomTokens(14, 9, vocab);
     {
       SequenceKv a(f.pool.get()), b(f.pool.get());
       REQUIRE(a.Reserve(32).ok());
@@ -198,7 +198,7 @@ TEST_CASE("a window-sized decode on mistral differs from full attention", "[forw
   // change the logits, or the window cases above would prove nothing.
   Fixture f("mistral");
   REQUIRE(f.model->config().layer_window[0] == 24);
-  auto tokens = Tokens(60, 1, static_cast<int>(f.model->config().vocab_size));
+  auto tokens = RandomTokens(60, 1, static_cast<int>(f.model->config().vocab_size));
   auto windowed = f.ref.Logits(tokens).back();
   testing::ReferenceModel full(f.dir);
   // Same weights, no window: patch the config copy the reference holds.
@@ -233,7 +233,7 @@ TEST_CASE("decode rows keep their bits at every batch size, 1 to 9 and 33: exper
     std::vector<std::vector<int32_t>> toks;
     for (int s = 0; s < kSeqs; ++s) {
       seqs.emplace_back(&pool);
-      toks.push_back(Tokens(kPrompt + 1, 100 + s, vocab));
+      toks.push_back(RandomTokens(kPrompt + 1, 100 + s, vocab));
       REQUIRE(seqs.back().Reserve(kPrompt + 1).ok());
       BatchSeq b{.tokens = absl::MakeConstSpan(toks.back()).first(kPrompt), .start_pos = 0,
                  .block_table = seqs.back().block_table()};
@@ -278,7 +278,7 @@ std::vector<std::vector<float>> AllLogits(Fixture& f, const std::vector<int32_t>
 TEST_CASE("every weight dtype: the logits match the reference on the same dequantized weights", "[forward]") {
   for (const char* arch : kArchs) {
     Fixture f32(arch, kernels::DType::kF32);
-    const auto tokens = Tokens(60, 1, static_cast<int>(f32.model->config().vocab_size));
+    const auto tokens = RandomTokens(60, 1, static_cast<int>(f32.model->config().vocab_size));
     const auto base = AllLogits(f32, tokens);
     for (kernels::DType dtype : {kernels::DType::kBF16, kernels::DType::kF16, kernels::DType::kQ8,
                                  kernels::DType::kQ4, kernels::DType::kQ4Z}) {
@@ -315,7 +315,7 @@ TEST_CASE("int8 activations: drift from F32 of the exact kernels' order on the s
           "[forward]") {
   for (const char* arch : kArchs) {
     Fixture f32(arch, kernels::DType::kF32);
-    const auto tokens = Tokens(60, 1, static_cast<int>(f32.model->config().vocab_size));
+    const auto tokens = RandomTokens(60, 1, static_cast<int>(f32.model->config().vocab_size));
     const auto base = AllLogits(f32, tokens);
     for (kernels::DType dtype : {kernels::DType::kQ8, kernels::DType::kQ4}) {
       INFO("arch " << arch << ", " << kernels::DTypeName(dtype));
@@ -398,7 +398,7 @@ TEST_CASE("a multimodal Gemma-3 checkpoint serves its text model: the text model
   auto mm = engine::Model::Load(dir, be.get());
   REQUIRE(mm.ok());
   BlockPool pool((*mm)->KvLayoutFor(kBlockSize), 64);
-  const auto tokens = Tokens(40, 3, static_cast<int>((*mm)->config().vocab_size));
+  const auto tokens = RandomTokens(40, 3, static_cast<int>((*mm)->config().vocab_size));
   SequenceKv seq(&pool);
   REQUIRE(seq.Reserve(tokens.size()).ok());
   BatchSeq b{.tokens = tokens, .start_pos = 0, .block_table = seq.block_table(), .logit_rows = {39}};
@@ -447,7 +447,7 @@ TEST_CASE("yarn RoPE scaling (Qwen3's long context) on the tiny qwen3 matches th
   const std::string dir = Variant("qwen3", "qwen3-yarn",
                                   {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0},
                                                      {"original_max_position_embeddings", 32}}}});
-  const auto tokens = Tokens(60, 5, 1000);
+  const auto tokens = RandomTokens(60, 5, 1000);
   const auto got = PrefillLogits(dir, tokens);
   const auto want = testing::ReferenceModel(dir).Logits(tokens);
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -464,7 +464,7 @@ TEST_CASE("soft-capping (Gemma-2's fields on the tiny gemma3_text): logits and a
   // Caps near the values they meet, so both change what they cap.
   const std::string dir =
       Variant("gemma3_text", "gemma3-softcap", {{"final_logit_softcapping", 2.0}, {"attn_logit_softcapping", 1.0}});
-  const auto tokens = Tokens(50, 4, 1000);
+  const auto tokens = RandomTokens(50, 4, 1000);
   const auto got = PrefillLogits(dir, tokens);
   const auto want = testing::ReferenceModel(dir).Logits(tokens);
   const auto uncapped = testing::ReferenceModel(testing::TinyModelDir("gemma3_text")).Logits(tokens);
@@ -505,7 +505,7 @@ struct Run {
 Run RunSteps(engine::Model& m, const Run* feed, kernels::BufferType& pool_memory = kernels::HostMemoryType()) {
   const int vocab = static_cast<int>(m.config().vocab_size);
   BlockPool pool(m.KvLayoutFor(kBlockSize), 32, pool_memory);
-  std::vector<std::vector<int32_t>> toks = {Tokens(50, 11, vocab), Tokens(21, 12, vocab)};
+  std::vector<std::vector<int32_t>> toks = {RandomTokens(50, 11, vocab), RandomTokens(21, 12, vocab)};
   SequenceKv a(&pool), b(&pool);
   SequenceKv* seqs[2] = {&a, &b};
   Run run;

@@ -93,7 +93,8 @@ absl::Status Generate(const FlagSet& f) {
   RETURN_IF_ERROR(opt.Validate());
 
   ASSIGN_OR_RETURN(const engine::LoadOptions load, LoadOptionsFromFlags(f));
-  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.kind = load.device, .threads = static_cast<int>(f.GetInt("threads")), .cpu_kernels = load.cpu_kernels}));
+  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend,
+                   kernels::NewBackend(load.Backend(static_cast<int>(f.GetInt("threads")))));
   ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, backend.get(), load));
   const int64_t bs = f.GetInt("block-size");
   if (bs <= 0) return absl::InvalidArgumentError("--block-size must be > 0");

@@ -54,7 +54,8 @@ absl::Status Run(const FlagSet& f) {
     ASSIGN_OR_RETURN(dir, testing::EnsureCachedModel("tiny"));
   }
   ASSIGN_OR_RETURN(const engine::LoadOptions load, LoadOptionsFromFlags(f));
-  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend, kernels::NewBackend({.kind = load.device, .threads = static_cast<int>(f.GetInt("threads")), .cpu_kernels = load.cpu_kernels}));
+  ASSIGN_OR_RETURN(kernels::KernelBackendPtr backend,
+                   kernels::NewBackend(load.Backend(static_cast<int>(f.GetInt("threads")))));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, engine::Model::Load(dir, backend.get(), load));
   const int64_t bs = f.GetInt("block-size");
   const int64_t max_ctx = std::min<int64_t>(model->config().max_position_embeddings, f.GetInt("max-context"));

@@ -18,7 +18,7 @@ absl::StatusOr<EngineResources> LoadEngine(const EngineOptions& o) {
   if (o.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (o.token_budget < 1) return absl::InvalidArgumentError("the token budget (--max-batch-tokens) must be >= 1");
   EngineResources r;
-  ASSIGN_OR_RETURN(r.backend, kernels::NewBackend({.kind = o.load.device, .threads = o.threads, .cpu_kernels = o.load.cpu_kernels}));
+  ASSIGN_OR_RETURN(r.backend, kernels::NewBackend(o.load.Backend(o.threads)));
   ASSIGN_OR_RETURN(r.model, engine::Model::Load(o.model_dir, r.backend.get(), o.load));
   const kernels::KvLayout layout = r.model->KvLayoutFor(o.block_size);
   const int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : engine::BlockPool::BlocksForBytes(layout, o.kv_memory_bytes);

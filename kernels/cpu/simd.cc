@@ -1054,10 +1054,14 @@ DUET_AVX2 inline void Int8TileAvx2(const Int8Acts& a, const Row* rows, float* c,
       __m256i p[C];
       if constexpr (kNibbles) {
         const __m256i s8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.s8 + (r * a.blocks + b) * 8));
-        for (int j = 0; j < C; ++j) p[j] = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], x), ones), s8);
+        for (int j = 0; j < C; ++j) {
+          p[j] = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], x), ones), s8);
+        }
       } else {
         const __m256i ax = _mm256_sign_epi8(x, x);
-        for (int j = 0; j < C; ++j) p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[j], x)), ones);
+        for (int j = 0; j < C; ++j) {
+          p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wq[j], x)), ones);
+        }
       }
       for (int j = 0; j < C; ++j) {
         acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[j]), _mm256_mul_ps(dx, ws[j]), acc[r][j]);

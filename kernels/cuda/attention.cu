@@ -14,7 +14,6 @@ constexpr int kWarps = 4;  // query rows a block works on at once
 constexpr int kSplit = 4;
 constexpr int kPerLane = static_cast<int>(kMaxHeadDim / kWarpSize);  // dimensions a lane sums
 
-
 // blockIdx.x: query head; blockIdx.y: sequence; blockIdx.z and the warp:
 // which of the sequence's rows (row i for i % (kSplit * kWarps) = z * kWarps + warp).
 // A chunk's 32 scores and then their weights pass through shared memory
