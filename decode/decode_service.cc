@@ -35,15 +35,17 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
   s->transport_ = std::move(options.transport);
   s->options_ = std::move(options);
   engine::BlockPool& pool = *s->engine_.pool;
-  // The pool is a pull destination only: no epochs (those guard exports).
-  ASSIGN_OR_RETURN(s->region_,
-                   s->transport_->RegisterRegion(pool.region_base(), static_cast<uint64_t>(pool.bytes()), 0));
+  // The pool (or its host mirror) is a pull destination only: no epochs
+  // (those guard exports).
+  ASSIGN_OR_RETURN(s->transfer_, engine::TransferRegion::For(&pool));
+  ASSIGN_OR_RETURN(s->region_, s->transport_->RegisterRegion(s->transfer_->base(), s->transfer_->bytes(), 0));
   s->layout_ = kvtransfer::WholeModelLayout(pool.layout());
   s->puller_ = std::make_unique<KvPuller>(KvPuller::Options{.transport = s->transport_.get(),
                                                             .local_region = s->region_,
                                                             .local_layout = s->layout_,
                                                             .timeout = s->options_.pull_timeout,
-                                                            .sink = sink});
+                                                            .sink = sink,
+                                                            .landing = s->transfer_.get()});
   s->loop_ = std::make_unique<EngineLoop>(
       s->engine_.model.get(), &pool, s->puller_.get(), sink,
       EngineLoopOptions{.role = proto::ROLE_DECODE,

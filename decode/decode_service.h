@@ -73,6 +73,7 @@ class DecodeService : public worker::WorkerService {
   worker::FrameSink* sink_ = nullptr;
   worker::EngineResources engine_;
   kvtransfer::KvTransportPtr transport_;  // After the pool: destroyed before it.
+  std::unique_ptr<engine::TransferRegion> transfer_;  // What the transport writes: the pool or its host mirror.
   kvtransfer::RegionId region_ = 0;
   proto::KvLayout layout_;
   std::unique_ptr<KvPuller> puller_;

@@ -67,6 +67,7 @@ absl::Status KvPuller::Start(uint64_t request_id, absl::Span<const int32_t> bloc
   absl::StatusOr<kvtransfer::TransferId> id = options_.transport->Pull(req);
   if (!id.ok()) return fail(id.status(), "start");
   p.transfer = *id;
+  p.dst = std::move(dst);
   // One Poll now tells the transport nobody will Wait for this pull, so it
   // copies it in the background at once. Otherwise a same-host pull waits
   // for the engine's next Poll (a step later) or the progress thread's idle
@@ -87,6 +88,12 @@ std::optional<absl::Status> KvPuller::Poll(uint64_t request_id) {
   if (!r.has_value()) return std::nullopt;
   const proto::KvHandle handle = std::move(it->second.handle);
   const int64_t num_blocks = it->second.num_blocks;
+  if (r->state == kvtransfer::TransferState::kDone && options_.landing != nullptr) {
+    if (absl::Status landed = options_.landing->Land(it->second.dst); !landed.ok()) {
+      Release(request_id, handle, /*pulled=*/true);
+      return absl::InternalError(absl::StrCat("KV pull failed: landing the blocks: ", landed.message()));
+    }
+  }
   if (r->state == kvtransfer::TransferState::kDone) {
     bytes_moved_.fetch_add(r->bytes, std::memory_order_relaxed);
     blocks_transferred_.fetch_add(num_blocks, std::memory_order_relaxed);

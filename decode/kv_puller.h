@@ -25,10 +25,12 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "decode/kv_importer.h"
+#include "engine/block_pool.h"
 #include "kvtransfer/layout_proto.h"
 #include "kvtransfer/transport.h"
 #include "proto/control.pb.h"
@@ -44,6 +46,10 @@ class KvPuller : public KvImporter {
     proto::KvLayout local_layout;
     absl::Duration timeout = absl::Seconds(5);
     worker::FrameSink* sink = nullptr;  // For KvReleased.
+    // Where local_region is when it is not the pool itself (a device pool's
+    // host mirror): pulled blocks land in the pool from there. Null: the
+    // region is the pool.
+    engine::TransferRegion* landing = nullptr;
   };
   explicit KvPuller(Options options);
 
@@ -65,6 +71,7 @@ class KvPuller : public KvImporter {
     // pull already had it (the transport has forgotten the id then).
     std::optional<kvtransfer::TransferResult> ended;
     int64_t num_blocks = 0;  // Blocks that hold the handle's positions.
+    std::vector<int32_t> dst;  // This pool's blocks the pull fills.
   };
   // Tells the prefill it may reuse the blocks (best effort) and forgets the request.
   void Release(uint64_t request_id, const proto::KvHandle& handle, bool pulled);

@@ -55,6 +55,38 @@ absl::Status BlockPool::CopyBlock(int32_t src, int32_t dst) {
   return src == dst ? absl::OkStatus() : data_->CopyFrom(*data_, from, to, block_bytes());
 }
 
+absl::StatusOr<std::unique_ptr<TransferRegion>> TransferRegion::For(BlockPool* pool) {
+  kernels::BufferPtr mirror;
+  if (!pool->buffer().type().IsHost()) {
+    ASSIGN_OR_RETURN(mirror, kernels::HostMemoryType().Allocate(std::max<int64_t>(pool->bytes(), 1),
+                                                                "the KV pool's host mirror"));
+  }
+  return std::unique_ptr<TransferRegion>(new TransferRegion(pool, std::move(mirror)));
+}
+
+void* TransferRegion::base() const { return mirror_ != nullptr ? mirror_->base() : pool_->region_base(); }
+
+absl::Status TransferRegion::Stage(absl::Span<const int32_t> blocks) { return Copy(blocks, /*to_mirror=*/true); }
+
+absl::Status TransferRegion::Land(absl::Span<const int32_t> blocks) { return Copy(blocks, /*to_mirror=*/false); }
+
+absl::Status TransferRegion::Copy(absl::Span<const int32_t> blocks, bool to_mirror) {
+  if (mirror_ == nullptr) return absl::OkStatus();
+  const int64_t block_bytes = pool_->block_bytes();
+  uint8_t* host = static_cast<uint8_t*>(mirror_->base());
+  for (size_t i = 0; i < blocks.size();) {
+    size_t run = 1;  // Consecutive blocks move as one copy.
+    while (i + run < blocks.size() && blocks[i + run] == blocks[i] + static_cast<int32_t>(run)) ++run;
+    ASSIGN_OR_RETURN(int64_t first, pool_->BlockOffset(blocks[i]));
+    ASSIGN_OR_RETURN(int64_t last, pool_->BlockOffset(blocks[i + run - 1]));
+    const int64_t n = last + block_bytes - first;
+    RETURN_IF_ERROR(to_mirror ? pool_->buffer().Read(first, host + first, n)
+                              : pool_->buffer().Write(first, host + first, n));
+    i += run;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n) {
   absl::MutexLock lock(&mu_);
   if (n < 0) return absl::InvalidArgumentError("negative block count");

@@ -31,6 +31,8 @@
 
 namespace duet::engine {
 
+class TransferRegion;
+
 class BlockPool {
  public:
   // The storage in `type`'s memory (CHECK-fails where it cannot be had).
@@ -70,6 +72,7 @@ class BlockPool {
   static int64_t BlocksForBytes(const kernels::KvLayout& layout, int64_t bytes);
 
  private:
+  friend class TransferRegion;
   absl::StatusOr<int64_t> BlockOffset(int32_t b) const;
 
   const kernels::KvLayout layout_;
@@ -78,6 +81,41 @@ class BlockPool {
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> refs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Where the KV transports reach a pool. UCX reads and writes host memory,
+// so for a pool in a device's memory (its buffer type is not the host's) a
+// host mirror of every block stands in: the exporter copies a request's
+// blocks out of the device before it offers them (Stage), the importer
+// copies pulled blocks into the device once the pull is done (Land). For a
+// host pool both are no-ops and base() is the pool's own memory.
+//
+//   ASSIGN_OR_RETURN(auto view, TransferRegion::For(&pool));
+//   transport->RegisterRegion(view->base(), view->bytes(), ...);
+//   RETURN_IF_ERROR(view->Stage(blocks));   // before the KV handle leaves
+//
+// A block's mirror is written only while the block holds the KV a lease
+// promises (shared prefix blocks are staged again with the same bytes), so
+// the transports' epochs guard the mirror as they guard the pool. Called
+// from the thread that runs the pool's backend.
+class TransferRegion {
+ public:
+  static absl::StatusOr<std::unique_ptr<TransferRegion>> For(BlockPool* pool);
+
+  void* base() const;
+  uint64_t bytes() const { return static_cast<uint64_t>(pool_->bytes()); }
+  bool mirrored() const { return mirror_ != nullptr; }
+  // Pool -> mirror and mirror -> pool, block by block (runs of consecutive
+  // blocks as one copy); InvalidArgument for a block outside the pool.
+  absl::Status Stage(absl::Span<const int32_t> blocks);
+  absl::Status Land(absl::Span<const int32_t> blocks);
+
+ private:
+  TransferRegion(BlockPool* pool, kernels::BufferPtr mirror) : pool_(pool), mirror_(std::move(mirror)) {}
+  absl::Status Copy(absl::Span<const int32_t> blocks, bool to_mirror);
+
+  BlockPool* pool_;
+  kernels::BufferPtr mirror_;  // null for a host pool
 };
 
 // One sequence's block table. Releases its references when destroyed.

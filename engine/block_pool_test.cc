@@ -2,7 +2,10 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <algorithm>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace duet::engine {
 namespace {
@@ -85,6 +88,73 @@ TEST_CASE("the layout puts one block in one contiguous region", "[block_pool]") 
   REQUIRE(kLayout.Offset(0, 0, 1, 0, 0) == 2 * 4 * 8);
   REQUIRE(kLayout.Offset(0, 0, 0, 1, 3) == 4 * 8 + 3 * 8);
   REQUIRE(BlockPool::BlocksForBytes(kLayout, kLayout.BlockStride() * 4 * 10 + 7) == 10);
+}
+
+// Memory the host addresses but a pool must treat as a device's (IsHost
+// false), as the CUDA backend's is.
+class DeviceLikeBuffer final : public kernels::HostAddressedBuffer {
+ public:
+  DeviceLikeBuffer(const kernels::BufferType* type, int64_t bytes, std::string name)
+      : type_(type), bytes_(static_cast<size_t>(bytes), 0), name_(std::move(name)) {}
+  const kernels::BufferType& type() const override { return *type_; }
+  int64_t bytes() const override { return static_cast<int64_t>(bytes_.size()); }
+  const std::string& name() const override { return name_; }
+  void* base() const override { return const_cast<uint8_t*>(bytes_.data()); }
+
+ private:
+  const kernels::BufferType* type_;
+  std::vector<uint8_t> bytes_;
+  std::string name_;
+};
+
+class DeviceLikeType final : public kernels::BufferType {
+ public:
+  std::string Name() const override { return "device-like"; }
+  bool IsHost() const override { return false; }
+  absl::StatusOr<kernels::BufferPtr> Allocate(int64_t bytes, const std::string& name) override {
+    return std::make_unique<DeviceLikeBuffer>(this, bytes, name);
+  }
+};
+
+TEST_CASE("a device pool reaches the transports through a host mirror, a host pool directly", "[block_pool]") {
+  {
+    BlockPool host(kLayout, 3);
+    auto view = TransferRegion::For(&host);
+    REQUIRE(view.ok());
+    REQUIRE_FALSE((*view)->mirrored());
+    REQUIRE((*view)->base() == host.region_base());
+    REQUIRE((*view)->Stage({0, 2}).ok());
+  }
+  DeviceLikeType type;
+  BlockPool pool(kLayout, 6, type);
+  const int64_t bb = pool.block_bytes();
+  for (int32_t b = 0; b < 6; ++b) {
+    std::vector<uint8_t> bytes(bb, static_cast<uint8_t>(10 + b));
+    REQUIRE(pool.WriteBlock(b, bytes.data()).ok());
+  }
+  auto view = TransferRegion::For(&pool);
+  REQUIRE(view.ok());
+  REQUIRE((*view)->mirrored());
+  REQUIRE((*view)->base() != pool.region_base());
+  REQUIRE((*view)->bytes() == static_cast<uint64_t>(pool.bytes()));
+  const uint8_t* mirror = static_cast<const uint8_t*>((*view)->base());
+  REQUIRE((*view)->Stage({4, 1, 2}).ok());  // A run (1, 2) and a single block.
+  for (int32_t b = 0; b < 6; ++b) {
+    const bool staged = b == 1 || b == 2 || b == 4;
+    INFO("block " << b);
+    REQUIRE(mirror[b * bb] == (staged ? 10 + b : 0));
+    REQUIRE(mirror[b * bb + bb - 1] == (staged ? 10 + b : 0));
+  }
+  // A pull lands bytes in the mirror; Land moves only the blocks it names.
+  uint8_t* landing = static_cast<uint8_t*>((*view)->base());
+  std::fill(landing + 3 * bb, landing + 5 * bb, uint8_t{99});
+  REQUIRE((*view)->Land({3}).ok());
+  std::vector<uint8_t> got(bb);
+  REQUIRE(pool.ReadBlock(3, got.data()).ok());
+  REQUIRE(got == std::vector<uint8_t>(bb, 99));
+  REQUIRE(pool.ReadBlock(4, got.data()).ok());
+  REQUIRE(got == std::vector<uint8_t>(bb, 14));
+  REQUIRE((*view)->Stage({5, 6}).code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

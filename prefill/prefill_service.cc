@@ -62,7 +62,8 @@ absl::Status PrefillService::Init() {
   pool_ = std::move(r.pool);
   const int64_t blocks = pool_->num_blocks();
   kvtransfer::KvTransport& t = *options_.transport;
-  ASSIGN_OR_RETURN(region_, t.RegisterRegion(pool_->region_base(), static_cast<uint64_t>(pool_->bytes()), blocks));
+  ASSIGN_OR_RETURN(transfer_, engine::TransferRegion::For(pool_.get()));
+  ASSIGN_OR_RETURN(region_, t.RegisterRegion(transfer_->base(), transfer_->bytes(), blocks));
   region_registered_ = true;
   ASSIGN_OR_RETURN(region_bytes_, t.ExportRegion(region_));
 
@@ -356,6 +357,15 @@ void PrefillService::Offer(uint64_t id, const proto::Token& token) {
     SendFinish(id, proto::FINISH_ERROR,
                absl::InternalError(absl::StrCat("cannot lease KV blocks: ", lease.status().message())));
     scheduler_->Finish(id);
+    return;
+  }
+  std::vector<int32_t> leased;
+  for (const auto& [block, epoch] : lease->block_epochs) leased.push_back(block);
+  if (absl::Status staged = transfer_->Stage(leased); !staged.ok()) {
+    LOG(ERROR) << "request " << id << ": cannot stage its KV for transfer: " << staged;
+    SendFinish(id, proto::FINISH_ERROR,
+               absl::InternalError(absl::StrCat("cannot stage KV for transfer: ", staged.message())));
+    scheduler_->CancelLease(id);
     return;
   }
   const PrefillSequence* s = scheduler_->Find(id);

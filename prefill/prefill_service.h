@@ -108,6 +108,7 @@ class PrefillService : public worker::WorkerService {
   kernels::KernelBackendPtr backend_;
   std::unique_ptr<engine::Model> model_;
   std::unique_ptr<engine::BlockPool> pool_;
+  std::unique_ptr<engine::TransferRegion> transfer_;  // What the transport reads: the pool or its host mirror.
   kvtransfer::RegionId region_ = 0;
   bool region_registered_ = false;
   std::string region_bytes_;  // ExportRegion(region_), sent in every KvHandle.

@@ -236,13 +236,6 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
   worker::WorkerRuntime runtime(ro);
   std::unique_ptr<worker::WorkerService> service;
   absl::Status s;
-  if ((role == "prefill" || role == "decode") && load.device != "cpu") {
-    // UCX registers the pool as host memory; moving KV out of device memory
-    // (CUDA IPC, NCCL, or host staging) is not wired to the workers yet.
-    std::fprintf(stderr, "duet %s: --device %s serves only as a colocated worker so far (no KV transfer from it)\n",
-                 cmd.c_str(), load.device.c_str());
-    return 1;
-  }
   if (role == "prefill" || role == "decode") {
     auto transport = kvtransfer::NewUcxTransport({});
     if (!transport.ok()) {

@@ -21,7 +21,7 @@ void AddLoadFlags(FlagSet& f) {
   f.String("device", "cpu",
            "the kernel backend: cpu; cuda (a --config=cuda build on a GPU: every op in F32, correctness first, "
            "kernels/README.md); cuda-emulated (the CUDA kernels on the CPU by the SIMT executor, for tests; slow). "
-           "Not cpu: one rank (no --tp or --pp), and duet serve only in the colocated role");
+           "Not cpu: one rank (no --tp or --pp); prefill and decode workers move KV through a host copy of the pool");
   f.Int("tp", 1,
         "tensor parallelism: ranks that split the attention heads, the KV heads and the MLP (it must divide each); "
         "on the CPU backend each rank is a thread of this process with --threads / tp threads");
