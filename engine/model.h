@@ -102,9 +102,11 @@ struct LoadOptions {
   // The backend kind (kernels/factory.h) of the ranks' backends and of the
   // one a command makes beside the model: cpu, cuda or cuda-emulated.
   std::string device = "cpu";
+  // kernels::BackendOptions::deterministic (--deterministic).
+  bool deterministic = false;
   // NewBackend's options for the backend above with `threads` threads.
   kernels::BackendOptions Backend(int threads) const {
-    return {.kind = device, .threads = threads, .cpu_kernels = cpu_kernels};
+    return {.kind = device, .threads = threads, .cpu_kernels = cpu_kernels, .deterministic = deterministic};
   }
 };
 

@@ -25,6 +25,9 @@ struct BackendOptions {
   std::string kind = "cpu";
   int threads = 0;  // CPU: <= 0 means every core this process may run on.
   CpuKernels cpu_kernels = CpuKernels::kBatchInvariant;
+  // A row's output the same bits whatever it is batched with: the CPU
+  // kernels always are; the CUDA backend then takes its fixed-order GEMM.
+  bool deterministic = false;
 };
 
 // InvalidArgument for an unknown kind, Unimplemented for one this binary

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/block_pool.h"
@@ -109,6 +110,32 @@ TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and g
     }
     CHECK(got_tokens == want_tokens);
   }
+}
+
+TEST_CASE("deterministic mode on the CUDA device: a prompt's logits have the same bits however it is chunked",
+          "[device]") {
+  // qwen3_moe: attention and the experts' GEMMs; the prompt's 24 rows in one
+  // call (the fixed-order GEMM's tiled kernel) and in chunks of 5 (its
+  // thread-per-output kernel).
+  const std::string dir = testing::TinyModelDir("qwen3_moe");
+  auto run = [&](bool deterministic, int chunk) {
+    auto be = kernels::NewBackend({.kind = kDevice, .deterministic = deterministic});
+    REQUIRE(be.ok());
+    Engine device(dir, *std::move(be));
+    const auto prompt = RandomTokens(24, 9, static_cast<int>(device.model->config().vocab_size));
+    std::vector<std::vector<float>> logits;
+    std::vector<int32_t> tokens;
+    device.Run(prompt, chunk, 3, logits, tokens);
+    return std::make_pair(logits, tokens);
+  };
+  const auto whole = run(true, 24);
+  const auto chunked = run(true, 5);
+  CHECK(chunked.first == whole.first);  // float ==: the same values at every position
+  CHECK(chunked.second == whole.second);
+#if !defined(DUET_TEST_ON_GPU)
+  // Without it the emulated cuBLAS rounds a row by its call's row count.
+  CHECK(run(false, 5).first != run(false, 24).first);
+#endif
 }
 
 }  // namespace

@@ -22,6 +22,9 @@ void AddLoadFlags(FlagSet& f) {
            "the kernel backend: cpu; cuda (a --config=cuda build on a GPU: every op in F32, correctness first, "
            "kernels/README.md); cuda-emulated (the CUDA kernels on the CPU by the SIMT executor, for tests; slow). "
            "Not cpu: one rank (no --tp or --pp); prefill and decode workers move KV through a host copy of the pool");
+  f.Bool("deterministic",
+         "a request's tokens independent of what it is batched with on every backend: the CPU kernels always "
+         "are; --device cuda then replaces cuBLAS by a fixed-order GEMM kernel (slower: kernels/README.md)");
   f.Int("tp", 1,
         "tensor parallelism: ranks that split the attention heads, the KV heads and the MLP (it must divide each); "
         "on the CPU backend each rank is a thread of this process with --threads / tp threads");
@@ -46,6 +49,7 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   o.pp = static_cast<int>(f.GetInt("pp"));
   if (o.tp < 1 || o.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
   o.device = f.GetString("device");
+  o.deterministic = f.GetBool("deterministic");
   if (o.device != "cpu" && o.device != "cuda" && o.device != "cuda-emulated") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device: \"", o.device, "\" is not cpu, cuda or cuda-emulated"));

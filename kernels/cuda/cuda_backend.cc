@@ -13,6 +13,7 @@
 #include "kernels/cuda/dequantize.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_fixed.cuh"
 #include "kernels/cuda/kv_store.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/rms_norm.cuh"
@@ -140,7 +141,7 @@ DeviceWeights::Type TypeOf(DType d) {
 
 class CudaBackend final : public KernelBackend {
  public:
-  explicit CudaBackend(cudaStream_t stream) : stream_(stream) {}
+  CudaBackend(cudaStream_t stream, const CudaBackendOptions& options) : stream_(stream), options_(options) {}
   ~CudaBackend() override {
     for (BufferPtr& b : scratch_) b.reset();
     cudaStreamDestroy(stream_);
@@ -164,8 +165,12 @@ class CudaBackend final : public KernelBackend {
     if (m == 0 || w.n == 0) return absl::OkStatus();
     float* widened = static_cast<float*>(Scratch(kWidened, w.n * w.k * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(Check(LaunchDequantize(StageWeights(w), widened, stream_), "widening GEMM weights"));
-    GemmArgs g{.m = m, .n = w.n, .k = w.k, .a = a, .b = widened, .c = c, .beta = accumulate ? 1.0f : 0.0f};
-    RETURN_IF_ERROR(Check(cuda::Gemm(g, stream_), "GEMM"));
+    if (options_.deterministic) {
+      RETURN_IF_ERROR(Check(LaunchFixedOrderGemm(a, widened, c, m, w.n, w.k, accumulate, stream_), "GEMM"));
+    } else {
+      GemmArgs g{.m = m, .n = w.n, .k = w.k, .a = a, .b = widened, .c = c, .beta = accumulate ? 1.0f : 0.0f};
+      RETURN_IF_ERROR(Check(cuda::Gemm(g, stream_), "GEMM"));
+    }
     if (bias == nullptr) return absl::OkStatus();
     return Check(LaunchAddBias(StageFloats(kBias, bias, w.n), c, m, w.n, stream_), "GEMM bias");
   }
@@ -328,12 +333,13 @@ class CudaBackend final : public KernelBackend {
 
   DeviceMemory memory_;
   cudaStream_t stream_;
+  const CudaBackendOptions options_;
   BufferPtr scratch_[kSlots];
 };
 
 }  // namespace
 
-absl::StatusOr<KernelBackendPtr> NewCudaBackend() {
+absl::StatusOr<KernelBackendPtr> NewCudaBackend(const CudaBackendOptions& options) {
   int devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
     return absl::UnavailableError(ErrorText(e, "cudaGetDeviceCount"));
@@ -341,7 +347,7 @@ absl::StatusOr<KernelBackendPtr> NewCudaBackend() {
   if (devices == 0) return absl::UnavailableError("cudaGetDeviceCount: no CUDA device visible");
   cudaStream_t stream = nullptr;
   RETURN_IF_ERROR(Check(cudaStreamCreate(&stream), "cudaStreamCreate"));
-  return KernelBackendPtr(std::make_unique<CudaBackend>(stream));
+  return KernelBackendPtr(std::make_unique<CudaBackend>(stream, options));
 }
 
 }  // namespace duet::kernels::cuda

@@ -23,9 +23,17 @@
 
 namespace duet::kernels::cuda {
 
+struct CudaBackendOptions {
+  // Every GEMM (the MoE experts' too) by the fixed-order kernel
+  // (gemm_fixed.cuh) instead of cuBLAS, so a row's bits do not depend on the
+  // rows batched with it; the other ops' reductions are in a fixed order in
+  // both modes (attention: one warp per query row over its keys in order).
+  bool deterministic = false;
+};
+
 // Unavailable where no device is visible (the CUDA build without a GPU);
 // the SIMT build always has its one emulated device.
-absl::StatusOr<KernelBackendPtr> NewCudaBackend();
+absl::StatusOr<KernelBackendPtr> NewCudaBackend(const CudaBackendOptions& options = {});
 
 }  // namespace duet::kernels::cuda
 

@@ -13,7 +13,9 @@ constexpr char kKind[] = "cuda-emulated";
 constexpr char kKind[] = "cuda";
 #endif
 
-const bool registered = RegisterBackend(kKind, [](const BackendOptions&) { return NewCudaBackend(); });
+const bool registered = RegisterBackend(kKind, [](const BackendOptions& o) {
+  return NewCudaBackend({.deterministic = o.deterministic});
+});
 
 }  // namespace
 }  // namespace duet::kernels::cuda
