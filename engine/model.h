@@ -104,9 +104,15 @@ struct LoadOptions {
   std::string device = "cpu";
   // kernels::BackendOptions::deterministic (--deterministic).
   bool deterministic = false;
+  // kernels::BackendOptions::activation_dtype (--activation-dtype).
+  std::optional<kernels::DType> activation_dtype;
   // NewBackend's options for the backend above with `threads` threads.
   kernels::BackendOptions Backend(int threads) const {
-    return {.kind = device, .threads = threads, .cpu_kernels = cpu_kernels, .deterministic = deterministic};
+    return {.kind = device,
+            .threads = threads,
+            .cpu_kernels = cpu_kernels,
+            .deterministic = deterministic,
+            .activation_dtype = activation_dtype};
   }
 };
 

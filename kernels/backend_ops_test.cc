@@ -35,6 +35,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/dtype.h"
 #include "kernels/factory.h"
 #include "kernels/forwarding_backend.h"
 #include "kernels/rope.h"
@@ -474,7 +475,7 @@ std::vector<BackendKind> Backends() {
 #if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
          return absl::UnavailableError("the SIMT executor does not run under ASan");
 #else
-         return cuda::NewCudaBackend();
+         return cuda::NewCudaBackend({.activation_dtype = DType::kF32});  // the reference's arithmetic
 #endif
        },
        false},
@@ -559,7 +560,15 @@ TEST_CASE("deterministic mode: a row's output has the same bits for every batch 
 #if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
          return absl::UnavailableError("the SIMT executor does not run under ASan");
 #else
-         return cuda::NewCudaBackend({.deterministic = true});
+         return cuda::NewCudaBackend({.deterministic = true, .activation_dtype = DType::kF32});
+#endif
+       }},
+      {"cuda bf16",
+       []() -> absl::StatusOr<KernelBackendPtr> {
+#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
+         return absl::UnavailableError("the SIMT executor does not run under ASan");
+#else
+         return cuda::NewCudaBackend({.deterministic = true, .activation_dtype = DType::kBF16});
 #endif
        }},
   };
@@ -649,6 +658,50 @@ TEST_CASE("deterministic mode: a row's output has the same bits for every batch 
     for (int b : kBatches) {
       INFO("MoE, batch of " << b);
       CHECK(FirstDifferentRow(moe(b), moe_all, H).empty());
+    }
+  }
+}
+
+TEST_CASE("BF16 mode: the GEMM is the F32 product of its inputs rounded to BF16, deterministic or not",
+          "[kernels]") {
+#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
+  WARN("the SIMT executor does not run under ASan");
+  return;
+#endif
+  const auto round = [](std::vector<float> v) {
+    for (float& x : v) x = Bf16ToFloat(FloatToBf16(x));
+    return v;
+  };
+  for (bool deterministic : {false, true}) {
+    absl::StatusOr<KernelBackendPtr> be =
+        cuda::NewCudaBackend({.deterministic = deterministic, .activation_dtype = DType::kBF16});
+    if (absl::IsUnavailable(be.status())) {
+      WARN(be.status().message());
+      return;
+    }
+    REQUIRE(be.ok());
+    CHECK((*be)->DefaultKvDType() == DType::kBF16);
+    Device dev(**be);
+    for (DType dtype : kAllDTypes) {
+      for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{1, 70, 37}, {9, 129, 100}, {33, 64, 250}}) {
+        INFO(DTypeName(dtype) << " m=" << m << " n=" << n << " k=" << k << " deterministic " << deterministic);
+        const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 11), a = Random(static_cast<size_t>(m) * k, 12);
+        const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
+        float* c = dev.Put(std::vector<float>(static_cast<size_t>(m * n)));
+        REQUIRE((*be)->Gemm(dev.Put(a), hw.view(), nullptr, c, m, false).ok());
+        // The reference over the rounded values: F32 weights holding
+        // Dequantize's values rounded to BF16.
+        const std::vector<float> w16 = round(Dequantize(hw.view())), a16 = round(a);
+        const HostWeights hw16 = QuantizeWeights(w16.data(), n, k, DType::kF32);
+        std::vector<float> want(static_cast<size_t>(m * n)), exact(want.size());
+        ref::Gemm(a16.data(), hw16.view(), want.data(), m, false);
+        ref::Gemm(a.data(), hw.view(), exact.data(), m, false);
+        const std::vector<float> got = dev.Get(c, want.size());
+        Expect(got, want, 1e-11);
+        // And not the F32 product (the rounding happened): BF16's 8 bits
+        // leave an error near 1e-5 NMSE on these sums.
+        CHECK(testing::Nmse(got, exact) > 1e-8);
+      }
     }
   }
 }

@@ -29,7 +29,13 @@ bool RegisterBackend(const std::string& kind, BackendMaker make) {
 }
 
 absl::StatusOr<KernelBackendPtr> NewBackend(const BackendOptions& options) {
-  if (options.kind == "cpu") return NewCpuBackend(options.threads, options.cpu_kernels);
+  if (options.kind == "cpu") {
+    if (options.activation_dtype.has_value() && *options.activation_dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("the CPU backend computes in f32, not ",
+                                                     DTypeName(*options.activation_dtype), " activations"));
+    }
+    return NewCpuBackend(options.threads, options.cpu_kernels);
+  }
   BackendMaker make;
   {
     Registry& r = Makers();

@@ -13,11 +13,13 @@
 #define DUET_KERNELS_FACTORY_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
 
 namespace duet::kernels {
 
@@ -28,6 +30,9 @@ struct BackendOptions {
   // A row's output the same bits whatever it is batched with: the CPU
   // kernels always are; the CUDA backend then takes its fixed-order GEMM.
   bool deterministic = false;
+  // The activations' dtype: nullopt for the backend's own (the CPU's f32,
+  // CUDA's bf16); the CPU backend takes only f32, CUDA f32 or bf16.
+  std::optional<DType> activation_dtype;
 };
 
 // InvalidArgument for an unknown kind, Unimplemented for one this binary

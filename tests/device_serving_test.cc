@@ -32,7 +32,8 @@ TEST_CASE("an emulated-device prefill feeds a CPU decode and a CPU prefill an em
   const bool device_prefill = GENERATE(true, false);
   INFO((device_prefill ? "cuda-emulated prefill, cpu decode" : "cpu prefill, cuda-emulated decode"));
   const std::string model_dir = TinyModelDir("qwen3");
-  const std::vector<std::string> device = {"--kv-blocks", "128", "--device", "cuda-emulated"};
+  const std::vector<std::string> device = {"--kv-blocks", "128", "--device", "cuda-emulated", "--activation-dtype",
+                                           "f32"};
   const std::vector<std::string> host = {"--kv-blocks", "128"};
   Cluster c;
   REQUIRE(c.Start(model_dir, PrefillDecode(device_prefill ? device : host, device_prefill ? host : device)).ok());

@@ -22,6 +22,10 @@ void AddLoadFlags(FlagSet& f) {
            "the kernel backend: cpu; cuda (a --config=cuda build on a GPU: every op in F32, correctness first, "
            "kernels/README.md); cuda-emulated (the CUDA kernels on the CPU by the SIMT executor, for tests; slow). "
            "Not cpu: one rank (no --tp or --pp); prefill and decode workers move KV through a host copy of the pool");
+  f.String("activation-dtype", "auto",
+           "the activations' dtype: auto (the backend's: f32 on cpu, bf16 on cuda and cuda-emulated) | f32 (the "
+           "CPU's arithmetic, what tests compare with it) | bf16 (cuda: GEMM inputs rounded to bf16 with f32 "
+           "accumulation, bf16 the default KV dtype; the residual stream and the other ops stay f32)");
   f.Bool("deterministic",
          "a request's tokens independent of what it is batched with on every backend: the CPU kernels always "
          "are; --device cuda then replaces cuBLAS by a fixed-order GEMM kernel (slower: kernels/README.md)");
@@ -50,6 +54,16 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   if (o.tp < 1 || o.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
   o.device = f.GetString("device");
   o.deterministic = f.GetBool("deterministic");
+  if (const std::string a = f.GetString("activation-dtype"); a == "f32") {
+    o.activation_dtype = kernels::DType::kF32;
+  } else if (a == "bf16") {
+    if (o.device == "cpu") {
+      return absl::InvalidArgumentError("--activation-dtype bf16: the CPU backend computes in f32 (--device cuda)");
+    }
+    o.activation_dtype = kernels::DType::kBF16;
+  } else if (a != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--activation-dtype: \"", a, "\" is not auto, f32 or bf16"));
+  }
   if (o.device != "cpu" && o.device != "cuda" && o.device != "cuda-emulated") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device: \"", o.device, "\" is not cpu, cuda or cuda-emulated"));

@@ -156,19 +156,37 @@ class CudaBackend final : public KernelBackend {
   // Every dtype, as F32 products: the weights widened on the device (bit
   // for bit DequantizeRow's values), then the GEMM seam's F32 GEMM.
   bool Supports(WeightOp, DType) const override { return true; }
-  DType DefaultKvDType() const override { return DType::kF32; }
+  DType DefaultKvDType() const override { return bf16() ? DType::kBF16 : DType::kF32; }
   bool SupportsKv(DType dtype) const override { return IsKvDType(dtype); }
 
   absl::Status Gemm(const float* a, const WeightMatrix& w, const float* bias, float* c, int64_t m,
                     bool accumulate) override {
     if (m < 0) return absl::InvalidArgumentError(absl::StrCat("a GEMM of ", m, " rows"));
     if (m == 0 || w.n == 0) return absl::OkStatus();
-    float* widened = static_cast<float*>(Scratch(kWidened, w.n * w.k * static_cast<int64_t>(sizeof(float))));
+    const int64_t weights = w.n * w.k, acts = m * w.k;
+    float* widened = static_cast<float*>(Scratch(kWidened, weights * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(Check(LaunchDequantize(StageWeights(w), widened, stream_), "widening GEMM weights"));
     if (options_.deterministic) {
-      RETURN_IF_ERROR(Check(LaunchFixedOrderGemm(a, widened, c, m, w.n, w.k, accumulate, stream_), "GEMM"));
+      // BF16: the inputs' BF16 values, as F32 (their products are exact).
+      const float* x = a;
+      if (bf16()) {
+        float* rounded = static_cast<float*>(Scratch(kActs, acts * static_cast<int64_t>(sizeof(float))));
+        RETURN_IF_ERROR(Check(LaunchRoundThroughBf16(a, rounded, acts, stream_), "rounding GEMM inputs"));
+        RETURN_IF_ERROR(Check(LaunchRoundThroughBf16(widened, widened, weights, stream_), "rounding GEMM weights"));
+        x = rounded;
+      }
+      RETURN_IF_ERROR(Check(LaunchFixedOrderGemm(x, widened, c, m, w.n, w.k, accumulate, stream_), "GEMM"));
     } else {
       GemmArgs g{.m = m, .n = w.n, .k = w.k, .a = a, .b = widened, .c = c, .beta = accumulate ? 1.0f : 0.0f};
+      if (bf16()) {
+        uint16_t* x = static_cast<uint16_t*>(Scratch(kActs, acts * 2));
+        uint16_t* wb = static_cast<uint16_t*>(Scratch(kWeightsBf16, weights * 2));
+        RETURN_IF_ERROR(Check(LaunchToBf16(a, x, acts, stream_), "rounding GEMM inputs"));
+        RETURN_IF_ERROR(Check(LaunchToBf16(widened, wb, weights, stream_), "rounding GEMM weights"));
+        g.a = x;
+        g.b = wb;
+        g.a_type = g.b_type = GemmType::kBF16;
+      }
       RETURN_IF_ERROR(Check(cuda::Gemm(g, stream_), "GEMM"));
     }
     if (bias == nullptr) return absl::OkStatus();
@@ -296,7 +314,8 @@ class CudaBackend final : public KernelBackend {
 
   // Device scratch, one buffer per use, grown as needed (a buffer is freed
   // only by cudaFree, which waits for the work that reads it).
-  enum Slot { kValues, kScales, kZeros, kBias, kWidened, kSlots };
+  enum Slot { kValues, kScales, kZeros, kBias, kWidened, kActs, kWeightsBf16, kSlots };
+  bool bf16() const { return options_.activation_dtype == DType::kBF16; }
   void* Scratch(Slot slot, int64_t bytes) {
     BufferPtr& b = scratch_[slot];
     if (b == nullptr || b->bytes() < bytes) {
@@ -340,6 +359,10 @@ class CudaBackend final : public KernelBackend {
 }  // namespace
 
 absl::StatusOr<KernelBackendPtr> NewCudaBackend(const CudaBackendOptions& options) {
+  if (options.activation_dtype != DType::kF32 && options.activation_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("the CUDA backend's activations are f32 or bf16, not ",
+                                                   DTypeName(options.activation_dtype)));
+  }
   int devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
     return absl::UnavailableError(ErrorText(e, "cudaGetDeviceCount"));

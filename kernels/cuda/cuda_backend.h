@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/dtype.h"
 
 namespace duet::kernels::cuda {
 
@@ -29,6 +30,12 @@ struct CudaBackendOptions {
   // rows batched with it; the other ops' reductions are in a fixed order in
   // both modes (attention: one warp per query row over its keys in order).
   bool deterministic = false;
+  // kBF16: every GEMM's inputs (the activations and the widened weights)
+  // rounded to BF16, F32 accumulation (cuBLAS's tensor cores on a GPU), and
+  // BF16 the default KV dtype; the residual stream and the other ops stay
+  // F32. kF32: F32 throughout (the CPU backend's arithmetic: what tests
+  // compare with it). No other dtype.
+  DType activation_dtype = DType::kBF16;
 };
 
 // Unavailable where no device is visible (the CUDA build without a GPU);

@@ -34,6 +34,14 @@ __global__ void ScaleKernel(float* x, float s, int64_t n) {
   for (int64_t e = GridFirst(); e < n; e += GridStride()) x[e] *= s;
 }
 
+__global__ void ToBf16Kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ out, int64_t n) {
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) out[e] = RoundTo<__nv_bfloat16>(x[e]);
+}
+
+__global__ void RoundThroughBf16Kernel(const float* x, float* out, int64_t n) {
+  for (int64_t e = GridFirst(); e < n; e += GridStride()) out[e] = Widen(RoundTo<__nv_bfloat16>(x[e]));
+}
+
 __global__ void AddKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t e = GridFirst(); e < n; e += GridStride()) y[e] += x[e];
 }
@@ -81,6 +89,21 @@ cudaError_t LaunchScale(float* x, float s, int64_t n, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   DUET_LAUNCH(ScaleKernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(x, s, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  DUET_LAUNCH(ToBf16Kernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(
+      x, reinterpret_cast<__nv_bfloat16*>(out), n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRoundThroughBf16(const float* x, float* out, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  DUET_LAUNCH(RoundThroughBf16Kernel, BlocksFor(n, kPerThread), kThreads, 0, stream)(x, out, n);
   return cudaGetLastError();
 }
 

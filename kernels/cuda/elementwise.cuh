@@ -33,6 +33,13 @@ cudaError_t LaunchAddBias(const float* bias, float* c, int64_t rows, int64_t col
 // out[i, :] = x[rows[i], :], rows of `dim` floats.
 cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim, float* out,
                              cudaStream_t stream);
+// out[i] = x[i] rounded to BF16 (to nearest even), as raw bits: the BF16
+// mode's GEMM inputs.
+cudaError_t LaunchToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream);
+// out[i] = x[i] rounded to BF16 and widened back (x and out may alias): the
+// BF16 mode's GEMM inputs for the deterministic mode's F32 GEMM, whose
+// products of such values are exact, as a BF16 GEMM's are.
+cudaError_t LaunchRoundThroughBf16(const float* x, float* out, int64_t n, cudaStream_t stream);
 // dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < cols.
 cudaError_t LaunchCopy2D(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                          int64_t cols, cudaStream_t stream);

@@ -14,7 +14,7 @@ constexpr char kKind[] = "cuda";
 #endif
 
 const bool registered = RegisterBackend(kKind, [](const BackendOptions& o) {
-  return NewCudaBackend({.deterministic = o.deterministic});
+  return NewCudaBackend({.deterministic = o.deterministic, .activation_dtype = o.activation_dtype.value_or(DType::kBF16)});
 });
 
 }  // namespace
