@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -284,7 +286,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   if (c.local_rope) m->inv_freq_local_ = kernels::RopeInvFreq(*c.local_rope);
   m->shard_.layer_end = c.num_layers;
   const int tp = options.tp, pp = options.pp;
+  if (options.graph_max_batch < 0) return absl::InvalidArgumentError("graph_max_batch must be >= 0");
   if (tp == 1 && pp == 1) {
+    m->graph_max_batch_ = options.graph_max_batch;
     RETURN_IF_ERROR(m->LoadWeights(options));
     return m;
   }
@@ -627,17 +631,62 @@ struct Carver {
 
 }  // namespace
 
+absl::Status Model::RunGraphed(int64_t bucket, absl::FunctionRef<absl::Status()> ops) {
+  if (auto it = graphs_.find(bucket); it != graphs_.end()) {
+    absl::Status replayed = backend_->Replay(*it->second);
+    if (replayed.ok()) {
+      ++graph_steps_;
+      return replayed;
+    }
+    if (!absl::IsFailedPrecondition(replayed)) return replayed;
+    graphs_.erase(it);  // Stale: run eagerly and capture it again.
+  }
+  // Eagerly first (which also grows the backend's scratch to the step),
+  // then the same ops recorded.
+  RETURN_IF_ERROR(ops());
+  RETURN_IF_ERROR(backend_->BeginCapture());
+  const absl::Status recorded = ops();
+  absl::StatusOr<std::unique_ptr<kernels::StepGraph>> graph = backend_->EndCapture();
+  if (recorded.ok() && graph.ok()) {
+    graphs_[bucket] = *std::move(graph);
+    return absl::OkStatus();
+  }
+  LOG(WARNING) << "step graphs off: capturing a decode step of " << bucket << " sequences failed: "
+               << (recorded.ok() ? graph.status() : recorded);
+  graph_max_batch_ = 0;
+  graphs_.clear();
+  return absl::OkStatus();  // The eager run's results stand.
+}
+
 absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool) {
   const spec::ModelConfig& c = config_;
   const Shard& sh = shard_;
   const kernels::KvLayout& kl = pool.layout();
   const int64_t bs = kl.block_size;
-  const int64_t S = static_cast<int64_t>(batch.size());
+  int64_t S = static_cast<int64_t>(batch.size());
   int64_t T = 0, R = 0, table_len = 0;
   for (const BatchSeq& b : batch) {
     T += static_cast<int64_t>(b.tokens.size());
     R += static_cast<int64_t>(b.logit_rows.size());
     table_len += static_cast<int64_t>(b.block_table.size());
+  }
+  // A decode step (one token and its logits per sequence) that a step graph
+  // may run: padded to its bucket, every sequence's block table given the
+  // room the longest possible sequence needs, so that one graph serves
+  // every step of the bucket.
+  const int64_t S_real = S, R_real = R;
+  const int64_t table_room = std::min<int64_t>(pool.num_blocks(), (c.max_position_embeddings + bs - 1) / bs);
+  int64_t bucket = 0;
+  if (graph_max_batch_ > 0 && S <= graph_max_batch_ && T == S && R == S) {
+    bucket = S <= 8 ? static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(S))) : (S + 7) / 8 * 8;
+    for (const BatchSeq& b : batch) {
+      if (b.logit_rows.size() != 1 || static_cast<int64_t>(b.block_table.size()) > table_room) bucket = 0;
+    }
+  }
+  const bool graphed = bucket > 0;
+  if (graphed) {
+    S = T = R = bucket;
+    table_len = bucket * table_room;
   }
 
   // This rank's share: all of it unless tensor-parallel.
@@ -673,12 +722,21 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
                 rows_at = index.Take(R * 4), tables_at = index.Take(table_len * 4),
                 seqs_at = index.Take(S * static_cast<int64_t>(sizeof(kernels::AttentionSeq)));
   const int64_t index_at = carve.Take(index.size);
-  if (step_ == nullptr || step_->bytes() < carve.size) {
-    const int64_t grown = std::max(carve.size, step_ == nullptr ? 0 : 2 * step_->bytes());
-    step_.reset();
-    ASSIGN_OR_RETURN(step_, backend_->DefaultBufferType().Allocate(grown, "a forward step's activations"));
+  // Graphs record their buffer's addresses: theirs is their own, and when it
+  // grows or the pool changes, every graph goes.
+  kernels::BufferPtr& buffer = graphed ? graph_step_ : step_;
+  if (graphed && graph_pool_ != &pool) {
+    graphs_.clear();
+    graph_pool_ = &pool;
   }
-  uint8_t* const base = static_cast<uint8_t*>(step_->base());  // Addresses for the ops, never dereferenced here.
+  if (buffer == nullptr || buffer->bytes() < carve.size) {
+    const int64_t grown = std::max(carve.size, buffer == nullptr ? 0 : 2 * buffer->bytes());
+    if (graphed) graphs_.clear();
+    buffer.reset();
+    ASSIGN_OR_RETURN(buffer, backend_->DefaultBufferType().Allocate(grown, "a forward step's activations"));
+  }
+  kernels::Buffer& step = *buffer;
+  uint8_t* const base = static_cast<uint8_t*>(step.base());  // Addresses for the ops, never dereferenced here.
   const auto at = [&](int64_t offset) { return reinterpret_cast<float*>(base + offset); };
   float *x = at(x_at), *h = at(h_at), *qkv = at(qkv_at), *q = at(q_at), *k = at(k_at), *v = at(v_at),
         *attn = at(attn_at), *gu = at(gu_at), *act = at(act_at), *partial = at(partial_at), *sel = at(sel_at),
@@ -698,7 +756,21 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     };
     int64_t row = 0, logit = 0, table = 0;
     for (int64_t s = 0; s < S; ++s) {
+      if (s >= S_real) {
+        // A padding row: token 0 at position 0, its K and V stored nowhere
+        // (slot -1), attending to nothing, its logits computed and dropped.
+        const kernels::AttentionSeq pad{
+            .first_row = s,
+            .num_tokens = 0,
+            .start_pos = 0,
+            .block_table = reinterpret_cast<const int32_t*>(base + index_at + tables_at) + s * table_room};
+        std::memcpy(st + seqs_at + s * static_cast<int64_t>(sizeof(pad)), &pad, sizeof(pad));
+        put(rows_at, s, static_cast<int32_t>(s));
+        put(slots_at, s, -1);
+        continue;
+      }
       const BatchSeq& b = batch[static_cast<size_t>(s)];
+      if (graphed) table = s * table_room;
       const kernels::AttentionSeq seq{
           .first_row = row,
           .num_tokens = static_cast<int64_t>(b.tokens.size()),
@@ -716,91 +788,93 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
       }
     }
   }
-  RETURN_IF_ERROR(step_->Write(index_at, staging_.data(), index.size));
+  RETURN_IF_ERROR(step.Write(index_at, staging_.data(), index.size));
 
   kernels::KernelBackend& be = *backend_;
   // The pool's memory for the ops below (the backend's own buffer).
   uint8_t* kv = static_cast<uint8_t*>(pool.region_base());
   const float scale = c.AttentionScale();
-  if (sh.stage == 0) {
-    RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids, x, T));
-    if (c.embed_scale != 1.0) be.Scale(x, static_cast<float>(c.embed_scale), T * H);  // Gemma: sqrt(hidden)
-  } else {
-    be.Recv(*sh.world, (sh.stage - 1) * sh.tp + sh.tp_rank, x, T * H);
-  }
-  // x += a * w^T (+ bias), normalised first by `out_norm` where a model has
-  // one (Gemma): in one GEMM, or, for a row-parallel linear of a
-  // tensor-parallel rank, this rank's partial product summed over the ranks.
-  // x += partial, summed over the tensor-parallel ranks and normalised
-  // by `out_norm` first where they apply.
-  auto add_partial = [&](const std::vector<float>& out_norm) {
-    if (sh.tp > 1) be.AllReduceSum(*sh.tp_group, partial, T * H);
-    if (!out_norm.empty()) be.RmsNorm(partial, out_norm.data(), partial, T, H, static_cast<float>(c.rms_norm_eps));
-    be.Add(partial, x, T * H);
-  };
-  auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias,
-                        const std::vector<float>& out_norm) {
-    const float* b = bias.empty() ? nullptr : bias.data();
-    if (sh.tp == 1 && out_norm.empty()) return be.Gemm(a, w.view(), b, x, T, true);
-    RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial, T, false));
-    add_partial(out_norm);
+  // The layers (after the embedding, or the stage before's activations).
+  const auto layers = [&]() -> absl::Status {
+    if (sh.stage == 0) {
+      RETURN_IF_ERROR(be.EmbeddingLookup(embed_.view(), ids, x, T));
+      if (c.embed_scale != 1.0) be.Scale(x, static_cast<float>(c.embed_scale), T * H);  // Gemma: sqrt(hidden)
+    } else {
+      be.Recv(*sh.world, (sh.stage - 1) * sh.tp + sh.tp_rank, x, T * H);
+    }
+    // x += a * w^T (+ bias), normalised first by `out_norm` where a model has
+    // one (Gemma): in one GEMM, or, for a row-parallel linear of a
+    // tensor-parallel rank, this rank's partial product summed over the ranks.
+    // x += partial, summed over the tensor-parallel ranks and normalised
+    // by `out_norm` first where they apply.
+    auto add_partial = [&](const std::vector<float>& out_norm) {
+      if (sh.tp > 1) be.AllReduceSum(*sh.tp_group, partial, T * H);
+      if (!out_norm.empty()) be.RmsNorm(partial, out_norm.data(), partial, T, H, static_cast<float>(c.rms_norm_eps));
+      be.Add(partial, x, T * H);
+    };
+    auto add_linear = [&](const float* a, const kernels::HostWeights& w, const std::vector<float>& bias,
+                          const std::vector<float>& out_norm) {
+      const float* b = bias.empty() ? nullptr : bias.data();
+      if (sh.tp == 1 && out_norm.empty()) return be.Gemm(a, w.view(), b, x, T, true);
+      RETURN_IF_ERROR(be.Gemm(a, w.view(), b, partial, T, false));
+      add_partial(out_norm);
+      return absl::OkStatus();
+    };
+    for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) {
+      const Layer& L = layers_[li - sh.layer_begin];
+      be.RmsNorm(x, L.input_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
+      const float* bq = L.bqkv.empty() ? nullptr : L.bqkv.data();
+      // One GEMM for q, k and v (one pass of the threads, not three), its
+      // columns then split into the three the ops below read.
+      RETURN_IF_ERROR(be.Gemm(h, L.wqkv.view(), bq, qkv, T, false));
+      be.Copy2D(qkv, qkvd, q, qd, T, qd);
+      be.Copy2D(qkv + qd, qkvd, k, kvd, T, kvd);
+      be.Copy2D(qkv + qd + kvd, qkvd, v, kvd, T, kvd);
+      if (c.qk_norm) {  // Each head's q and k, normalised over head_dim (qwen3).
+        be.RmsNorm(q, L.q_norm.data(), q, T * nq, hd, static_cast<float>(c.rms_norm_eps));
+        be.RmsNorm(k, L.k_norm.data(), k, T * nkv, hd, static_cast<float>(c.rms_norm_eps));
+      }
+      // Gemma-3's sliding-window layers rotate by their own base.
+      const float* freq =
+          !inv_freq_local_.empty() && c.layer_window[li] > 0 ? inv_freq_local_.data() : inv_freq_.data();
+      be.Rope(q, positions, freq, T, nq, hd);
+      be.Rope(k, positions, freq, T, nkv, hd);
+      be.KvStore({.k = k, .v = v, .slots = slots, .rows = T, .kv = kv, .layout = kl, .layer = li,
+                  .kv_head_begin = kv_head_begin, .kv_heads = nkv});
+      be.PagedAttention({.q = q, .out = attn, .kv = kv, .layout = kl, .layer = li, .num_q_heads = nq,
+                         .scale = scale * static_cast<float>(c.LayerRope(li).ScoreFactor()),
+                         .softcap = static_cast<float>(c.attn_softcap), .window = c.layer_window[li],
+                         .seqs = aseqs, .num_seqs = S, .kv_head_begin = kv_head_begin, .kv_heads = nkv});
+      RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo, L.attn_out_norm));
+      be.RmsNorm(x, L.post_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
+      if (c.IsMoeLayer(li)) {
+        // The router's scores (every rank alike), then each token's experts.
+        RETURN_IF_ERROR(be.Gemm(h, L.router.view(), nullptr, scores, T, false));
+        RETURN_IF_ERROR(be.Moe({.x = h, .scores = scores, .out = partial, .experts = L.experts.data(),
+                                .num_experts = E, .top_k = K, .renormalize = c.norm_topk_prob, .rows = T,
+                                .scratch = base + moe_at}));
+        add_partial(L.mlp_out_norm);
+        continue;
+      }
+      RETURN_IF_ERROR(be.Gemm(h, L.wgu.view(), nullptr, gu, T, false));
+      if (c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh) {
+        be.GeluTanhMul(gu, act, T, I);
+      } else {
+        be.SiluMul(gu, act, T, I);
+      }
+      RETURN_IF_ERROR(add_linear(act, L.wdown, {}, L.mlp_out_norm));
+    }
     return absl::OkStatus();
   };
-  for (int64_t li = sh.layer_begin; li < sh.layer_end; ++li) {
-    const Layer& L = layers_[li - sh.layer_begin];
-    be.RmsNorm(x, L.input_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
-    const float* bq = L.bqkv.empty() ? nullptr : L.bqkv.data();
-    // One GEMM for q, k and v (one pass of the threads, not three), its
-    // columns then split into the three the ops below read.
-    RETURN_IF_ERROR(be.Gemm(h, L.wqkv.view(), bq, qkv, T, false));
-    be.Copy2D(qkv, qkvd, q, qd, T, qd);
-    be.Copy2D(qkv + qd, qkvd, k, kvd, T, kvd);
-    be.Copy2D(qkv + qd + kvd, qkvd, v, kvd, T, kvd);
-    if (c.qk_norm) {  // Each head's q and k, normalised over head_dim (qwen3).
-      be.RmsNorm(q, L.q_norm.data(), q, T * nq, hd, static_cast<float>(c.rms_norm_eps));
-      be.RmsNorm(k, L.k_norm.data(), k, T * nkv, hd, static_cast<float>(c.rms_norm_eps));
-    }
-    // Gemma-3's sliding-window layers rotate by their own base.
-    const float* freq = !inv_freq_local_.empty() && c.layer_window[li] > 0 ? inv_freq_local_.data() : inv_freq_.data();
-    be.Rope(q, positions, freq, T, nq, hd);
-    be.Rope(k, positions, freq, T, nkv, hd);
-    be.KvStore({.k = k, .v = v, .slots = slots, .rows = T, .kv = kv, .layout = kl, .layer = li,
-                .kv_head_begin = kv_head_begin, .kv_heads = nkv});
-    be.PagedAttention({.q = q, .out = attn, .kv = kv, .layout = kl, .layer = li, .num_q_heads = nq,
-                       .scale = scale * static_cast<float>(c.LayerRope(li).ScoreFactor()), .softcap = static_cast<float>(c.attn_softcap), .window = c.layer_window[li],
-                       .seqs = aseqs, .num_seqs = S,
-                       .kv_head_begin = kv_head_begin, .kv_heads = nkv});
-    RETURN_IF_ERROR(add_linear(attn, L.wo, L.bo, L.attn_out_norm));
-    be.RmsNorm(x, L.post_norm.data(), h, T, H, static_cast<float>(c.rms_norm_eps));
-    if (c.IsMoeLayer(li)) {
-      // The router's scores (every rank alike), then each token's experts.
-      RETURN_IF_ERROR(be.Gemm(h, L.router.view(), nullptr, scores, T, false));
-      RETURN_IF_ERROR(be.Moe({.x = h, .scores = scores, .out = partial, .experts = L.experts.data(),
-                              .num_experts = E, .top_k = K, .renormalize = c.norm_topk_prob, .rows = T,
-                              .scratch = base + moe_at}));
-      add_partial(L.mlp_out_norm);
-      continue;
-    }
-    RETURN_IF_ERROR(be.Gemm(h, L.wgu.view(), nullptr, gu, T, false));
-    if (c.mlp_activation == spec::ModelConfig::Activation::kGeluTanh) {
-      be.GeluTanhMul(gu, act, T, I);
-    } else {
-      be.SiluMul(gu, act, T, I);
-    }
-    RETURN_IF_ERROR(add_linear(act, L.wdown, {}, L.mlp_out_norm));
-  }
-  if (!heads) {
-    be.Send(*sh.world, (sh.stage + 1) * sh.tp + sh.tp_rank, x, T * H);
-    return Logits{};
-  }
   // Final norm and LM head only on the rows whose logits are wanted, on
   // every tp rank alike (the all-reduce gave each the same bits), each
   // rank's share of the vocabulary.
-  if (R == 0) return sh.tp_rank == 0 ? Logits{.vocab_size = V} : Logits{};
-  be.GatherRows(x, logit_rows, R, H, sel);
-  be.RmsNorm(sel, final_norm_.data(), sel, R, H, static_cast<float>(c.rms_norm_eps));
   const kernels::HostWeights& head = lm_head_.n == 0 ? embed_ : lm_head_;
-  RETURN_IF_ERROR(be.Gemm(sel, head.view(), nullptr, part, R, false));
+  const auto lm_head = [&]() -> absl::Status {
+    be.GatherRows(x, logit_rows, R, H, sel);
+    be.RmsNorm(sel, final_norm_.data(), sel, R, H, static_cast<float>(c.rms_norm_eps));
+    return be.Gemm(sel, head.view(), nullptr, part, R, false);
+  };
   Logits logits{.vocab_size = V};
   // Soft-capped logits (final_logit_softcapping), on the host's copy.
   const auto cap = [&]() {
@@ -808,9 +882,26 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     if (f <= 0) return;
     for (float& l : logits.data) l = f * std::tanh(l / f);
   };
+  if (graphed) {
+    RETURN_IF_ERROR(RunGraphed(bucket, [&]() -> absl::Status {
+      RETURN_IF_ERROR(layers());
+      return lm_head();
+    }));
+    logits.data.resize(R_real * V);
+    RETURN_IF_ERROR(step.Read(part_at, logits.data.data(), R_real * V * static_cast<int64_t>(sizeof(float))));
+    cap();
+    return logits;
+  }
+  RETURN_IF_ERROR(layers());
+  if (!heads) {
+    be.Send(*sh.world, (sh.stage + 1) * sh.tp + sh.tp_rank, x, T * H);
+    return Logits{};
+  }
+  if (R == 0) return sh.tp_rank == 0 ? Logits{.vocab_size = V} : Logits{};
+  RETURN_IF_ERROR(lm_head());
   if (sh.tp == 1) {
     logits.data.resize(R * V);
-    RETURN_IF_ERROR(step_->Read(part_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(step.Read(part_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
     cap();
     return logits;
   }
@@ -828,7 +919,7 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
     be.Copy2D(part, rc, assembled + rf, V, R, rc);
   }
   logits.data.resize(R * V);
-  RETURN_IF_ERROR(step_->Read(logits_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
+  RETURN_IF_ERROR(step.Read(logits_at, logits.data.data(), R * V * static_cast<int64_t>(sizeof(float))));
   cap();
   return logits;
 }

@@ -45,12 +45,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/block_pool.h"
@@ -102,6 +104,11 @@ struct LoadOptions {
   // The backend kind (kernels/factory.h) of the ranks' backends and of the
   // one a command makes beside the model: cpu, cuda or cuda-emulated.
   std::string device = "cpu";
+  // Decode steps of up to this many sequences replayed as step graphs
+  // (CUDA graphs) where the backend has them and the model is one rank:
+  // each step padded to the next bucket (1, 2, 4, 8, then multiples of 8),
+  // captured on its first use after an eager run. 0: every step eager.
+  int graph_max_batch = 0;
   // kernels::BackendOptions::deterministic (--deterministic).
   bool deterministic = false;
   // kernels::BackendOptions::activation_dtype (--activation-dtype).
@@ -152,6 +159,8 @@ class Model {
   // The layout of a KV pool for this model, of the KV dtype it was loaded with.
   kernels::KvLayout KvLayoutFor(int64_t block_size) const;
   kernels::DType kv_dtype() const { return kv_dtype_; }
+  // Decode steps run by replaying a step graph so far (graph_max_batch).
+  int64_t graph_replays() const { return graph_steps_; }
   // The dtype each layer's linear weights were loaded in, and their bytes.
   std::vector<kernels::DType> layer_dtypes() const;
   int64_t layer_weight_bytes(int64_t layer) const;
@@ -200,6 +209,9 @@ class Model {
   // This rank's part of a step: logits on the last stage's tp rank 0, none
   // (an empty Logits) on the others.
   absl::StatusOr<Logits> ForwardShard(absl::Span<const BatchSeq> batch, BlockPool& pool);
+  // Runs `ops` (a padded decode step's) by the bucket's step graph: replays
+  // it, or runs the ops eagerly and then captures them as the bucket's graph.
+  absl::Status RunGraphed(int64_t bucket, absl::FunctionRef<absl::Status()> ops);
   absl::Status LoadWeights(const LoadOptions& options);
   // Tensor-parallel rank r's share of the vocabulary in the LM head: its
   // first row and row count (all of it at tp 1).
@@ -231,6 +243,15 @@ class Model {
   // host, uploaded to it by one Write.
   kernels::BufferPtr step_;
   std::vector<uint8_t> staging_;
+
+  // Step graphs (LoadOptions::graph_max_batch): by bucket, over their own
+  // step buffer and the pool they were captured on; dropped together when
+  // that buffer grows or the pool changes. Off once a capture fails.
+  int graph_max_batch_ = 0;
+  std::map<int64_t, std::unique_ptr<kernels::StepGraph>> graphs_;
+  kernels::BufferPtr graph_step_;
+  const BlockPool* graph_pool_ = nullptr;
+  int64_t graph_steps_ = 0;  // decode steps replayed, for tests and logs
 };
 
 }  // namespace duet::engine

@@ -51,7 +51,8 @@ struct PagedAttentionArgs {
 
 // Storing a batch's new keys and values into the paged pool: row r's K and
 // V of head h go to (slots[r] / block_size, layer, K or V, kv_head_begin + h,
-// slots[r] % block_size), in the pool's dtype (KvLayout::Store).
+// slots[r] % block_size), in the pool's dtype (KvLayout::Store); a row whose
+// slot is negative stores nothing (a padding row of a replayed step graph).
 struct KvStoreArgs {
   const float* k = nullptr;  // [rows][kv_heads][head_dim]
   const float* v = nullptr;  // [rows][kv_heads][head_dim]

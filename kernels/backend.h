@@ -42,6 +42,12 @@ inline constexpr std::string_view kOpNames[] = {
     "gemm", "embedding", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul", "scale", "paged_attention", "kv_store",
     "add", "gather_rows", "copy_2d", "moe", "all_reduce_sum", "send", "recv"};
 
+// A recorded sequence of a backend's ops (KernelBackend::BeginCapture).
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+};
+
 class KernelBackend {
  public:
   virtual ~KernelBackend() = default;
@@ -104,6 +110,20 @@ class KernelBackend {
   virtual void AllReduceSum(Communicator& comm, float* data, int64_t n) = 0;
   virtual void Send(Communicator& comm, int peer, const float* data, int64_t n) = 0;
   virtual void Recv(Communicator& comm, int peer, float* data, int64_t n) = 0;
+
+  // Step graphs (CUDA graphs): the ops issued between BeginCapture and
+  // EndCapture are recorded, not run, and Replay runs them again as
+  // recorded (the same pointers and sizes, over whatever the buffers hold
+  // then). Unimplemented where the backend has none (the CPU's). EndCapture
+  // fails, keeping nothing, where an op could not be recorded (it would
+  // have had to allocate or synchronize); Replay fails with
+  // FailedPrecondition once the graph is stale (memory it recorded has
+  // moved since), and the caller captures again.
+  virtual absl::Status BeginCapture() { return absl::UnimplementedError(Name() + " has no step graphs"); }
+  virtual absl::StatusOr<std::unique_ptr<StepGraph>> EndCapture() {
+    return absl::UnimplementedError(Name() + " has no step graphs");
+  }
+  virtual absl::Status Replay(StepGraph& graph) { return absl::UnimplementedError(Name() + " has no step graphs"); }
 };
 
 using KernelBackendPtr = std::unique_ptr<KernelBackend>;

@@ -290,8 +290,9 @@ void KvStoreCase(Env& env) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     if (!env.be.SupportsKv(dtype)) continue;
     const KvLayout l{.num_layers = 2, .num_kv_heads = 4, .block_size = 4, .head_dim = 8, .dtype = dtype};
-    const int64_t blocks = 5, rows = 7;
-    const std::vector<int32_t> slots = {17, 3, 4, 0, 19, 8, 10};  // scattered over blocks 0, 1, 2, 4
+    const int64_t blocks = 5, rows = 8;
+    // Scattered over blocks 0, 1, 2 and 4; -1 a padding row that stores nothing.
+    const std::vector<int32_t> slots = {17, 3, -1, 4, 0, 19, 8, 10};
     const std::vector<uint8_t> pool0 = PoolOf(l, Random(static_cast<size_t>(blocks * l.BlockStride()), 13));
     for (auto [head_begin, heads] : std::vector<std::pair<int, int>>{{0, 4}, {1, 2}}) {
       const auto k = Random(static_cast<size_t>(rows * heads * l.head_dim), 11),

@@ -28,6 +28,9 @@ class ForwardingBackend : public KernelBackend {
   bool Implements(std::string_view op) const override { return inner_->Implements(op); }
   BufferType& DefaultBufferType() override { return inner_->DefaultBufferType(); }
   bool Supports(WeightOp op, DType dtype) const override { return inner_->Supports(op, dtype); }
+  absl::Status BeginCapture() override { return inner_->BeginCapture(); }
+  absl::StatusOr<std::unique_ptr<StepGraph>> EndCapture() override { return inner_->EndCapture(); }
+  absl::Status Replay(StepGraph& graph) override { return inner_->Replay(graph); }
   DType DefaultKvDType() const override { return inner_->DefaultKvDType(); }
   bool SupportsKv(DType dtype) const override { return inner_->SupportsKv(dtype); }
 

@@ -52,8 +52,9 @@ double NormalizedError(const std::vector<float>& got, const std::vector<float>& 
 using testing::RandomTokens;
 
 struct Engine {
-  Engine(const std::string& dir, kernels::KernelBackendPtr be) : backend(std::move(be)) {
-    auto m = engine::Model::Load(dir, backend.get());
+  Engine(const std::string& dir, kernels::KernelBackendPtr be, const engine::LoadOptions& options = {})
+      : backend(std::move(be)) {
+    auto m = engine::Model::Load(dir, backend.get(), options);
     REQUIRE(m.ok());
     model = std::move(*m);
     pool = std::make_unique<BlockPool>(model->KvLayoutFor(kBlockSize), 16, backend->DefaultBufferType());
@@ -189,6 +190,82 @@ TEST_CASE("deterministic mode on the CUDA device: a prompt's logits have the sam
   // Without it the emulated cuBLAS rounds a row by its call's row count.
   CHECK(run(false, 5).first != run(false, 24).first);
 #endif
+}
+
+// Sequences decoded together, one batched step at a time (greedy).
+struct Decoding {
+  explicit Decoding(Engine& e) : engine(e) {}
+  // Prefills `prompt` alone; its first token is the argmax after it.
+  void Add(const std::vector<int32_t>& prompt) {
+    auto& kv = seqs.emplace_back(std::make_unique<SequenceKv>(engine.pool.get()));
+    REQUIRE(kv->Reserve(static_cast<int64_t>(prompt.size()) + 8).ok());
+    BatchSeq b{.tokens = prompt, .start_pos = 0, .block_table = kv->block_table(),
+               .logit_rows = {static_cast<int32_t>(prompt.size() - 1)}};
+    auto out = engine.model->Forward({b}, *engine.pool);
+    REQUIRE(out.ok());
+    const int64_t vocab = engine.model->config().vocab_size;
+    positions.push_back(static_cast<int64_t>(prompt.size()));
+    tokens.push_back({static_cast<int32_t>(std::max_element(out->row(0), out->row(0) + vocab) - out->row(0))});
+  }
+  // One decode step of the sequences `which`; appends their tokens and
+  // returns the step's logits.
+  std::vector<float> Step(const std::vector<int>& which) {
+    std::vector<BatchSeq> batch;
+    for (int i : which) {
+      batch.push_back({.tokens = absl::MakeConstSpan(&tokens[i].back(), 1), .start_pos = positions[i],
+                       .block_table = seqs[i]->block_table(), .logit_rows = {0}});
+    }
+    auto out = engine.model->Forward(batch, *engine.pool);
+    REQUIRE(out.ok());
+    const int64_t vocab = engine.model->config().vocab_size;
+    for (size_t r = 0; r < which.size(); ++r) {
+      ++positions[which[r]];
+      tokens[which[r]].push_back(
+          static_cast<int32_t>(std::max_element(out->row(r), out->row(r) + vocab) - out->row(r)));
+    }
+    return out->data;
+  }
+  Engine& engine;
+  std::vector<std::unique_ptr<SequenceKv>> seqs;
+  std::vector<int64_t> positions;
+  std::vector<std::vector<int32_t>> tokens;
+};
+
+TEST_CASE("step graphs on the CUDA device: replayed decode steps give the eager steps' bits and tokens",
+          "[device]") {
+  // Deterministic mode, so a padded graph step (4 rows for 3 sequences)
+  // must give an eager 3-row step's bits; BF16 mode, whose activation
+  // scratch a 20-token prefill grows between the decode phases, leaving the
+  // 4-sequence graph stale (replaying it would read freed memory).
+  const std::string dir = testing::TinyModelDir("qwen3");
+  auto make = [&](int graph_max_batch) {
+    auto be = kernels::NewBackend({.kind = kDevice, .deterministic = true});
+    REQUIRE(be.ok());
+    return std::make_unique<Engine>(dir, *std::move(be), engine::LoadOptions{.graph_max_batch = graph_max_batch});
+  };
+  auto eager = make(0), graphed = make(8);
+  Decoding e(*eager), g(*graphed);
+  const int vocab = static_cast<int>(eager->model->config().vocab_size);
+  for (int len : {5, 9, 12}) {
+    const auto prompt = RandomTokens(len, len, vocab);
+    e.Add(prompt);
+    g.Add(prompt);
+  }
+  auto phase = [&](const std::vector<int>& which, int steps) {
+    for (int s = 0; s < steps; ++s) {
+      INFO("step " << s << " of " << which.size() << " sequences");
+      CHECK(g.Step(which) == e.Step(which));  // float ==: the same values
+    }
+  };
+  phase({0, 1, 2}, 3);  // bucket 4: one eager step and its capture, 2 replays
+  phase({0, 2}, 2);     // bucket 2: likewise, 1 replay
+  const auto long_prompt = RandomTokens(20, 20, vocab);
+  e.Add(long_prompt);
+  g.Add(long_prompt);
+  phase({0, 1, 3}, 2);  // bucket 4 again: stale, so eager and captured afresh, 1 replay
+  CHECK(g.tokens == e.tokens);
+  CHECK(graphed->model->graph_replays() == 4);
+  CHECK(eager->model->graph_replays() == 0);
 }
 
 }  // namespace

@@ -26,6 +26,10 @@ void AddLoadFlags(FlagSet& f) {
            "the activations' dtype: auto (the backend's: f32 on cpu, bf16 on cuda and cuda-emulated) | f32 (the "
            "CPU's arithmetic, what tests compare with it) | bf16 (cuda: GEMM inputs rounded to bf16 with f32 "
            "accumulation, bf16 the default KV dtype; the residual stream and the other ops stay f32)");
+  f.Int("cuda-graph-max-batch", 0,
+        "decode steps of up to this many sequences replayed as CUDA graphs (one per bucket: 1, 2, 4, 8, then "
+        "multiples of 8; each captured after its first eager step); 0: every step eager. --device cuda or "
+        "cuda-emulated, one rank; not yet verified on a GPU");
   f.Bool("deterministic",
          "a request's tokens independent of what it is batched with on every backend: the CPU kernels always "
          "are; --device cuda then replaces cuBLAS by a fixed-order GEMM kernel (slower: kernels/README.md)");
@@ -54,6 +58,11 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   if (o.tp < 1 || o.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
   o.device = f.GetString("device");
   o.deterministic = f.GetBool("deterministic");
+  o.graph_max_batch = static_cast<int>(f.GetInt("cuda-graph-max-batch"));
+  if (o.graph_max_batch < 0) return absl::InvalidArgumentError("--cuda-graph-max-batch must be >= 0");
+  if (o.graph_max_batch > 0 && o.device == "cpu") {
+    return absl::InvalidArgumentError("--cuda-graph-max-batch: the CPU backend has no graphs (--device cuda)");
+  }
   if (const std::string a = f.GetString("activation-dtype"); a == "f32") {
     o.activation_dtype = kernels::DType::kF32;
   } else if (a == "bf16") {

@@ -119,6 +119,7 @@ void KvStore(const KvStoreArgs& a) {
   const KvLayout& l = a.layout;
   const int64_t nkv = a.KvHeads();
   for (int64_t r = 0; r < a.rows; ++r) {
+    if (a.slots[r] < 0) continue;
     const int64_t block = a.slots[r] / l.block_size, slot = a.slots[r] % l.block_size;
     for (int64_t h = 0; h < nkv; ++h) {
       const int64_t from = (r * nkv + h) * l.head_dim;

@@ -139,6 +139,14 @@ DeviceWeights::Type TypeOf(DType d) {
   return DeviceWeights::kF32;
 }
 
+// An instantiated CUDA graph and the scratch generation it recorded.
+struct CudaGraph final : StepGraph {
+  CudaGraph(cudaGraphExec_t e, uint64_t g) : exec(e), generation(g) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec); }
+  cudaGraphExec_t exec;
+  uint64_t generation;
+};
+
 class CudaBackend final : public KernelBackend {
  public:
   CudaBackend(cudaStream_t stream, const CudaBackendOptions& options) : stream_(stream), options_(options) {}
@@ -294,7 +302,15 @@ class CudaBackend final : public KernelBackend {
  private:
   // A launch error is a bug in the caller's shapes or the launcher: the ops
   // return nothing, so it stops the process with what CUDA said.
-  static void Launched(cudaError_t e, const char* op) { CHECK_EQ(e, cudaSuccess) << ErrorText(e, op); }
+  // A launch's error is fatal, except while capturing: then the capture
+  // fails (EndCapture says why) and nothing ran.
+  void Launched(cudaError_t e, const char* op) {
+    if (e != cudaSuccess && capturing_) {
+      if (capture_failed_.empty()) capture_failed_ = ErrorText(e, op);
+      return;
+    }
+    CHECK_EQ(e, cudaSuccess) << ErrorText(e, op);
+  }
 
   std::vector<float> ToHost(const float* data, int64_t n) {
     std::vector<float> host(static_cast<size_t>(n));
@@ -312,6 +328,45 @@ class CudaBackend final : public KernelBackend {
              "collective's copy in");
   }
 
+  absl::Status BeginCapture() override {
+    if (capturing_) return absl::FailedPreconditionError("a step graph is being captured already");
+    RETURN_IF_ERROR(Check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a capture"));
+    capturing_ = true;
+    capture_failed_.clear();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<StepGraph>> EndCapture() override {
+    if (!capturing_) return absl::FailedPreconditionError("no step graph is being captured");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    cudaGetLastError();  // An invalidated capture leaves its error behind.
+    auto graph_done = [&] {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+    };
+    if (!capture_failed_.empty()) {
+      graph_done();
+      return absl::FailedPreconditionError(absl::StrCat("step graph not captured: ", capture_failed_));
+    }
+    if (ended != cudaSuccess) {
+      graph_done();
+      return Check(ended, "ending a capture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    graph_done();
+    RETURN_IF_ERROR(Check(made, "instantiating a step graph"));
+    return std::unique_ptr<StepGraph>(std::make_unique<CudaGraph>(exec, generation_));
+  }
+  absl::Status Replay(StepGraph& graph) override {
+    auto* g = dynamic_cast<CudaGraph*>(&graph);
+    if (g == nullptr) return absl::InvalidArgumentError("not a step graph of this backend");
+    if (g->generation != generation_) {
+      return absl::FailedPreconditionError("the step graph is stale: scratch memory moved since its capture");
+    }
+    return Check(cudaGraphLaunch(g->exec, stream_), "replaying a step graph");
+  }
+
   // Device scratch, one buffer per use, grown as needed (a buffer is freed
   // only by cudaFree, which waits for the work that reads it).
   enum Slot { kValues, kScales, kZeros, kBias, kWidened, kActs, kWeightsBf16, kSlots };
@@ -319,6 +374,11 @@ class CudaBackend final : public KernelBackend {
   void* Scratch(Slot slot, int64_t bytes) {
     BufferPtr& b = scratch_[slot];
     if (b == nullptr || b->bytes() < bytes) {
+      if (capturing_) {  // No allocation inside a graph: run the step eagerly first.
+        if (capture_failed_.empty()) capture_failed_ = "a scratch buffer had to grow while capturing";
+        return b == nullptr ? nullptr : b->base();
+      }
+      ++generation_;  // Graphs recorded the old buffer.
       b.reset();
       absl::StatusOr<BufferPtr> grown = memory_.Allocate(std::max<int64_t>(bytes, 1), "scratch");
       CHECK(grown.ok()) << grown.status();
@@ -353,6 +413,9 @@ class CudaBackend final : public KernelBackend {
   DeviceMemory memory_;
   cudaStream_t stream_;
   const CudaBackendOptions options_;
+  bool capturing_ = false;
+  std::string capture_failed_;  // why the capture under way cannot be kept
+  uint64_t generation_ = 0;     // bumped when scratch moves: older graphs are stale
   BufferPtr scratch_[kSlots];
 };
 

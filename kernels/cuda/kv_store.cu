@@ -16,6 +16,7 @@ __global__ void KvStoreKernel(const float* __restrict__ k, const float* __restri
     const int64_t d = e % s.head_dim, rh = e / s.head_dim;
     const int64_t h = rh % heads, r = rh / heads;
     const int64_t slot_id = slots[r];
+    if (slot_id < 0) continue;  // a padding row
     const int64_t block = slot_id / s.block_size, slot = slot_id % s.block_size;
     const int64_t at = s.Offset(block, layer, head_begin + h, slot) + d;
     pool[at] = RoundTo<T>(k[e]);
