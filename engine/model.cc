@@ -264,7 +264,61 @@ struct Model::Ranks {
   }
 };
 
-Model::~Model() = default;
+Model::~Model() { Unreside(); }
+
+void Model::Layer::ForEachArray(const std::function<void(const void*, int64_t)>& fn) const {
+  const auto floats = [&](const std::vector<float>& v) {
+    fn(v.data(), static_cast<int64_t>(v.size() * sizeof(float)));
+  };
+  const auto matrix = [&](const kernels::HostWeights& w) {
+    fn(w.values.data(), static_cast<int64_t>(w.values.size()));
+    floats(w.scales);
+    fn(w.zeros.data(), static_cast<int64_t>(w.zeros.size()));
+  };
+  for (const std::vector<float>* v : {&input_norm, &post_norm, &q_norm, &k_norm, &attn_out_norm, &mlp_out_norm,
+                                      &bqkv, &bo}) {
+    floats(*v);
+  }
+  for (const kernels::HostWeights* w : {&wqkv, &wo, &wgu, &wdown, &router}) matrix(*w);
+  for (const kernels::HostWeights& w : expert_weights) matrix(w);
+}
+
+void Model::ForEachArray(std::optional<int64_t> layer,
+                         const std::function<void(const void*, int64_t)>& fn) const {
+  const auto live = [&](const void* p, int64_t bytes) {
+    if (p != nullptr && bytes > 0) fn(p, bytes);
+  };
+  if (layer.has_value()) {
+    layers_[*layer - shard_.layer_begin].ForEachArray(live);
+    return;
+  }
+  for (const Layer& L : layers_) L.ForEachArray(live);
+  for (const kernels::HostWeights* w : {&embed_, &lm_head_}) {
+    live(w->values.data(), static_cast<int64_t>(w->values.size()));
+    live(w->scales.data(), static_cast<int64_t>(w->scales.size() * sizeof(float)));
+    live(w->zeros.data(), static_cast<int64_t>(w->zeros.size()));
+  }
+  for (const std::vector<float>* v : {&final_norm_, &inv_freq_, &inv_freq_local_}) {
+    live(v->data(), static_cast<int64_t>(v->size() * sizeof(float)));
+  }
+}
+
+absl::Status Model::Reside(std::optional<int64_t> layer) {
+  // Only a backend whose memory the host cannot address keeps copies (the
+  // CPU's reads the arrays themselves).
+  if (backend_->DefaultBufferType().IsHost()) return absl::OkStatus();
+  resident_ = true;
+  absl::Status status;
+  ForEachArray(layer, [&](const void* p, int64_t bytes) {
+    if (status.ok()) status = backend_->MakeResident(p, bytes);
+  });
+  return status;
+}
+
+void Model::Unreside(std::optional<int64_t> layer) {
+  if (!resident_) return;
+  ForEachArray(layer, [&](const void* p, int64_t) { backend_->ReleaseResident(p); });
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kernels::KernelBackend* backend,
                                                    const LoadOptions& options) {
@@ -290,6 +344,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   if (tp == 1 && pp == 1) {
     m->graph_max_batch_ = options.graph_max_batch;
     RETURN_IF_ERROR(m->LoadWeights(options));
+    RETURN_IF_ERROR(m->Reside());
     return m;
   }
   if (tp < 1 || pp < 1) return absl::InvalidArgumentError("tensor and pipeline parallelism must be >= 1");
@@ -337,6 +392,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
                             .tp_group = ranks->tp_groups.back()[static_cast<size_t>(r)].get(),
                             .world = ranks->world[static_cast<size_t>(stage * tp + r)].get()};
       RETURN_IF_ERROR(shard->LoadWeights(options));
+      RETURN_IF_ERROR(shard->Reside());
       ranks->backends.push_back(std::move(be));
       ranks->models.push_back(std::move(shard));
     }
@@ -514,7 +570,9 @@ absl::Status Model::ReloadLayer(int64_t layer, std::optional<kernels::DType> dty
     return absl::InvalidArgumentError("a layer of a sharded model (tp or pp above 1) is not reloaded");
   }
   ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open(dir_, config_.tensor_prefix));
-  return LoadLayerLinears(*st, layer, dtype, dtype);
+  Unreside(layer);  // Before its arrays are replaced.
+  RETURN_IF_ERROR(LoadLayerLinears(*st, layer, dtype, dtype));
+  return Reside(layer);
 }
 
 int64_t Model::layer_weight_bytes(int64_t layer) const {

@@ -147,7 +147,9 @@ struct Logits {
 class Model {
  public:
   // Reads config.json and the safetensors weights of a Hugging Face model
-  // directory. The backend must outlive the model.
+  // directory. The backend must outlive the model; a device backend keeps
+  // the weights resident in its memory (KernelBackend::MakeResident) until
+  // the model goes.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, kernels::KernelBackend* backend,
                                                      const LoadOptions& options = {});
   ~Model();
@@ -192,6 +194,8 @@ class Model {
     std::vector<kernels::HostWeights> expert_weights;
     std::vector<kernels::ExpertWeights> experts;
     int64_t linear_bytes() const;
+    // Every host array of the layer's that an op takes, with its bytes.
+    void ForEachArray(const std::function<void(const void*, int64_t)>& fn) const;
   };
 
   // One rank's place in a sharded model; the defaults are an unsharded one.
@@ -213,6 +217,11 @@ class Model {
   // it, or runs the ops eagerly and then captures them as the bucket's graph.
   absl::Status RunGraphed(int64_t bucket, absl::FunctionRef<absl::Status()> ops);
   absl::Status LoadWeights(const LoadOptions& options);
+  // The model's host arrays (every layer's, or only `layer`'s) made
+  // resident on its backend, or released there (kernels/backend.h).
+  absl::Status Reside(std::optional<int64_t> layer = std::nullopt);
+  void Unreside(std::optional<int64_t> layer = std::nullopt);
+  void ForEachArray(std::optional<int64_t> layer, const std::function<void(const void*, int64_t)>& fn) const;
   // Tensor-parallel rank r's share of the vocabulary in the LM head: its
   // first row and row count (all of it at tp 1).
   std::pair<int64_t, int64_t> VocabRange(int r) const;
@@ -237,6 +246,7 @@ class Model {
   std::vector<float> inv_freq_local_;  // ModelConfig::local_rope's, where set
   Shard shard_;
   std::unique_ptr<Ranks> ranks_;  // Set on a sharded model, whose own weights are then empty.
+  bool resident_ = false;         // Its arrays are resident on backend_ (which then must outlive it).
 
   // One step's activations and indices in the backend's memory, carved by
   // ForwardShard, grown to the largest step seen; and the indices on the

@@ -111,6 +111,16 @@ class KernelBackend {
   virtual void Send(Communicator& comm, int peer, const float* data, int64_t n) = 0;
   virtual void Recv(Communicator& comm, int peer, float* data, int64_t n) = 0;
 
+  // Resident weights: the host arrays a model holds for its lifetime (its
+  // weight matrices' values, scales and zeros, biases, norm gains, RoPE
+  // frequencies), registered once so that a device backend keeps a copy in
+  // its memory and its ops read that, not the host array copied with each
+  // op (a copy a step graph could not record). The array must not change
+  // until ReleaseResident(host), which the holder calls before freeing it.
+  // No-ops where the backend reads host memory (the CPU's).
+  virtual absl::Status MakeResident(const void* host, int64_t bytes) { return absl::OkStatus(); }
+  virtual void ReleaseResident(const void* host) {}
+
   // Step graphs (CUDA graphs): the ops issued between BeginCapture and
   // EndCapture are recorded, not run, and Replay runs them again as
   // recorded (the same pointers and sizes, over whatever the buffers hold

@@ -28,6 +28,8 @@ class ForwardingBackend : public KernelBackend {
   bool Implements(std::string_view op) const override { return inner_->Implements(op); }
   BufferType& DefaultBufferType() override { return inner_->DefaultBufferType(); }
   bool Supports(WeightOp op, DType dtype) const override { return inner_->Supports(op, dtype); }
+  absl::Status MakeResident(const void* host, int64_t bytes) override { return inner_->MakeResident(host, bytes); }
+  void ReleaseResident(const void* host) override { inner_->ReleaseResident(host); }
   absl::Status BeginCapture() override { return inner_->BeginCapture(); }
   absl::StatusOr<std::unique_ptr<StepGraph>> EndCapture() override { return inner_->EndCapture(); }
   absl::Status Replay(StepGraph& graph) override { return inner_->Replay(graph); }

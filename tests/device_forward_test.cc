@@ -93,7 +93,7 @@ struct Engine {
   std::unique_ptr<BlockPool> pool;
 };
 
-TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and greedy tokens", "[device]") {
+TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and greedy tokens", "[device][f32]") {
   for (const char* arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}) {
     INFO("arch " << arch);
     const std::string dir = testing::TinyModelDir(arch);
@@ -127,7 +127,7 @@ double RelativeRms(const std::vector<float>& got, const std::vector<float>& want
 }
 
 TEST_CASE("BF16 mode on the CUDA device: every architecture's teacher-forced logits near the CPU's F32 ones",
-          "[device]") {
+          "[device][bf16]") {
   // The prompt's logits are teacher-forced by construction: each position's
   // row after the prompt's own tokens. BF16 GEMM inputs (8-bit mantissas)
   // and KV move the tiny models' logits by 0.7-2.8e-2 relative RMS at the
@@ -167,7 +167,7 @@ TEST_CASE("BF16 mode on the CUDA device: every architecture's teacher-forced log
 }
 
 TEST_CASE("deterministic mode on the CUDA device: a prompt's logits have the same bits however it is chunked",
-          "[device]") {
+          "[device][deterministic]") {
   // qwen3_moe: attention and the experts' GEMMs; the prompt's 24 rows in one
   // call (the fixed-order GEMM's tiled kernel) and in chunks of 5 (its
   // thread-per-output kernel).
@@ -232,7 +232,7 @@ struct Decoding {
 };
 
 TEST_CASE("step graphs on the CUDA device: replayed decode steps give the eager steps' bits and tokens",
-          "[device]") {
+          "[device][graphs]") {
   // Deterministic mode, so a padded graph step (4 rows for 3 sequences)
   // must give an eager 3-row step's bits; BF16 mode, whose activation
   // scratch a 20-token prefill grows between the decode phases, leaving the

@@ -1,6 +1,10 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -328,6 +332,40 @@ class CudaBackend final : public KernelBackend {
              "collective's copy in");
   }
 
+  // Resident copies share chunks of device memory (one allocation per
+  // 16 MiB, not one per array), each freed when its last copy goes.
+  absl::Status MakeResident(const void* host, int64_t bytes) override {
+    if (host == nullptr || bytes <= 0) return absl::OkStatus();
+    if (capturing_) return absl::FailedPreconditionError("weights made resident while capturing a step graph");
+    ReleaseResident(host);
+    constexpr int64_t kChunk = int64_t{16} << 20, kAlign = 256;
+    const int64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (chunks_.empty() || chunks_.back().used + need > chunks_.back().memory->bytes()) {
+      ASSIGN_OR_RETURN(BufferPtr memory, memory_.Allocate(std::max(kChunk, need), "resident weights"));
+      chunks_.push_back({std::move(memory), 0, 0});
+    }
+    Chunk& c = chunks_.back();
+    RETURN_IF_ERROR(c.memory->Write(c.used, host, bytes));
+    resident_[reinterpret_cast<uintptr_t>(host)] = {&c, c.used, bytes};
+    c.used += need;
+    ++c.copies;
+    return absl::OkStatus();
+  }
+  void ReleaseResident(const void* host) override {
+    auto it = resident_.find(reinterpret_cast<uintptr_t>(host));
+    if (it == resident_.end()) return;
+    ++generation_;  // Graphs may have recorded the copy.
+    Chunk* c = it->second.chunk;
+    resident_.erase(it);
+    if (--c->copies > 0) return;
+    for (auto ch = chunks_.begin(); ch != chunks_.end(); ++ch) {
+      if (&*ch == c) {
+        chunks_.erase(ch);
+        break;
+      }
+    }
+  }
+
   absl::Status BeginCapture() override {
     if (capturing_) return absl::FailedPreconditionError("a step graph is being captured already");
     RETURN_IF_ERROR(Check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a capture"));
@@ -367,6 +405,17 @@ class CudaBackend final : public KernelBackend {
     return Check(cudaGraphLaunch(g->exec, stream_), "replaying a step graph");
   }
 
+  // The device copy of [host, host + bytes) where a resident array holds it.
+  void* ResidentCopy(const void* host, int64_t bytes) const {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(host);
+    auto it = resident_.upper_bound(at);
+    if (it == resident_.begin() || bytes <= 0) return nullptr;
+    --it;
+    const Copy& copy = it->second;
+    if (at + static_cast<uintptr_t>(bytes) > it->first + static_cast<uintptr_t>(copy.bytes)) return nullptr;
+    return static_cast<uint8_t*>(copy.chunk->memory->base()) + copy.offset + (at - it->first);
+  }
+
   // Device scratch, one buffer per use, grown as needed (a buffer is freed
   // only by cudaFree, which waits for the work that reads it).
   enum Slot { kValues, kScales, kZeros, kBias, kWidened, kActs, kWeightsBf16, kSlots };
@@ -386,10 +435,11 @@ class CudaBackend final : public KernelBackend {
     }
     return b->base();
   }
-  // `bytes` of host memory copied into scratch `slot` on the stream, for the
-  // ops that follow (the host weights an op takes, until weights live in
-  // backend buffers).
+  // The device copy of `bytes` of host memory for the ops that follow: the
+  // resident copy where there is one, else a copy into scratch `slot` on the
+  // stream (a host array no one made resident, such as a test's).
   void* Stage(Slot slot, const void* host, int64_t bytes) {
+    if (void* resident = ResidentCopy(host, bytes)) return resident;
     void* at = Scratch(slot, bytes);
     if (bytes > 0) {
       Launched(cudaMemcpyAsync(at, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
@@ -415,7 +465,18 @@ class CudaBackend final : public KernelBackend {
   const CudaBackendOptions options_;
   bool capturing_ = false;
   std::string capture_failed_;  // why the capture under way cannot be kept
-  uint64_t generation_ = 0;     // bumped when scratch moves: older graphs are stale
+  uint64_t generation_ = 0;     // bumped when scratch or a resident copy moves: older graphs are stale
+  struct Chunk {
+    BufferPtr memory;
+    int64_t used = 0;  // bytes handed out (the tail is free)
+    int copies = 0;    // live copies in it
+  };
+  struct Copy {
+    Chunk* chunk;
+    int64_t offset, bytes;
+  };
+  std::list<Chunk> chunks_;              // stable addresses
+  std::map<uintptr_t, Copy> resident_;  // by host address
   BufferPtr scratch_[kSlots];
 };
 

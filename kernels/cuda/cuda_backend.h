@@ -1,8 +1,9 @@
 // The CUDA backend: a KernelBackend whose memory is a CUDA device's and
 // whose ops are duet's CUDA kernels (kernels/cuda/*.cu): every op of the
-// interface, in F32 (the GEMM's weights of any dtype widened to F32 on the
-// device, then the GEMM seam's F32 GEMM; MoE routed on the device, then
-// every expert over every row; the collectives through host memory).
+// interface (the GEMM's weights of any dtype widened on the device, then
+// the GEMM seam's GEMM, in BF16 or F32; MoE routed on the device, then
+// every expert over every row; the collectives through host memory), step
+// graphs as CUDA graphs.
 //
 //   ASSIGN_OR_RETURN(kernels::KernelBackendPtr be, kernels::cuda::NewCudaBackend());
 //
@@ -13,8 +14,9 @@
 // (cudaMalloc), reached from the host by cudaMemcpy; ops run in order on
 // the backend's stream, and a buffer's copy waits for them. The weights an
 // op takes as host memory (weight matrices, biases, RMSNorm's gain, RoPE's
-// frequencies) are copied to device scratch with the op until weights live
-// in backend buffers.
+// frequencies) are read from their resident copies (MakeResident: a model
+// registers all of its own), any other host array copied to device scratch
+// with the op.
 #ifndef DUET_KERNELS_CUDA_CUDA_BACKEND_H_
 #define DUET_KERNELS_CUDA_CUDA_BACKEND_H_
 

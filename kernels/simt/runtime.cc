@@ -94,6 +94,10 @@ bool Ready(const Item& item) { return item.kind != Item::kWait || item.event->co
 // Runs pending work of every stream, one item at a time from a stream drawn
 // from the seed among those whose next item can run, until `done()`.
 cudaError_t Drain(Runtime& r, const std::function<bool()>& done) {
+  // Device memory opens once for the whole drain, which runs only device
+  // work, rather than once per item: each opening re-protects every guarded
+  // page (the resident weights too), which per op cost more than the ops.
+  kernels::GuardWindow open;
   std::mt19937_64 rng(Seed() * 0x9e3779b97f4a7c15ull + ++r.drains);
   std::vector<SimtStream*> all = {&r.default_stream};
   for (const auto& s : r.streams) all.push_back(s.get());
@@ -182,8 +186,11 @@ cudaError_t EnqueueCopy(Runtime& r, void* dst, const void* src, size_t bytes, cu
                   : kind == cudaMemcpyDefault        ? dst_device || src_device
                                                      : false;
   if (!ok) return Fail(r, cudaErrorInvalidValue);
+  // Host memory here is pageable (there is no pinned memory to emulate),
+  // and CUDA cannot record a copy to or from pageable memory in a graph.
+  if (StreamOf(r, stream)->capture != nullptr && !(src_device && dst_device)) return RefuseWhileCapturing(r);
   Item item{.what = "copy"};
-  if (!src_device && StreamOf(r, stream)->capture == nullptr) {
+  if (!src_device) {
     // A pageable host source is read when the call is made, as CUDA stages it.
     auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
                                                         static_cast<const uint8_t*>(src) + bytes);

@@ -33,7 +33,8 @@
 // stream's order, every event wait and the legacy default stream's implicit
 // ordering with the other (blocking) streams, so a missing wait between two
 // streams shows as a wrong result under some seed. While a stream captures
-// a graph, a synchronous call is refused and voids the capture. Not
+// a graph, a synchronous call, or a copy to or from host memory (all of it
+// pageable here), is refused and voids the capture. Not
 // emulated: dynamic shared memory, non-blocking streams, cross-stream
 // capture, textures, cooperative launches.
 #ifndef DUET_KERNELS_SIMT_SIMT_H_

@@ -226,7 +226,8 @@ TEST_CASE("a missing event wait between two streams gives a wrong result under s
   CHECK(wrong_without > 0);
 }
 
-TEST_CASE("graph capture records a stream's work and replays it; a synchronous call while capturing is refused",
+TEST_CASE("graph capture records a stream's work and replays it; a synchronous call or a host copy while "
+          "capturing is refused",
           "[simt]") {
   Device dev;
   const int n = 40;
@@ -251,6 +252,13 @@ TEST_CASE("graph capture records a stream's work and replays it; a synchronous c
   }
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
   CHECK(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+  REQUIRE(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+  // A copy from pageable host memory cannot be recorded either.
+  const std::vector<float> host(n, 1.0f);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(x, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, s) ==
+        cudaErrorStreamCaptureUnsupported);
   CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
   REQUIRE(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
