@@ -232,10 +232,14 @@ void ScaleCase(Env& env) {
 
 void PagedAttentionCase(Env& env) {
   Device dev(env.be);
-  // Head dim 16 in every KV dtype and mode; 128 (a real model's, four
-  // dimensions a lane in the CUDA kernel) in f32 and bf16.
-  for (auto [kv_dtype, hd] : std::vector<std::pair<DType, int64_t>>{
-           {DType::kF32, 16}, {DType::kBF16, 16}, {DType::kF16, 16}, {DType::kF32, 128}, {DType::kBF16, 128}}) {
+  // Head dim 16 in every KV dtype and mode; 64 (two dimensions a lane in
+  // the CUDA kernel) in f16; 128 (a real model's, four a lane) in f32 and bf16.
+  for (auto [kv_dtype, hd] : std::vector<std::pair<DType, int64_t>>{{DType::kF32, 16},
+                                                                    {DType::kBF16, 16},
+                                                                    {DType::kF16, 16},
+                                                                    {DType::kF16, 64},
+                                                                    {DType::kF32, 128},
+                                                                    {DType::kBF16, 128}}) {
     if (!env.be.SupportsKv(kv_dtype)) continue;
     const KvLayout l{.num_layers = 2, .num_kv_heads = 2, .block_size = 4, .head_dim = hd, .dtype = kv_dtype};
     const int num_blocks = 80;  // Tables: 6, 4, 8 and 48 blocks from table_at.

@@ -116,6 +116,37 @@ TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and g
   }
 }
 
+TEST_CASE("tensor- and pipeline-parallel ranks on the CUDA device: the CPU backend's logits and greedy tokens",
+          "[device][f32]") {
+  // Each rank a thread with its own CUDA backend (on the one device here),
+  // the collectives through host memory over the thread communicator.
+  for (const char* arch : {"qwen3_moe", "gemma3_text"}) {
+    const std::string dir = testing::TinyModelDir(arch);
+    Engine cpu(dir, kernels::NewCpuBackend(2));
+    const auto prompt = RandomTokens(24, 11, static_cast<int>(cpu.model->config().vocab_size));
+    std::vector<std::vector<float>> want;
+    std::vector<int32_t> want_tokens;
+    cpu.Run(prompt, 24, 4, want, want_tokens);
+    for (auto [tp, pp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 2}}) {
+      INFO(arch << " tp " << tp << " pp " << pp);
+      const engine::LoadOptions o{
+          .tp = tp, .pp = pp, .rank_threads = 1, .device = kDevice, .activation_dtype = kernels::DType::kF32};
+      auto be = kernels::NewBackend(o.Backend(1));
+      REQUIRE(be.ok());
+      Engine device(dir, *std::move(be), o);
+      std::vector<std::vector<float>> got;
+      std::vector<int32_t> got_tokens;
+      device.Run(prompt, 9, 4, got, got_tokens);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("position " << i);
+        CHECK(NormalizedError(got[i], want[i]) <= 1e-4);
+      }
+      CHECK(got_tokens == want_tokens);
+    }
+  }
+}
+
 // Relative RMS error: |got - want|_2 / |want|_2.
 double RelativeRms(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0, norm = 0;

@@ -77,6 +77,10 @@ TEST_CASE("duet reports bad flags and inputs clearly", "[cli]") {
       {"generate --prompt-ids 1 --top-p 2", 1, {"top_p"}},
       {"generate --prompt-ids 1 --model /nonexistent", 1, {"/nonexistent"}},
       {"frobnicate", 2, {"unknown command"}},
+      {"generate --prompt-ids 1 --activation-dtype bf16", 1, {"the CPU backend computes in f32"}},
+      {"generate --prompt-ids 1 --activation-dtype fp8", 1, {"\"fp8\" is not auto, f32 or bf16"}},
+      {"generate --prompt-ids 1 --cuda-graph-max-batch 8", 1, {"the CPU backend has no graphs"}},
+      {"generate --prompt-ids 1 --device tpu", 1, {"\"tpu\" is not cpu, cuda or cuda-emulated"}},
       {"generate --help", 0, {"--prompt-ids", "--logprobs"}},
   };
   for (const auto& c : cases) {

@@ -21,7 +21,8 @@ void AddLoadFlags(FlagSet& f) {
   f.String("device", "cpu",
            "the kernel backend: cpu; cuda (a --config=cuda build on a GPU: every op in F32, correctness first, "
            "kernels/README.md); cuda-emulated (the CUDA kernels on the CPU by the SIMT executor, for tests; slow). "
-           "Not cpu: one rank (no --tp or --pp); prefill and decode workers move KV through a host copy of the pool");
+           "Not cpu: --tp/--pp ranks are threads, each with its own CUDA backend on the one device, their collectives "
+           "through host memory (no NCCL yet); prefill and decode workers move KV through a host copy of the pool");
   f.String("activation-dtype", "auto",
            "the activations' dtype: auto (the backend's: f32 on cpu, bf16 on cuda and cuda-emulated) | f32 (the "
            "CPU's arithmetic, what tests compare with it) | bf16 (cuda: GEMM inputs rounded to bf16 with f32 "
@@ -76,11 +77,6 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   if (o.device != "cpu" && o.device != "cuda" && o.device != "cuda-emulated") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device: \"", o.device, "\" is not cpu, cuda or cuda-emulated"));
-  }
-  if (o.device != "cpu" && o.tp * o.pp > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--device ", o.device,
-                                                   " runs one rank: tensor and pipeline parallelism run on the CPU "
-                                                   "backend only so far"));
   }
   // --threads is the process's budget: the tensor-parallel ranks share it
   // (the stages run one after another, so each may use a rank's share).
