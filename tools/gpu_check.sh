@@ -35,7 +35,9 @@ Second half, on the GPU machine:
     sets LD_LIBRARY_PATH to gpu_pack/lib (+ the directories where it found the
     EXTERNAL libraries), runs every test and benchmark, writes
     $OUT/gpu_check.log (every binary's output) and $OUT/summary.txt, prints
-    bandwidth/benchmark tables, one line per binary and a last line
+    bandwidth/benchmark tables, one line per binary, then the op harness's
+    every-op case under compute-sanitizer --tool racecheck (where the
+    machine has it; "RACECHECK not run" where not), and a last line
     "gpu_check: N passed, M failed". Exit status 0 only if all passed.
     Without a GPU every test fails with its no-device message (that checks
     the runner).
@@ -239,6 +241,10 @@ if [ -n "$need" ]; then
   done
 fi
 
+# compute-sanitizer for the racecheck pass: on the PATH or in a CUDA toolkit.
+SANITIZER=$(command -v compute-sanitizer 2>/dev/null ||
+  ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
+
 if [ "$DRY_RUN" = 1 ]; then
   # Each binary's libraries as the loader resolves them with the path set
   # above: what the real run would load, or the reason it could not start.
@@ -255,6 +261,7 @@ if [ "$DRY_RUN" = 1 ]; then
       say "would run $kind $label ($path, $libs shared libraries resolved)"
     fi
   done <"$PACK/MANIFEST"
+  say "would run racecheck on //kernels:backend_ops_gpu_test: ${SANITIZER:-compute-sanitizer not found here}"
   say "gpu_check: dry run: $n binaries listed, $unresolved with unresolved libraries; none run, none counted as passed"
   [ "$unresolved" = 0 ]
   exit
@@ -306,6 +313,30 @@ while read -r kind label path; do
   fi
   rm -f "$one"
 done <"$PACK/MANIFEST"
+
+# Racecheck: the op harness's every-op case on the GPU under compute-sanitizer
+# (shared memory hazards between a block's threads); counted as one more
+# binary when the sanitizer is here, said otherwise.
+ops=$(awk '$2 == "//kernels:backend_ops_gpu_test" {print $3}' "$PACK/MANIFEST")
+if [ -z "$SANITIZER" ]; then
+  say "RACECHECK not run: compute-sanitizer not found on this machine"
+elif [ -n "$ops" ]; then
+  one="$OUT/.racecheck.log"
+  (cd "$PACK/runfiles/duet" && TEST_TMPDIR=$(mktemp -d) timeout "$TIMEOUT_S" "$SANITIZER" --tool racecheck \
+    --error-exitcode 1 "$PACK/runfiles/$ops" "every op matches the reference*") >"$one" 2>&1
+  rc=$?
+  { echo; echo "== racecheck $ops (exit $rc)"; tail -c 1000000 "$one"; } >>"$LOG"
+  summary=$(grep -aE 'RACECHECK SUMMARY|ERROR SUMMARY' "$one" | tail -1)
+  [ "$rc" = 124 ] && summary="timed out after ${TIMEOUT_S} s"
+  if [ "$rc" = 0 ]; then
+    pass=$((pass + 1))
+    say "PASS racecheck: ${summary:-clean}"
+  else
+    fail=$((fail + 1))
+    say "FAIL racecheck (exit $rc): ${summary:-$(tail -n 3 "$one" | tr '\n' ' ' | cut -c1-200)}"
+  fi
+  rm -f "$one"
+fi
 
 say "gpu_check: $pass passed, $fail failed (of $((pass + fail)) binaries); logs: $LOG"
 [ "$fail" = 0 ]
