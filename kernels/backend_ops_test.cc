@@ -454,6 +454,17 @@ const std::vector<OpCase>& Cases() {
   return *cases;
 }
 
+// The CUDA backend: on the SIMT executor's emulated device here (not under
+// ASan, which is not told of its fibers' stack switches: tools/test.sh), on
+// a GPU in the gpu-tagged twin of this test.
+absl::StatusOr<KernelBackendPtr> Cuda(const cuda::CudaBackendOptions& options) {
+#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
+  return absl::UnavailableError("the SIMT executor does not run under ASan");
+#else
+  return cuda::NewCudaBackend(options);
+#endif
+}
+
 struct BackendKind {
   std::string name;
   std::function<absl::StatusOr<KernelBackendPtr>()> make;
@@ -472,18 +483,7 @@ std::vector<BackendKind> Backends() {
       {"cpu", [] { return NewBackend({.kind = "cpu", .threads = 2}); }},
       {"cpu-fastest", [] { return NewBackend({.kind = "cpu", .threads = 2, .cpu_kernels = CpuKernels::kFastest}); }},
       {"protected", protect},
-      // The CUDA backend's ops so far: on the SIMT executor's emulated device
-      // here (not under ASan, which is not told of its fibers' stack
-      // switches: tools/test.sh), on a GPU in the gpu-tagged twin of this test.
-      {"cuda",
-       []() -> absl::StatusOr<KernelBackendPtr> {
-#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
-         return absl::UnavailableError("the SIMT executor does not run under ASan");
-#else
-         return cuda::NewCudaBackend({.activation_dtype = DType::kF32});  // the reference's arithmetic
-#endif
-       },
-       false},
+      {"cuda", [] { return Cuda({.activation_dtype = DType::kF32}); }, false},  // the reference's arithmetic
   };
 }
 
@@ -560,22 +560,8 @@ TEST_CASE("deterministic mode: a row's output has the same bits for every batch 
       {"cpu", [] { return NewBackend({.kind = "cpu", .threads = 2, .deterministic = true}); }},
       {"cpu int8", [] { return NewBackend({.kind = "cpu", .threads = 2, .cpu_kernels = CpuKernels::kInt8Activations,
                                            .deterministic = true}); }},
-      {"cuda",
-       []() -> absl::StatusOr<KernelBackendPtr> {
-#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
-         return absl::UnavailableError("the SIMT executor does not run under ASan");
-#else
-         return cuda::NewCudaBackend({.deterministic = true, .activation_dtype = DType::kF32});
-#endif
-       }},
-      {"cuda bf16",
-       []() -> absl::StatusOr<KernelBackendPtr> {
-#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
-         return absl::UnavailableError("the SIMT executor does not run under ASan");
-#else
-         return cuda::NewCudaBackend({.deterministic = true, .activation_dtype = DType::kBF16});
-#endif
-       }},
+      {"cuda", [] { return Cuda({.deterministic = true, .activation_dtype = DType::kF32}); }},
+      {"cuda bf16", [] { return Cuda({.deterministic = true, .activation_dtype = DType::kBF16}); }},
   };
   for (const Kind& kind : kinds) {
     absl::StatusOr<KernelBackendPtr> made = kind.make();
@@ -631,7 +617,8 @@ TEST_CASE("deterministic mode: a row's output has the same bits for every batch 
         const int rows = std::min(b, 33 - first);
         const std::vector<float> chunk =
             attend({{.first_row = 0, .num_tokens = rows, .start_pos = 20 + first, .block_table = dev_table}}, first);
-        const std::vector<float> want(prefill_all.begin() + first * width, prefill_all.begin() + (first + rows) * width);
+        const std::vector<float> want(prefill_all.begin() + first * width,
+                                      prefill_all.begin() + (first + rows) * width);
         INFO("prefill rows " << first << ".." << first + rows);
         CHECK(FirstDifferentRow(chunk, want, width).empty());
       }
@@ -648,7 +635,8 @@ TEST_CASE("deterministic mode: a row's output has the same bits for every batch 
       weights.push_back(QuantizeWeights(down.data(), H, I, DType::kQ8));
     }
     for (int64_t e = 0; e < E; ++e) experts.push_back({weights[2 * e].view(), weights[2 * e + 1].view()});
-    const std::vector<float> x = Random(static_cast<size_t>(33 * H), 76), scores = Random(static_cast<size_t>(33 * E), 77, 3.0f);
+    const std::vector<float> x = Random(static_cast<size_t>(33 * H), 76),
+                             scores = Random(static_cast<size_t>(33 * E), 77, 3.0f);
     auto moe = [&](int64_t rows) {
       MoeArgs args{.num_experts = E, .top_k = 2, .renormalize = true, .rows = rows};
       args.experts = experts.data();
@@ -669,17 +657,12 @@ TEST_CASE("deterministic mode: a row's output has the same bits for every batch 
 
 TEST_CASE("BF16 mode: the GEMM is the F32 product of its inputs rounded to BF16, deterministic or not",
           "[kernels]") {
-#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
-  WARN("the SIMT executor does not run under ASan");
-  return;
-#endif
   const auto round = [](std::vector<float> v) {
     for (float& x : v) x = Bf16ToFloat(FloatToBf16(x));
     return v;
   };
   for (bool deterministic : {false, true}) {
-    absl::StatusOr<KernelBackendPtr> be =
-        cuda::NewCudaBackend({.deterministic = deterministic, .activation_dtype = DType::kBF16});
+    absl::StatusOr<KernelBackendPtr> be = Cuda({.deterministic = deterministic, .activation_dtype = DType::kBF16});
     if (absl::IsUnavailable(be.status())) {
       WARN(be.status().message());
       return;
@@ -690,7 +673,8 @@ TEST_CASE("BF16 mode: the GEMM is the F32 product of its inputs rounded to BF16,
     for (DType dtype : kAllDTypes) {
       for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{1, 70, 37}, {9, 129, 100}, {33, 64, 250}}) {
         INFO(DTypeName(dtype) << " m=" << m << " n=" << n << " k=" << k << " deterministic " << deterministic);
-        const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 11), a = Random(static_cast<size_t>(m) * k, 12);
+        const std::vector<float> wf = Random(static_cast<size_t>(n) * k, 11),
+                                 a = Random(static_cast<size_t>(m) * k, 12);
         const HostWeights hw = QuantizeWeights(wf.data(), n, k, dtype);
         float* c = dev.Put(std::vector<float>(static_cast<size_t>(m * n)));
         REQUIRE((*be)->Gemm(dev.Put(a), hw.view(), nullptr, c, m, false).ok());
@@ -712,11 +696,7 @@ TEST_CASE("BF16 mode: the GEMM is the F32 product of its inputs rounded to BF16,
 }
 
 TEST_CASE("without deterministic mode the emulated cuBLAS rounds a row by its batch, as a GPU's does", "[kernels]") {
-#if defined(__SANITIZE_ADDRESS__) && defined(DUET_SIMT)
-  WARN("the SIMT executor does not run under ASan");
-  return;
-#endif
-  absl::StatusOr<KernelBackendPtr> be = cuda::NewCudaBackend();
+  absl::StatusOr<KernelBackendPtr> be = Cuda({});
   if (absl::IsUnavailable(be.status())) {
     WARN(be.status().message());
     return;

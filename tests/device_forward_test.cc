@@ -93,6 +93,18 @@ struct Engine {
   std::unique_ptr<BlockPool> pool;
 };
 
+// F32 mode's bar: every position's logits within 1e-4 of the CPU's, and
+// the same greedy tokens.
+void ExpectCpuOutputs(const std::vector<std::vector<float>>& got, const std::vector<int32_t>& got_tokens,
+                      const std::vector<std::vector<float>>& want, const std::vector<int32_t>& want_tokens) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("position " << i);
+    CHECK(NormalizedError(got[i], want[i]) <= 1e-4);
+  }
+  CHECK(got_tokens == want_tokens);
+}
+
 TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and greedy tokens", "[device][f32]") {
   for (const char* arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}) {
     INFO("arch " << arch);
@@ -107,12 +119,7 @@ TEST_CASE("every architecture on the CUDA device: the CPU backend's logits and g
     std::vector<int32_t> want_tokens, got_tokens;
     cpu.Run(prompt, 40, 6, want, want_tokens);
     device.Run(prompt, 13, 6, got, got_tokens);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      INFO("position " << i);
-      CHECK(NormalizedError(got[i], want[i]) <= 1e-4);
-    }
-    CHECK(got_tokens == want_tokens);
+    ExpectCpuOutputs(got, got_tokens, want, want_tokens);
   }
 }
 
@@ -137,12 +144,7 @@ TEST_CASE("tensor- and pipeline-parallel ranks on the CUDA device: the CPU backe
       std::vector<std::vector<float>> got;
       std::vector<int32_t> got_tokens;
       device.Run(prompt, 9, 4, got, got_tokens);
-      REQUIRE(got.size() == want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        INFO("position " << i);
-        CHECK(NormalizedError(got[i], want[i]) <= 1e-4);
-      }
-      CHECK(got_tokens == want_tokens);
+      ExpectCpuOutputs(got, got_tokens, want, want_tokens);
     }
   }
 }
