@@ -702,15 +702,17 @@ absl::Status Model::RunGraphed(int64_t bucket, absl::FunctionRef<absl::Status()>
   // Eagerly first (which also grows the backend's scratch to the step),
   // then the same ops recorded.
   RETURN_IF_ERROR(ops());
-  RETURN_IF_ERROR(backend_->BeginCapture());
-  const absl::Status recorded = ops();
-  absl::StatusOr<std::unique_ptr<kernels::StepGraph>> graph = backend_->EndCapture();
-  if (recorded.ok() && graph.ok()) {
-    graphs_[bucket] = *std::move(graph);
-    return absl::OkStatus();
+  absl::Status why = backend_->BeginCapture();
+  if (why.ok()) {
+    const absl::Status recorded = ops();
+    absl::StatusOr<std::unique_ptr<kernels::StepGraph>> graph = backend_->EndCapture();
+    if (recorded.ok() && graph.ok()) {
+      graphs_[bucket] = *std::move(graph);
+      return absl::OkStatus();
+    }
+    why = recorded.ok() ? graph.status() : recorded;
   }
-  LOG(WARNING) << "step graphs off: capturing a decode step of " << bucket << " sequences failed: "
-               << (recorded.ok() ? graph.status() : recorded);
+  LOG(WARNING) << "step graphs off: capturing a decode step of " << bucket << " sequences failed: " << why;
   graph_max_batch_ = 0;
   graphs_.clear();
   return absl::OkStatus();  // The eager run's results stand.
@@ -783,9 +785,10 @@ absl::StatusOr<Logits> Model::ForwardShard(absl::Span<const BatchSeq> batch, Blo
   // Graphs record their buffer's addresses: theirs is their own, and when it
   // grows or the pool changes, every graph goes.
   kernels::BufferPtr& buffer = graphed ? graph_step_ : step_;
-  if (graphed && graph_pool_ != &pool) {
+  const std::tuple<const void*, int64_t, int64_t> pool_key{pool.region_base(), pool.bytes(), pool.block_bytes()};
+  if (graphed && graph_pool_ != pool_key) {
     graphs_.clear();
-    graph_pool_ = &pool;
+    graph_pool_ = pool_key;
   }
   if (buffer == nullptr || buffer->bytes() < carve.size) {
     const int64_t grown = std::max(carve.size, buffer == nullptr ? 0 : 2 * buffer->bytes());

@@ -49,6 +49,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -256,11 +257,12 @@ class Model {
 
   // Step graphs (LoadOptions::graph_max_batch): by bucket, over their own
   // step buffer and the pool they were captured on; dropped together when
-  // that buffer grows or the pool changes. Off once a capture fails.
+  // that buffer grows or the pool changes. Off once a capture fails (or the
+  // backend has none).
   int graph_max_batch_ = 0;
   std::map<int64_t, std::unique_ptr<kernels::StepGraph>> graphs_;
   kernels::BufferPtr graph_step_;
-  const BlockPool* graph_pool_ = nullptr;
+  std::tuple<const void*, int64_t, int64_t> graph_pool_;  // the pool's memory, bytes and block bytes
   int64_t graph_steps_ = 0;  // decode steps replayed, for tests and logs
 };
 

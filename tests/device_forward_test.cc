@@ -299,6 +299,19 @@ TEST_CASE("step graphs on the CUDA device: replayed decode steps give the eager 
   CHECK(g.tokens == e.tokens);
   CHECK(graphed->model->graph_replays() == 4);
   CHECK(eager->model->graph_replays() == 0);
+
+  // A backend without graphs (the CPU's): the first padded step runs
+  // eagerly, its capture is refused, graphs turn off, and the tokens are
+  // the unpadded engine's.
+  Engine cpu(dir, kernels::NewCpuBackend(2)), cpu_graphed(dir, kernels::NewCpuBackend(2), {.graph_max_batch = 8});
+  Decoding c(cpu), cg(cpu_graphed);
+  for (int len : {5, 9, 12}) {
+    c.Add(RandomTokens(len, len, vocab));
+    cg.Add(RandomTokens(len, len, vocab));
+  }
+  for (int s = 0; s < 3; ++s) CHECK(cg.Step({0, 1, 2}) == c.Step({0, 1, 2}));
+  CHECK(cg.tokens == c.tokens);
+  CHECK(cpu_graphed.model->graph_replays() == 0);
 }
 
 }  // namespace
