@@ -266,21 +266,30 @@ struct Model::Ranks {
 
 Model::~Model() { Unreside(); }
 
+namespace {
+
+using ArrayFn = std::function<void(const void*, int64_t)>;
+
+// A float array's memory, and a weight matrix's arrays (values, scales,
+// zeros), for Model::ForEachArray.
+void ArraysOf(const std::vector<float>& v, const ArrayFn& fn) {
+  fn(v.data(), static_cast<int64_t>(v.size() * sizeof(float)));
+}
+void ArraysOf(const kernels::HostWeights& w, const ArrayFn& fn) {
+  fn(w.values.data(), static_cast<int64_t>(w.values.size()));
+  ArraysOf(w.scales, fn);
+  fn(w.zeros.data(), static_cast<int64_t>(w.zeros.size()));
+}
+
+}  // namespace
+
 void Model::Layer::ForEachArray(const std::function<void(const void*, int64_t)>& fn) const {
-  const auto floats = [&](const std::vector<float>& v) {
-    fn(v.data(), static_cast<int64_t>(v.size() * sizeof(float)));
-  };
-  const auto matrix = [&](const kernels::HostWeights& w) {
-    fn(w.values.data(), static_cast<int64_t>(w.values.size()));
-    floats(w.scales);
-    fn(w.zeros.data(), static_cast<int64_t>(w.zeros.size()));
-  };
   for (const std::vector<float>* v : {&input_norm, &post_norm, &q_norm, &k_norm, &attn_out_norm, &mlp_out_norm,
                                       &bqkv, &bo}) {
-    floats(*v);
+    ArraysOf(*v, fn);
   }
-  for (const kernels::HostWeights* w : {&wqkv, &wo, &wgu, &wdown, &router}) matrix(*w);
-  for (const kernels::HostWeights& w : expert_weights) matrix(w);
+  for (const kernels::HostWeights* w : {&wqkv, &wo, &wgu, &wdown, &router}) ArraysOf(*w, fn);
+  for (const kernels::HostWeights& w : expert_weights) ArraysOf(w, fn);
 }
 
 void Model::ForEachArray(std::optional<int64_t> layer,
@@ -293,14 +302,8 @@ void Model::ForEachArray(std::optional<int64_t> layer,
     return;
   }
   for (const Layer& L : layers_) L.ForEachArray(live);
-  for (const kernels::HostWeights* w : {&embed_, &lm_head_}) {
-    live(w->values.data(), static_cast<int64_t>(w->values.size()));
-    live(w->scales.data(), static_cast<int64_t>(w->scales.size() * sizeof(float)));
-    live(w->zeros.data(), static_cast<int64_t>(w->zeros.size()));
-  }
-  for (const std::vector<float>* v : {&final_norm_, &inv_freq_, &inv_freq_local_}) {
-    live(v->data(), static_cast<int64_t>(v->size() * sizeof(float)));
-  }
+  for (const kernels::HostWeights* w : {&embed_, &lm_head_}) ArraysOf(*w, live);
+  for (const std::vector<float>* v : {&final_norm_, &inv_freq_, &inv_freq_local_}) ArraysOf(*v, live);
 }
 
 absl::Status Model::Reside(std::optional<int64_t> layer) {

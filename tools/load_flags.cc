@@ -67,10 +67,7 @@ absl::StatusOr<engine::LoadOptions> LoadOptionsFromFlags(const FlagSet& f) {
   if (const std::string a = f.GetString("activation-dtype"); a == "f32") {
     o.activation_dtype = kernels::DType::kF32;
   } else if (a == "bf16") {
-    if (o.device == "cpu") {
-      return absl::InvalidArgumentError("--activation-dtype bf16: the CPU backend computes in f32 (--device cuda)");
-    }
-    o.activation_dtype = kernels::DType::kBF16;
+    o.activation_dtype = kernels::DType::kBF16;  // NewBackend refuses it on the CPU
   } else if (a != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--activation-dtype: \"", a, "\" is not auto, f32 or bf16"));
   }

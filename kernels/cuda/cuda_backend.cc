@@ -400,7 +400,7 @@ class CudaBackend final : public KernelBackend {
     auto* g = dynamic_cast<CudaGraph*>(&graph);
     if (g == nullptr) return absl::InvalidArgumentError("not a step graph of this backend");
     if (g->generation != generation_) {
-      return absl::FailedPreconditionError("the step graph is stale: scratch memory moved since its capture");
+      return absl::FailedPreconditionError("the step graph is stale: memory it recorded (scratch or a resident copy) moved since");
     }
     return Check(cudaGraphLaunch(g->exec, stream_), "replaying a step graph");
   }

@@ -14,7 +14,9 @@ constexpr char kKind[] = "cuda";
 #endif
 
 const bool registered = RegisterBackend(kKind, [](const BackendOptions& o) {
-  return NewCudaBackend({.deterministic = o.deterministic, .activation_dtype = o.activation_dtype.value_or(DType::kBF16)});
+  CudaBackendOptions options{.deterministic = o.deterministic};
+  if (o.activation_dtype.has_value()) options.activation_dtype = *o.activation_dtype;  // else the backend's default
+  return NewCudaBackend(options);
 });
 
 }  // namespace
