@@ -17,6 +17,7 @@ int RunSim(int argc, char** argv);
 int RunPlace(int argc, char** argv);
 int RunProfile(int argc, char** argv);
 int RunPrecisionPlan(int argc, char** argv);
+int RunStructuredCheck(int argc, char** argv);
 
 }  // namespace duet::tools
 

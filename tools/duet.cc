@@ -31,6 +31,8 @@ constexpr Command kCommands[] = {
     {"profile", "time the engine on this machine and fit the latency model duet sim reads", duet::tools::RunProfile},
     {"precision-plan", "measure each layer's sensitivity to each dtype and write a precision map for a budget",
      duet::tools::RunPrecisionPlan},
+    {"structured-check", "check the grammar engine on JSON schemas and their instances, token by token",
+     duet::tools::RunStructuredCheck},
 };
 
 std::string Usage() {

@@ -1,0 +1,41 @@
+// JSON Schema to grammar: the values a schema accepts, as compact JSON
+// (no whitespace outside strings), properties in the schema's order.
+//
+// Drafts 4, 6, 7, 2019-09 and 2020-12 as real schemas write them (`$schema`
+// decides where they differ: draft-04's boolean exclusiveMinimum, `items`
+// arrays with `additionalItems` before 2020-12's `prefixItems`). A
+// validation keyword, `format` or reference the grammar does not enforce
+// fails compilation with a CompileError naming it and its JSON path;
+// annotations and unknown keywords are ignored, as JSON Schema says.
+//
+//   ASSIGN_OR_RETURN(auto grammar, CompileJsonSchema(R"({"type":"integer"})", vocab));
+#ifndef DUET_GRAMMAR_SCHEMA_H_
+#define DUET_GRAMMAR_SCHEMA_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "grammar/grammar.h"
+#include "nlohmann/json.hpp"
+
+namespace duet::grammar {
+
+// The keyword a failed compilation stopped at, from its Status message
+// ("<keyword> at <path>: <why>"); empty for other errors.
+std::string CompileErrorKeyword(const absl::Status& status);
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::ordered_json& schema,
+                                                                 std::shared_ptr<const Vocabulary> vocab);
+// InvalidArgument when `schema_json` is not JSON.
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(std::string_view schema_json,
+                                                                 std::shared_ptr<const Vocabulary> vocab);
+
+// The compact JSON text of a value as duet's grammars write it (and as
+// Python's json.dumps(..., ensure_ascii=False, separators=(",", ":")) does).
+std::string CompactJson(const nlohmann::ordered_json& value);
+
+}  // namespace duet::grammar
+
+#endif  // DUET_GRAMMAR_SCHEMA_H_
