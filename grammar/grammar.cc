@@ -21,24 +21,37 @@ const uint64_t* Grammar::PlainMask(int32_t dfa, int32_t dfa_state, int32_t pendi
   const Vocabulary& v = *vocab_;
   if (dfa < 0) return v.FreePlainMask(pending, room);
   if (room < 0 || room > v.max_plain_chars()) room = v.max_plain_chars();
-  const uint64_t key = (static_cast<uint64_t>(dfa) << 40) | (static_cast<uint64_t>(dfa_state) << 16) |
-                       (static_cast<uint64_t>(room) << 2) | static_cast<uint64_t>(pending);
+  return CachedPlainMask(dfa, dfa_state, pending, -1, -1, -1, room);
+}
+
+const uint64_t* Grammar::KeyPlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int32_t lo, int32_t hi,
+                                      int32_t others) const {
+  return CachedPlainMask(dfa, dfa_state, pending, lo, hi, others, -1);
+}
+
+const uint64_t* Grammar::CachedPlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int32_t lo, int32_t hi,
+                                         int32_t others, int64_t room) const {
+  const Vocabulary& v = *vocab_;
   absl::MutexLock lock(&mu_);
-  auto& slot = plain_masks_[key];
+  auto& slot = plain_masks_[std::make_tuple(dfa, dfa_state, pending, lo, hi, others, room)];
   if (slot == nullptr) {
     slot = std::make_unique<std::vector<uint64_t>>(v.mask_words(), 0);
     const ByteDfa& d = *dfas[dfa];
+    const bool key = lo >= 0 || others >= 0;
     struct S {
       int32_t state, pending, room;
     };
     WalkPlainTrie(
         v.plain(), S{dfa_state, pending, static_cast<int32_t>(room)},
-        [&d](const S& s, uint8_t b, S* next) {
+        [&](const S& s, uint8_t b, S* next) {
           bool starts;
           const int32_t p = Utf8Step(s.pending, b, &starts);
           if (p < 0 || (starts && s.room == 0)) return false;
           const int32_t t = d.Next(s.state, b);
           if (t == ByteDfa::kDead) return false;
+          if (key && !d.CanReachTag(t, lo, hi) && (others < 0 || !d.CanReachTag(t, others, d.num_tags() - 1))) {
+            return false;
+          }
           *next = S{t, p, s.room - (starts ? 1 : 0)};
           return true;
         },

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -102,11 +103,21 @@ class Grammar {
   // continuation bytes short and with room for `room` more code points
   // (-1: unbounded) may take: computed once per distinct argument list.
   const uint64_t* PlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int64_t room) const;
+  // The same for an object's key in key DFA `dfa`: a token may come when
+  // the key can still end as a name tagged in [lo, hi] or as a pattern or
+  // other key (tags from `others`; -1: none may).
+  const uint64_t* KeyPlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int32_t lo, int32_t hi,
+                               int32_t others) const;
 
  private:
+  const uint64_t* CachedPlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int32_t lo, int32_t hi,
+                                  int32_t others, int64_t room) const;
+
   std::shared_ptr<const Vocabulary> vocab_;
   mutable absl::Mutex mu_;
-  mutable absl::flat_hash_map<uint64_t, std::unique_ptr<std::vector<uint64_t>>> plain_masks_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int64_t>,
+                              std::unique_ptr<std::vector<uint64_t>>>
+      plain_masks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace duet::grammar

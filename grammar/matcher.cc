@@ -613,21 +613,27 @@ void Matcher::FillMask(uint64_t* mask) {
       in_strings = false;
       break;
     }
-    if (n.kind == NodeKind::kKey) {
-      const Node& on = g_->nodes[n.object];
-      if (!n.open || on.next_required[pool_[f.below].b] != static_cast<int32_t>(on.props.size())) {
-        in_strings = false;
-        break;
-      }
-    }
   }
   if (in_strings) {
     const int32_t words = vocab.mask_words();
     for (int32_t top : walk_tops_) {
       const Frame& f = pool_[top];
       const Node& n = g_->nodes[f.node];
-      const int64_t room = n.max_length < 0 ? -1 : n.max_length - f.d;
-      const uint64_t* plain = g_->PlainMask(n.dfa, n.dfa < 0 ? 0 : f.c, f.b, room);
+      const uint64_t* plain;
+      if (n.kind == NodeKind::kKey) {
+        const Node& on = g_->nodes[n.object];
+        const int32_t np = static_cast<int32_t>(on.props.size());
+        const int32_t pos = pool_[f.below].b, next_required = on.next_required[pos];
+        if (n.open && next_required == np) {
+          plain = vocab.FreePlainMask(f.b, -1);  // any key may come: the DFA state tells nothing
+        } else {
+          plain = g_->KeyPlainMask(n.dfa, f.c, f.b, pos, std::min(next_required, np - 1),
+                                   next_required == np ? np : -1);
+        }
+      } else {
+        const int64_t room = n.max_length < 0 ? -1 : n.max_length - f.d;
+        plain = g_->PlainMask(n.dfa, n.dfa < 0 ? 0 : f.c, f.b, room);
+      }
       for (int32_t w = 0; w < words; ++w) mask[w] |= plain[w];
     }
     Walk(vocab.string_exits(), mask);

@@ -34,12 +34,16 @@ bool IsValidationKeyword(const std::string& k) {
   return kValidation.count(k) > 0;
 }
 
+// A calendar date: the days each month has, February 29 in leap years only.
+constexpr const char* kDate =
+    R"((\d{4}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|\d{4}-(0[469]|11)-(0[1-9]|[12]\d|30)|\d{4}-02-(0[1-9]|1\d|2[0-8]))"
+    R"(|(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
+
 // Formats as anchored patterns over the decoded string.
 const std::map<std::string, std::string>& FormatPatterns() {
   static const auto* m = new std::map<std::string, std::string>{
-      {"date-time",
-       R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$)"},
-      {"date", R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$)"},
+      {"date-time", absl::StrCat("^", kDate, R"([Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$)")},
+      {"date", absl::StrCat("^", kDate, "$")},
       {"time", R"(^([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$)"},
       {"email", R"(^[^\s@]+@[^\s@]+$)"},
       {"idn-email", R"(^[^\s@]+@[^\s@]+$)"},
@@ -491,13 +495,21 @@ class Compiler {
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) return Refuse("pattern", path, "not a string");
       if (dfa != nullptr) return Refuse("pattern", path, "pattern together with a format not enforced");
-      auto d = CompileRegex(s["pattern"].get<std::string>());
-      if (!d.ok()) return Refuse("pattern", path, d.status().message());
-      dfa = std::make_shared<const ByteDfa>(std::move(*d));
+      const std::string pattern = s["pattern"].get<std::string>();
+      auto it = pattern_dfas_.find(pattern);
+      if (it != pattern_dfas_.end()) {
+        n.dfa = it->second;  // one DFA per pattern text, so its masks are computed once
+      } else {
+        auto d = CompileRegex(pattern);
+        if (!d.ok()) return Refuse("pattern", path, d.status().message());
+        dfa = std::make_shared<const ByteDfa>(std::move(*d));
+        pattern_dfas_[pattern] = static_cast<int32_t>(g_.dfas.size());
+      }
     }
     if (dfa != nullptr) {
-      n.dfa = static_cast<int32_t>(g_.dfas.size());
-      g_.dfas.push_back(std::move(dfa));
+      auto found = std::find(g_.dfas.begin(), g_.dfas.end(), dfa);
+      n.dfa = static_cast<int32_t>(found - g_.dfas.begin());
+      if (found == g_.dfas.end()) g_.dfas.push_back(std::move(dfa));
     }
     return AddNode(std::move(n));
   }
@@ -647,6 +659,7 @@ class Compiler {
   std::string root_id_;
   int32_t any_ = -1;
   std::map<const json*, int32_t> memo_;
+  std::map<std::string, int32_t> pattern_dfas_;
 };
 
 }  // namespace
