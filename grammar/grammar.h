@@ -12,7 +12,7 @@
 // alternative at once) and an object's key (a DFA tagging property names,
 // patternProperties and "any other key").
 //
-//   ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchema(schema_text, vocab));
+//   ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchemaText(schema_text, vocab));
 //   Matcher m(g);
 #ifndef DUET_GRAMMAR_GRAMMAR_H_
 #define DUET_GRAMMAR_GRAMMAR_H_

@@ -441,9 +441,10 @@ bool Matcher::NumberComplete(const Frame& f, const Node& n) const {
 // its bounds (it can grow by more digits).
 bool Matcher::IntegerAlive(const Frame& f, const Node& n) const {
   const bool negative = f.b & kNegative;
-  if (f.a == kNumMinus || f.a == kNumStart) return true;
+  if (f.a == kNumStart) return true;
   const long double lo = n.has_minimum ? (n.exclusive_minimum ? std::floor(n.minimum) + 1 : std::ceil(n.minimum)) : -1e300L;
   const long double hi = n.has_maximum ? (n.exclusive_maximum ? std::ceil(n.maximum) - 1 : std::floor(n.maximum)) : 1e300L;
+  if (f.a == kNumMinus) return lo <= std::min(hi, -1.0L);
   if (f.a == kNumZero) return lo <= 0 && 0 <= hi;
   long double p = static_cast<long double>(f.v);
   for (int i = 0; i < f.c; ++i) p *= 10;

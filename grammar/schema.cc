@@ -80,7 +80,7 @@ absl::StatusOr<std::shared_ptr<const ByteDfa>> FormatDfa(const std::string& name
 }
 
 absl::Status Refuse(const std::string& keyword, const std::string& path, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(keyword, " at ", path.empty() ? "#" : path, ": ", why));
+  return absl::InvalidArgumentError(absl::StrCat(keyword, " at #", path, ": ", why));
 }
 
 std::string PointerToken(std::string s) {
@@ -683,7 +683,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann:
   return g;
 }
 
-absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(std::string_view schema_json,
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string_view schema_json,
                                                                  std::shared_ptr<const Vocabulary> vocab) {
   nlohmann::ordered_json schema = nlohmann::ordered_json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("schema: not valid JSON");

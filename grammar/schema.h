@@ -8,7 +8,7 @@
 // fails compilation with a CompileError naming it and its JSON path;
 // annotations and unknown keywords are ignored, as JSON Schema says.
 //
-//   ASSIGN_OR_RETURN(auto grammar, CompileJsonSchema(R"({"type":"integer"})", vocab));
+//   ASSIGN_OR_RETURN(auto grammar, CompileJsonSchemaText(R"({"type":"integer"})", vocab));
 #ifndef DUET_GRAMMAR_SCHEMA_H_
 #define DUET_GRAMMAR_SCHEMA_H_
 
@@ -29,7 +29,7 @@ std::string CompileErrorKeyword(const absl::Status& status);
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::ordered_json& schema,
                                                                  std::shared_ptr<const Vocabulary> vocab);
 // InvalidArgument when `schema_json` is not JSON.
-absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(std::string_view schema_json,
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string_view schema_json,
                                                                  std::shared_ptr<const Vocabulary> vocab);
 
 // The compact JSON text of a value as duet's grammars write it (and as

@@ -9,7 +9,7 @@ PACKAGES=(
   g++ libboost1.74-dev libboost-context1.74-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libucx-dev ucx-utils libopenblas-dev libopenblas0-pthread prometheus-cpp-dev
   catch2 nlohmann-json3-dev libicu-dev libpcre2-dev zlib1g-dev
-  mbw python3 python3-jinja2
+  mbw python3 python3-jinja2 python3-jsonschema
   prometheus
   clang libclang-rt-14-dev
 )

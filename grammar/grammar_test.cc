@@ -1,0 +1,326 @@
+// The grammar engine per construct: regexes (ECMA-262 as JSON Schema's
+// `pattern` writes them), each JSON Schema keyword and draft, recursion,
+// formats, refusals, rollback; all through the matcher over a vocabulary of
+// the 256 single bytes (so a value is accepted byte by byte, exactly).
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "grammar/matcher.h"
+#include "grammar/regex.h"
+#include "grammar/schema.h"
+
+namespace duet::grammar {
+namespace {
+
+bool RegexMatches(const std::string& pattern, const std::string& s) {
+  auto d = CompileRegex(pattern);
+  REQUIRE(d.ok());
+  int32_t st = d->start();
+  for (char c : s) {
+    st = d->Next(st, static_cast<uint8_t>(c));
+    if (st == ByteDfa::kDead) return false;
+  }
+  return d->Accepting(st);
+}
+
+std::shared_ptr<const Vocabulary> ByteVocab() {
+  static const auto v = [] {
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+    tokens.push_back("");  // 256: end of sequence
+    std::vector<bool> special(257, false);
+    special[256] = true;
+    return std::make_shared<const Vocabulary>(tokens, special, std::vector<int32_t>{256});
+  }();
+  return v;
+}
+
+std::shared_ptr<const Grammar> Compile(const std::string& schema) {
+  auto g = CompileJsonSchemaText(schema, ByteVocab());
+  INFO(schema << ": " << g.status().message());
+  REQUIRE(g.ok());
+  return *g;
+}
+
+// Byte by byte, each byte checked against the mask first.
+bool Accepts(const std::shared_ptr<const Grammar>& g, const std::string& text) {
+  Matcher m(g);
+  std::vector<uint64_t> mask(ByteVocab()->mask_words());
+  for (char c : text) {
+    const auto b = static_cast<uint8_t>(c);
+    m.FillMask(mask.data());
+    const bool allowed = (mask[b / 64] >> (b % 64)) & 1;
+    const bool advanced = m.AcceptBytes(std::string(1, c));
+    CHECK(allowed == advanced);  // the mask says what the matcher does
+    if (!advanced) return false;
+  }
+  m.FillMask(mask.data());
+  CHECK(((mask[256 / 64] >> (256 % 64)) & 1) == m.CanEnd());
+  return m.CanEnd();
+}
+
+bool Accepts(const std::string& schema, const std::string& text) { return Accepts(Compile(schema), text); }
+
+std::string RefusalOf(const std::string& schema) {
+  auto g = CompileJsonSchemaText(schema, ByteVocab());
+  REQUIRE_FALSE(g.ok());
+  return std::string(g.status().message());
+}
+
+}  // namespace
+
+TEST_CASE("regex: search semantics and anchors", "[grammar][regex]") {
+  CHECK(RegexMatches("abc", "xxabcyy"));
+  CHECK_FALSE(RegexMatches("abc", "xxabyy"));
+  CHECK(RegexMatches("^abc", "abcyy"));
+  CHECK_FALSE(RegexMatches("^abc", "xabc"));
+  CHECK(RegexMatches("abc$", "xxabc"));
+  CHECK_FALSE(RegexMatches("abc$", "abcx"));
+  CHECK(RegexMatches("^a|b$", "ax"));
+  CHECK(RegexMatches("^a|b$", "xb"));
+  CHECK_FALSE(RegexMatches("^a|b$", "xa"));
+  CHECK(RegexMatches("", "anything"));
+  CHECK(RegexMatches("^$", ""));
+  CHECK_FALSE(RegexMatches("^$", "a"));
+}
+
+TEST_CASE("regex: classes, escapes, quantifiers, groups", "[grammar][regex]") {
+  CHECK(RegexMatches("^[a-z]+$", "hello"));
+  CHECK_FALSE(RegexMatches("^[a-z]+$", "Hello"));
+  CHECK(RegexMatches("^[^0-9]*$", "abc"));
+  CHECK_FALSE(RegexMatches("^[^0-9]*$", "a1"));
+  CHECK(RegexMatches(R"(^\d{3}-\d{2,4}$)", "123-4567"));
+  CHECK_FALSE(RegexMatches(R"(^\d{3}-\d{2,4}$)", "123-45678"));
+  CHECK_FALSE(RegexMatches(R"(^\d{3}-\d{2,4}$)", "123-4"));
+  CHECK(RegexMatches(R"(^\w+\s\S+$)", "snake_case x.y"));
+  CHECK(RegexMatches(R"(^\x41\u00e9$)", "A\xC3\xA9"));
+  CHECK(RegexMatches("^[à-ÿ]$", "é"));
+  CHECK_FALSE(RegexMatches("^[à-ÿ]$", "e"));
+  CHECK(RegexMatches("^.$", "\xE2\x82\xAC"));  // one code point, three bytes
+  CHECK_FALSE(RegexMatches("^.$", "\n"));
+  CHECK(RegexMatches("^(?:ab)+c?$", "ababc"));
+  CHECK(RegexMatches("^(?<year>[0-9]{4})$", "2024"));
+  CHECK(RegexMatches("^a.*?b$", "axxb"));
+  CHECK(RegexMatches(R"(^[\w.-]+@[\w-]+\.\w+$)", "a.b-c@d-e.fg"));
+  CHECK(RegexMatches("^(cat|dog)s?$", "dogs"));
+  CHECK_FALSE(RegexMatches("^(cat|dog)s?$", "cow"));
+  CHECK(RegexMatches("^a{2}$", "aa"));
+  CHECK(RegexMatches("^a{,2}$", "a{,2}"));  // not a quantifier: literal, as ECMA-262's Annex B reads it
+  CHECK(RegexMatches(R"(^[\]\-]+$)", "]-"));
+}
+
+TEST_CASE("regex: what is refused names itself", "[grammar][regex]") {
+  auto look = CompileRegex("(?=a)b");
+  REQUIRE_FALSE(look.ok());
+  CHECK(std::string(look.status().message()).find("lookaround") != std::string::npos);
+  auto back = CompileRegex("(a)\\1");
+  REQUIRE_FALSE(back.ok());
+  CHECK(std::string(back.status().message()).find("backreference") != std::string::npos);
+  auto wb = CompileRegex("\\bword");
+  REQUIRE_FALSE(wb.ok());
+  CHECK(std::string(wb.status().message()).find("word boundary") != std::string::npos);
+  CHECK_FALSE(CompileRegex("(ab").ok());
+  CHECK_FALSE(CompileRegex("a{3,1}").ok());
+}
+
+TEST_CASE("schema: types, compact JSON, literals", "[grammar][schema]") {
+  CHECK(Accepts(R"({"type":"string"})", R"("hi")"));
+  CHECK_FALSE(Accepts(R"({"type":"string"})", "12"));
+  CHECK(Accepts(R"({"type":"integer"})", "-12"));
+  CHECK_FALSE(Accepts(R"({"type":"integer"})", "1.5"));
+  CHECK_FALSE(Accepts(R"({"type":"integer"})", "012"));
+  CHECK(Accepts(R"({"type":"number"})", "-0.5e+10"));
+  CHECK_FALSE(Accepts(R"({"type":"number"})", "1."));
+  CHECK(Accepts(R"({"type":"boolean"})", "false"));
+  CHECK(Accepts(R"({"type":"null"})", "null"));
+  CHECK(Accepts(R"({"type":["string","null"]})", "null"));
+  CHECK(Accepts(R"({})", R"({"a":[1,"x",{"b":null}]})"));
+  CHECK(Accepts(R"(true)", "[]"));
+  CHECK_FALSE(Accepts(R"(false)", "[]"));
+  CHECK_FALSE(Accepts(R"({"type":"object"})", R"({ "a":1})"));  // no whitespace outside strings
+  CHECK(Accepts(R"({"enum":["a",1,null,{"k":[true]}]})", R"({"k":[true]})"));
+  CHECK_FALSE(Accepts(R"({"enum":["a",1]})", "2"));
+  CHECK(Accepts(R"({"enum":[1,10]})", "1"));
+  CHECK(Accepts(R"({"enum":[1,10]})", "10"));
+  CHECK(Accepts(R"({"const":"x"})", R"("x")"));
+  CHECK_FALSE(Accepts(R"({"const":"x"})", R"("y")"));
+  CHECK(Accepts(R"({"type":"string","enum":["a",2]})", R"("a")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","enum":["a",2]})", "2"));
+}
+
+TEST_CASE("schema: strings: escapes, lengths in code points, patterns on decoded text", "[grammar][schema]") {
+  CHECK(Accepts(R"({"type":"string"})", R"("a\"b\\c\n\u00e9")"));
+  CHECK_FALSE(Accepts(R"({"type":"string"})", "\"a\nb\""));  // a raw control character
+  CHECK_FALSE(Accepts(R"({"type":"string"})", R"("\x")"));
+  CHECK_FALSE(Accepts(R"({"type":"string"})", "\"\xC3\""));  // a cut UTF-8 character
+  const std::string len = R"({"type":"string","minLength":2,"maxLength":3})";
+  CHECK_FALSE(Accepts(len, R"("a")"));
+  CHECK(Accepts(len, R"("ab")"));
+  CHECK(Accepts(len, "\"\xC3\xA9\xC3\xA9\xC3\xA9\""));  // three code points, six bytes
+  CHECK_FALSE(Accepts(len, R"("abcd")"));
+  CHECK(Accepts(len, R"("\u00e9\n")"));
+  const std::string pat = R"({"type":"string","pattern":"^a\"b[0-9]+$"})";
+  CHECK(Accepts(pat, R"("a\"b12")"));
+  CHECK_FALSE(Accepts(pat, R"("a\"b")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"x"})", R"("axb")"));  // unanchored: a search
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"x"})", R"("ab")"));
+}
+
+TEST_CASE("schema: formats", "[grammar][schema]") {
+  CHECK(Accepts(R"({"format":"date","type":"string"})", R"("2024-02-29")"));
+  CHECK_FALSE(Accepts(R"({"format":"date","type":"string"})", R"("2023-02-29")"));
+  CHECK_FALSE(Accepts(R"({"format":"date","type":"string"})", R"("2022-04-31")"));
+  CHECK(Accepts(R"({"format":"date-time","type":"string"})", R"("2022-01-01T12:00:00.5+05:30")"));
+  CHECK_FALSE(Accepts(R"({"format":"date-time","type":"string"})", R"("2022-01-01 12:00:00")"));
+  CHECK(Accepts(R"({"format":"time","type":"string"})", R"("23:59:60Z")"));
+  CHECK(Accepts(R"({"format":"email","type":"string"})", R"("a.b@c.org")"));
+  CHECK_FALSE(Accepts(R"({"format":"email","type":"string"})", R"("a b@c")"));
+  CHECK(Accepts(R"({"format":"uuid","type":"string"})", R"("123e4567-e89b-12d3-a456-426614174000")"));
+  CHECK_FALSE(Accepts(R"({"format":"uuid","type":"string"})", R"("123e4567e89b12d3a456426614174000")"));
+  CHECK(Accepts(R"({"format":"ipv4","type":"string"})", R"("192.168.0.255")"));
+  CHECK_FALSE(Accepts(R"({"format":"ipv4","type":"string"})", R"("256.1.1.1")"));
+  CHECK(Accepts(R"({"format":"ipv6","type":"string"})", R"("fe80::1")"));
+  CHECK(Accepts(R"({"format":"uri","type":"string"})", R"("https://example.com/a?b=c")"));
+  CHECK_FALSE(Accepts(R"({"format":"uri","type":"string"})", R"("example.com")"));
+  CHECK(Accepts(R"({"format":"hostname","type":"string"})", R"("a-b.example.com")"));
+  CHECK(Accepts(R"({"format":"made-up","type":"string"})", R"("anything")"));  // unknown: an annotation
+  CHECK(RefusalOf(R"({"properties":{"p":{"type":"string","format":"duration"}}})") ==
+        "format at #/properties/p: format \"duration\" not enforced");
+}
+
+TEST_CASE("schema: numbers: bounds per draft, multipleOf, integers that cannot reach their bounds", "[grammar][schema]") {
+  const std::string r = R"({"type":"integer","minimum":10,"maximum":20})";
+  CHECK(Accepts(r, "10"));
+  CHECK(Accepts(r, "20"));
+  CHECK_FALSE(Accepts(r, "21"));
+  CHECK_FALSE(Accepts(r, "9"));
+  CHECK_FALSE(Accepts(r, "3"));  // "3" cannot grow into 10..20: the mask stops it at once
+  auto g = Compile(r);
+  Matcher m(g);
+  std::vector<uint64_t> mask(ByteVocab()->mask_words());
+  m.FillMask(mask.data());
+  CHECK(((mask['1' / 64] >> ('1' % 64)) & 1) == 1);
+  CHECK(((mask['3' / 64] >> ('3' % 64)) & 1) == 0);
+  CHECK(((mask['-' / 64] >> ('-' % 64)) & 1) == 0);
+  // draft-04: exclusiveMinimum is a flag on minimum; later drafts: a bound of its own.
+  CHECK_FALSE(Accepts(R"({"$schema":"http://json-schema.org/draft-04/schema#","type":"number","minimum":5,"exclusiveMinimum":true})", "5"));
+  CHECK(Accepts(R"({"$schema":"http://json-schema.org/draft-04/schema#","type":"number","minimum":5,"exclusiveMinimum":true})", "5.5"));
+  CHECK_FALSE(Accepts(R"({"type":"number","exclusiveMaximum":5})", "5"));
+  CHECK(Accepts(R"({"type":"number","exclusiveMaximum":5})", "4.99"));
+  CHECK(Accepts(R"({"type":"number","maximum":0.1})", "0.1"));
+  CHECK(Accepts(R"({"type":"number","minimum":-1e3})", "-1e3"));
+  CHECK_FALSE(Accepts(R"({"type":"number","minimum":-1e3})", "-1001"));
+  CHECK(Accepts(R"({"type":"integer","multipleOf":3})", "-12"));
+  CHECK_FALSE(Accepts(R"({"type":"integer","multipleOf":3})", "13"));
+  CHECK(Accepts(R"({"type":"number","multipleOf":0.5})", "2.5"));
+  CHECK_FALSE(Accepts(R"({"type":"number","multipleOf":0.5})", "2.25"));
+}
+
+TEST_CASE("schema: objects: order, required, additional and pattern properties, counts", "[grammar][schema]") {
+  const std::string s =
+      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["b"],"additionalProperties":false})";
+  CHECK(Accepts(s, R"({"b":"x"})"));
+  CHECK(Accepts(s, R"({"a":1,"b":"x","c":true})"));
+  CHECK_FALSE(Accepts(s, R"({"b":"x","a":1})"));  // out of the schema's order
+  CHECK_FALSE(Accepts(s, R"({"a":1})"));          // b required
+  CHECK_FALSE(Accepts(s, R"({"b":"x","d":1})"));  // no other keys
+  CHECK_FALSE(Accepts(s, R"({"b":"x","b":"y"})"));
+  const std::string open = R"({"type":"object","properties":{"a":{"type":"integer"}}})";
+  CHECK(Accepts(open, R"({"a":1,"zz":[1,{}]})"));  // additionalProperties defaults to any
+  CHECK_FALSE(Accepts(open, R"({"zz":1,"a":1})"));  // the named one first
+  const std::string typed = R"({"type":"object","additionalProperties":{"type":"number"}})";
+  CHECK(Accepts(typed, R"({"x":1,"y":2.5})"));
+  CHECK_FALSE(Accepts(typed, R"({"x":"1"})"));
+  const std::string pp =
+      R"({"type":"object","patternProperties":{"^s_":{"type":"string"},"^n_":{"type":"integer"}},"additionalProperties":false})";
+  CHECK(Accepts(pp, R"({"s_a":"x","n_b":2})"));
+  CHECK_FALSE(Accepts(pp, R"({"s_a":2})"));
+  CHECK_FALSE(Accepts(pp, R"({"q":2})"));
+  const std::string counts = R"({"type":"object","minProperties":1,"maxProperties":2})";
+  CHECK_FALSE(Accepts(counts, "{}"));
+  CHECK(Accepts(counts, R"({"a":1,"b":2})"));
+  CHECK_FALSE(Accepts(counts, R"({"a":1,"b":2,"c":3})"));
+  // A required name the properties do not list takes what other keys take.
+  CHECK(Accepts(R"({"type":"object","required":["id"],"additionalProperties":{"type":"integer"}})", R"({"id":3})"));
+  CHECK_FALSE(Accepts(R"({"type":"object","required":["id"],"additionalProperties":{"type":"integer"}})", "{}"));
+  // Keys with characters JSON escapes.
+  CHECK(Accepts(R"({"type":"object","properties":{"a\"b":{"type":"integer"}},"required":["a\"b"]})", R"({"a\"b":1})"));
+}
+
+TEST_CASE("schema: arrays: items, tuples per draft, counts", "[grammar][schema]") {
+  CHECK(Accepts(R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":3})", "[1,2,3]"));
+  CHECK_FALSE(Accepts(R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":3})", "[]"));
+  CHECK_FALSE(Accepts(R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":3})", "[1,2,3,4]"));
+  CHECK_FALSE(Accepts(R"({"type":"array","items":{"type":"integer"}})", R"([1,"a"])"));
+  const std::string d4 =
+      R"({"$schema":"http://json-schema.org/draft-04/schema#","type":"array","items":[{"type":"string"},{"type":"integer"}],"additionalItems":false})";
+  CHECK(Accepts(d4, R"(["a",1])"));
+  CHECK_FALSE(Accepts(d4, R"(["a",1,2])"));
+  CHECK_FALSE(Accepts(d4, R"([1,1])"));
+  const std::string d2020 = R"({"type":"array","prefixItems":[{"type":"string"}],"items":{"type":"boolean"}})";
+  CHECK(Accepts(d2020, R"(["a",true,false])"));
+  CHECK_FALSE(Accepts(d2020, R"(["a",1])"));
+  CHECK(Accepts(R"({"type":"array","uniqueItems":true,"maxItems":1})", "[1]"));
+}
+
+TEST_CASE("schema: $ref, $defs, definitions, recursion", "[grammar][schema]") {
+  const std::string tree =
+      R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v"],"additionalProperties":false}},"$ref":"#/$defs/node"})";
+  CHECK(Accepts(tree, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4,"kids":[]}]}]})"));
+  CHECK_FALSE(Accepts(tree, R"({"v":1,"kids":[{"v":"2"}]})"));
+  const std::string self = R"({"type":["object","integer"],"additionalProperties":{"$ref":"#"}})";
+  CHECK(Accepts(self, R"({"a":{"b":{"c":1}}})"));
+  CHECK_FALSE(Accepts(self, R"({"a":{"b":"x"}})"));
+  CHECK(Accepts(R"({"definitions":{"s":{"type":"string"}},"properties":{"x":{"$ref":"#/definitions/s"}}})", R"({"x":"y"})"));
+  CHECK(RefusalOf(R"({"properties":{"x":{"$ref":"other.json#/a"}}})").rfind("$ref at #/properties/x", 0) == 0);
+}
+
+TEST_CASE("schema: allOf merged, anyOf and oneOf followed down every branch", "[grammar][schema]") {
+  const std::string all =
+      R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},{"properties":{"b":{"type":"string"}},"required":["b"]}]})";
+  CHECK(Accepts(all, R"({"a":1,"b":"x"})"));
+  CHECK_FALSE(Accepts(all, R"({"a":1})"));
+  const std::string any = R"({"anyOf":[{"type":"string","maxLength":2},{"type":"string","pattern":"^z"}]})";
+  CHECK(Accepts(any, R"("ab")"));
+  CHECK(Accepts(any, R"("zzzz")"));
+  CHECK_FALSE(Accepts(any, R"("abc")"));
+  // Keywords beside anyOf apply to every branch.
+  const std::string base =
+      R"({"type":"object","properties":{"k":{"type":"integer"}},"anyOf":[{"required":["k"]},{"properties":{"j":{"type":"null"}},"required":["j"]}]})";
+  CHECK(Accepts(base, R"({"k":1})"));
+  CHECK(Accepts(base, R"({"j":null})"));
+  CHECK_FALSE(Accepts(base, "{}"));
+  CHECK(Accepts(R"({"oneOf":[{"type":"integer"},{"type":"string"}]})", R"("s")"));
+}
+
+TEST_CASE("schema: refusals name the keyword and its path; annotations are ignored", "[grammar][schema]") {
+  CHECK(RefusalOf(R"({"properties":{"a":{"not":{"type":"string"}}}})") == "not at #/properties/a: not enforced");
+  CHECK(RefusalOf(R"({"items":{"if":{"type":"string"},"then":{}}})") == "if at #/items: not enforced");
+  CHECK(RefusalOf(R"({"dependencies":{"a":["b"]}})") == "dependencies at #: not enforced");
+  CHECK(RefusalOf(R"({"type":"array","uniqueItems":true})") == "uniqueItems at #: not enforced");
+  CHECK(RefusalOf(R"j({"type":"string","pattern":"(?!x)"})j").rfind("pattern at #: ", 0) == 0);
+  CHECK(CompileErrorKeyword(absl::InvalidArgumentError("propertyNames at #/a: not enforced")) == "propertyNames");
+  CHECK(Accepts(R"({"type":"string","title":"T","description":"D","examples":["x"],"x-vendor":{"not":1}})", R"("q")"));
+}
+
+TEST_CASE("matcher: rollback returns to the earlier state exactly", "[grammar][matcher]") {
+  auto g = Compile(R"({"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer","maximum":50}}})");
+  Matcher m(g);
+  std::vector<uint64_t> before(ByteVocab()->mask_words()), after(ByteVocab()->mask_words());
+  REQUIRE(m.AcceptBytes(R"({"name":"ab)"));
+  m.FillMask(before.data());
+  REQUIRE(m.AcceptBytes(R"(c",)"));
+  REQUIRE(m.AcceptBytes(R"("n":4)"));
+  CHECK_FALSE(m.AcceptBytes("00"));  // 400 > 50: refused, nothing changes
+  CHECK(m.steps() == 3);
+  m.Rollback(2);
+  m.FillMask(after.data());
+  CHECK(before == after);
+  REQUIRE(m.AcceptBytes(R"(","n":50})"));
+  CHECK(m.CanEnd());
+  CHECK(m.Done());
+}
+
+}  // namespace duet::grammar
