@@ -8,8 +8,9 @@
 // for `pattern`/`format`; lengths in code points), a number (bounds and
 // multipleOf checked where the number ends), an object (properties in the
 // schema's order, then the additional ones), an array (a tuple prefix, then
-// items), a union (anyOf/oneOf/type lists: the matcher follows every
-// alternative at once) and an object's key (a DFA tagging property names,
+// items), a union (anyOf, type lists: the matcher follows every
+// alternative at once), a oneOf (the same, and a value that completes in
+// two alternatives at once is refused) and an object's key (a DFA tagging property names,
 // patternProperties and "any other key").
 //
 //   ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchemaText(schema_text, vocab));
@@ -31,7 +32,7 @@
 
 namespace duet::grammar {
 
-enum class NodeKind : uint8_t { kLiteral, kString, kNumber, kObject, kArray, kUnion, kKey };
+enum class NodeKind : uint8_t { kLiteral, kString, kNumber, kObject, kArray, kUnion, kOneOf, kKey };
 
 struct Property {
   std::string name;
@@ -64,7 +65,7 @@ struct Node {
   std::vector<int32_t> prefix;
   int32_t items = -1;  // node of items past the prefix; -1: none allowed
   int64_t min_items = 0, max_items = -1;
-  // kUnion.
+  // kUnion, kOneOf (a value must match exactly one alternative).
   std::vector<int32_t> alternatives;
   // kKey: the object it names keys of; `open` when the key DFA matches
   // any string (additional properties allowed).
@@ -85,6 +86,7 @@ class Grammar {
   std::vector<LiteralNode> literals;
   std::vector<std::shared_ptr<const ByteDfa>> dfas;
   int32_t root = -1;
+  bool has_one_of = false;
 
   const Vocabulary& vocab() const { return *vocab_; }
   const std::shared_ptr<const Vocabulary>& vocab_ptr() const { return vocab_; }

@@ -293,6 +293,19 @@ TEST_CASE("schema: allOf merged, anyOf and oneOf followed down every branch", "[
   CHECK(Accepts(base, R"({"j":null})"));
   CHECK_FALSE(Accepts(base, "{}"));
   CHECK(Accepts(R"({"oneOf":[{"type":"integer"},{"type":"string"}]})", R"("s")"));
+  // oneOf: a value both alternatives match is refused, where it completes.
+  const std::string one = R"({"oneOf":[{"type":"integer"},{"type":"number","maximum":10}]})";
+  CHECK(Accepts(one, "1.5"));
+  CHECK(Accepts(one, "11"));
+  CHECK_FALSE(Accepts(one, "1"));
+  CHECK_FALSE(Accepts(R"({"type":"array","items":)" + one + "}", "[1.5,2]"));
+  CHECK(Accepts(R"({"type":"array","items":)" + one + "}", "[1.5,20]"));
+  const std::string keys =
+      R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"oneOf":[{"required":["a"]},{"required":["b"]}]})";
+  CHECK(Accepts(keys, R"({"a":"x"})"));
+  CHECK(Accepts(keys, R"({"b":"x"})"));
+  CHECK_FALSE(Accepts(keys, R"({"a":"x","b":"y"})"));
+  CHECK_FALSE(Accepts(keys, "{}"));
 }
 
 TEST_CASE("schema: refusals name the keyword and its path; annotations are ignored", "[grammar][schema]") {

@@ -62,6 +62,13 @@ void Matcher::StartValue(int32_t node, int32_t below, uint8_t c, std::vector<int
     case NodeKind::kUnion:
       for (int32_t alt : n.alternatives) StartValue(alt, below, c, out);
       return;
+    case NodeKind::kOneOf:
+      // A marker under each alternative's value: when values complete,
+      // ResolveOneOf lets one through only if a single alternative matched.
+      for (size_t i = 0; i < n.alternatives.size(); ++i) {
+        StartValue(n.alternatives[i], Push({node, below, static_cast<int32_t>(i), -1, 0, 0, 0}), c, out);
+      }
+      return;
     case NodeKind::kLiteral: {
       const int32_t child = g_->LiteralChild(n.literal, c);
       if (child >= 0) out.push_back(Push({node, below, child, 0, 0, 0, 0}));
@@ -108,7 +115,44 @@ void Matcher::Feed(int32_t top, uint8_t c, std::vector<int32_t>& out) {
     case NodeKind::kNumber: StepNumber(f, n, c, out); return;
     case NodeKind::kObject: StepObject(f, n, c, out); return;
     case NodeKind::kArray: StepArray(f, n, c, out); return;
+    case NodeKind::kOneOf: {  // the value above ended at this byte, which is the parent's
+      Frame done = f;
+      done.b = c;
+      out.push_back(Push(done));
+      return;
+    }
     case NodeKind::kUnion: return;
+  }
+}
+
+void Matcher::ResolveOneOf(std::vector<int32_t>& out, size_t first) {
+  auto is_marker = [&](int32_t top) { return top >= 0 && g_->nodes[pool_[top].node].kind == NodeKind::kOneOf; };
+  while (true) {
+    markers_.clear();
+    size_t kept = first;
+    for (size_t i = first; i < out.size(); ++i) {
+      if (is_marker(out[i])) {
+        markers_.push_back(out[i]);
+      } else {
+        out[kept++] = out[i];
+      }
+    }
+    out.resize(kept);
+    if (markers_.empty()) return;
+    for (size_t i = 0; i < markers_.size(); ++i) {
+      const Frame m = pool_[markers_[i]];
+      bool alone = true;  // no other alternative of this oneOf completed the value
+      for (size_t j = 0; j < markers_.size() && alone; ++j) {
+        const Frame& o = pool_[markers_[j]];
+        alone = !(o.node == m.node && o.below == m.below && o.a != m.a);
+      }
+      if (!alone) continue;
+      if (m.b < 0) {
+        out.push_back(m.below);
+      } else {
+        FeedBelow(m.below, static_cast<uint8_t>(m.b), out);
+      }
+    }
   }
 }
 
@@ -479,6 +523,7 @@ void Matcher::Advance(const std::vector<int32_t>& in, size_t begin, size_t end, 
                       std::vector<int32_t>& out) {
   const size_t first = out.size();
   for (size_t i = begin; i < end; ++i) Feed(in[i], byte, out);
+  if (g_->has_one_of) ResolveOneOf(out, first);
   if (out.size() - first > 1) {
     size_t kept = first;
     for (size_t i = first; i < out.size(); ++i) {
@@ -540,7 +585,9 @@ bool Matcher::StackCanEnd(int32_t top) const {
   if (top == kDone) return true;
   if (top < 0) return false;
   const Frame& f = pool_[top];
-  if (f.below != kDone) return false;
+  int32_t below = f.below;
+  while (below >= 0 && g_->nodes[pool_[below].node].kind == NodeKind::kOneOf) below = pool_[below].below;
+  if (below != kDone) return false;
   const Node& n = g_->nodes[f.node];
   if (n.kind == NodeKind::kLiteral) return g_->literals[f.a].terminal;
   if (n.kind == NodeKind::kNumber) return NumberComplete(f, n);
@@ -550,8 +597,27 @@ bool Matcher::StackCanEnd(int32_t top) const {
 bool Matcher::CanEnd() const {
   const Step& s = steps_.back();
   if (s.ended) return false;
+  // A scalar root value ends with the input: no byte comes to resolve its
+  // oneOf markers, so a stack counts unless another ending stack completed
+  // the same oneOf in another alternative.
+  auto conflicts = [&](int32_t a, int32_t b) {
+    for (int32_t x = a; x >= 0; x = pool_[x].below) {
+      const Frame& fx = pool_[x];
+      if (g_->nodes[fx.node].kind != NodeKind::kOneOf) continue;
+      for (int32_t y = b; y >= 0; y = pool_[y].below) {
+        const Frame& fy = pool_[y];
+        if (fy.node == fx.node && fy.below == fx.below && fy.a != fx.a) return true;
+      }
+    }
+    return false;
+  };
   for (int32_t i = s.tops_begin; i < s.tops_end; ++i) {
-    if (StackCanEnd(tops_[i])) return true;
+    if (!StackCanEnd(tops_[i])) continue;
+    bool alone = true;
+    for (int32_t j = s.tops_begin; j < s.tops_end && alone; ++j) {
+      alone = j == i || !StackCanEnd(tops_[j]) || !conflicts(tops_[i], tops_[j]);
+    }
+    if (alone) return true;
   }
   return false;
 }

@@ -84,6 +84,10 @@ class Matcher {
   void StepArray(const Frame& f, const Node& n, uint8_t byte, std::vector<int32_t>& out);
   // Advances stacks [begin, end) of `in` over byte into `out`, without duplicates.
   void Advance(const std::vector<int32_t>& in, size_t begin, size_t end, uint8_t byte, std::vector<int32_t>& out);
+  // Stacks in out[first..) whose top is a oneOf marker (a value just
+  // completed in one of its alternatives) pop it, unless another
+  // alternative of the same oneOf completed the same value.
+  void ResolveOneOf(std::vector<int32_t>& out, size_t first);
   bool SameStack(int32_t a, int32_t b) const;
   bool StackCanEnd(int32_t top) const;
   void Walk(const TokenTrie& trie, uint64_t* mask);
@@ -94,6 +98,7 @@ class Matcher {
   std::vector<Step> steps_;
   std::vector<int32_t> scratch_a_, scratch_b_;
   std::vector<int32_t> walk_tops_;
+  std::vector<int32_t> markers_;
   std::vector<size_t> walk_end_, walk_pool_;
 };
 

@@ -203,6 +203,12 @@ class Compiler {
         ASSIGN_OR_RETURN(int32_t a, Compile(merged, sub, depth + 1));
         alts.push_back(a);
       }
+      if (std::string(k) == "oneOf" && alts.size() > 1) {
+        const int32_t id = NewNode(NodeKind::kOneOf);
+        g_.nodes[id].alternatives = std::move(alts);
+        g_.has_one_of = true;
+        return id;
+      }
       return Union(std::move(alts));
     }
     return CompileTyped(s, path, depth);
