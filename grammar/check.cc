@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "grammar/matcher.h"
+#include "grammar/regex.h"
 #include "grammar/schema.h"
 
 namespace duet::grammar {
@@ -45,7 +46,129 @@ const json* Follow(const json* s, const json& root) {
   return s;
 }
 
-// The schemas an instance at `s` answers to: s and its allOf/anyOf/oneOf branches, in order.
+bool PatternMatches(const std::string& pattern, const std::string& s) {
+  auto d = CompileRegex(pattern);
+  if (!d.ok()) return false;
+  int32_t st = d->start();
+  for (char c : s) {
+    st = d->Next(st, static_cast<uint8_t>(c));
+    if (st == ByteDfa::kDead) return false;
+  }
+  return d->Accepting(st);
+}
+
+// The schemas an object at `s` answers to, in the order the compiler merges
+// them (a schema's own keywords, its allOf members, then the anyOf/oneOf
+// alternative that fits `d` best), so their properties give its key order.
+void Collect(const json* s, const json& d, const json& root, std::vector<const json*>& out, int depth = 0);
+
+int Fit(const json* a, const json& d, const json& root) {
+  std::vector<const json*> parts;
+  Collect(a, d, root, parts, 8);
+  int score = 0;
+  for (const json* p : parts) {
+    if (p->contains("required") && (*p)["required"].is_array()) {
+      for (const auto& r : (*p)["required"]) {
+        if (r.is_string() && d.is_object() && !d.contains(r.get<std::string>())) score -= 1000;
+      }
+    }
+    if (p->contains("properties") && (*p)["properties"].is_object() && d.is_object()) {
+      for (const auto& [k, v] : d.items()) score += (*p)["properties"].contains(k);
+    }
+  }
+  return score;
+}
+
+void Collect(const json* s, const json& d, const json& root, std::vector<const json*>& out, int depth) {
+  s = Follow(s, root);
+  if (s == nullptr || !s->is_object() || depth > 16) return;
+  out.push_back(s);
+  if (s->contains("allOf") && (*s)["allOf"].is_array()) {
+    for (const auto& m : (*s)["allOf"]) Collect(&m, d, root, out, depth + 1);
+  }
+  for (const char* k : {"anyOf", "oneOf"}) {
+    if (!s->contains(k) || !(*s)[k].is_array() || (*s)[k].empty()) continue;
+    const json* best = nullptr;
+    int best_fit = 0;
+    for (const auto& a : (*s)[k]) {
+      const int f = Fit(&a, d, root);
+      if (best == nullptr || f > best_fit) best = &a, best_fit = f;
+    }
+    Collect(best, d, root, out, depth + 1);
+  }
+}
+
+json Reorder(const json& d, const json* schema, const json& root, int depth) {
+  if (depth > 64 || schema == nullptr) return d;
+  std::vector<const json*> parts;
+  Collect(schema, d, root, parts);
+  if (d.is_object()) {
+    std::vector<std::string> order;
+    std::set<std::string> seen;
+    auto add = [&](const std::string& k) {
+      if (seen.insert(k).second) order.push_back(k);
+    };
+    for (const json* p : parts) {
+      if (p->contains("properties") && (*p)["properties"].is_object()) {
+        for (const auto& [k, v] : (*p)["properties"].items()) add(k);
+      }
+    }
+    for (const json* p : parts) {
+      if (p->contains("required") && (*p)["required"].is_array()) {
+        for (const auto& r : (*p)["required"]) {
+          if (r.is_string()) add(r.get<std::string>());
+        }
+      }
+    }
+    auto sub = [&](const std::string& k) -> const json* {
+      for (const json* p : parts) {
+        if (p->contains("properties") && (*p)["properties"].is_object() && (*p)["properties"].contains(k)) {
+          return &(*p)["properties"][k];
+        }
+      }
+      for (const json* p : parts) {
+        if (!p->contains("patternProperties") || !(*p)["patternProperties"].is_object()) continue;
+        for (const auto& [pattern, v] : (*p)["patternProperties"].items()) {
+          if (PatternMatches(pattern, k)) return &v;
+        }
+      }
+      for (const json* p : parts) {
+        if (p->contains("additionalProperties") && (*p)["additionalProperties"].is_object()) {
+          return &(*p)["additionalProperties"];
+        }
+      }
+      return nullptr;
+    };
+    json out = json::object();
+    for (const std::string& k : order) {
+      if (d.contains(k)) out[k] = Reorder(d[k], sub(k), root, depth + 1);
+    }
+    for (const auto& [k, v] : d.items()) {
+      if (!out.contains(k)) out[k] = Reorder(v, sub(k), root, depth + 1);
+    }
+    return out;
+  }
+  if (d.is_array()) {
+    json out = json::array();
+    for (size_t i = 0; i < d.size(); ++i) {
+      const json* item = nullptr;
+      for (const json* p : parts) {
+        for (const char* k : {"prefixItems", "items", "additionalItems"}) {
+          if (item != nullptr || !p->contains(k)) continue;
+          const json& it = (*p)[k];
+          if (it.is_array() && i < it.size()) item = &it[i];
+          if (it.is_object()) item = &it;
+        }
+      }
+      out.push_back(Reorder(d[i], item, root, depth + 1));
+    }
+    return out;
+  }
+  return d;
+}
+
+// The schemas an instance at `s` answers to: s and its allOf/anyOf/oneOf
+// branches, in order.
 void Branches(const json* s, const json& root, std::vector<const json*>& out, int depth = 0) {
   s = Follow(s, root);
   if (s == nullptr || !s->is_object() || depth > 16) return;
@@ -57,10 +180,12 @@ void Branches(const json* s, const json& root, std::vector<const json*>& out, in
   }
 }
 
-json Reorder(const json& d, const json* s, const json& root, int depth) {
+// The other reading of "the schema's order": every branch a key may answer
+// to is a candidate, and the first to name a key decides its place.
+json ReorderByAllBranches(const json& d, const std::vector<const json*>& schemas, const json& root, int depth) {
   if (depth > 64) return d;
   std::vector<const json*> branches;
-  Branches(s, root, branches);
+  for (const json* s : schemas) Branches(s, root, branches);
   if (d.is_object()) {
     std::vector<std::string> order;
     std::set<std::string> seen;
@@ -79,40 +204,45 @@ json Reorder(const json& d, const json* s, const json& root, int depth) {
         }
       }
     }
-    auto sub = [&](const std::string& k) -> const json* {
+    auto sub = [&](const std::string& k) {
+      std::vector<const json*> out;
       for (const json* b : branches) {
-        if (b->contains("properties") && (*b)["properties"].contains(k)) return &(*b)["properties"][k];
+        if (b->contains("properties") && (*b)["properties"].is_object() && (*b)["properties"].contains(k)) {
+          out.push_back(&(*b)["properties"][k]);
+        }
       }
       for (const json* b : branches) {
         if (b->contains("additionalProperties") && (*b)["additionalProperties"].is_object()) {
-          return &(*b)["additionalProperties"];
+          out.push_back(&(*b)["additionalProperties"]);
+        }
+        if (b->contains("patternProperties") && (*b)["patternProperties"].is_object()) {
+          for (const auto& [p, v] : (*b)["patternProperties"].items()) out.push_back(&v);
         }
       }
-      return nullptr;
+      return out;
     };
     json out = json::object();
     for (const std::string& k : order) {
-      if (d.contains(k)) out[k] = Reorder(d[k], sub(k), root, depth + 1);
+      if (d.contains(k)) out[k] = ReorderByAllBranches(d[k], sub(k), root, depth + 1);
     }
     for (const auto& [k, v] : d.items()) {
-      if (!out.contains(k)) out[k] = Reorder(v, sub(k), root, depth + 1);
+      if (!out.contains(k)) out[k] = ReorderByAllBranches(v, sub(k), root, depth + 1);
     }
     return out;
   }
   if (d.is_array()) {
     json out = json::array();
     for (size_t i = 0; i < d.size(); ++i) {
-      const json* item = nullptr;
+      std::vector<const json*> items;
       for (const json* b : branches) {
-        for (const char* k : {"prefixItems", "items"}) {
-          if (item == nullptr && b->contains(k)) {
-            const json& it = (*b)[k];
-            if (it.is_array() && i < it.size()) item = &it[i];
-            if (it.is_object()) item = &it;
-          }
+        for (const char* k : {"prefixItems", "items", "additionalItems"}) {
+          if (!b->contains(k)) continue;
+          const json& it = (*b)[k];
+          if (it.is_array() && i < it.size()) items.push_back(&it[i]);
+          if (it.is_object()) items.push_back(&it);
         }
       }
-      out.push_back(Reorder(d[i], item, root, depth + 1));
+      out.push_back(ReorderByAllBranches(d[i], items, root, depth + 1));
     }
     return out;
   }
@@ -139,7 +269,13 @@ bool Accepts(const std::shared_ptr<const Grammar>& g, const text::Tokenizer& tok
 
 }  // namespace
 
-json ReorderKeys(const json& data, const json& schema) { return Reorder(data, &schema, schema, 0); }
+std::vector<json> ReorderKeys(const json& data, const json& schema) {
+  std::vector<json> out;
+  for (json r : {Reorder(data, &schema, schema, 0), ReorderByAllBranches(data, {&schema}, schema, 0)}) {
+    if (r != data && std::find(out.begin(), out.end(), r) == out.end()) out.push_back(std::move(r));
+  }
+  return out;
+}
 
 bool SchemaResult::Passing() const {
   if (!compiled) return false;
@@ -206,10 +342,10 @@ SchemaResult CheckSchema(const json& row, const text::Tokenizer& tokenizer, cons
     if (r.compiled && t.contains("data")) {
       ir.accepted = Accepts(*g, tokenizer, t["data"], mask, r.mask_us);
       if (!ir.accepted && ir.valid) {
-        const json reordered = ReorderKeys(t["data"], schema);
-        if (CompactJson(reordered) != CompactJson(t["data"])) {
+        for (const json& reordered : ReorderKeys(t["data"], schema)) {
           ir.order = true;
           ir.accepted = Accepts(*g, tokenizer, reordered, mask, r.mask_us);
+          if (ir.accepted) break;
         }
       }
     }

@@ -68,8 +68,11 @@ std::string FormatSummary(const CheckSummary& s);
 
 // `data` with every object's keys in the order its schema lists them
 // (properties, then required names the properties do not list, then the
-// rest as they were), following $ref, allOf, anyOf and oneOf.
-nlohmann::ordered_json ReorderKeys(const nlohmann::ordered_json& data, const nlohmann::ordered_json& schema);
+// rest as they were), following $ref and allOf: the distinct orders that
+// differ from data's, read two ways where anyOf/oneOf branches disagree
+// (the branch that fits each object best, as the compiler merges it; every
+// branch, the first to name a key placing it).
+std::vector<nlohmann::ordered_json> ReorderKeys(const nlohmann::ordered_json& data, const nlohmann::ordered_json& schema);
 
 }  // namespace duet::grammar
 

@@ -300,12 +300,34 @@ TEST_CASE("schema: allOf merged, anyOf and oneOf followed down every branch", "[
   CHECK_FALSE(Accepts(one, "1"));
   CHECK_FALSE(Accepts(R"({"type":"array","items":)" + one + "}", "[1.5,2]"));
   CHECK(Accepts(R"({"type":"array","items":)" + one + "}", "[1.5,20]"));
-  const std::string keys =
-      R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"oneOf":[{"required":["a"]},{"required":["b"]}]})";
-  CHECK(Accepts(keys, R"({"a":"x"})"));
-  CHECK(Accepts(keys, R"({"b":"x"})"));
-  CHECK_FALSE(Accepts(keys, R"({"a":"x","b":"y"})"));
-  CHECK_FALSE(Accepts(keys, "{}"));
+  // Object alternatives must be provably exclusive: keys are read in one
+  // order per alternative, so a value in one's order could match another.
+  CHECK(RefusalOf(R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"oneOf":[{"required":["a"]},{"required":["b"]}]})") ==
+        "oneOf at #: object alternatives 0 and 1 are not provably exclusive (no discriminating required property)");
+  const std::string tagged =
+      R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind"]},{"type":"object","properties":{"kind":{"enum":["b","c"]}},"required":["kind"]}]})";
+  CHECK(Accepts(tagged, R"({"kind":"a","x":1})"));
+  CHECK(Accepts(tagged, R"({"kind":"c","x":"free"})"));
+  CHECK_FALSE(Accepts(tagged, R"({"kind":"d"})"));
+  const std::string closed =
+      R"({"oneOf":[{"type":"object","properties":{"a":{}},"required":["a"],"additionalProperties":false},{"type":"object","properties":{"b":{}},"required":["b"]}]})";
+  CHECK(Accepts(closed, R"({"a":1})"));
+  CHECK(Accepts(closed, R"({"b":1,"a":1})"));
+  CHECK_FALSE(Accepts(closed, R"({"a":1,"b":1})"));
+  // allOf whose member holds a oneOf: each alternative takes the members in
+  // the schema's order, so properties keep it.
+  const std::string distributed =
+      R"({"allOf":[{"oneOf":[{"properties":{"state":{"const":"on"},"level":{"type":"integer"}},"required":["state"]},{"properties":{"state":{"const":"off"}},"required":["state"]}]},{"properties":{"id":{"type":"integer"}},"required":["id"]}]})";
+  CHECK(Accepts(distributed, R"({"state":"on","level":3,"id":1})"));
+  CHECK(Accepts(distributed, R"({"state":"off","id":1})"));
+  CHECK_FALSE(Accepts(distributed, R"({"state":"on"})"));
+}
+
+TEST_CASE("schema: a number equals its integral twin in enum and const", "[grammar][schema]") {
+  CHECK(Accepts(R"({"enum":[2.0]})", "2"));
+  CHECK(Accepts(R"({"enum":[2.0]})", "2.0"));
+  CHECK(Accepts(R"({"const":3})", "3.0"));
+  CHECK_FALSE(Accepts(R"({"const":3})", "3.5"));
 }
 
 TEST_CASE("schema: refusals name the keyword and its path; annotations are ignored", "[grammar][schema]") {

@@ -92,6 +92,16 @@ TEST_CASE("masks equal brute force over the whole vocabulary at sampled steps", 
   CHECK(allowed_total > 1000);  // the masks are not trivially empty
 }
 
+TEST_CASE("the checker reorders keys as the schema lists them, both readings of anyOf", "[grammar][check]") {
+  const json schema = json::parse(
+      R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"object","properties":{"y":{},"x":{}}}},"patternProperties":{"^p_":{"type":"object","properties":{"k2":{},"k1":{}}}}})");
+  const auto orders = ReorderKeys(json::parse(R"({"z":0,"a":{"x":1,"y":2},"p_q":{"k1":1,"k2":2},"b":1})"), schema);
+  REQUIRE(!orders.empty());
+  // Named properties in the schema's order; the others after them as they came.
+  CHECK(orders[0].dump() == R"({"b":1,"a":{"y":2,"x":1},"z":0,"p_q":{"k2":2,"k1":1}})");
+  CHECK(ReorderKeys(json::parse(R"({"b":1})"), schema).empty());  // already in order: nothing to try
+}
+
 TEST_CASE("the checker's verdicts equal a JSON Schema validator's", "[grammar][check]") {
   auto tok = Llama3();
   auto vocab = Vocabulary::FromTokenizer(*tok, {kEot});

@@ -173,6 +173,43 @@ class Compiler {
     }
     if (s.contains("allOf")) {
       if (!s["allOf"].is_array()) return Refuse("allOf", path, "not an array");
+      // One member with anyOf/oneOf: its alternatives each take the whole
+      // allOf (members merged in the schema's order, so properties keep it).
+      int with_union = -1, unions = 0;
+      const char* union_key = nullptr;
+      for (size_t i = 0; i < s["allOf"].size(); ++i) {
+        const json* m = &s["allOf"][i];
+        if (m->is_object() && m->contains("$ref")) {
+          auto t = Resolve((*m)["$ref"], path);
+          if (t.ok() && m->size() == 1) m = *t;
+        }
+        for (const char* k : {"anyOf", "oneOf"}) {
+          if (m->is_object() && m->contains(k) && (*m)[k].is_array()) {
+            ++unions;
+            with_union = static_cast<int>(i);
+            union_key = k;
+          }
+        }
+      }
+      if (unions == 1 && !s.contains(union_key)) {
+        const json* m = &s["allOf"][with_union];
+        if (m->contains("$ref") && m->size() == 1) m = *Resolve((*m)["$ref"], path);
+        json rest_of_member = *m;
+        rest_of_member.erase(union_key);
+        json alts = json::array();
+        for (const json& a : (*m)[union_key]) {
+          json parts = json::array();
+          for (int j = 0; j < with_union; ++j) parts.push_back(s["allOf"][j]);
+          parts.push_back(rest_of_member);
+          parts.push_back(a);
+          for (size_t j = with_union + 1; j < s["allOf"].size(); ++j) parts.push_back(s["allOf"][j]);
+          alts.push_back(json{{"allOf", parts}});
+        }
+        json distributed = s;
+        distributed.erase("allOf");
+        distributed[union_key] = alts;
+        return Compile(distributed, path, depth + 1);
+      }
       json merged;
       json rest = s;
       rest.erase("allOf");
@@ -204,6 +241,19 @@ class Compiler {
         alts.push_back(a);
       }
       if (std::string(k) == "oneOf" && alts.size() > 1) {
+        // The matcher refuses a value two alternatives complete, but it
+        // reads keys in one order per alternative: two object alternatives
+        // must be provably exclusive, or a value in one's order could match
+        // the other in another order unseen.
+        for (size_t i = 0; i < alts.size(); ++i) {
+          for (size_t j = i + 1; j < alts.size(); ++j) {
+            if (!ObjectsExclusive(alts[i], alts[j], 0)) {
+              return Refuse("oneOf", path,
+                            absl::StrCat("object alternatives ", i, " and ", j,
+                                         " are not provably exclusive (no discriminating required property)"));
+            }
+          }
+        }
         const int32_t id = NewNode(NodeKind::kOneOf);
         g_.nodes[id].alternatives = std::move(alts);
         g_.has_one_of = true;
@@ -239,6 +289,110 @@ class Compiler {
     n.kind = NodeKind::kLiteral;
     n.literal = root;
     return AddNode(std::move(n));
+  }
+
+  // The leaves a node stands for (unions and oneOfs opened).
+  void Leaves(int32_t n, std::vector<int32_t>& out, int depth = 0) const {
+    const Node& node = g_.nodes[n];
+    if ((node.kind == NodeKind::kUnion || node.kind == NodeKind::kOneOf) && depth < 16) {
+      for (int32_t a : node.alternatives) Leaves(a, out, depth + 1);
+    } else if (node.kind != NodeKind::kUnion && node.kind != NodeKind::kOneOf) {
+      out.push_back(n);
+    }
+  }
+
+  std::set<uint8_t> FirstBytes(int32_t leaf) const {
+    const Node& n = g_.nodes[leaf];
+    switch (n.kind) {
+      case NodeKind::kLiteral: {
+        std::set<uint8_t> out;
+        for (const auto& [b, child] : g_.literals[n.literal].children) out.insert(b);
+        return out;
+      }
+      case NodeKind::kString: return {'"'};
+      case NodeKind::kNumber: return {'-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'};
+      case NodeKind::kObject: return {'{'};
+      case NodeKind::kArray: return {'['};
+      default: return {};
+    }
+  }
+
+  void LiteralTexts(int32_t lit, std::string& prefix, std::set<std::string>& out) const {
+    if (g_.literals[lit].terminal) out.insert(prefix);
+    for (const auto& [b, child] : g_.literals[lit].children) {
+      prefix.push_back(static_cast<char>(b));
+      LiteralTexts(child, prefix, out);
+      prefix.pop_back();
+    }
+  }
+
+  // No value matches both nodes (a sufficient test).
+  bool Disjoint(int32_t a, int32_t b, int depth) const {
+    if (depth > 8) return false;
+    std::vector<int32_t> la, lb;
+    Leaves(a, la);
+    Leaves(b, lb);
+    for (int32_t x : la) {
+      for (int32_t y : lb) {
+        const std::set<uint8_t> fx = FirstBytes(x), fy = FirstBytes(y);
+        bool overlap = false;
+        for (uint8_t c : fx) overlap |= fy.count(c) > 0;
+        if (!overlap) continue;
+        const Node& nx = g_.nodes[x];
+        const Node& ny = g_.nodes[y];
+        if (nx.kind == NodeKind::kLiteral && ny.kind == NodeKind::kLiteral) {
+          std::set<std::string> tx, ty;
+          std::string p;
+          LiteralTexts(nx.literal, p, tx);
+          LiteralTexts(ny.literal, p, ty);
+          for (const auto& t : tx) {
+            if (ty.count(t)) return false;
+          }
+          continue;
+        }
+        if (nx.kind == NodeKind::kObject && ny.kind == NodeKind::kObject && ObjectsDisjoint(nx, ny, depth + 1)) continue;
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Two objects no value matches both: a property both require with
+  // disjoint values, or a property one requires that the other forbids.
+  bool ObjectsDisjoint(const Node& x, const Node& y, int depth) const {
+    for (const Property& px : x.props) {
+      if (!px.required) continue;
+      for (const Property& py : y.props) {
+        if (py.required && py.name == px.name && Disjoint(px.node, py.node, depth)) return true;
+      }
+    }
+    auto forbids = [](const Node& closed, const Node& other) {
+      if (closed.additional >= 0 || !closed.pattern_nodes.empty()) return false;
+      for (const Property& po : other.props) {
+        if (!po.required) continue;
+        bool named = false;
+        for (const Property& pc : closed.props) named |= pc.name == po.name;
+        if (!named) return true;
+      }
+      return false;
+    };
+    return forbids(x, y) || forbids(y, x);
+  }
+
+  // Object leaves of a and b are pairwise disjoint (other leaves may overlap:
+  // the matcher sees every alternative complete those).
+  bool ObjectsExclusive(int32_t a, int32_t b, int depth) const {
+    std::vector<int32_t> la, lb;
+    Leaves(a, la);
+    Leaves(b, lb);
+    for (int32_t x : la) {
+      if (g_.nodes[x].kind != NodeKind::kObject) continue;
+      for (int32_t y : lb) {
+        if (g_.nodes[y].kind != NodeKind::kObject) continue;
+        if (!ObjectsDisjoint(g_.nodes[x], g_.nodes[y], depth + 1)) return false;
+      }
+    }
+    return true;
   }
 
   absl::StatusOr<const json*> Resolve(const json& ref, const std::string& path) {
@@ -402,13 +556,20 @@ class Compiler {
     }
     if (s.contains("const") || s.contains("enum")) {
       std::vector<std::string> texts;
+      // A number is equal to its integral twin (2 and 2.0): both texts match.
+      auto add = [&](const json& v) {
+        if (!AllowsType(types, v)) return;
+        texts.push_back(CompactJson(v));
+        if (v.is_number() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9e15) {
+          const double x = v.get<double>();
+          texts.push_back(CompactJson(v.is_number_float() ? json(static_cast<int64_t>(x)) : json(x)));
+        }
+      };
       if (s.contains("const")) {
-        if (AllowsType(types, s["const"])) texts.push_back(CompactJson(s["const"]));
+        add(s["const"]);
       } else {
         if (!s["enum"].is_array()) return Refuse("enum", path, "not an array");
-        for (const auto& v : s["enum"]) {
-          if (AllowsType(types, v)) texts.push_back(CompactJson(v));
-        }
+        for (const auto& v : s["enum"]) add(v);
       }
       if (texts.empty()) return Never();
       return Literals(texts);
