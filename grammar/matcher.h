@@ -6,8 +6,10 @@
 // The state is a set of stacks (one per way the bytes so far parse: a union
 // is followed down every alternative), each a chain of frames in a pool
 // the matcher owns: advancing copies only the frames that change, so a
-// rollback truncates the pool and a mask walk discards what it built. After
-// the first few steps no call allocates.
+// rollback truncates the pool and a mask walk discards what it built. Calls
+// allocate only when the pool or a buffer grows past its high-water mark, or
+// the first time a string state's plain-token mask is computed (then cached
+// in the grammar).
 //
 //   Matcher m(grammar);
 //   std::vector<uint64_t> mask(vocab.mask_words());

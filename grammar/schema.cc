@@ -857,4 +857,34 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string
   return CompileJsonSchema(schema, std::move(vocab));
 }
 
+absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_view schema_json) {
+  const std::string key(schema_json);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->second;
+    }
+  }
+  // Compiled outside the lock: two requests racing on a new schema both
+  // compile it, and the second's copy is the one kept.
+  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchemaText(schema_json, vocab_));
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(key);
+  if (it != index_.end()) lru_.erase(it->second);
+  lru_.emplace_front(key, g);
+  index_[key] = lru_.begin();
+  while (lru_.size() > capacity_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return g;
+}
+
+size_t GrammarCache::size() const {
+  absl::MutexLock lock(&mu_);
+  return lru_.size();
+}
+
 }  // namespace duet::grammar

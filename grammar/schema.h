@@ -12,11 +12,14 @@
 #ifndef DUET_GRAMMAR_SCHEMA_H_
 #define DUET_GRAMMAR_SCHEMA_H_
 
+#include <list>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "grammar/grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -31,6 +34,23 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann:
 // InvalidArgument when `schema_json` is not JSON.
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string_view schema_json,
                                                                  std::shared_ptr<const Vocabulary> vocab);
+
+// Compiled grammars by schema text, shared by the requests that use the same
+// schema; the least recently used past `capacity` are dropped (requests
+// still holding one keep it). Thread-safe. Errors are not cached.
+class GrammarCache {
+ public:
+  GrammarCache(std::shared_ptr<const Vocabulary> vocab, size_t capacity) : vocab_(std::move(vocab)), capacity_(capacity) {}
+  absl::StatusOr<std::shared_ptr<const Grammar>> Get(std::string_view schema_json);
+  size_t size() const;
+
+ private:
+  std::shared_ptr<const Vocabulary> vocab_;
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> lru_ ABSL_GUARDED_BY(mu_);  // newest first
+  absl::flat_hash_map<std::string, decltype(lru_)::iterator> index_ ABSL_GUARDED_BY(mu_);
+};
 
 // The compact JSON text of a value as duet's grammars write it (and as
 // Python's json.dumps(..., ensure_ascii=False, separators=(",", ":")) does).
