@@ -87,6 +87,7 @@ class Grammar {
   std::vector<std::shared_ptr<const ByteDfa>> dfas;
   int32_t root = -1;
   bool has_one_of = false;
+  int32_t max_whitespace = 0;  // bytes of whitespace allowed in a row between tokens of objects and arrays
 
   const Vocabulary& vocab() const { return *vocab_; }
   const std::shared_ptr<const Vocabulary>& vocab_ptr() const { return vocab_; }

@@ -150,6 +150,23 @@ TEST_CASE("schema: types, compact JSON, literals", "[grammar][schema]") {
   CHECK_FALSE(Accepts(R"({"type":"string","enum":["a",2]})", "2"));
 }
 
+TEST_CASE("schema: whitespace between tokens only when asked for, and bounded", "[grammar][schema]") {
+  const std::string s =
+      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"array","items":{"type":"boolean"}}}})";
+  const std::string spaced = "{ \"a\" : 1 ,\n  \"b\": [ true ,false ]\t}";
+  CHECK_FALSE(Accepts(s, spaced));
+  CompileOptions ws;
+  ws.whitespace = true;
+  ws.max_whitespace = 4;
+  auto g = CompileJsonSchemaText(s, ByteVocab(), ws);
+  REQUIRE(g.ok());
+  CHECK(Accepts(*g, spaced));
+  CHECK(Accepts(*g, R"({"a":1})"));
+  CHECK(Accepts(*g, "{    \"a\":1}"));
+  CHECK_FALSE(Accepts(*g, "{     \"a\":1}"));  // five in a row
+  CHECK_FALSE(Accepts(*g, "{\"a\":1}\n"));     // nothing after the value
+}
+
 TEST_CASE("schema: strings: escapes, lengths in code points, patterns on decoded text", "[grammar][schema]") {
   CHECK(Accepts(R"({"type":"string"})", R"("a\"b\\c\n\u00e9")"));
   CHECK_FALSE(Accepts(R"({"type":"string"})", "\"a\nb\""));  // a raw control character

@@ -294,9 +294,21 @@ void Matcher::CloseKey(const Frame& f, const Node& n, std::vector<int32_t>& out)
   out.push_back(Push(obj));
 }
 
+bool Matcher::Whitespace(const Frame& f, uint8_t c, std::vector<int32_t>& out) {
+  if (g_->max_whitespace == 0 || !(c == ' ' || c == '\n' || c == '\t' || c == '\r')) return false;
+  if (f.v < g_->max_whitespace) {
+    Frame nf = f;
+    ++nf.v;
+    out.push_back(Push(nf));
+  }
+  return true;
+}
+
 void Matcher::StepObject(const Frame& f, const Node& n, uint8_t c, std::vector<int32_t>& out) {
+  if (f.a != kObjKey && Whitespace(f, c, out)) return;
   const int32_t np = static_cast<int32_t>(n.props.size());
   Frame nf = f;
+  nf.v = 0;  // the whitespace run ends
   switch (f.a) {
     case kObjOpen:
     case kObjComma:
@@ -334,10 +346,12 @@ void Matcher::StepObject(const Frame& f, const Node& n, uint8_t c, std::vector<i
 }
 
 void Matcher::StepArray(const Frame& f, const Node& n, uint8_t c, std::vector<int32_t>& out) {
+  if (Whitespace(f, c, out)) return;
   auto item_node = [&](int64_t i) {
     return i < static_cast<int64_t>(n.prefix.size()) ? n.prefix[i] : n.items;
   };
   Frame nf = f;
+  nf.v = 0;
   switch (f.a) {
     case kArrOpen:
       if (c == ']') {

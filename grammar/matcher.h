@@ -82,6 +82,9 @@ class Matcher {
   void StepNumber(Frame f, const Node& n, uint8_t byte, std::vector<int32_t>& out);
   bool NumberComplete(const Frame& f, const Node& n) const;
   bool IntegerAlive(const Frame& f, const Node& n) const;
+  // Takes a whitespace byte inside an object or array when the grammar
+  // allows them (Frame::v counts the run); false for any other byte.
+  bool Whitespace(const Frame& f, uint8_t byte, std::vector<int32_t>& out);
   void StepObject(const Frame& f, const Node& n, uint8_t byte, std::vector<int32_t>& out);
   void StepArray(const Frame& f, const Node& n, uint8_t byte, std::vector<int32_t>& out);
   // Advances stacks [begin, end) of `in` over byte into `out`, without duplicates.

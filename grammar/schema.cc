@@ -843,22 +843,26 @@ std::string CompactJson(const nlohmann::ordered_json& value) {
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::ordered_json& schema,
-                                                                 std::shared_ptr<const Vocabulary> vocab) {
+                                                                 std::shared_ptr<const Vocabulary> vocab,
+                                                                 const CompileOptions& options) {
   auto g = std::make_shared<Grammar>(std::move(vocab));
+  g->max_whitespace = options.whitespace ? std::max(options.max_whitespace, 1) : 0;
   Compiler c(schema, *g);
   ASSIGN_OR_RETURN(g->root, c.Compile(schema, ""));
   return g;
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string_view schema_json,
-                                                                 std::shared_ptr<const Vocabulary> vocab) {
+                                                                     std::shared_ptr<const Vocabulary> vocab,
+                                                                     const CompileOptions& options) {
   nlohmann::ordered_json schema = nlohmann::ordered_json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("schema: not valid JSON");
-  return CompileJsonSchema(schema, std::move(vocab));
+  return CompileJsonSchema(schema, std::move(vocab), options);
 }
 
-absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_view schema_json) {
-  const std::string key(schema_json);
+absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_view schema_json,
+                                                                  const CompileOptions& options) {
+  const std::string key = absl::StrCat(options.whitespace ? options.max_whitespace : 0, " ", std::string(schema_json));
   {
     absl::MutexLock lock(&mu_);
     auto it = index_.find(key);
@@ -869,7 +873,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_vie
   }
   // Compiled outside the lock: two requests racing on a new schema both
   // compile it, and the second's copy is the one kept.
-  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchemaText(schema_json, vocab_));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchemaText(schema_json, vocab_, options));
   absl::MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it != index_.end()) lru_.erase(it->second);

@@ -1,5 +1,6 @@
 // JSON Schema to grammar: the values a schema accepts, as compact JSON
-// (no whitespace outside strings), properties in the schema's order.
+// (no whitespace outside strings unless CompileOptions asks for it),
+// properties in the schema's order.
 //
 // Drafts 4, 6, 7, 2019-09 and 2020-12 as real schemas write them (`$schema`
 // decides where they differ: draft-04's boolean exclusiveMinimum, `items`
@@ -29,11 +30,21 @@ namespace duet::grammar {
 // ("<keyword> at <path>: <why>"); empty for other errors.
 std::string CompileErrorKeyword(const absl::Status& status);
 
+struct CompileOptions {
+  // Whitespace (space, tab, newline, carriage return) allowed around the
+  // structural characters of objects and arrays, at most `max_whitespace`
+  // bytes in a row; off: compact JSON, nothing outside strings.
+  bool whitespace = false;
+  int32_t max_whitespace = 16;
+};
+
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::ordered_json& schema,
-                                                                 std::shared_ptr<const Vocabulary> vocab);
+                                                                 std::shared_ptr<const Vocabulary> vocab,
+                                                                 const CompileOptions& options = {});
 // InvalidArgument when `schema_json` is not JSON.
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string_view schema_json,
-                                                                 std::shared_ptr<const Vocabulary> vocab);
+                                                                     std::shared_ptr<const Vocabulary> vocab,
+                                                                     const CompileOptions& options = {});
 
 // Compiled grammars by schema text, shared by the requests that use the same
 // schema; the least recently used past `capacity` are dropped (requests
@@ -41,7 +52,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string
 class GrammarCache {
  public:
   GrammarCache(std::shared_ptr<const Vocabulary> vocab, size_t capacity) : vocab_(std::move(vocab)), capacity_(capacity) {}
-  absl::StatusOr<std::shared_ptr<const Grammar>> Get(std::string_view schema_json);
+  absl::StatusOr<std::shared_ptr<const Grammar>> Get(std::string_view schema_json, const CompileOptions& options = {});
   size_t size() const;
 
  private:
