@@ -102,8 +102,8 @@ class Grammar {
   void AddLiteral(int32_t root, std::string_view text);
 
   // The tokens made only of plain string bytes (see Vocabulary) that a
-  // string in DFA `dfa` (-1: none) at `dfa_state`, `pending` UTF-8
-  // continuation bytes short and with room for `room` more code points
+  // string in DFA `dfa` (-1: none) at `dfa_state`, in Utf8Step state
+  // `pending` and with room for `room` more code points
   // (-1: unbounded) may take: computed once per distinct argument list.
   const uint64_t* PlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int64_t room) const;
   // The same for an object's key in key DFA `dfa`: a token may come when

@@ -172,6 +172,14 @@ TEST_CASE("schema: strings: escapes, lengths in code points, patterns on decoded
   CHECK_FALSE(Accepts(R"({"type":"string"})", "\"a\nb\""));  // a raw control character
   CHECK_FALSE(Accepts(R"({"type":"string"})", R"("\x")"));
   CHECK_FALSE(Accepts(R"({"type":"string"})", "\"\xC3\""));  // a cut UTF-8 character
+  // UTF-8 exactly: no overlong forms, surrogates or code points past U+10FFFF,
+  // in values and in keys alike (the masks agree: Accepts checks each byte).
+  CHECK(Accepts(R"({"type":"string"})", "\"\xE0\xA0\x80\xF0\x9F\x98\x80\xED\x9F\xBF\""));
+  CHECK_FALSE(Accepts(R"({"type":"string"})", "\"\xE0\x80\x80\""));
+  CHECK_FALSE(Accepts(R"({"type":"string"})", "\"\xED\xA0\x80\""));
+  CHECK_FALSE(Accepts(R"({"type":"string"})", "\"\xF4\x90\x80\x80\""));
+  CHECK_FALSE(Accepts(R"({"type":"object"})", "{\"\xE0\x80\x80\":1}"));
+  CHECK(Accepts(R"({"type":"object"})", "{\"\xE0\xA0\x80\":1}"));
   const std::string len = R"({"type":"string","minLength":2,"maxLength":3})";
   CHECK_FALSE(Accepts(len, R"("a")"));
   CHECK(Accepts(len, R"("ab")"));

@@ -93,7 +93,7 @@ absl::StatusOr<std::shared_ptr<const Vocabulary>> Vocabulary::FromTokenizer(cons
 
 const uint64_t* Vocabulary::FreePlainMask(int32_t pending, int64_t room) const {
   if (room < 0 || room > max_plain_chars_) room = max_plain_chars_;
-  const int64_t key = room * 4 + pending;
+  const int64_t key = room * kUtf8States + pending;
   absl::MutexLock lock(&mu_);
   auto& slot = free_masks_[key];
   if (slot == nullptr) {

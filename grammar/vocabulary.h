@@ -62,8 +62,8 @@ class Vocabulary {
   // many more takes every plain token that fits its other constraints.
   int32_t max_plain_chars() const { return max_plain_chars_; }
 
-  // The plain tokens valid as UTF-8 after `pending` continuation bytes are
-  // owed, with at most `room` code points (-1: any): once per arguments.
+  // The plain tokens valid as UTF-8 from Utf8Step state `pending`, with at
+  // most `room` code points (-1: any): once per arguments.
   const uint64_t* FreePlainMask(int32_t pending, int64_t room) const;
 
  private:
@@ -75,19 +75,33 @@ class Vocabulary {
   mutable absl::flat_hash_map<int64_t, std::unique_ptr<std::vector<uint64_t>>> free_masks_ ABSL_GUARDED_BY(mu_);
 };
 
-// One step of UTF-8 validation inside a string: `pending` continuation
-// bytes owed before `b`. Returns the bytes owed after b, or -1 when b is
-// invalid there; *starts is set when b starts a code point.
+// One step of UTF-8 validation inside a string, exact as RFC 3629 (no
+// overlong forms, no surrogates, nothing past U+10FFFF): `pending` is 0 at
+// a character boundary, else the continuation bytes owed (low 2 bits) and
+// the range the next one must fall in (bits 2-4). Returns the state after
+// `b`, or -1 when b is invalid there; *starts is set when b starts a code
+// point.
 inline int32_t Utf8Step(int32_t pending, uint8_t b, bool* starts) {
+  static constexpr uint8_t kLo[5] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+  static constexpr uint8_t kHi[5] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
   *starts = false;
-  if (pending > 0) return (b & 0xC0) == 0x80 ? pending - 1 : -1;
+  if (pending > 0) {
+    const int32_t range = pending >> 2;
+    if (b < kLo[range] || b > kHi[range]) return -1;
+    return (pending & 3) - 1;
+  }
   *starts = true;
   if (b < 0x80) return 0;
   if (b >= 0xC2 && b <= 0xDF) return 1;
-  if (b >= 0xE0 && b <= 0xEF) return 2;
-  if (b >= 0xF0 && b <= 0xF4) return 3;
+  if (b == 0xE0) return 2 | (1 << 2);
+  if (b == 0xED) return 2 | (2 << 2);
+  if (b >= 0xE1 && b <= 0xEF) return 2;
+  if (b == 0xF0) return 3 | (3 << 2);
+  if (b >= 0xF1 && b <= 0xF3) return 3;
+  if (b == 0xF4) return 3 | (4 << 2);
   return -1;
 }
+constexpr int32_t kUtf8States = 20;  // pending values Utf8Step returns are below this
 
 // Walks a plain-token trie with a per-byte predicate over a small state and
 // sets the bits of the tokens it accepts. `step(state, byte, &next)` returns
