@@ -24,6 +24,24 @@ const uint64_t* Grammar::PlainMask(int32_t dfa, int32_t dfa_state, int32_t pendi
   return CachedPlainMask(dfa, dfa_state, pending, -1, -1, -1, room);
 }
 
+const uint64_t* Grammar::RawMask(int32_t dfa, int32_t dfa_state) const {
+  const Vocabulary& v = *vocab_;
+  absl::MutexLock lock(&mu_);
+  auto& slot = plain_masks_[std::make_tuple(dfa, dfa_state, -1, -2, -2, -2, int64_t{-2})];
+  if (slot == nullptr) {
+    slot = std::make_unique<std::vector<uint64_t>>(v.mask_words(), 0);
+    const ByteDfa& d = *dfas[dfa];
+    WalkPlainTrie(
+        v.all(), dfa_state,
+        [&d](const int32_t& s, uint8_t b, int32_t* next) {
+          *next = d.Next(s, b);
+          return *next != ByteDfa::kDead;
+        },
+        slot->data());
+  }
+  return slot->data();
+}
+
 const uint64_t* Grammar::KeyPlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int32_t lo, int32_t hi,
                                       int32_t others) const {
   return CachedPlainMask(dfa, dfa_state, pending, lo, hi, others, -1);

@@ -32,7 +32,7 @@
 
 namespace duet::grammar {
 
-enum class NodeKind : uint8_t { kLiteral, kString, kNumber, kObject, kArray, kUnion, kOneOf, kKey };
+enum class NodeKind : uint8_t { kLiteral, kString, kNumber, kObject, kArray, kUnion, kOneOf, kKey, kRaw };
 
 struct Property {
   std::string name;
@@ -44,7 +44,8 @@ struct Node {
   NodeKind kind = NodeKind::kUnion;
   // kLiteral: root of its trie in Grammar::literals.
   int32_t literal = -1;
-  // kString, kKey: index into Grammar::dfas, -1 for any string.
+  // kString, kKey: index into Grammar::dfas, -1 for any string. kRaw: the
+  // DFA the output's bytes themselves (no JSON) run through, whole.
   int32_t dfa = -1;
   int64_t min_length = 0, max_length = -1;  // code points; -1 unbounded
   // kNumber.
@@ -109,6 +110,9 @@ class Grammar {
   // The same for an object's key in key DFA `dfa`: a token may come when
   // the key can still end as a name tagged in [lo, hi] or as a pattern or
   // other key (tags from `others`; -1: none may).
+  // The tokens a raw-regex output in `dfa_state` may take next (the whole
+  // vocabulary walked with the DFA alone), once per state.
+  const uint64_t* RawMask(int32_t dfa, int32_t dfa_state) const;
   const uint64_t* KeyPlainMask(int32_t dfa, int32_t dfa_state, int32_t pending, int32_t lo, int32_t hi,
                                int32_t others) const;
 

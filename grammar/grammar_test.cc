@@ -365,6 +365,31 @@ TEST_CASE("schema: refusals name the keyword and its path; annotations are ignor
   CHECK(Accepts(R"({"type":"string","title":"T","description":"D","examples":["x"],"x-vendor":{"not":1}})", R"("q")"));
 }
 
+TEST_CASE("raw regex and choice grammars: the output itself, matched whole", "[grammar][schema]") {
+  auto re = CompileRegexGrammar(R"(\d{3}-[a-z]+( [A-Z]\w*)?)", ByteVocab());
+  REQUIRE(re.ok());
+  CHECK(Accepts(*re, "123-abc"));
+  CHECK(Accepts(*re, "123-abc Xyz_1"));
+  CHECK_FALSE(Accepts(*re, "12-abc"));
+  CHECK_FALSE(Accepts(*re, "x123-abc"));  // whole: anchored at both ends
+  CHECK_FALSE(Accepts(*re, "123-abc "));
+  auto empty_ok = CompileRegexGrammar("(ab)*", ByteVocab());
+  REQUIRE(empty_ok.ok());
+  CHECK(Accepts(*empty_ok, ""));
+  CHECK(Accepts(*empty_ok, "abab"));
+  auto bad = CompileRegexGrammar("(?<=x)y", ByteVocab());
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).rfind("regex at #: ", 0) == 0);
+  auto choice = CompileChoiceGrammar({"yes", "no", "yes, sir"}, ByteVocab());
+  REQUIRE(choice.ok());
+  CHECK(Accepts(*choice, "yes"));
+  CHECK(Accepts(*choice, "yes, sir"));
+  CHECK(Accepts(*choice, "no"));
+  CHECK_FALSE(Accepts(*choice, "yes,"));
+  CHECK_FALSE(Accepts(*choice, "\"no\""));  // not JSON: the text itself
+  CHECK_FALSE(CompileChoiceGrammar({}, ByteVocab()).ok());
+}
+
 TEST_CASE("grammar cache: one compilation per schema text, least recently used dropped", "[grammar][schema]") {
   GrammarCache cache(ByteVocab(), 2);
   auto a = cache.Get(R"({"type":"string"})");

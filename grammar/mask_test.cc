@@ -92,6 +92,34 @@ TEST_CASE("masks equal brute force over the whole vocabulary at sampled steps", 
   CHECK(allowed_total > 1000);  // the masks are not trivially empty
 }
 
+TEST_CASE("raw regex and choice masks equal brute force over Llama-3.1's vocabulary", "[grammar][mask]") {
+  auto tok = Llama3();
+  auto vocab = Vocabulary::FromTokenizer(*tok, {kEot});
+  REQUIRE(vocab.ok());
+  auto re = CompileRegexGrammar(R"((yes|no)( because [a-z ]{1,40})?\.)", *vocab);
+  auto choice = CompileChoiceGrammar({"positive", "negative", "neutral"}, *vocab);
+  REQUIRE(re.ok());
+  REQUIRE(choice.ok());
+  std::vector<uint64_t> mask((*vocab)->mask_words()), brute((*vocab)->mask_words());
+  for (const auto& [g, text] : {std::pair{*re, std::string("no because it rains.")}, std::pair{*choice, std::string("neutral")}}) {
+    auto ids = tok->Encode(text);
+    REQUIRE(ids.ok());
+    Matcher m(g);
+    for (size_t step = 0; step <= ids->size(); ++step) {
+      m.FillMask(mask.data());
+      std::fill(brute.begin(), brute.end(), 0);
+      for (int32_t id = 0; id < (*vocab)->size(); ++id) {
+        Matcher copy = m;
+        if (copy.AcceptToken(id)) brute[id / 64] |= uint64_t{1} << (id % 64);
+      }
+      INFO(text << " step " << step);
+      CHECK(mask == brute);
+      if (step < ids->size()) REQUIRE(m.AcceptToken((*ids)[step]));
+    }
+    CHECK(m.CanEnd());
+  }
+}
+
 TEST_CASE("masks over a SentencePiece-style vocabulary (Llama-2's) equal brute force", "[grammar][mask]") {
   auto modules = testing::FindNodeModules("engine/testing/npm/package.json");
   REQUIRE(modules.ok());

@@ -35,19 +35,6 @@ int HexValue(uint8_t c) {
   return -1;
 }
 
-int Utf8Encode(uint32_t cp, uint8_t* out) {
-  if (cp < 0x80) {
-    out[0] = static_cast<uint8_t>(cp);
-    return 1;
-  }
-  const int n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-  for (int i = n - 1; i > 0; --i) {
-    out[i] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-    cp >>= 6;
-  }
-  out[0] = static_cast<uint8_t>((n == 2 ? 0xC0 : n == 3 ? 0xE0 : 0xF0) | cp);
-  return n;
-}
 
 }  // namespace
 
@@ -86,6 +73,11 @@ void Matcher::StartValue(int32_t node, int32_t below, uint8_t c, std::vector<int
     case NodeKind::kArray:
       if (c == '[') out.push_back(Push({node, below, kArrOpen, 0, 0, 0, 0}));
       return;
+    case NodeKind::kRaw: {
+      const int32_t t = g_->dfas[n.dfa]->Next(g_->dfas[n.dfa]->start(), c);
+      if (t != ByteDfa::kDead) out.push_back(Push({node, below, t, 0, 0, 0, 0}));
+      return;
+    }
     case NodeKind::kKey:
       return;
   }
@@ -119,6 +111,15 @@ void Matcher::Feed(int32_t top, uint8_t c, std::vector<int32_t>& out) {
       Frame done = f;
       done.b = c;
       out.push_back(Push(done));
+      return;
+    }
+    case NodeKind::kRaw: {
+      const int32_t t = g_->dfas[n.dfa]->Next(f.a, c);
+      if (t != ByteDfa::kDead) {
+        Frame nf = f;
+        nf.a = t;
+        out.push_back(Push(nf));
+      }
       return;
     }
     case NodeKind::kUnion: return;
@@ -170,7 +171,7 @@ bool Matcher::StringChar(Frame& f, const Node& n, uint32_t cp) {
   if (n.max_length >= 0 && f.d >= n.max_length) return false;
   ++f.d;
   uint8_t buf[4];
-  const int len = Utf8Encode(cp, buf);
+  const int len = EncodeUtf8(cp, buf);
   for (int i = 0; i < len; ++i) {
     if (!StringByte(f, n, buf[i])) return false;
   }
@@ -597,6 +598,11 @@ void Matcher::Rollback(int32_t n) {
 
 bool Matcher::StackCanEnd(int32_t top) const {
   if (top == kDone) return true;
+  if (top == kStart) {  // an empty output: a raw regex or choice may allow it
+    const Node& root = g_->nodes[g_->root];
+    if (root.kind == NodeKind::kRaw) return g_->dfas[root.dfa]->Accepting(g_->dfas[root.dfa]->start());
+    return root.kind == NodeKind::kLiteral && g_->literals[root.literal].terminal;
+  }
   if (top < 0) return false;
   const Frame& f = pool_[top];
   int32_t below = f.below;
@@ -605,6 +611,7 @@ bool Matcher::StackCanEnd(int32_t top) const {
   const Node& n = g_->nodes[f.node];
   if (n.kind == NodeKind::kLiteral) return g_->literals[f.a].terminal;
   if (n.kind == NodeKind::kNumber) return NumberComplete(f, n);
+  if (n.kind == NodeKind::kRaw) return g_->dfas[n.dfa]->Accepting(f.a);
   return false;
 }
 
@@ -680,6 +687,17 @@ void Matcher::FillMask(uint64_t* mask) {
   const Step cur = steps_.back();
   if (cur.ended) return;
   walk_tops_.assign(tops_.begin() + cur.tops_begin, tops_.begin() + cur.tops_end);
+  // A raw regex: its per-state mask over the whole vocabulary.
+  if (walk_tops_.size() == 1 && walk_tops_[0] >= 0 && g_->nodes[pool_[walk_tops_[0]].node].kind == NodeKind::kRaw) {
+    const Frame& f = pool_[walk_tops_[0]];
+    const uint64_t* raw = g_->RawMask(g_->nodes[f.node].dfa, f.a);
+    std::copy(raw, raw + vocab.mask_words(), mask);
+    walk_tops_.clear();
+    if (CanEnd()) {
+      for (int32_t id : vocab.eos_ids()) mask[id / 64] |= uint64_t{1} << (id % 64);
+    }
+    return;
+  }
   // Inside strings only: the plain tokens from the per-state masks, and a
   // walk over the tokens that close or escape.
   bool in_strings = true;

@@ -466,18 +466,7 @@ class Nfa {
 
  private:
   static int Utf8Length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
-  static void Encode(uint32_t cp, uint8_t* out) {
-    const int n = Utf8Length(cp);
-    if (n == 1) {
-      out[0] = static_cast<uint8_t>(cp);
-      return;
-    }
-    for (int i = n - 1; i > 0; --i) {
-      out[i] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-      cp >>= 6;
-    }
-    out[0] = static_cast<uint8_t>((n == 2 ? 0xC0 : n == 3 ? 0xE0 : 0xF0) | cp);
-  }
+
 
   // lo and hi have the same encoded length. Splits until every byte position
   // spans a plain range, then chains the byte ranges.
@@ -499,8 +488,8 @@ class Nfa {
       }
     }
     uint8_t a[4], b[4];
-    Encode(lo, a);
-    Encode(hi, b);
+    EncodeUtf8(lo, a);
+    EncodeUtf8(hi, b);
     int32_t cur = from;
     for (int i = 0; i < n; ++i) {
       const int32_t next = i + 1 == n ? to : NewState();
@@ -640,6 +629,20 @@ class DfaBuilder {
     return d;
   }
 };
+
+int EncodeUtf8(uint32_t cp, uint8_t* out) {
+  if (cp < 0x80) {
+    out[0] = static_cast<uint8_t>(cp);
+    return 1;
+  }
+  const int n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+  for (int i = n - 1; i > 0; --i) {
+    out[i] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
+    cp >>= 6;
+  }
+  out[0] = static_cast<uint8_t>((n == 2 ? 0xC0 : n == 3 ? 0xE0 : 0xF0) | cp);
+  return n;
+}
 
 bool ByteDfa::CanReachTag(int32_t state, int32_t lo, int32_t hi) const {
   if (lo > hi) return false;

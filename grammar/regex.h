@@ -63,6 +63,9 @@ struct DfaAlternative {
   int32_t tag;
 };
 
+// Writes cp's UTF-8 bytes to out (room for 4) and returns how many.
+int EncodeUtf8(uint32_t cp, uint8_t* out);
+
 // The DFA of one pattern; its only tag is 0. InvalidArgument names what in
 // the pattern is not supported (lookaround, backreferences, word boundaries)
 // or malformed.

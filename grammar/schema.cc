@@ -860,6 +860,34 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string
   return CompileJsonSchema(schema, std::move(vocab), options);
 }
 
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileRegexGrammar(std::string_view pattern,
+                                                                   std::shared_ptr<const Vocabulary> vocab) {
+  auto d = CompileRegex(absl::StrCat("^(?:", std::string(pattern), ")$"));
+  if (!d.ok()) return Refuse("regex", "", d.status().message());
+  auto g = std::make_shared<Grammar>(std::move(vocab));
+  g->dfas.push_back(std::make_shared<const ByteDfa>(std::move(*d)));
+  Node n;
+  n.kind = NodeKind::kRaw;
+  n.dfa = 0;
+  g->nodes.push_back(std::move(n));
+  g->root = 0;
+  return g;
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::vector<std::string>& choices,
+                                                                    std::shared_ptr<const Vocabulary> vocab) {
+  if (choices.empty()) return Refuse("choice", "", "an empty list of choices");
+  auto g = std::make_shared<Grammar>(std::move(vocab));
+  g->literals.emplace_back();
+  for (const std::string& c : choices) g->AddLiteral(0, c);
+  Node n;
+  n.kind = NodeKind::kLiteral;
+  n.literal = 0;
+  g->nodes.push_back(std::move(n));
+  g->root = 0;
+  return g;
+}
+
 absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_view schema_json,
                                                                   const CompileOptions& options) {
   const std::string key = absl::StrCat(options.whitespace ? options.max_whitespace : 0, " ", std::string(schema_json));

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -45,6 +46,17 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann:
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string_view schema_json,
                                                                      std::shared_ptr<const Vocabulary> vocab,
                                                                      const CompileOptions& options = {});
+
+// The output itself (no JSON around it) matches `pattern` whole, as vLLM's
+// structured_outputs.regex / guided_regex read it. InvalidArgument naming
+// what in the pattern is refused.
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileRegexGrammar(std::string_view pattern,
+                                                                   std::shared_ptr<const Vocabulary> vocab);
+// The output is exactly one of `choices` (structured_outputs.choice /
+// guided_choice). InvalidArgument for an empty list. ("json_object" is
+// CompileJsonSchemaText(R"({"type":"object"})").)
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::vector<std::string>& choices,
+                                                                    std::shared_ptr<const Vocabulary> vocab);
 
 // Compiled grammars by schema text, shared by the requests that use the same
 // schema; the least recently used past `capacity` are dropped (requests
