@@ -2,6 +2,36 @@
 
 namespace duet::grammar {
 
+void Grammar::ComputeNullable() {
+  nullable.assign(nodes.size(), 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nullable[i]) continue;
+      const Node& n = nodes[i];
+      bool v = false;
+      switch (n.kind) {
+        case NodeKind::kLiteral: v = literals[n.literal].terminal; break;
+        case NodeKind::kRaw: v = dfas[n.dfa]->Accepting(dfas[n.dfa]->start()); break;
+        case NodeKind::kSeq:
+          v = true;
+          for (int32_t item : n.sequence) v = v && nullable[item];
+          break;
+        case NodeKind::kRepeat: v = n.min_items == 0 || nullable[n.repeat]; break;
+        case NodeKind::kUnion:
+        case NodeKind::kOneOf:
+          for (int32_t a : n.alternatives) v = v || nullable[a];
+          break;
+        default: break;
+      }
+      if (v) {
+        nullable[i] = 1;
+        changed = true;
+      }
+    }
+  }
+}
+
 void Grammar::AddLiteral(int32_t root, std::string_view text) {
   int32_t cur = root;
   for (char ch : text) {

@@ -32,7 +32,7 @@
 
 namespace duet::grammar {
 
-enum class NodeKind : uint8_t { kLiteral, kString, kNumber, kObject, kArray, kUnion, kOneOf, kKey, kRaw };
+enum class NodeKind : uint8_t { kLiteral, kString, kNumber, kObject, kArray, kUnion, kOneOf, kKey, kRaw, kSeq, kRepeat };
 
 struct Property {
   std::string name;
@@ -68,6 +68,10 @@ struct Node {
   int64_t min_items = 0, max_items = -1;
   // kUnion, kOneOf (a value must match exactly one alternative).
   std::vector<int32_t> alternatives;
+  // kSeq (GBNF): items in order. kRepeat: `repeat` min_items..max_items
+  // times (max -1: unbounded).
+  std::vector<int32_t> sequence;
+  int32_t repeat = -1;
   // kKey: the object it names keys of; `open` when the key DFA matches
   // any string (additional properties allowed).
   int32_t object = -1;
@@ -88,7 +92,8 @@ class Grammar {
   std::vector<std::shared_ptr<const ByteDfa>> dfas;
   int32_t root = -1;
   bool has_one_of = false;
-  int32_t max_whitespace = 0;  // bytes of whitespace allowed in a row between tokens of objects and arrays
+  int32_t max_whitespace = 0;
+  std::vector<char> nullable;  // per node: matches the empty output (ComputeNullable)  // bytes of whitespace allowed in a row between tokens of objects and arrays
 
   const Vocabulary& vocab() const { return *vocab_; }
   const std::shared_ptr<const Vocabulary>& vocab_ptr() const { return vocab_; }
@@ -99,6 +104,8 @@ class Grammar {
     }
     return -1;
   }
+  // Fills `nullable`; every compiler calls it last.
+  void ComputeNullable();
   // Adds `text` to the literal trie rooted at `root`.
   void AddLiteral(int32_t root, std::string_view text);
 

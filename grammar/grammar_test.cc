@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/gbnf.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
 #include "grammar/schema.h"
@@ -388,6 +389,61 @@ TEST_CASE("raw regex and choice grammars: the output itself, matched whole", "[g
   CHECK_FALSE(Accepts(*choice, "yes,"));
   CHECK_FALSE(Accepts(*choice, "\"no\""));  // not JSON: the text itself
   CHECK_FALSE(CompileChoiceGrammar({}, ByteVocab()).ok());
+}
+
+TEST_CASE("GBNF: rules, recursion, classes, quantifiers, comments", "[grammar][gbnf]") {
+  auto expr = CompileGbnf(R"g(
+# arithmetic, right-recursive
+root   ::= expr
+expr   ::= term ([-+] expr)?
+term   ::= factor ("*" term)?
+factor ::= [0-9]+ | "(" expr ")"
+)g", ByteVocab());
+  INFO(expr.status().message());
+  REQUIRE(expr.ok());
+  CHECK(Accepts(*expr, "1+2*(30-4)"));
+  CHECK(Accepts(*expr, "7"));
+  CHECK_FALSE(Accepts(*expr, "1+"));
+  CHECK_FALSE(Accepts(*expr, "(1"));
+  CHECK_FALSE(Accepts(*expr, "1 + 2"));
+  auto list = CompileGbnf(R"g(root ::= "[" (item ("," item){0,2})? "]"
+item ::= "\"" [^"\\\n]{1,4} "\"" | "null")g", ByteVocab());
+  INFO(list.status().message());
+  REQUIRE(list.ok());
+  CHECK(Accepts(*list, "[]"));
+  CHECK(Accepts(*list, "[\"ab\",null,\"\xC3\xA9\"]"));
+  CHECK_FALSE(Accepts(*list, R"(["a","b","c","d"])"));  // at most three items
+  CHECK_FALSE(Accepts(*list, R"(["abcde"])"));
+  CHECK_FALSE(Accepts(*list, "[\"a\nb\"]"));
+  auto escapes = CompileGbnf(R"g(root ::= "\x41\u00e9\t" . "end"?)g", ByteVocab());
+  REQUIRE(escapes.ok());
+  CHECK(Accepts(*escapes, "A\xC3\xA9\t\xE2\x82\xAC"));
+  CHECK(Accepts(*escapes, "A\xC3\xA9\tzend"));
+  auto empty = CompileGbnf(R"g(root ::= "a"* )g", ByteVocab());
+  REQUIRE(empty.ok());
+  CHECK(Accepts(*empty, ""));
+  CHECK(Accepts(*empty, "aaa"));
+}
+
+TEST_CASE("GBNF: what is refused says where", "[grammar][gbnf]") {
+  auto unknown = CompileGbnf("root ::= \"a\" thing\n", ByteVocab());
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(std::string(unknown.status().message()) ==
+        "grammar: line 1 column 14 (rule 'root'): expected a defined rule, not 'thing'");
+  auto left = CompileGbnf("root ::= root \"a\" | \"b\"", ByteVocab());
+  REQUIRE_FALSE(left.ok());
+  CHECK(std::string(left.status().message()) == "grammar: rule 'root' is left-recursive");
+  auto nullable = CompileGbnf("root ::= (\"a\"?)*", ByteVocab());
+  REQUIRE_FALSE(nullable.ok());
+  CHECK(std::string(nullable.status().message()).find("repeats something that may be empty") != std::string::npos);
+  CHECK_FALSE(CompileGbnf("start ::= \"a\"", ByteVocab()).ok());  // no root
+  auto unclosed = CompileGbnf("root ::= \"abc", ByteVocab());
+  REQUIRE_FALSE(unclosed.ok());
+  CHECK(std::string(unclosed.status().message()).find("line 1") != std::string::npos);
+  // A Lark-style grammar (vLLM's EBNF) is not GBNF: refused with a position.
+  auto lark = CompileGbnf("?start: \"a\"", ByteVocab());
+  REQUIRE_FALSE(lark.ok());
+  CHECK(std::string(lark.status().message()).rfind("grammar: line 1 column 1", 0) == 0);
 }
 
 TEST_CASE("grammar cache: one compilation per schema text, least recently used dropped", "[grammar][schema]") {

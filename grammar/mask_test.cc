@@ -14,6 +14,7 @@
 #include "base/subprocess.h"
 #include "engine/testing/tokenizer_node.h"
 #include "grammar/check.h"
+#include "grammar/gbnf.h"
 #include "grammar/matcher.h"
 #include "grammar/schema.h"
 
@@ -92,16 +93,21 @@ TEST_CASE("masks equal brute force over the whole vocabulary at sampled steps", 
   CHECK(allowed_total > 1000);  // the masks are not trivially empty
 }
 
-TEST_CASE("raw regex and choice masks equal brute force over Llama-3.1's vocabulary", "[grammar][mask]") {
+TEST_CASE("raw regex, choice and GBNF masks equal brute force over Llama-3.1's vocabulary", "[grammar][mask]") {
   auto tok = Llama3();
   auto vocab = Vocabulary::FromTokenizer(*tok, {kEot});
   REQUIRE(vocab.ok());
   auto re = CompileRegexGrammar(R"((yes|no)( because [a-z ]{1,40})?\.)", *vocab);
   auto choice = CompileChoiceGrammar({"positive", "negative", "neutral"}, *vocab);
+  auto gbnf = CompileGbnf(R"g(root ::= expr "."
+expr ::= term ([-+] expr)?
+term ::= [0-9]+ | "(" expr ")")g", *vocab);
   REQUIRE(re.ok());
   REQUIRE(choice.ok());
+  REQUIRE(gbnf.ok());
   std::vector<uint64_t> mask((*vocab)->mask_words()), brute((*vocab)->mask_words());
-  for (const auto& [g, text] : {std::pair{*re, std::string("no because it rains.")}, std::pair{*choice, std::string("neutral")}}) {
+  for (const auto& [g, text] : {std::pair{*re, std::string("no because it rains.")}, std::pair{*choice, std::string("neutral")},
+                                 std::pair{*gbnf, std::string("12+(345-6)-7.")}}) {
     auto ids = tok->Encode(text);
     REQUIRE(ids.ok());
     Matcher m(g);

@@ -59,8 +59,15 @@ void Matcher::StartValue(int32_t node, int32_t below, uint8_t c, std::vector<int
     case NodeKind::kLiteral: {
       const int32_t child = g_->LiteralChild(n.literal, c);
       if (child >= 0) out.push_back(Push({node, below, child, 0, 0, 0, 0}));
+      if (g_->literals[n.literal].terminal) FeedBelow(below, c, out);  // "" (GBNF, choices)
       return;
     }
+    case NodeKind::kSeq:
+      StartSeq(node, n, below, 0, c, out);
+      return;
+    case NodeKind::kRepeat:
+      StartRepeat(node, n, below, 0, c, out);
+      return;
     case NodeKind::kString:
       if (c == '"') out.push_back(Push({node, below, 0, 0, 0, 0, 0}));
       return;
@@ -74,13 +81,29 @@ void Matcher::StartValue(int32_t node, int32_t below, uint8_t c, std::vector<int
       if (c == '[') out.push_back(Push({node, below, kArrOpen, 0, 0, 0, 0}));
       return;
     case NodeKind::kRaw: {
-      const int32_t t = g_->dfas[n.dfa]->Next(g_->dfas[n.dfa]->start(), c);
+      const ByteDfa& d = *g_->dfas[n.dfa];
+      const int32_t t = d.Next(d.start(), c);
       if (t != ByteDfa::kDead) out.push_back(Push({node, below, t, 0, 0, 0, 0}));
+      if (d.Accepting(d.start())) FeedBelow(below, c, out);
       return;
     }
     case NodeKind::kKey:
       return;
   }
+}
+
+void Matcher::StartSeq(int32_t node, const Node& n, int32_t below, int32_t from, uint8_t c, std::vector<int32_t>& out) {
+  for (size_t j = from; j < n.sequence.size(); ++j) {
+    StartValue(n.sequence[j], Push({node, below, static_cast<int32_t>(j) + 1, 0, 0, 0, 0}), c, out);
+    if (!g_->nullable[n.sequence[j]]) return;
+  }
+  FeedBelow(below, c, out);  // the rest may be empty: the byte is what follows
+}
+
+void Matcher::StartRepeat(int32_t node, const Node& n, int32_t below, int32_t count, uint8_t c,
+                          std::vector<int32_t>& out) {
+  if (n.max_items < 0 || count < n.max_items) StartValue(n.repeat, Push({node, below, count + 1, 0, 0, 0, 0}), c, out);
+  if (count >= n.min_items) FeedBelow(below, c, out);
 }
 
 void Matcher::Feed(int32_t top, uint8_t c, std::vector<int32_t>& out) {
@@ -114,14 +137,18 @@ void Matcher::Feed(int32_t top, uint8_t c, std::vector<int32_t>& out) {
       return;
     }
     case NodeKind::kRaw: {
-      const int32_t t = g_->dfas[n.dfa]->Next(f.a, c);
+      const ByteDfa& d = *g_->dfas[n.dfa];
+      const int32_t t = d.Next(f.a, c);
       if (t != ByteDfa::kDead) {
         Frame nf = f;
         nf.a = t;
         out.push_back(Push(nf));
       }
+      if (d.Accepting(f.a)) FeedBelow(f.below, c, out);  // it may end here, the byte the parent's
       return;
     }
+    case NodeKind::kSeq: StartSeq(f.node, n, f.below, f.a, c, out); return;
+    case NodeKind::kRepeat: StartRepeat(f.node, n, f.below, f.a, c, out); return;
     case NodeKind::kUnion: return;
   }
 }
@@ -598,21 +625,28 @@ void Matcher::Rollback(int32_t n) {
 
 bool Matcher::StackCanEnd(int32_t top) const {
   if (top == kDone) return true;
-  if (top == kStart) {  // an empty output: a raw regex or choice may allow it
-    const Node& root = g_->nodes[g_->root];
-    if (root.kind == NodeKind::kRaw) return g_->dfas[root.dfa]->Accepting(g_->dfas[root.dfa]->start());
-    return root.kind == NodeKind::kLiteral && g_->literals[root.literal].terminal;
+  if (top == kStart) return g_->nullable[g_->root];  // an empty output
+  // Every frame down to the bottom can finish without more input.
+  for (int32_t x = top; x != kDone; x = pool_[x].below) {
+    if (x < 0) return false;
+    const Frame& f = pool_[x];
+    const Node& n = g_->nodes[f.node];
+    bool finishes = false;
+    switch (n.kind) {
+      case NodeKind::kLiteral: finishes = g_->literals[f.a].terminal; break;
+      case NodeKind::kNumber: finishes = NumberComplete(f, n); break;
+      case NodeKind::kRaw: finishes = g_->dfas[n.dfa]->Accepting(f.a); break;
+      case NodeKind::kOneOf: finishes = true; break;
+      case NodeKind::kSeq:
+        finishes = true;
+        for (size_t j = f.a; j < n.sequence.size(); ++j) finishes = finishes && g_->nullable[n.sequence[j]];
+        break;
+      case NodeKind::kRepeat: finishes = f.a >= n.min_items; break;
+      default: break;
+    }
+    if (!finishes) return false;
   }
-  if (top < 0) return false;
-  const Frame& f = pool_[top];
-  int32_t below = f.below;
-  while (below >= 0 && g_->nodes[pool_[below].node].kind == NodeKind::kOneOf) below = pool_[below].below;
-  if (below != kDone) return false;
-  const Node& n = g_->nodes[f.node];
-  if (n.kind == NodeKind::kLiteral) return g_->literals[f.a].terminal;
-  if (n.kind == NodeKind::kNumber) return NumberComplete(f, n);
-  if (n.kind == NodeKind::kRaw) return g_->dfas[n.dfa]->Accepting(f.a);
-  return false;
+  return true;
 }
 
 bool Matcher::CanEnd() const {
@@ -687,8 +721,9 @@ void Matcher::FillMask(uint64_t* mask) {
   const Step cur = steps_.back();
   if (cur.ended) return;
   walk_tops_.assign(tops_.begin() + cur.tops_begin, tops_.begin() + cur.tops_end);
-  // A raw regex: its per-state mask over the whole vocabulary.
-  if (walk_tops_.size() == 1 && walk_tops_[0] >= 0 && g_->nodes[pool_[walk_tops_[0]].node].kind == NodeKind::kRaw) {
+  // A raw regex as the whole output: its per-state mask over the vocabulary.
+  if (walk_tops_.size() == 1 && walk_tops_[0] >= 0 && pool_[walk_tops_[0]].below == kDone &&
+      g_->nodes[pool_[walk_tops_[0]].node].kind == NodeKind::kRaw) {
     const Frame& f = pool_[walk_tops_[0]];
     const uint64_t* raw = g_->RawMask(g_->nodes[f.node].dfa, f.a);
     std::copy(raw, raw + vocab.mask_words(), mask);

@@ -74,6 +74,10 @@ class Matcher {
     if (below >= 0) Feed(below, byte, out);
   }
   void StartValue(int32_t node, int32_t below, uint8_t byte, std::vector<int32_t>& out);
+  // A sequence from item `from` (its frame records the next item), a
+  // repetition after `count` rounds, each begun with `byte`.
+  void StartSeq(int32_t node, const Node& n, int32_t below, int32_t from, uint8_t byte, std::vector<int32_t>& out);
+  void StartRepeat(int32_t node, const Node& n, int32_t below, int32_t count, uint8_t byte, std::vector<int32_t>& out);
   void StepString(const Frame& f, const Node& n, uint8_t byte, std::vector<int32_t>& out);
   bool StringChar(Frame& f, const Node& n, uint32_t cp);
   bool StringByte(Frame& f, const Node& n, uint8_t byte);

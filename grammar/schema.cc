@@ -849,6 +849,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann:
   g->max_whitespace = options.whitespace ? std::max(options.max_whitespace, 1) : 0;
   Compiler c(schema, *g);
   ASSIGN_OR_RETURN(g->root, c.Compile(schema, ""));
+  g->ComputeNullable();
   return g;
 }
 
@@ -871,6 +872,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileRegexGrammar(std::string_v
   n.dfa = 0;
   g->nodes.push_back(std::move(n));
   g->root = 0;
+  g->ComputeNullable();
   return g;
 }
 
@@ -885,6 +887,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::v
   n.literal = 0;
   g->nodes.push_back(std::move(n));
   g->root = 0;
+  g->ComputeNullable();
   return g;
 }
 
