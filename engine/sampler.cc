@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +41,8 @@ double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position) {
 }
 
 SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingParams& p,
-                    uint64_t choice_index, int64_t position, absl::Span<const int32_t> generated) {
+                    uint64_t choice_index, int64_t position, absl::Span<const int32_t> generated,
+                    absl::Span<const uint64_t> allowed) {
   SampleResult out;
   // Penalties apply to a copy that the choice is made from; logprobs stay
   // those of the raw logits.
@@ -59,6 +61,17 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
       }
       i = j;
     }
+  }
+  // A grammar's mask: what it does not allow can never be chosen.
+  if (!allowed.empty()) {
+    if (penalized.empty()) penalized.assign(logits, logits + vocab);
+    bool any = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const bool ok = i / 64 < static_cast<int64_t>(allowed.size()) && ((allowed[i / 64] >> (i % 64)) & 1);
+      if (!ok) penalized[i] = -std::numeric_limits<float>::infinity();
+      any |= ok;
+    }
+    if (!any) return out;  // token -1
   }
   // Log-softmax of the raw logits, in double.
   double mx = raw[0];

@@ -32,9 +32,14 @@ struct SampleResult {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // Best first.
 };
 
+// `allowed`, when given, is a token mask (bit id % 64 of word id / 64; ids
+// past it are not allowed), as a grammar's matcher fills it: the choice is
+// made among the allowed tokens only (after penalties, before temperature
+// and filtering); logprobs stay those of the raw logits. With no token
+// allowed the result's token is -1.
 SampleResult Sample(const float* logits, int64_t vocab_size, const spec::SamplingParams& params,
                     uint64_t choice_index, int64_t position,
-                    absl::Span<const int32_t> generated = {});
+                    absl::Span<const int32_t> generated = {}, absl::Span<const uint64_t> allowed = {});
 
 // A uniform draw in [0, 1) keyed by (seed, choice, position).
 double UniformDraw(uint64_t seed, uint64_t choice_index, int64_t position);

@@ -15,6 +15,33 @@ TEST_CASE("greedy picks the argmax, ties to the lower id", "[sampler]") {
   REQUIRE(Sample(l.data(), 4, p, 0, 0).token == 1);
 }
 
+TEST_CASE("a token mask restricts the choice, not the reported logprobs", "[sampler]") {
+  std::vector<float> l = {3.0f, 1.0f, 2.5f, 0.5f, -1.0f};
+  const std::vector<uint64_t> allowed = {(1u << 1) | (1u << 3)};  // ids 1 and 3
+  const double z = std::log(std::exp(3.0) + std::exp(1.0) + std::exp(2.5) + std::exp(0.5) + std::exp(-1.0));
+  spec::SamplingParams greedy{.temperature = 0, .logprobs = 2};
+  SampleResult g = Sample(l.data(), 5, greedy, 0, 0, {}, allowed);
+  CHECK(g.token == 1);  // the best allowed, not the argmax (0)
+  CHECK(g.logprob == Approx(1.0 - z).epsilon(1e-6));
+  REQUIRE(g.top_logprobs.size() == 2);
+  CHECK(g.top_logprobs[0].first == 0);  // raw: the masked-out best still reported
+  CHECK(g.top_logprobs[1].first == 2);
+  std::set<int32_t> seen;
+  for (int64_t pos = 0; pos < 200; ++pos) {
+    spec::SamplingParams t{.temperature = 1.5f, .top_k = 3, .seed = 7};
+    const SampleResult r = Sample(l.data(), 5, t, 0, pos, {}, allowed);
+    seen.insert(r.token);
+    // Still a pure function of (seed, choice, position).
+    CHECK(r.token == Sample(l.data(), 5, t, 0, pos, {}, allowed).token);
+  }
+  CHECK(seen == std::set<int32_t>{1, 3});
+  // Ids past the mask's words are not allowed; an empty mask allows nothing.
+  std::vector<float> wide(70, 0.0f);
+  wide[69] = 5.0f;
+  CHECK(Sample(wide.data(), 70, greedy, 0, 0, {}, std::vector<uint64_t>{1}).token == 0);
+  CHECK(Sample(l.data(), 5, greedy, 0, 0, {}, std::vector<uint64_t>{0}).token == -1);
+}
+
 TEST_CASE("logprobs are the log-softmax of the raw logits, best first", "[sampler]") {
   std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.0f};
   spec::SamplingParams p{.temperature = 0.5f, .top_k = 2, .logprobs = 4};
