@@ -48,13 +48,7 @@ const json* Follow(const json* s, const json& root) {
 
 bool PatternMatches(const std::string& pattern, const std::string& s) {
   auto d = CompileRegex(pattern);
-  if (!d.ok()) return false;
-  int32_t st = d->start();
-  for (char c : s) {
-    st = d->Next(st, static_cast<uint8_t>(c));
-    if (st == ByteDfa::kDead) return false;
-  }
-  return d->Accepting(st);
+  return d.ok() && d->Matches(s);
 }
 
 // The schemas an object at `s` answers to, in the order the compiler merges

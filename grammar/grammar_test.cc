@@ -18,12 +18,7 @@ namespace {
 bool RegexMatches(const std::string& pattern, const std::string& s) {
   auto d = CompileRegex(pattern);
   REQUIRE(d.ok());
-  int32_t st = d->start();
-  for (char c : s) {
-    st = d->Next(st, static_cast<uint8_t>(c));
-    if (st == ByteDfa::kDead) return false;
-  }
-  return d->Accepting(st);
+  return d->Matches(s);
 }
 
 std::shared_ptr<const Vocabulary> ByteVocab() {

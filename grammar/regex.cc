@@ -644,6 +644,15 @@ int EncodeUtf8(uint32_t cp, uint8_t* out) {
   return n;
 }
 
+bool ByteDfa::Matches(std::string_view s) const {
+  int32_t st = start();
+  for (char c : s) {
+    st = Next(st, static_cast<uint8_t>(c));
+    if (st == kDead) return false;
+  }
+  return Accepting(st);
+}
+
 bool ByteDfa::CanReachTag(int32_t state, int32_t lo, int32_t hi) const {
   if (lo > hi) return false;
   const uint64_t* r = reach_.data() + static_cast<size_t>(state) * reach_words_;

@@ -36,6 +36,8 @@ class ByteDfa {
     return {tags_.data() + tag_begin_[state], static_cast<size_t>(tag_begin_[state + 1] - tag_begin_[state])};
   }
   bool Accepting(int32_t state) const { return tag_begin_[state + 1] > tag_begin_[state]; }
+  // Whether the whole of `s`, from the start state, ends in an accepting state.
+  bool Matches(std::string_view s) const;
   // Whether some continuation from `state` matches an alternative tagged in [lo, hi].
   bool CanReachTag(int32_t state, int32_t lo, int32_t hi) const;
   int32_t num_states() const { return num_states_; }

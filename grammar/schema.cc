@@ -131,7 +131,8 @@ class Compiler {
     Node num;
     num.kind = NodeKind::kNumber;
     std::vector<int32_t> alts;
-    alts.push_back(AddObject(std::move(obj), {}));
+    ASSIGN_OR_RETURN(int32_t generic_object, AddObject(std::move(obj), {}));
+    alts.push_back(generic_object);
     alts.push_back(AddNode(std::move(arr)));
     alts.push_back(AddNode(std::move(str)));
     alts.push_back(AddNode(std::move(num)));
@@ -715,7 +716,9 @@ class Compiler {
     return AddNode(std::move(n));
   }
 
-  int32_t AddObject(Node n, std::vector<DfaAlternative> alts) {
+  // The object node and its key node, whose DFA tags `alts` (the names,
+  // the patterns) and, when other keys are allowed, any string.
+  absl::StatusOr<int32_t> AddObject(Node n, std::vector<DfaAlternative> alts) {
     const int32_t np = static_cast<int32_t>(n.props.size());
     n.next_required.assign(np + 1, np);
     for (int32_t i = np - 1; i >= 0; --i) n.next_required[i] = n.props[i].required ? i : n.next_required[i + 1];
@@ -728,9 +731,9 @@ class Compiler {
       alts.push_back({DfaAlternative::Kind::kAnything, "",
                       np + static_cast<int32_t>(g_.nodes[obj].pattern_nodes.size())});
     }
+    ASSIGN_OR_RETURN(ByteDfa d, CompileAlternatives(alts));
     key.dfa = static_cast<int32_t>(g_.dfas.size());
-    auto d = CompileAlternatives(alts);
-    g_.dfas.push_back(std::make_shared<const ByteDfa>(std::move(*d)));
+    g_.dfas.push_back(std::make_shared<const ByteDfa>(std::move(d)));
     const int32_t k = AddNode(std::move(key));
     g_.nodes[obj].key = k;
     return obj;
@@ -784,18 +787,20 @@ class Compiler {
     } else {
       ASSIGN_OR_RETURN(n.additional, Compile(s["additionalProperties"], path + "/additionalProperties", depth + 1));
     }
+    // Each pattern compiled once here, so a refused one is named as
+    // patternProperties; required names the properties do not list take
+    // the schema of the first pattern they match.
+    std::vector<ByteDfa> pattern_dfas;
+    for (const auto& [pat, node] : patterns) {
+      auto d = CompileRegex(pat);
+      if (!d.ok()) return Refuse("patternProperties", path, d.status().message());
+      pattern_dfas.push_back(std::move(*d));
+    }
     for (const std::string& name : extra_required) {
       int32_t v = n.additional;
-      for (const auto& [pat, node] : patterns) {
-        auto d = CompileRegex(pat);
-        if (!d.ok()) return Refuse("patternProperties", path, d.status().message());
-        int32_t st = d->start();
-        for (char c : name) {
-          st = d->Next(st, static_cast<uint8_t>(c));
-          if (st == ByteDfa::kDead) break;
-        }
-        if (st != ByteDfa::kDead && d->Accepting(st)) {
-          v = node;
+      for (size_t k = 0; k < patterns.size(); ++k) {
+        if (pattern_dfas[k].Matches(name)) {
+          v = patterns[k].second;
           break;
         }
       }
@@ -808,16 +813,9 @@ class Compiler {
       alts.push_back({DfaAlternative::Kind::kPattern, patterns[k].first, np + static_cast<int32_t>(k)});
       n.pattern_nodes.push_back(patterns[k].second);
     }
-    // Check the patterns compile before AddObject builds the key DFA.
-    for (const auto& [pat, node] : patterns) {
-      auto d = CompileRegex(pat);
-      if (!d.ok()) return Refuse("patternProperties", path, d.status().message());
-    }
-    {
-      auto d = CompileAlternatives(alts);
-      if (!d.ok()) return Refuse("properties", path, d.status().message());
-    }
-    return AddObject(std::move(n), std::move(alts));
+    auto obj = AddObject(std::move(n), std::move(alts));
+    if (!obj.ok()) return Refuse("properties", path, obj.status().message());
+    return *obj;
   }
 
   const json& root_;
@@ -861,6 +859,18 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaText(std::string
   return CompileJsonSchema(schema, std::move(vocab), options);
 }
 
+namespace {
+
+// A grammar whose root is its one node (a raw regex, a choice list).
+std::shared_ptr<const Grammar> OneNodeGrammar(std::shared_ptr<Grammar> g, Node root) {
+  g->nodes.push_back(std::move(root));
+  g->root = 0;
+  g->ComputeNullable();
+  return g;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileRegexGrammar(std::string_view pattern,
                                                                    std::shared_ptr<const Vocabulary> vocab) {
   auto d = CompileRegex(absl::StrCat("^(?:", std::string(pattern), ")$"));
@@ -870,10 +880,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileRegexGrammar(std::string_v
   Node n;
   n.kind = NodeKind::kRaw;
   n.dfa = 0;
-  g->nodes.push_back(std::move(n));
-  g->root = 0;
-  g->ComputeNullable();
-  return g;
+  return OneNodeGrammar(std::move(g), std::move(n));
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::vector<std::string>& choices,
@@ -885,10 +892,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::v
   Node n;
   n.kind = NodeKind::kLiteral;
   n.literal = 0;
-  g->nodes.push_back(std::move(n));
-  g->root = 0;
-  g->ComputeNullable();
-  return g;
+  return OneNodeGrammar(std::move(g), std::move(n));
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_view schema_json,
