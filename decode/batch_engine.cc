@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/logging.h"
 
 namespace duet::decode {
@@ -37,6 +38,7 @@ struct BatchEngine::Seq {
   bool pinned = false;
   int64_t cached_prompt_tokens = 0;  // Of the attempt that samples the first token.
   std::vector<int64_t> cache_boundaries;
+  std::shared_ptr<grammar::TokenConstraint> constraint;  // Null: free text.
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt; }
   int64_t PrefillTarget() const {
@@ -81,6 +83,7 @@ absl::Status BatchEngine::Add(SequenceRequest r) {
   seq->params = std::move(r.params);
   seq->import_kv = r.import_kv;
   seq->cache_boundaries = std::move(r.cache_boundaries);
+  seq->constraint = std::move(r.constraint);
   seq->fresh = !r.import_kv;
   seq->first_pending = !r.import_kv;
   waiting_.push_back(seq.get());
@@ -390,10 +393,25 @@ StepResult BatchEngine::Step() {
     // As engine::Generate: the position is the number of tokens before it.
     const int64_t pos = static_cast<int64_t>(s->tokens.size());
     const GenerationParams& p = s->params;
+    absl::Span<const uint64_t> allowed;
+    if (s->constraint != nullptr) {
+      const absl::Time mask_start = absl::Now();
+      allowed = s->constraint->Mask();
+      if (options_.mask_seconds != nullptr && !allowed.empty()) {
+        options_.mask_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - mask_start));
+      }
+    }
     engine::SampleResult smp = engine::Sample(
         logits->row(row++), c.vocab_size, p.sampling, p.choice_index, pos,
-        absl::MakeConstSpan(s->tokens).subspan(static_cast<size_t>(s->num_prompt)));
+        absl::MakeConstSpan(s->tokens).subspan(static_cast<size_t>(s->num_prompt)), allowed);
     const int32_t token = smp.token;
+    if (s->constraint != nullptr && (token < 0 || !s->constraint->Accept(token))) {
+      Finish(s, FinishKind::kError,
+             absl::InternalError("the request's grammar allows no next token (it ended, or min_tokens or "
+                                 "ignore_eos asked for more)"),
+             out);
+      continue;
+    }
     s->tokens.push_back(token);
     out.tokens.push_back({.request_id = s->id,
                           .sample = std::move(smp),

@@ -41,6 +41,8 @@
 #include "spec/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "base/metrics.h"
+#include "grammar/constraint.h"
 #include "kvcache/admission.h"
 #include "kvcache/prefix_tree.h"
 
@@ -60,6 +62,10 @@ struct SequenceRequest {
   bool import_kv = false;
   // Prompt positions where the prefix cache starts its nodes (documents).
   std::vector<int64_t> cache_boundaries;
+  // The grammar its output follows, already fed `generated`
+  // (worker/constraints.h); null: free text. Each sample is made among the
+  // tokens its mask allows, and fed to it.
+  std::shared_ptr<grammar::TokenConstraint> constraint;
 };
 
 enum class FinishKind { kStop, kLength, kError };
@@ -96,6 +102,8 @@ struct BatchEngineOptions {
   // chat finds its answer). The tree gives up unpinned blocks before any
   // request is preempted or kept waiting.
   kvcache::PrefixTree* cache = nullptr;
+  // Where each grammar mask's time is observed (not owned), or nullptr.
+  Histogram* mask_seconds = nullptr;
 };
 
 struct EngineCounts {

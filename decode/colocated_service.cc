@@ -23,12 +23,16 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
   s->layout_ = kvtransfer::WholeModelLayout(s->engine_.pool->layout());
   ASSIGN_OR_RETURN(s->cache_, worker::PrefixCache::Create(s->options_.engine.cache, s->engine_.pool.get(),
                                                           s->options_.engine.model_dir, s->engine_.model->config()));
+  s->constraints_ = std::make_unique<worker::Constraints>(
+      s->options_.engine.model_dir, s->engine_.model->config().eos_token_ids,
+      "colocated");
   s->loop_ = std::make_unique<EngineLoop>(
       s->engine_.model.get(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
       EngineLoopOptions{.role = proto::ROLE_COLOCATED,
                         .engine = {.max_running = s->options_.max_running,
                                    .token_budget = s->options_.engine.token_budget,
-                                   .cache = s->cache_->tree()},
+                                   .cache = s->cache_->tree(),
+                                   .mask_seconds = s->constraints_->mask_seconds()},
                         .cache = s->cache_.get()});
   LOG(INFO) << "colocated worker " << sink->worker_id() << ": " << s->engine_.pool->num_blocks()
             << " KV blocks of " << s->options_.engine.block_size << " tokens, token budget "
@@ -101,11 +105,18 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
     sink_->SendToRouter(EndFinish(id, resumed_end));
     return;
   }
+  absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> constraint = constraints_->For(req.spec(), req.resume_ids());
+  if (!constraint.ok()) {
+    LOG(WARNING) << "refusing request " << id << ": " << constraint.status();
+    sink_->SendToRouter(ErrorFinish(id, constraint.status()));
+    return;
+  }
   SequenceRequest r{.request_id = id,
                     .prompt = {req.spec().prompt_ids().begin(), req.spec().prompt_ids().end()},
                     .params = std::move(*params),
                     .generated = {req.resume_ids().begin(), req.resume_ids().end()},
-                    .cache_boundaries = {req.spec().cache_boundaries().begin(), req.spec().cache_boundaries().end()}};
+                    .cache_boundaries = {req.spec().cache_boundaries().begin(), req.spec().cache_boundaries().end()},
+                    .constraint = std::move(*constraint)};
   loop_->Post([this, r = std::move(r)](BatchEngine& e) mutable {
     const uint64_t id = r.request_id;
     absl::Status added = e.Add(std::move(r));

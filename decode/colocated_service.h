@@ -28,6 +28,7 @@
 #include "base/serving_defaults.h"
 #include "absl/status/statusor.h"
 #include "decode/engine_loop.h"
+#include "worker/constraints.h"
 #include "worker/frame_sink.h"
 #include "worker/prefix_cache.h"
 #include "worker/runtime.h"
@@ -64,6 +65,7 @@ class ColocatedService : public worker::WorkerService {
   worker::EngineResources engine_;
   std::unique_ptr<worker::PrefixCache> cache_;  // Before loop_: the engine's sequences pin it.
   proto::KvLayout layout_;
+  std::unique_ptr<worker::Constraints> constraints_;  // Before loop_: its sequences hold their grammars.
   std::unique_ptr<EngineLoop> loop_;
 };
 

@@ -46,11 +46,15 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
                                                             .timeout = s->options_.pull_timeout,
                                                             .sink = sink,
                                                             .landing = s->transfer_.get()});
+  s->constraints_ = std::make_unique<worker::Constraints>(
+      s->options_.engine.model_dir, s->engine_.model->config().eos_token_ids,
+      "decode");
   s->loop_ = std::make_unique<EngineLoop>(
       s->engine_.model.get(), &pool, s->puller_.get(), sink,
       EngineLoopOptions{.role = proto::ROLE_DECODE,
                         .engine = {.max_running = s->options_.max_running,
-                                   .token_budget = s->options_.engine.token_budget},
+                                   .token_budget = s->options_.engine.token_budget,
+                                   .mask_seconds = s->constraints_->mask_seconds()},
                         .poll_interval = s->options_.poll_interval});
   LOG(INFO) << "decode worker " << sink->worker_id() << ": " << pool.num_blocks() << " KV blocks of "
             << s->options_.engine.block_size << " tokens, transport " << s->transport_->Name();
@@ -136,11 +140,19 @@ void DecodeService::HandleOffer(proto::KvOffer offer) {
     SendReleased(sink_, id, h.control_address());
     return;
   }
+  absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> constraint = constraints_->For(offer.spec(), offer.generated_ids());
+  if (!constraint.ok()) {
+    LOG(WARNING) << "refusing request " << id << ": " << constraint.status();
+    sink_->SendToRouter(ErrorFinish(id, constraint.status()));
+    SendReleased(sink_, id, h.control_address());
+    return;
+  }
   SequenceRequest r{.request_id = id,
                     .prompt = {offer.spec().prompt_ids().begin(), offer.spec().prompt_ids().end()},
                     .params = std::move(*params),
                     .generated = {offer.generated_ids().begin(), offer.generated_ids().end()},
-                    .import_kv = true};
+                    .import_kv = true,
+                    .constraint = std::move(*constraint)};
   auto handle = std::make_shared<proto::KvHandle>(std::move(*offer.mutable_handle()));
   loop_->Post([this, r = std::move(r), handle](BatchEngine& e) mutable {
     const uint64_t id = r.request_id;

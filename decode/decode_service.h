@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "decode/engine_loop.h"
+#include "worker/constraints.h"
 #include "decode/kv_puller.h"
 #include "kvtransfer/transport.h"
 #include "worker/frame_sink.h"
@@ -77,6 +78,7 @@ class DecodeService : public worker::WorkerService {
   kvtransfer::RegionId region_ = 0;
   proto::KvLayout layout_;
   std::unique_ptr<KvPuller> puller_;
+  std::unique_ptr<worker::Constraints> constraints_;  // Before loop_: its sequences hold their grammars.
   std::unique_ptr<EngineLoop> loop_;
 };
 

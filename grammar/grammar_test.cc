@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/constraint.h"
 #include "grammar/gbnf.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
@@ -443,21 +444,28 @@ TEST_CASE("GBNF: what is refused says where", "[grammar][gbnf]") {
 
 TEST_CASE("grammar cache: one compilation per schema text, least recently used dropped", "[grammar][schema]") {
   GrammarCache cache(ByteVocab(), 2);
-  auto a = cache.Get(R"({"type":"string"})");
-  auto a2 = cache.Get(R"({"type":"string"})");
+  auto schema = [](std::string text) {
+    return ConstraintRequest{.kind = ConstraintKind::kJsonSchema, .text = std::move(text)};
+  };
+  auto a = cache.Get(schema(R"({"type":"string"})"));
+  auto a2 = cache.Get(schema(R"({"type":"string"})"));
   REQUIRE(a.ok());
   REQUIRE(a2.ok());
   CHECK(a->get() == a2->get());  // the same compiled grammar, shared
-  auto b = cache.Get(R"({"type":"integer"})");
-  auto c = cache.Get(R"({"type":"boolean"})");
+  auto b = cache.Get(schema(R"({"type":"integer"})"));
+  auto c = cache.Get(schema(R"({"type":"boolean"})"));
   REQUIRE(b.ok());
   REQUIRE(c.ok());
   CHECK(cache.size() == 2);
-  auto a3 = cache.Get(R"({"type":"string"})");  // dropped: compiled again
+  auto a3 = cache.Get(schema(R"({"type":"string"})"));  // dropped: compiled again
   REQUIRE(a3.ok());
   CHECK(a3->get() != a->get());
   CHECK(Accepts(*a, R"("still usable")"));  // a holder keeps its copy
-  CHECK_FALSE(cache.Get(R"j({"type":"string","pattern":"(?=x)"})j").ok());
+  CHECK_FALSE(cache.Get(schema(R"j({"type":"string","pattern":"(?=x)"})j")).ok());
+  // The same text as another kind is another grammar.
+  auto r = cache.Get({.kind = ConstraintKind::kRegex, .text = R"({"type":"string"})"});
+  REQUIRE(r.ok());
+  CHECK(r->get() != a3->get());
   CHECK(cache.size() == 2);
 }
 
@@ -477,6 +485,94 @@ TEST_CASE("matcher: rollback returns to the earlier state exactly", "[grammar][m
   REQUIRE(m.AcceptBytes(R"(","n":50})"));
   CHECK(m.CanEnd());
   CHECK(m.Done());
+}
+
+}  // namespace duet::grammar
+
+namespace duet::grammar {
+
+TEST_CASE("tool calls: each function's name then arguments its parameters accept, as the template writes them",
+          "[grammar][constraint]") {
+  ToolCallsShape hermes{
+      .tools = {{"get_weather", nlohmann::ordered_json::parse(
+                                    R"({"type":"object","properties":{"city":{"type":"string","maxLength":8}},"required":["city"]})")},
+                {"now", nlohmann::ordered_json()}},
+      .open = "",
+      .name_close = "\", \"arguments\": ",
+      .close = "}\n</tool_call>",
+      .next_open = "\n<tool_call>\n{\"name\": \""};
+  ConstraintRequest r{.kind = ConstraintKind::kToolCalls, .text = ToolCallsText(hermes)};
+  auto g = CompileConstraint(r, ByteVocab());
+  REQUIRE(g.ok());
+  CHECK(Accepts(*g, "get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call>"));
+  CHECK(Accepts(*g, "now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+  CHECK_FALSE(Accepts(*g, "get_weather\", \"arguments\": {}}\n</tool_call>"));          // city is required
+  CHECK_FALSE(Accepts(*g, "get_time\", \"arguments\": {}}\n</tool_call>"));             // no such function
+  CHECK_FALSE(Accepts(*g, "get_weather\", \"arguments\": {\"city\":\"Paris\"}}"));      // not closed
+  // Named: the prompt ended with the name; one call's arguments and close.
+  hermes.named = "get_weather";
+  auto named = CompileConstraint({.kind = ConstraintKind::kToolCalls, .text = ToolCallsText(hermes)}, ByteVocab());
+  REQUIRE(named.ok());
+  CHECK(Accepts(*named, "{\"city\":\"Rome\"}}\n</tool_call>"));
+  CHECK_FALSE(Accepts(*named, "{\"city\":\"Rome\"}}\n</tool_call>\n<tool_call>"));
+  // A parameters schema the engine refuses names the tool and the keyword.
+  hermes.named.clear();
+  hermes.tools[1].parameters = nlohmann::ordered_json::parse(R"({"not":{"type":"string"}})");
+  auto bad = CompileConstraint({.kind = ConstraintKind::kToolCalls, .text = ToolCallsText(hermes)}, ByteVocab());
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).rfind("tools[1].function.parameters: not at #", 0) == 0);
+}
+
+TEST_CASE("token constraint: free before its triggers, in order; masked after, from the bytes past the trigger",
+          "[grammar][constraint]") {
+  auto g = CompileChoiceGrammar({"yes", "no"}, ByteVocab());
+  REQUIRE(g.ok());
+  TokenConstraint c(*g, {"</think>", "<x>"});
+  auto feed = [&](std::string_view s) {
+    for (char ch : s) {
+      if (!c.Accept(static_cast<uint8_t>(ch))) return false;
+    }
+    return true;
+  };
+  CHECK(c.Mask().empty());
+  REQUIRE(feed("<x> thinking </thi"));  // the second trigger before the first does not count
+  CHECK_FALSE(c.started());
+  REQUIRE(feed("nk> answer: <"));
+  CHECK(c.Mask().empty());
+  REQUIRE(feed("x>"));
+  CHECK(c.started());
+  absl::Span<const uint64_t> m = c.Mask();
+  REQUIRE(m.size() == static_cast<size_t>(ByteVocab()->mask_words()));
+  for (int b = 0; b < 256; ++b) CHECK(((m[b / 64] >> (b % 64)) & 1) == (b == 'y' || b == 'n'));
+  CHECK_FALSE(c.Accept('x'));  // refused: the constraint is broken, and allows nothing after
+  CHECK(c.broken());
+  for (uint64_t w : c.Mask()) CHECK(w == 0);
+  // A trigger's token that carries the grammar's first bytes.
+  std::vector<std::string> tokens = {"ab", "c|y", "es", ""};
+  std::vector<bool> special = {false, false, false, true};
+  auto vocab = std::make_shared<const Vocabulary>(tokens, special, std::vector<int32_t>{3});
+  auto g2 = CompileChoiceGrammar({"yes"}, vocab);
+  REQUIRE(g2.ok());
+  TokenConstraint d(*g2, {"c|"});
+  REQUIRE(d.Accept(0));
+  REQUIRE(d.Accept(1));
+  CHECK(d.started());
+  absl::Span<const uint64_t> m2 = d.Mask();
+  CHECK(m2[0] == (uint64_t{1} << 2));  // "es" only
+  REQUIRE(d.Accept(2));
+  CHECK(d.Mask()[0] == (uint64_t{1} << 3));  // then the end
+  REQUIRE(d.Accept(3));
+}
+
+TEST_CASE("grammar requests: GBNF compiled, an EBNF/Lark grammar refused at its first rule", "[grammar][constraint]") {
+  auto gbnf = CompileConstraint({.kind = ConstraintKind::kGrammar, .text = "root ::= \"a\" | \"b\""}, ByteVocab());
+  REQUIRE(gbnf.ok());
+  CHECK(Accepts(*gbnf, "b"));
+  auto lark = CompileConstraint({.kind = ConstraintKind::kGrammar, .text = "// comment\n  ?start: \"a\"\n"}, ByteVocab());
+  REQUIRE_FALSE(lark.ok());
+  CHECK(std::string(lark.status().message()).rfind("grammar: line 2 column 3: an EBNF/Lark rule", 0) == 0);
+  CHECK_FALSE(CompileConstraint({.kind = ConstraintKind::kChoice}, ByteVocab()).ok());
+  CHECK_FALSE(CompileConstraint({}, ByteVocab()).ok());
 }
 
 }  // namespace duet::grammar

@@ -570,6 +570,7 @@ class Compiler {
         add(s["const"]);
       } else {
         if (!s["enum"].is_array()) return Refuse("enum", path, "not an array");
+        if (s["enum"].empty()) return Refuse("enum", path, "an empty list, which no value matches");
         for (const auto& v : s["enum"]) add(v);
       }
       if (texts.empty()) return Never();
@@ -895,35 +896,67 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::v
   return OneNodeGrammar(std::move(g), std::move(n));
 }
 
-absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(std::string_view schema_json,
-                                                                  const CompileOptions& options) {
-  const std::string key = absl::StrCat(options.whitespace ? options.max_whitespace : 0, " ", std::string(schema_json));
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = index_.find(key);
-    if (it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileToolCalls(const ToolCallsShape& shape,
+                                                              std::shared_ptr<const Vocabulary> vocab) {
+  if (shape.tools.empty()) return Refuse("tools", "", "no function to call");
+  auto g = std::make_shared<Grammar>(std::move(vocab));
+  auto add = [&](Node n) {
+    g->nodes.push_back(std::move(n));
+    return static_cast<int32_t>(g->nodes.size()) - 1;
+  };
+  auto literal = [&](std::string_view text) {
+    Node n;
+    n.kind = NodeKind::kLiteral;
+    n.literal = static_cast<int32_t>(g->literals.size());
+    g->literals.emplace_back();
+    g->AddLiteral(n.literal, text);
+    return add(std::move(n));
+  };
+  auto seq = [&](std::vector<int32_t> items) {
+    Node n;
+    n.kind = NodeKind::kSeq;
+    n.sequence = std::move(items);
+    return add(std::move(n));
+  };
+  // One call's name, arguments and close, per function.
+  std::vector<int32_t> calls;
+  const nlohmann::ordered_json empty = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < shape.tools.size(); ++i) {
+    const ToolSchema& t = shape.tools[i];
+    if (!shape.named.empty() && t.name != shape.named) continue;
+    const nlohmann::ordered_json& params = t.parameters.is_null() ? empty : t.parameters;
+    Compiler c(params, *g);
+    absl::StatusOr<int32_t> args = c.Compile(params, "");
+    if (!args.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools[", i, "].function.parameters: ", args.status().message()));
     }
+    const int32_t close = literal(shape.close);
+    calls.push_back(shape.named.empty() ? seq({literal(absl::StrCat(t.name, shape.name_close)), *args, close})
+                                        : seq({*args, close}));
   }
-  // Compiled outside the lock: two requests racing on a new schema both
-  // compile it, and the second's copy is the one kept.
-  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, CompileJsonSchemaText(schema_json, vocab_, options));
-  absl::MutexLock lock(&mu_);
-  auto it = index_.find(key);
-  if (it != index_.end()) lru_.erase(it->second);
-  lru_.emplace_front(key, g);
-  index_[key] = lru_.begin();
-  while (lru_.size() > capacity_) {
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
+  if (calls.empty()) return Refuse("tool_choice", "", absl::StrCat("no function named '", shape.named, "'"));
+  int32_t call = calls[0];
+  if (calls.size() > 1) {
+    Node u;
+    u.kind = NodeKind::kUnion;
+    u.alternatives = calls;
+    call = add(std::move(u));
   }
+  std::vector<int32_t> items;
+  if (!shape.open.empty()) items.push_back(literal(shape.open));
+  items.push_back(call);
+  if (shape.named.empty() && !shape.next_open.empty()) {
+    Node r;
+    r.kind = NodeKind::kRepeat;
+    r.repeat = seq({literal(shape.next_open), call});
+    r.min_items = 0;
+    r.max_items = -1;
+    items.push_back(add(std::move(r)));
+  }
+  g->root = seq(std::move(items));
+  g->ComputeNullable();
   return g;
-}
-
-size_t GrammarCache::size() const {
-  absl::MutexLock lock(&mu_);
-  return lru_.size();
 }
 
 }  // namespace duet::grammar

@@ -13,15 +13,12 @@
 #ifndef DUET_GRAMMAR_SCHEMA_H_
 #define DUET_GRAMMAR_SCHEMA_H_
 
-#include <list>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "grammar/grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -58,22 +55,22 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileRegexGrammar(std::string_v
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoiceGrammar(const std::vector<std::string>& choices,
                                                                     std::shared_ptr<const Vocabulary> vocab);
 
-// Compiled grammars by schema text, shared by the requests that use the same
-// schema; the least recently used past `capacity` are dropped (requests
-// still holding one keep it). Thread-safe. Errors are not cached.
-class GrammarCache {
- public:
-  GrammarCache(std::shared_ptr<const Vocabulary> vocab, size_t capacity) : vocab_(std::move(vocab)), capacity_(capacity) {}
-  absl::StatusOr<std::shared_ptr<const Grammar>> Get(std::string_view schema_json, const CompileOptions& options = {});
-  size_t size() const;
-
- private:
-  std::shared_ptr<const Vocabulary> vocab_;
-  const size_t capacity_;
-  mutable absl::Mutex mu_;
-  std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> lru_ ABSL_GUARDED_BY(mu_);  // newest first
-  absl::flat_hash_map<std::string, decltype(lru_)::iterator> index_ ABSL_GUARDED_BY(mu_);
+// Tool calls as a chat template writes them: `open` NAME `name_close` ARGS
+// `close`, then, when `next_open` is set, any number of further calls
+// `next_open` NAME `name_close` ARGS `close`. With `named` the output is that
+// function's ARGS `close` alone (the prompt ended with its name). ARGS is
+// compact JSON that the function's `parameters` accepts ({} when it has none).
+struct ToolSchema {
+  std::string name;
+  nlohmann::ordered_json parameters;
 };
+struct ToolCallsShape {
+  std::vector<ToolSchema> tools;
+  std::string named;
+  std::string open, name_close, close, next_open;
+};
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileToolCalls(const ToolCallsShape& shape,
+                                                              std::shared_ptr<const Vocabulary> vocab);
 
 // The compact JSON text of a value as duet's grammars write it (and as
 // Python's json.dumps(..., ensure_ascii=False, separators=(",", ":")) does).

@@ -53,8 +53,12 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, const std::vector<b
     : bytes_(std::move(token_bytes)), eos_(std::move(eos_ids)) {
   std::vector<int32_t> all, plain, exits;
   for (int32_t id = 0; id < size(); ++id) {
+    if (id < static_cast<int32_t>(special.size()) && special[id] && !bytes_[id].empty()) {
+      special_text_[id] = std::move(bytes_[id]);  // for text(), never for a grammar
+      bytes_[id].clear();
+    }
     const std::string& s = bytes_[id];
-    if (s.empty() || (id < static_cast<int32_t>(special.size()) && special[id])) continue;
+    if (s.empty()) continue;
     all.push_back(id);
     size_t first = 0;
     while (first < s.size() && IsPlainStringByte(static_cast<uint8_t>(s[first]))) ++first;
@@ -81,7 +85,6 @@ absl::StatusOr<std::shared_ptr<const Vocabulary>> Vocabulary::FromTokenizer(cons
     if (t.special && t.id >= 0 && t.id < n) special[t.id] = true;
   }
   for (int32_t id = 0; id < n; ++id) {
-    if (special[id]) continue;
     auto b = tokenizer.TokenBytes(id);
     if (b.ok()) bytes[id] = std::string(*b);  // holes in the id space stay empty: never allowed
   }
@@ -89,6 +92,13 @@ absl::StatusOr<std::shared_ptr<const Vocabulary>> Vocabulary::FromTokenizer(cons
     if (id < 0 || id >= n) return absl::InvalidArgumentError(absl::StrCat("end-of-sequence id ", id, " outside the vocabulary of ", n));
   }
   return std::make_shared<const Vocabulary>(std::move(bytes), special, std::move(eos_ids));
+}
+
+std::string_view Vocabulary::text(int32_t id) const {
+  if (id < 0 || id >= size()) return {};
+  if (!bytes_[id].empty()) return bytes_[id];
+  auto it = special_text_.find(id);
+  return it == special_text_.end() ? std::string_view() : std::string_view(it->second);
 }
 
 const uint64_t* Vocabulary::FreePlainMask(int32_t pending, int64_t room) const {

@@ -53,7 +53,11 @@ class Vocabulary {
 
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
   int32_t mask_words() const { return (size() + 63) / 64; }
+  // What id stands for inside a grammar: empty for special tokens.
   std::string_view bytes(int32_t id) const { return bytes_[id]; }
+  // What id stands for in the output's text, special tokens too (their
+  // content); empty outside the vocabulary.
+  std::string_view text(int32_t id) const;
   const std::vector<int32_t>& eos_ids() const { return eos_; }
   const TokenTrie& all() const { return all_; }
   const TokenTrie& plain() const { return plain_; }
@@ -69,6 +73,7 @@ class Vocabulary {
  private:
   std::vector<std::string> bytes_;
   std::vector<int32_t> eos_;
+  absl::flat_hash_map<int32_t, std::string> special_text_;
   TokenTrie all_, plain_, exits_;
   int32_t max_plain_chars_ = 0;
   mutable absl::Mutex mu_;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "spec/generation.h"
@@ -70,6 +71,8 @@ absl::Status PrefillService::Init() {
   layout_ = kvtransfer::WholeModelLayout(pool_->layout());
 
   if (options_.reorder_window < 0) return absl::InvalidArgumentError("reorder_window must be >= 0");
+  constraints_ = std::make_unique<worker::Constraints>(options_.engine.model_dir, model_->config().eos_token_ids,
+                                                       "prefill");
   ASSIGN_OR_RETURN(cache_, worker::PrefixCache::Create(options_.engine.cache, pool_.get(), options_.engine.model_dir,
                                                       model_->config()));
   scheduler_ = std::make_unique<PrefillScheduler>(
@@ -145,6 +148,12 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
       }
       if (accepted->end != spec::FinishDecision::kContinue) {
         SendFinish(r.request_id(), spec::FinishReasonOf(accepted->end));
+        return;
+      }
+      // Compiled here, off the engine thread: the first token finds it cached.
+      if (absl::Status g = constraints_->For(r.spec(), r.resume_ids()).status(); !g.ok()) {
+        LOG(WARNING) << "request " << r.request_id() << " rejected: " << g;
+        SendFinish(r.request_id(), proto::FINISH_ERROR, g);
         return;
       }
       Event e{.kind = Event::Kind::kRequest, .request_id = r.request_id()};
@@ -313,9 +322,30 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   const spec::GenerationParams& params = s->params;
   // Position = tokens before the sampled one, as engine::Generate keys it.
   // Tokens already generated (a resumed request) count for penalties.
-  const engine::SampleResult r = engine::Sample(
-      logits.row(row), logits.vocab_size, params.sampling, params.choice_index, s->num_tokens(),
-      absl::MakeConstSpan(s->request.resume_ids().data(), s->request.resume_ids().size()));
+  const absl::Span<const int32_t> resumed =
+      absl::MakeConstSpan(s->request.resume_ids().data(), s->request.resume_ids().size());
+  // The grammar, after any resumed tokens, masks the first token; the decode
+  // worker rebuilds it from the tokens it is handed.
+  absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> constraint = constraints_->For(s->request.spec(), resumed);
+  absl::Span<const uint64_t> allowed;
+  if (constraint.ok() && *constraint != nullptr) {
+    const absl::Time mask_start = absl::Now();
+    allowed = (*constraint)->Mask();
+    if (!allowed.empty()) constraints_->mask_seconds()->Observe(absl::ToDoubleSeconds(absl::Now() - mask_start));
+  }
+  const engine::SampleResult r =
+      engine::Sample(logits.row(row), logits.vocab_size, params.sampling, params.choice_index, s->num_tokens(),
+                     resumed, allowed);
+  if (!constraint.ok() || r.token < 0) {
+    const absl::Status why =
+        !constraint.ok() ? constraint.status()
+                         : absl::InternalError("the request's grammar allows no first token (min_tokens or "
+                                               "ignore_eos asked for more than it holds)");
+    LOG(WARNING) << "request " << id << ": " << why;
+    SendFinish(id, proto::FINISH_ERROR, why);
+    scheduler_->Finish(id);
+    return;
+  }
   proto::Token token;
   token.set_id(r.token);
   token.set_logprob(r.logprob);

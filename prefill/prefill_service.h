@@ -45,6 +45,7 @@
 #include "worker/engine_core.h"
 #include "worker/frame_sink.h"
 #include "worker/inbox.h"
+#include "worker/constraints.h"
 #include "worker/prefix_cache.h"
 #include "worker/runtime.h"
 
@@ -116,6 +117,7 @@ class PrefillService : public worker::WorkerService {
   // Engine thread only; the tree outlives the scheduler, whose sequences pin it.
   std::unique_ptr<worker::PrefixCache> cache_;
   std::unique_ptr<PrefillScheduler> scheduler_;
+  std::unique_ptr<worker::Constraints> constraints_;
 
   // Shared with callbacks (offer errors) that may outlive the service.
   std::shared_ptr<worker::Inbox<Event>> inbox_;

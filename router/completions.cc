@@ -11,10 +11,13 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "grammar/grammar_spec.h"
 
 namespace duet::router {
 
@@ -381,6 +384,166 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, uint64_t de
   return absl::OkStatus();
 }
 
+// ------------------------------------------------------- structured outputs
+
+// A JSON Schema as a request sends it: an object (or boolean), or its JSON text.
+absl::StatusOr<std::string> SchemaText(const Json& v, const std::string& where, const std::string& param) {
+  if (v.is_object() || v.is_boolean()) return grammar::CompactJson(v);
+  if (v.is_string()) {
+    Json parsed = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
+      return ParamError(param, absl::StrCat(where, " is not a JSON Schema (an object, or its JSON text)"));
+    }
+    return grammar::CompactJson(parsed);
+  }
+  return ParamError(param, absl::StrCat(where, " must be a JSON Schema object, got ", Describe(v)));
+}
+
+absl::StatusOr<std::vector<std::string>> Choices(const Json& v, const std::string& where, const std::string& param) {
+  if (!v.is_array()) return ParamError(param, absl::StrCat(where, " must be an array of strings, got ", Describe(v)));
+  std::vector<std::string> out;
+  for (const Json& e : v) {
+    if (!e.is_string() || e.get<std::string>().empty()) {
+      return ParamError(param, absl::StrCat(where, " must hold non-empty strings, got ", Describe(e)));
+    }
+    out.push_back(e.get<std::string>());
+  }
+  if (out.empty()) return ParamError(param, absl::StrCat(where, " is empty: there is nothing to choose"));
+  return out;
+}
+
+absl::StatusOr<std::string> StringField(const Json& v, const std::string& where, const std::string& param) {
+  if (!v.is_string()) return ParamError(param, absl::StrCat(where, " must be a string, got ", Describe(v)));
+  return v.get<std::string>();
+}
+
+// One of the ways to ask for a grammar: `kind` from `v`, named `where` in
+// errors.
+absl::StatusOr<grammar::ConstraintRequest> GrammarOf(absl::string_view kind, const Json& v, const std::string& where,
+                                                     const std::string& param) {
+  grammar::ConstraintRequest g;
+  if (kind == "json") {
+    g.kind = grammar::ConstraintKind::kJsonSchema;
+    ASSIGN_OR_RETURN(g.text, SchemaText(v, where, param));
+  } else if (kind == "regex") {
+    g.kind = grammar::ConstraintKind::kRegex;
+    ASSIGN_OR_RETURN(g.text, StringField(v, where, param));
+  } else if (kind == "choice") {
+    g.kind = grammar::ConstraintKind::kChoice;
+    ASSIGN_OR_RETURN(g.choices, Choices(v, where, param));
+  } else if (kind == "grammar") {
+    g.kind = grammar::ConstraintKind::kGrammar;
+    ASSIGN_OR_RETURN(g.text, StringField(v, where, param));
+  } else {  // json_object
+    g.kind = grammar::ConstraintKind::kJsonSchema;
+    g.text = R"({"type":"object"})";
+  }
+  return g;
+}
+
+// response_format, vLLM's structured_outputs, and its older guided_*
+// fields: at most one of them asks for a grammar.
+absl::Status ParseStructured(const Json& body, CompletionRequest& r) {
+  std::vector<std::pair<std::string, grammar::ConstraintRequest>> asks;  // param, request
+  if (const Json* rf = Field(body, "response_format"); rf != nullptr) {
+    const Json* type = rf->is_object() ? Field(*rf, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      return ParamError("response_format", "'response_format' must be an object with a string 'type'");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      asks.push_back({"response_format", *GrammarOf("json_object", nullptr, "", "")});
+    } else if (t == "json_schema") {
+      const Json* js = Field(*rf, "json_schema");
+      if (js == nullptr || !js->is_object()) {
+        return ParamError("response_format",
+                          "response_format type 'json_schema' needs 'json_schema': {\"name\", \"schema\", \"strict\"}");
+      }
+      if (const Json* strict = Field(*js, "strict"); strict != nullptr && !strict->is_boolean()) {
+        return ParamError("response_format", "response_format.json_schema.strict must be a boolean");
+      }
+      const Json* schema = Field(*js, "schema");
+      // strict false is enforced all the same; no schema: any JSON value.
+      ASSIGN_OR_RETURN(grammar::ConstraintRequest g,
+                       GrammarOf("json", schema != nullptr ? *schema : Json::object(),
+                                 "response_format.json_schema.schema", "response_format"));
+      asks.push_back({"response_format", std::move(g)});
+    } else if (t != "text") {
+      return ParamError("response_format", absl::StrCat("response_format type '", t,
+                                                        "' is not known: text, json_object or json_schema"));
+    }
+  }
+  std::string whitespace_pattern;
+  bool whitespace_set = false;
+  if (const Json* so = Field(body, "structured_outputs"); so != nullptr) {
+    if (!so->is_object()) {
+      return ParamError("structured_outputs",
+                        absl::StrCat("'structured_outputs' must be an object, got ", Describe(*so)));
+    }
+    if (Field(*so, "structural_tag") != nullptr) {
+      return ParamError("structured_outputs", "structured_outputs.structural_tag is not supported");
+    }
+    for (const char* k : {"json", "regex", "choice", "grammar", "json_object"}) {
+      const Json* v = Field(*so, k);
+      if (v == nullptr) continue;
+      if (std::string_view(k) == "json_object") {
+        if (!v->is_boolean()) return ParamError("structured_outputs", "structured_outputs.json_object must be a boolean");
+        if (!v->get<bool>()) continue;
+      }
+      ASSIGN_OR_RETURN(grammar::ConstraintRequest g,
+                       GrammarOf(k, *v, absl::StrCat("structured_outputs.", k), "structured_outputs"));
+      asks.push_back({"structured_outputs", std::move(g)});
+    }
+    if (const Json* w = Field(*so, "whitespace_pattern"); w != nullptr) {
+      ASSIGN_OR_RETURN(whitespace_pattern,
+                       StringField(*w, "structured_outputs.whitespace_pattern", "structured_outputs"));
+      whitespace_set = true;
+    }
+    if (const Json* d = Field(*so, "disable_any_whitespace"); d != nullptr && d->is_boolean() && d->get<bool>()) {
+      whitespace_pattern.clear();
+      whitespace_set = true;
+    }
+  }
+  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    const Json* v = Field(body, k);
+    if (v == nullptr) continue;
+    ASSIGN_OR_RETURN(grammar::ConstraintRequest g, GrammarOf(absl::string_view(k).substr(7), *v, k, k));
+    asks.push_back({k, std::move(g)});
+  }
+  if (const Json* w = Field(body, "guided_whitespace_pattern"); w != nullptr) {
+    ASSIGN_OR_RETURN(whitespace_pattern, StringField(*w, "guided_whitespace_pattern", "guided_whitespace_pattern"));
+    whitespace_set = true;
+  }
+  if (asks.size() > 1) {
+    return ParamError(asks[1].first, absl::StrCat("the request asks for two output formats (", asks[0].first,
+                                                  " and ", asks[1].first, "); send one"));
+  }
+  if (asks.empty()) return absl::OkStatus();
+  r.grammar_param = asks[0].first;
+  r.grammar = std::move(asks[0].second);
+  // A whitespace pattern lets JSON hold whitespace between its tokens (up
+  // to 16 characters of space, tab or newline in a row), not the pattern's own.
+  if (whitespace_set) r.grammar->whitespace = !whitespace_pattern.empty();
+  return absl::OkStatus();
+}
+
+// Compiles the request's grammar (its triggers set) to refuse here what the
+// workers could not enforce, and puts it in the spec.
+absl::Status FinishGrammar(const ServedModel& model, CompletionRequest& r) {
+  if (!r.grammar) return absl::OkStatus();
+  if (model.grammars == nullptr) return ParamError(r.grammar_param, "structured outputs are not available here");
+  absl::StatusOr<grammar::GrammarCache*> cache = model.grammars->Get();
+  if (!cache.ok()) return ParamError(r.grammar_param, cache.status().message());
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = (*cache)->Get(*r.grammar);
+  if (!g.ok()) {
+    const bool from_tools = r.grammar->kind == grammar::ConstraintKind::kToolCalls;
+    return ParamError(r.grammar_param, from_tools ? g.status().message()
+                                                  : absl::StrCat(r.grammar_param, ": ", g.status().message()));
+  }
+  *r.spec.mutable_grammar() = grammar::ToProto(*r.grammar);
+  return absl::OkStatus();
+}
+
 // A tool's function name, as OpenAI allows it: 1-64 of [A-Za-z0-9_-].
 bool IsFunctionName(absl::string_view n) {
   if (n.empty() || n.size() > 64) return false;
@@ -470,6 +633,49 @@ absl::Status ParseTools(const Json& body, const ServedModel& model, CompletionRe
   if (choice != "auto") r.tool_prefix = ToolCallOpening(r.tool_format, named);  // required: named is "".
   if (choice == "named") r.max_tool_calls = 1;
   *tools = *list;
+  // A forced call, or with auto a strict function, follows the functions'
+  // parameters: a grammar over the calls (with auto, started by the
+  // call's opening, the text before it free).
+  bool any_strict = false;
+  grammar::ToolCallsShape shape;
+  std::vector<bool> strict;
+  for (const Json& t : *list) {
+    const Json& fn = t["function"];
+    const Json* st = Field(fn, "strict");
+    if (st != nullptr && !st->is_boolean()) return ParamError("tools", "a function's 'strict' must be a boolean");
+    strict.push_back(st != nullptr && st->get<bool>());
+    any_strict = any_strict || strict.back();
+    const Json* params = Field(fn, "parameters");
+    shape.tools.push_back({fn["name"].get<std::string>(), params != nullptr ? *params : Json::parse(R"({"type":"object"})")});
+  }
+  if (choice == "auto" && !any_strict) return absl::OkStatus();
+  const bool hermes = r.tool_format == ToolFormat::kHermes;
+  const std::string opening = ToolCallOpening(r.tool_format, "");
+  shape.named = named;
+  shape.name_close = hermes ? "\", \"arguments\": " : "\", \"parameters\": ";
+  shape.close = hermes ? "}\n</tool_call>" : "}";
+  if (r.max_tool_calls != 1) shape.next_open = absl::StrCat(hermes ? "\n" : "; ", opening);
+  grammar::ConstraintRequest g{.kind = grammar::ConstraintKind::kToolCalls};
+  if (choice == "auto") {
+    // Hermes: <tool_call> opens a call; Llama-3.1: the output is calls when it opens one.
+    g.triggers = {hermes ? "<tool_call>" : opening};
+    shape.open = hermes ? opening.substr(std::string("<tool_call>").size()) : "";
+  }
+  // A function whose parameters the engine cannot enforce: refused when it
+  // is strict, else its arguments need only be an object.
+  if (model.grammars != nullptr) {
+    absl::StatusOr<grammar::GrammarCache*> cache = model.grammars->Get();
+    for (size_t i = 0; cache.ok() && i < shape.tools.size(); ++i) {
+      if (strict[i]) continue;
+      if (!(*cache)->Get({.kind = grammar::ConstraintKind::kJsonSchema,
+                          .text = grammar::CompactJson(shape.tools[i].parameters)}).ok()) {
+        shape.tools[i].parameters = Json::parse(R"({"type":"object"})");
+      }
+    }
+  }
+  g.text = grammar::ToolCallsText(shape);
+  r.grammar = std::move(g);
+  r.grammar_param = "tools";
   return absl::OkStatus();
 }
 
@@ -572,6 +778,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
   }
   r.spec.mutable_sampling()->set_logprobs(logprobs < 0 ? 0 : static_cast<int32_t>(logprobs));
   r.logprobs = static_cast<int>(logprobs);
+  RETURN_IF_ERROR(ParseStructured(body, r));
+  RETURN_IF_ERROR(FinishGrammar(model, r));
   return r;
 }
 
@@ -591,19 +799,16 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
   RETURN_IF_ERROR(ParseCommon(body, model, default_seed, r));
   Json tools;  // null: none rendered
   RETURN_IF_ERROR(ParseTools(body, model, r, &tools));
-  // Only plain text is produced: a JSON format would need constrained
-  // decoding, which duet does not do, so it is refused rather than ignored.
-  if (const Json* rf = Field(body, "response_format"); rf != nullptr && !rf->is_null()) {
-    const Json* type = rf->is_object() ? Field(*rf, "type") : nullptr;
-    if (type == nullptr || !type->is_string()) {
-      return ParamError("response_format", "'response_format' must be an object with a string 'type'");
+  if (r.grammar) {  // The tools' calls follow their parameters: no room for a second format.
+    CompletionRequest other;
+    RETURN_IF_ERROR(ParseStructured(body, other));
+    if (other.grammar) {
+      return ParamError(other.grammar_param, absl::StrCat(other.grammar_param, " with strict tools (or a tool_choice "
+                                                          "that forces a call): the calls already follow a grammar; "
+                                                          "send one"));
     }
-    if (type->get<std::string>() != "text") {
-      return ParamError("response_format",
-                        absl::StrCat("response_format type '", type->get<std::string>(),
-                                     "' is not supported: duet does not enforce JSON output (no constrained "
-                                     "decoding); only 'text'"));
-    }
+  } else {
+    RETURN_IF_ERROR(ParseStructured(body, r));
   }
   const Json* msgs = Field(body, "messages");
   if (msgs == nullptr) return ParamError("messages", "'messages' is required");
@@ -727,6 +932,13 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(absl::string_view text, const
   r.logprobs = logprobs ? static_cast<int>(std::max<int64_t>(top_logprobs, 0)) : -1;
   // Workers report at least the chosen token's logprob; alternatives as asked.
   r.spec.mutable_sampling()->set_logprobs(logprobs ? static_cast<int32_t>(std::max<int64_t>(top_logprobs, 0)) : 0);
+  // A model that thinks first: its grammar starts when the thinking ends,
+  // unless the prompt already closed it (or ends in a forced call).
+  if (r.grammar && r.reasoning && r.tool_prefix.empty() &&
+      !absl::EndsWith(absl::StripTrailingAsciiWhitespace(*rendered), "</think>")) {
+    r.grammar->triggers.insert(r.grammar->triggers.begin(), "</think>");
+  }
+  RETURN_IF_ERROR(FinishGrammar(model, r));
   return r;
 }
 

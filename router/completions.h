@@ -35,6 +35,7 @@
 #include "spec/model_config.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "grammar/constraint.h"
 #include "proto/control.pb.h"
 #include "router/reasoning.h"
 #include "router/tool_calls.h"
@@ -54,6 +55,9 @@ struct ServedModel {
   spec::ModelConfig::SamplingDefaults sampling_defaults;
   // The message field chat reasoning goes out in (RouterOptions::reasoning_field).
   std::string reasoning_field = "reasoning";
+  // Compiles structured outputs' grammars to check them (not owned); null:
+  // structured outputs are refused.
+  grammar::LazyGrammarCache* grammars = nullptr;
 };
 
 enum class ApiKind { kCompletion, kChat };
@@ -95,6 +99,10 @@ struct CompletionRequest {
   bool reasoning = false;
   bool reasoning_open = false;
   std::string reasoning_field = "reasoning";
+  // Structured outputs: the grammar the output follows (spec.grammar holds
+  // it as sent), and the request field that asked for it.
+  std::optional<grammar::ConstraintRequest> grammar;
+  std::string grammar_param;
 };
 
 inline constexpr int kDefaultMaxTokens = 16;  // /v1/completions; chat: the context's rest.

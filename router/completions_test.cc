@@ -22,10 +22,14 @@ struct Model {
     dir = duet::testing::TinyModelDir("llama");
     tok = std::move(text::Tokenizer::Load(dir)).value();
     format = std::move(text::PromptFormat::Load(dir)).value();
-    served = {.name = "tiny", .tokenizer = tok.get(), .format = &format, .max_model_len = 64};
+    grammars = std::make_unique<grammar::LazyGrammarCache>(
+        [this] { return grammar::Vocabulary::FromTokenizer(*tok, {}); }, 16);
+    served = {.name = "tiny", .tokenizer = tok.get(), .format = &format, .max_model_len = 64,
+              .grammars = grammars.get()};
   }
   std::string dir;
   std::unique_ptr<text::Tokenizer> tok;
+  std::unique_ptr<grammar::LazyGrammarCache> grammars;
   text::PromptFormat format;
   ServedModel served;
 };
@@ -503,7 +507,7 @@ TEST_CASE("chat requests: messages rendered with the chat template, chat-only fi
        "max_completion_tokens"},
       {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
        "tools"},
-      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}})",
        "response_format"},
       {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": "json"})",
        "response_format"},
@@ -927,6 +931,100 @@ TEST_CASE("chat tools: the output's calls stream as tool_calls deltas and end wi
   json only_body = json::parse(RenderResponse(env, {&only}, {"stop"}, 3));
   CHECK(only_body["choices"][0]["message"]["content"].is_null());
   CHECK(only_body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == "{}");
+}
+
+}  // namespace
+}  // namespace duet::router
+
+namespace duet::router {
+namespace {
+
+TEST_CASE("structured outputs: every way to ask for one becomes the spec's grammar; what cannot be enforced is a 400 "
+          "naming what and where") {
+  struct Ok {
+    std::string fields;
+    proto::GrammarSpec::Kind kind;
+    std::string text;
+    bool whitespace = false;
+  };
+  const std::vector<Ok> ok = {
+      {R"("response_format": {"type": "json_object"})", proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"type":"object"})"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": false,
+          "schema": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}})",
+       proto::GrammarSpec::GRAMMAR_JSON_SCHEMA,
+       R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})"},
+      {R"("structured_outputs": {"json": "{\"type\": \"boolean\", \"x-note\": 1}", "whitespace_pattern": "[ ]*"})",
+       proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"type":"boolean","x-note":1})", true},
+      {R"("structured_outputs": {"regex": "[a-c]{2}"})", proto::GrammarSpec::GRAMMAR_REGEX, "[a-c]{2}"},
+      {R"("structured_outputs": {"grammar": "root ::= \"x\""})", proto::GrammarSpec::GRAMMAR_GBNF, R"(root ::= "x")"},
+      {R"("structured_outputs": {"json_object": true})", proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"type":"object"})"},
+      {R"("guided_json": {"enum": [1, 2]})", proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"enum":[1,2]})"},
+      {R"("guided_regex": "\\d+")", proto::GrammarSpec::GRAMMAR_REGEX, R"(\d+)"},
+      {R"("guided_grammar": "root ::= [0-9]+")", proto::GrammarSpec::GRAMMAR_GBNF, "root ::= [0-9]+"},
+  };
+  for (const Ok& c : ok) {
+    for (bool chat : {false, true}) {
+      const std::string body = chat ? absl::StrCat(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], )",
+                                                    c.fields, "}")
+                                     : absl::StrCat(R"({"model": "tiny", "prompt": "x", )", c.fields, "}");
+      INFO(body);
+      auto r = chat ? ParseChatRequest(body, M().served, 1) : ParseCompletionRequest(body, M().served, 1);
+      INFO(r.status());
+      REQUIRE(r.ok());
+      CHECK(r->spec.grammar().kind() == c.kind);
+      CHECK(r->spec.grammar().text() == c.text);
+      CHECK(r->spec.grammar().whitespace() == c.whitespace);
+      CHECK(r->spec.grammar().triggers_size() == 0);  // the tiny template does not think
+    }
+  }
+  auto choice = ParseCompletionRequest(R"({"model": "tiny", "prompt": "x", "guided_choice": ["yes", "no"]})",
+                                       M().served, 1);
+  REQUIRE(choice.ok());
+  CHECK(choice->spec.grammar().kind() == proto::GrammarSpec::GRAMMAR_CHOICE);
+  CHECK(std::vector<std::string>(choice->spec.grammar().choices().begin(), choice->spec.grammar().choices().end()) ==
+        std::vector<std::string>{"yes", "no"});
+  auto plain = ParseCompletionRequest(R"({"model": "tiny", "prompt": "x", "response_format": {"type": "text"}})",
+                                      M().served, 1);
+  REQUIRE(plain.ok());
+  CHECK(plain->spec.grammar().kind() == proto::GrammarSpec::GRAMMAR_NONE);
+
+  struct Bad {
+    std::string fields;
+    std::string param;
+    std::string message;  // what the message starts with
+  };
+  const std::vector<Bad> bad = {
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object",
+          "properties": {"a": {"not": {"type": "string"}}}}}})",
+       "response_format", "response_format: not at #/properties/a"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": []}}})", "response_format",
+       "response_format: enum at #"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": "{\"type\":"}})", "response_format",
+       "response_format.json_schema.schema is not a JSON Schema"},
+      {R"("response_format": {"type": "json_schema"})", "response_format", "response_format type 'json_schema' needs"},
+      {R"("structured_outputs": {"regex": "a(b"})", "structured_outputs", "structured_outputs: regex"},
+      {R"("structured_outputs": {"grammar": "root ::= ( \"a\""})", "structured_outputs",
+       "structured_outputs: grammar: line 1"},
+      {R"("guided_grammar": "start: \"a\"\n")", "guided_grammar",
+       "guided_grammar: grammar: line 1 column 1: an EBNF/Lark rule"},
+      {R"("guided_choice": [])", "guided_choice", "guided_choice is empty"},
+      {R"("structured_outputs": {"json": {"type": "string"}, "regex": "a"})", "structured_outputs",
+       "the request asks for two output formats"},
+      {R"("response_format": {"type": "json_object"}, "guided_regex": "a")", "guided_regex",
+       "the request asks for two output formats (response_format and guided_regex)"},
+      {R"("structured_outputs": {"structural_tag": "{}"})", "structured_outputs", "structured_outputs.structural_tag"},
+  };
+  for (const Bad& c : bad) {
+    const std::string body = absl::StrCat(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], )",
+                                          c.fields, "}");
+    INFO(body);
+    auto e = ParseChatRequest(body, M().served, 1);
+    REQUIRE_FALSE(e.ok());
+    INFO(e.status());
+    CHECK(HttpStatusFor(e.status()) == 400);
+    CHECK(ErrorParam(e.status()) == c.param);
+    CHECK(absl::StartsWith(e.status().message(), c.message));
+  }
 }
 
 }  // namespace

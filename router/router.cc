@@ -26,6 +26,15 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   }
   ASSIGN_OR_RETURN(config_, spec::ModelConfig::ServingFromFile(
                                 (std::filesystem::path(options_.model_dir) / "config.json").string()));
+  grammars_ = std::make_unique<grammar::LazyGrammarCache>(
+      [this]() -> absl::StatusOr<std::shared_ptr<const grammar::Vocabulary>> {
+        std::vector<int32_t> eos;
+        for (int32_t id : config_.eos_token_ids) {
+          if (id >= 0 && id < tokenizer_->vocab_size()) eos.push_back(id);
+        }
+        return grammar::Vocabulary::FromTokenizer(*tokenizer_, std::move(eos));
+      },
+      /*capacity=*/256);
   const int64_t context = options_.max_model_len > 0 ? options_.max_model_len : config_.max_position_embeddings;
   served_ = ServedModel{.name = options_.served_model_name,
                         .tokenizer = tokenizer_.get(),
@@ -33,7 +42,8 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                         .max_model_len = context,
                         .vocab_size = config_.vocab_size,
                         .sampling_defaults = config_.sampling_defaults,
-                        .reasoning_field = options_.reasoning_field};
+                        .reasoning_field = options_.reasoning_field,
+                        .grammars = grammars_.get()};
   created_ = absl::ToUnixSeconds(absl::Now());
   // Names this build and model, as OpenAI's field does its backend config.
   system_fingerprint_ = absl::StrFormat(

@@ -172,6 +172,7 @@ class Router::Impl : public RegistryListener, public RequestTracker::Client {
   std::unique_ptr<IoThread> control_io_;
   std::unique_ptr<IoThread> http_io_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
+  std::unique_ptr<grammar::LazyGrammarCache> grammars_;  // Over tokenizer_'s vocabulary.
   text::PromptFormat format_;
   ServedModel served_;
   // config.json as the router reads it (spec::ModelConfig::ServingFromFile):
