@@ -407,8 +407,11 @@ StepResult BatchEngine::Step() {
     const int32_t token = smp.token;
     if (s->constraint != nullptr && (token < 0 || !s->constraint->Accept(token))) {
       Finish(s, FinishKind::kError,
-             absl::InternalError("the request's grammar allows no next token (it ended, or min_tokens or "
-                                 "ignore_eos asked for more)"),
+             token < 0 ? absl::InternalError(absl::StrCat("the request's grammar allows no next token after ",
+                                                          s->generated(), " (it ended, or min_tokens or ignore_eos "
+                                                          "asked for more)"))
+                       : absl::InternalError(absl::StrCat("the request's grammar refused token ", token,
+                                                          ", which its mask allowed")),
              out);
       continue;
     }

@@ -576,3 +576,44 @@ TEST_CASE("grammar requests: GBNF compiled, an EBNF/Lark grammar refused at its 
 }
 
 }  // namespace duet::grammar
+
+namespace duet::grammar {
+
+TEST_CASE("escapes: the mask never starts one that no character can finish", "[grammar][matcher]") {
+  // Whether the matcher takes every byte of `prefix` (each checked against the mask).
+  auto takes = [](const std::string& schema, const std::string& prefix) {
+    Matcher m(Compile(schema));
+    std::vector<uint64_t> mask(ByteVocab()->mask_words());
+    for (char c : prefix) {
+      const auto b = static_cast<uint8_t>(c);
+      m.FillMask(mask.data());
+      const bool allowed = (mask[b / 64] >> (b % 64)) & 1;
+      CHECK(allowed == m.AcceptBytes(std::string(1, c)));
+      if (!allowed) return false;
+    }
+    m.FillMask(mask.data());
+    for (uint64_t w : mask) {
+      if (w != 0) return true;
+    }
+    return m.CanEnd();  // alive: something may follow, or it is whole
+  };
+  const std::string keys = R"({"type":"object","properties":{"ab":{"type":"integer"}},"additionalProperties":false})";
+  CHECK(Accepts(keys, R"({"\u0061b":1})"));
+  CHECK(Accepts(keys, R"({"a\u0062":1})"));
+  CHECK(takes(keys, R"({"\u006)"));
+  CHECK_FALSE(takes(keys, R"({"\u0062)"));  // no key starts with b
+  CHECK_FALSE(takes(keys, R"({"\u007)"));   // nor with anything in \u0070-\u007f
+  CHECK_FALSE(takes(keys, R"({"\u00e)"));   // under a key's names, an escape is ASCII's
+  CHECK_FALSE(takes(keys, R"({"ab\)"));     // the name is whole: no escape can go on
+  CHECK(takes(keys, R"({"a\)"));
+  // A string with no room left takes no escape either.
+  CHECK(Accepts(R"({"type":"string","maxLength":2})", R"("a\n")"));
+  CHECK_FALSE(takes(R"({"type":"string","maxLength":1})", R"("a\)"));
+  CHECK(takes(R"({"type":"string","maxLength":2})", R"("a\)"));
+  // A patterned string: the escape must be able to name a character the pattern takes next.
+  CHECK(Accepts(R"({"type":"string","pattern":"^[0-9]+$"})", R"("1\u0032")"));
+  CHECK(takes(R"({"type":"string","pattern":"^[0-9]+$"})", R"("1\u003)"));
+  CHECK_FALSE(takes(R"({"type":"string","pattern":"^[0-9]+$"})", R"("1\u004)"));
+}
+
+}  // namespace duet::grammar

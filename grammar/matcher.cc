@@ -205,6 +205,14 @@ bool Matcher::StringChar(Frame& f, const Node& n, uint32_t cp) {
   return true;
 }
 
+bool Matcher::EscapeViable(const Frame& f, const Node& n, uint32_t lo, uint32_t hi) {
+  for (uint32_t cp = lo; cp <= hi; ++cp) {
+    Frame t = f;
+    if (StringChar(t, n, cp)) return true;
+  }
+  return false;
+}
+
 bool Matcher::KeyAlive(const Frame& f, const Node& n) const {
   const ByteDfa& dfa = *g_->dfas[n.dfa];
   const Frame& obj = pool_[f.below];
@@ -230,8 +238,9 @@ void Matcher::StepString(const Frame& f, const Node& n, uint8_t c, std::vector<i
         return;
       }
       if (c == '\\') {
-        if (f.b != 0) return;
+        if (f.b != 0 || (n.max_length >= 0 && f.d >= n.max_length)) return;  // an escape is one more character
         nf.a = 1;
+        if (n.dfa >= 0 && !EscapeViable(nf, n, 0, 0x7F)) return;  // every escape names an ASCII character
         out.push_back(Push(nf));
         return;
       }
@@ -262,6 +271,7 @@ void Matcher::StepString(const Frame& f, const Node& n, uint8_t c, std::vector<i
         case 'u':
           nf.a = 2;
           nf.v = 0;
+          if (n.dfa >= 0 && !EscapeViable(nf, n, 0, 0x7F)) return;
           out.push_back(Push(nf));
           return;
         default: return;
@@ -276,6 +286,17 @@ void Matcher::StepString(const Frame& f, const Node& n, uint8_t c, std::vector<i
       nf.v = nf.v * 16 + h;
       if (f.a < 5) {
         ++nf.a;
+        // Under a pattern (or a key's names) a \u escape is an ASCII
+        // character's, \u0000-\u007f (what compact JSON escapes), taken only
+        // while one of the characters it can still name fits: the mask never
+        // leads into an escape that no digits can finish.
+        if (n.dfa >= 0) {
+          const int64_t span = int64_t{1} << (4 * (6 - nf.a));
+          const int64_t lo = nf.v * span, hi = lo + span - 1;
+          if (lo > 0x7F || !EscapeViable(nf, n, static_cast<uint32_t>(lo), static_cast<uint32_t>(std::min<int64_t>(hi, 0x7F)))) {
+            return;
+          }
+        }
         out.push_back(Push(nf));
         return;
       }

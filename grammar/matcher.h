@@ -82,6 +82,8 @@ class Matcher {
   bool StringChar(Frame& f, const Node& n, uint32_t cp);
   bool StringByte(Frame& f, const Node& n, uint8_t byte);
   bool KeyAlive(const Frame& f, const Node& n) const;
+  // Some code point in [lo, hi] may follow in the string of frame `f`.
+  bool EscapeViable(const Frame& f, const Node& n, uint32_t lo, uint32_t hi);
   void CloseKey(const Frame& f, const Node& n, std::vector<int32_t>& out);
   void StepNumber(Frame f, const Node& n, uint8_t byte, std::vector<int32_t>& out);
   bool NumberComplete(const Frame& f, const Node& n) const;
