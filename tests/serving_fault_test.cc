@@ -24,6 +24,7 @@
 #include "tests/cluster.h"
 #include "tests/serving_util.h"
 #include "engine/testing/tiny_model.h"
+#include "text/tokenizer.h"
 
 namespace duet::testing {
 namespace {
@@ -256,6 +257,96 @@ TEST_CASE("SIGKILL of a decode worker mid-stream: its requests migrate and finis
     CHECK(s["router"]["migrations"].get<int>() >= 3);  // decode-0 ran more than 2.
     CHECK(s["router"]["requests_error"] == 0);
   }
+}
+
+TEST_CASE("constrained requests: the same text alone, batched with free ones, and across a decode worker's "
+          "SIGKILL; every output valid",
+          "[faults][structured]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.Start(dir, {{"prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}},
+                        {"decode", "decode-0", {"--kv-blocks", "1024"}},
+                        {"decode", "decode-1", {"--kv-blocks", "1024"}}})
+              .ok());
+  std::unique_ptr<text::Tokenizer> tok = std::move(text::Tokenizer::Load(dir)).value();
+  // Long outputs (a decode is busy with them at the kill): a fixed-length
+  // regex, and a JSON object whose array runs on.
+  const std::string kPattern = "[a-z]{120}";
+  const nlohmann::json kSchema = nlohmann::json::parse(R"({"type": "object", "properties": {
+      "id": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["a", "bb", "ccc"]},
+      "words": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 30, "maxItems": 30}},
+      "required": ["id", "tag", "words"], "additionalProperties": false})");
+  std::vector<TestRequest> constrained;
+  for (int i = 0; i < 8; ++i) {
+    TestRequest r{.prompt = RandomTokens(5 + i, 100 + i, 200), .max_tokens = 400, .temperature = 1,
+                  .seed = 500 + static_cast<uint64_t>(i), .stream = i % 2 == 0, .ignore_eos = false};
+    if (i % 2 == 0) r.extra["guided_regex"] = kPattern;
+    else r.extra["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", kSchema}}}};
+    constrained.push_back(std::move(r));
+  }
+  auto text_of = [&](const ParsedCompletion& p) { return tok->Decode(p.ids, /*skip_special=*/true).value(); };
+  auto check_valid = [&](size_t i, const std::string& text) {
+    INFO("request " << i << ": " << text);
+    if (i % 2 == 0) {
+      REQUIRE(text.size() == 120);
+      for (char ch : text) REQUIRE((ch >= 'a' && ch <= 'z'));
+      return;
+    }
+    const nlohmann::json v = nlohmann::json::parse(text, nullptr, false);
+    REQUIRE(v.is_object());
+    REQUIRE(v.size() == 3);
+    REQUIRE(v["id"].is_number_integer());
+    REQUIRE((v["id"].get<int>() >= 0 && v["id"].get<int>() <= 99));
+    REQUIRE((v["tag"] == "a" || v["tag"] == "bb" || v["tag"] == "ccc"));
+    REQUIRE(v["words"].size() == 30);
+    for (const auto& w : v["words"]) {
+      REQUIRE(w.is_string());
+      int chars = 0;
+      for (unsigned char ch : w.get<std::string>()) chars += (ch & 0xC0) != 0x80;
+      REQUIRE(chars <= 3);
+    }
+  };
+  // Alone, one at a time.
+  std::vector<std::string> alone;
+  for (size_t i = 0; i < constrained.size(); ++i) {
+    std::vector<ParsedCompletion> got = SendAll(c.http_port(), {constrained[i]}, ModelName(dir));
+    INFO("request " << i << " error: " << got[0].error);
+    REQUIRE(got[0].error.empty());
+    CHECK(got[0].finish_reason == "stop");
+    alone.push_back(text_of(got[0]));
+    check_valid(i, alone.back());
+  }
+  // Batched with free requests (which match the reference), then again
+  // with decode-0 SIGKILLed mid-stream: its requests migrate to decode-1
+  // and the grammar resumes from the tokens the client already has.
+  auto free_reqs = MixedRequests(16, 1000, 40, 10, 23);
+  for (auto& r : free_reqs) r.max_tokens = 200;
+  auto want = ReferenceOutputs(dir, free_reqs);
+  std::vector<TestRequest> all = constrained;
+  all.insert(all.end(), free_reqs.begin(), free_reqs.end());
+  for (bool kill_decode : {false, true}) {
+    INFO((kill_decode ? "with decode-0 killed" : "batched"));
+    std::vector<ParsedCompletion> got;
+    std::thread load([&] { got = SendAll(c.http_port(), all, ModelName(dir)); });
+    if (kill_decode) {
+      WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 4; });
+      REQUIRE(c.process("decode-0").Signal(SIGKILL).ok());
+    }
+    load.join();
+    for (size_t i = 0; i < constrained.size(); ++i) {
+      INFO("request " << i << " error: " << got[i].error);
+      REQUIRE(got[i].error.empty());
+      CHECK(got[i].finish_reason == "stop");
+      CHECK(text_of(got[i]) == alone[i]);
+      check_valid(i, text_of(got[i]));
+    }
+    Verdicts v;
+    RequireVerified(dir, std::vector<ParsedCompletion>(got.begin() + constrained.size(), got.end()), want, free_reqs, &v,
+                    "free request");
+  }
+  auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
+  CHECK(s["router"]["migrations"].get<int>() >= 1);
+  CHECK(s["router"]["requests_error"] == 0);
 }
 
 TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, new ones go elsewhere, it exits 0, "

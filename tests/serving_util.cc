@@ -46,6 +46,7 @@ std::string CompletionBody(const TestRequest& r, const std::string& model) {
                       {"temperature", r.temperature}, {"seed", r.seed},     {"stream", r.stream},
                       {"ignore_eos", r.ignore_eos}};
   if (r.logprobs > 0) j["logprobs"] = r.logprobs;
+  j.update(r.extra);
   return j.dump();
 }
 

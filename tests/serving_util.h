@@ -27,6 +27,7 @@ struct TestRequest {
   int logprobs = 0;  // 0: none
   bool stream = false;
   bool ignore_eos = true;
+  nlohmann::json extra = nlohmann::json::object();  // More body fields (a grammar's).
 };
 
 // `n` requests of mixed prompt lengths (1..max_prompt), output lengths,
