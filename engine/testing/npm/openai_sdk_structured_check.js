@@ -4,6 +4,7 @@
 // (ajv-formats; the draft-04 class where a schema says so).
 //
 //   node openai_sdk_structured_check.js BASE_URL MODEL SCHEMAS_JSONL
+//   node openai_sdk_structured_check.js BASE_URL MODEL forced REASONING
 //
 // SCHEMAS_JSONL holds {"id", "schema"} per line (real schemas from
 // JSONSchemaBench); each is bounded first (strings, arrays and numbers a
@@ -15,6 +16,11 @@
 // (chat_template_kwargs), so each grammar starts at the first token. Every
 // check is an assertion; the script exits 1 with the failed one. On success
 // its last stdout line is a JSON summary.
+//
+// `forced` runs on a model forced to think (<think>REASONING</think>) after
+// the generation prompt and to open a tool call after the no-thinking one:
+// a schema applies after the thinking (which goes out as reasoning), and a
+// strict tool's grammar with tool_choice auto starts at the call's opening.
 'use strict';
 const assert = require('assert/strict');
 const fs = require('fs');
@@ -77,8 +83,73 @@ async function streamed(client, body) {
   return { text, finish };
 }
 
+const weatherTool = {
+  type: 'function',
+  function: {
+    name: 'get_weather', strict: true,
+    parameters: {
+      type: 'object', additionalProperties: false, required: ['city', 'unit'],
+      properties: { city: { type: 'string', maxLength: 12 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
+    },
+  },
+};
+
+async function forced(client, model, reasoning) {
+  const summary = {};
+  const schema = {
+    type: 'object', additionalProperties: false, required: ['answer', 'confidence'],
+    properties: { answer: { type: 'string', maxLength: 10 }, confidence: { type: 'integer', minimum: 0, maximum: 100 } },
+  };
+  const validate = validator(schema);
+  const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  for (const stream of [false, true]) {
+    const body = {
+      model, messages, max_tokens: 200, seed: 21, response_format: { type: 'json_schema', json_schema: { name: 'a', schema, strict: true } },
+    };
+    let content = '', thought = '', finish;
+    if (stream) {
+      const s = await client.chat.completions.create({ ...body, stream: true });
+      for await (const chunk of s) {
+        const c = chunk.choices[0];
+        if (!c) continue;
+        content += (c.delta && c.delta.content) || '';
+        thought += (c.delta && c.delta.reasoning) || '';
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+    } else {
+      const r = await client.chat.completions.create(body);
+      content = r.choices[0].message.content;
+      thought = r.choices[0].message.reasoning;
+      finish = r.choices[0].finish_reason;
+    }
+    const where = `thinking then a schema (${stream ? 'streamed' : 'whole'}): ${JSON.stringify({ thought, content })}`;
+    assert.equal(finish, 'stop', where);
+    assert.equal(thought, reasoning, where);
+    assert.ok(validate(JSON.parse(content)), `${where}: ${JSON.stringify(validate.errors)}`);
+    summary.thinking_then_schema = (summary.thinking_then_schema || 0) + 1;
+  }
+  const params = validator(weatherTool.function.parameters);
+  const r = await client.chat.completions.create({
+    model, messages, tools: [weatherTool], tool_choice: 'auto', parallel_tool_calls: false, max_tokens: 200, seed: 22,
+    ...noThinking,
+  });
+  const c = r.choices[0];
+  const where = `auto: ${JSON.stringify(c.message)}`;
+  assert.equal(c.finish_reason, 'tool_calls', where);
+  assert.equal(c.message.tool_calls.length, 1, where);
+  assert.equal(c.message.tool_calls[0].function.name, 'get_weather', where);
+  assert.ok(params(JSON.parse(c.message.tool_calls[0].function.arguments)), `${where}: ${JSON.stringify(params.errors)}`);
+  summary.auto_tool_calls = 1;
+  return summary;
+}
+
 async function main() {
   const [baseURL, model, schemasFile] = process.argv.slice(2);
+  if (schemasFile === 'forced') {
+    const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120000 });
+    console.log(JSON.stringify(await forced(client, model, process.argv[5])));
+    return;
+  }
   assert.ok(baseURL && model && schemasFile, 'usage: openai_sdk_structured_check.js BASE_URL MODEL SCHEMAS_JSONL');
   const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120000 });
   const summary = { schemas: 0, outputs: 0, nonempty_objects: 0 };
@@ -143,16 +214,7 @@ async function main() {
   assert.match(g.choices[0].text, /^\([1-9][0-9]?([+*][1-9][0-9]?){0,3}\)$/);
 
   // Strict tools: required and named calls whose arguments validate.
-  const tools = [{
-    type: 'function',
-    function: {
-      name: 'get_weather', strict: true,
-      parameters: {
-        type: 'object', additionalProperties: false, required: ['city', 'unit'],
-        properties: { city: { type: 'string', maxLength: 12 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
-      },
-    },
-  }, {
+  const tools = [weatherTool, {
     type: 'function',
     function: {
       name: 'get_time', strict: true,
