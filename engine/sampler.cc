@@ -47,9 +47,15 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
   // Penalties apply to a copy that the choice is made from; logprobs stay
   // those of the raw logits.
   const float* raw = logits;
-  std::vector<float> penalized;
+  // The choice's own logits, when penalties change them: one buffer per
+  // thread, reused (a fresh vocabulary-sized vector per row and step costs
+  // its pages' faults and zeroing).
+  thread_local std::vector<float> penalized_buffer;
+  std::vector<float>& penalized = penalized_buffer;
+  bool changed = false;
   if ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && !generated.empty()) {
     penalized.assign(logits, logits + vocab);
+    changed = true;
     std::vector<int32_t> seen(generated.begin(), generated.end());
     std::sort(seen.begin(), seen.end());
     for (size_t i = 0; i < seen.size();) {
@@ -62,16 +68,18 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
       i = j;
     }
   }
-  // A grammar's mask: what it does not allow can never be chosen.
+  // A grammar's mask: what it does not allow can never be chosen. The
+  // choice is made among the allowed ids alone (the rest would have
+  // probability 0 exactly, so no sum, order or draw changes).
+  std::vector<int32_t> allowed_ids;
   if (!allowed.empty()) {
-    if (penalized.empty()) penalized.assign(logits, logits + vocab);
-    bool any = false;
-    for (int64_t i = 0; i < vocab; ++i) {
-      const bool ok = i / 64 < static_cast<int64_t>(allowed.size()) && ((allowed[i / 64] >> (i % 64)) & 1);
-      if (!ok) penalized[i] = -std::numeric_limits<float>::infinity();
-      any |= ok;
+    for (int64_t w = 0; w < static_cast<int64_t>(allowed.size()) && w * 64 < vocab; ++w) {
+      for (uint64_t bits = allowed[w]; bits != 0; bits &= bits - 1) {
+        const int64_t id = w * 64 + __builtin_ctzll(bits);
+        if (id < vocab) allowed_ids.push_back(static_cast<int32_t>(id));
+      }
     }
-    if (!any) return out;  // token -1
+    if (allowed_ids.empty()) return out;  // token -1
   }
   // Log-softmax of the raw logits, in double.
   double mx = raw[0];
@@ -96,11 +104,15 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
     for (int64_t i = 0; i < n; ++i) out.top_logprobs.push_back({ids[i], logprob(ids[i])});
   }
   // From here on the choice: from the penalized logits when there are any.
-  if (!penalized.empty()) logits = penalized.data();
+  if (changed) logits = penalized.data();
 
   if (p.temperature == 0.0f) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab; ++i) if (better(i, best)) best = i;
+    int32_t best = allowed.empty() ? 0 : allowed_ids[0];
+    if (allowed.empty()) {
+      for (int32_t i = 1; i < vocab; ++i) if (better(i, best)) best = i;
+    } else {
+      for (int32_t i : allowed_ids) if (better(i, best)) best = i;
+    }
     out.token = best;
     out.logprob = logprob(best);
     return out;
@@ -108,10 +120,19 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
 
   // Filtering needs the candidates sorted; without it, vocabulary order is
   // as deterministic and saves the sort.
-  std::vector<int32_t> cand(vocab);
-  std::iota(cand.begin(), cand.end(), 0);
+  // Under a mask, only the allowed ids.
+  // Buffers per thread, reused, as `penalized`.
+  thread_local std::vector<int32_t> cand_buffer;
+  thread_local std::vector<double> probs_buffer;
+  std::vector<int32_t>& cand = cand_buffer;
+  if (allowed.empty()) {
+    cand.resize(vocab);
+    std::iota(cand.begin(), cand.end(), 0);
+  } else {
+    cand.assign(allowed_ids.begin(), allowed_ids.end());
+  }
   const bool filtered = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
-  if (p.top_k > 0 && p.top_k < vocab) {
+  if (p.top_k > 0 && p.top_k < static_cast<int64_t>(cand.size())) {
     std::partial_sort(cand.begin(), cand.begin() + p.top_k, cand.end(), better);
     cand.resize(p.top_k);
   } else if (filtered) {
@@ -120,7 +141,8 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
   const double inv_t = 1.0 / p.temperature;
   double cmax = logits[cand[0]];
   for (int32_t id : cand) cmax = std::max<double>(cmax, logits[id]);
-  std::vector<double> probs(cand.size());
+  std::vector<double>& probs = probs_buffer;
+  probs.resize(cand.size());
   double total = 0;
   for (size_t i = 0; i < cand.size(); ++i) total += (probs[i] = std::exp((logits[cand[i]] - cmax) * inv_t));
   for (double& pr : probs) pr /= total;

@@ -146,3 +146,44 @@ TEST_CASE("penalties lower generated tokens' logits, not the reported logprobs",
 
 }  // namespace
 }  // namespace duet::engine
+
+namespace duet::engine {
+namespace {
+
+TEST_CASE("a mask chooses as the disallowed logits at -inf would, filtered or not", "[sampler]") {
+  // Many ids, a sparse mask over several words: the choice among the
+  // allowed ids alone must be the choice over the whole vocabulary with
+  // the others at -inf, draw for draw.
+  constexpr int64_t kVocab = 300;
+  std::vector<float> logits(kVocab);
+  for (int64_t i = 0; i < kVocab; ++i) logits[i] = static_cast<float>(std::sin(i * 1.7) * 3);
+  std::vector<uint64_t> mask((kVocab + 63) / 64, 0);
+  std::vector<float> forced = logits;
+  for (int64_t i = 0; i < kVocab; ++i) {
+    if (i % 7 == 3 || i % 11 == 5) {
+      mask[i / 64] |= uint64_t{1} << (i % 64);
+    } else {
+      forced[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  int differ_from_free = 0;
+  for (const char* filter : {"none", "top_k", "top_p", "min_p", "greedy"}) {
+    for (int64_t pos = 0; pos < 200; ++pos) {
+      spec::SamplingParams p{.temperature = 0.8f, .seed = 42};
+      if (std::string(filter) == "top_k") p.top_k = 5;
+      if (std::string(filter) == "top_p") p.top_p = 0.7f;
+      if (std::string(filter) == "min_p") p.min_p = 0.2f;
+      if (std::string(filter) == "greedy") p.temperature = 0;
+      const SampleResult masked = Sample(logits.data(), kVocab, p, 0, pos, {}, mask);
+      const SampleResult reference = Sample(forced.data(), kVocab, p, 0, pos);
+      INFO(filter << " position " << pos);
+      REQUIRE(masked.token == reference.token);
+      CHECK((mask[masked.token / 64] >> (masked.token % 64)) & 1);
+      differ_from_free += masked.token != Sample(logits.data(), kVocab, p, 0, pos).token;
+    }
+  }
+  CHECK(differ_from_free > 100);  // the mask mattered
+}
+
+}  // namespace
+}  // namespace duet::engine
