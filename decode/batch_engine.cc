@@ -58,7 +58,8 @@ BatchEngine::BatchEngine(engine::Model* model, engine::BlockPool* pool, KvImport
       // At least one request and one token a step, or nothing would ever run.
       options_{.max_running = std::max<int64_t>(options.max_running, 1),
                .token_budget = std::max<int64_t>(options.token_budget, 1),
-               .cache = options.cache} {}
+               .cache = options.cache,
+               .mask_seconds = options.mask_seconds} {}
 
 BatchEngine::~BatchEngine() { DropAll(); }
 
@@ -405,11 +406,16 @@ StepResult BatchEngine::Step() {
         logits->row(row++), c.vocab_size, p.sampling, p.choice_index, pos,
         absl::MakeConstSpan(s->tokens).subspan(static_cast<size_t>(s->num_prompt)), allowed);
     const int32_t token = smp.token;
+    if (s->constraint != nullptr && token < 0 && s->constraint->ended()) {
+      // The grammar ended at an EOS that ignore_eos or min_tokens let
+      // through: nothing may follow, so the request stops there.
+      Finish(s, FinishKind::kStop, absl::OkStatus(), out);
+      continue;
+    }
     if (s->constraint != nullptr && (token < 0 || !s->constraint->Accept(token))) {
       Finish(s, FinishKind::kError,
              token < 0 ? absl::InternalError(absl::StrCat("the request's grammar allows no next token after ",
-                                                          s->generated(), " (it ended, or min_tokens or ignore_eos "
-                                                          "asked for more)"))
+                                                          s->generated()))
                        : absl::InternalError(absl::StrCat("the request's grammar refused token ", token,
                                                           ", which its mask allowed")),
              out);

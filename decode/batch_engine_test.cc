@@ -2,6 +2,8 @@
 // preemption, cancel in every state, import failures. Every output is checked
 // token for token against engine::Generate on the same tiny model.
 #include "decode/batch_engine.h"
+#include "grammar/constraint.h"
+#include "text/tokenizer.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -503,6 +505,81 @@ TEST_CASE("max_running bounds the requests that hold blocks", "[batch_engine]") 
   REQUIRE(c.waiting == 2);
   h.RunToEnd();
   h.CheckAgainstGenerate();
+}
+
+}  // namespace
+}  // namespace duet::decode
+
+namespace duet::decode {
+namespace {
+
+// The tiny model's vocabulary as the grammar engine walks it.
+std::shared_ptr<const grammar::Vocabulary> TinyVocab() {
+  static const auto v = [] {
+    auto tok = text::Tokenizer::Load(testing::TinyModelDir("llama"));
+    REQUIRE(tok.ok());
+    auto vocab = grammar::Vocabulary::FromTokenizer(**tok, TinyModel().config().eos_token_ids);
+    REQUIRE(vocab.ok());
+    return *vocab;
+  }();
+  return v;
+}
+
+std::shared_ptr<grammar::TokenConstraint> Constraint(const grammar::ConstraintRequest& r) {
+  auto g = grammar::CompileConstraint(r, TinyVocab());
+  REQUIRE(g.ok());
+  return std::make_shared<grammar::TokenConstraint>(*g, r.triggers);
+}
+
+std::string TextOf(const std::vector<engine::SampleResult>& tokens) {
+  std::string s;
+  for (const auto& t : tokens) s += TinyVocab()->bytes(t.token);
+  return s;
+}
+
+TEST_CASE("grammars: masked rows beside free ones, the same alone, batched and preempted; a grammar that ends "
+          "stops an ignore_eos row",
+          "[batch_engine][grammar]") {
+  const grammar::ConstraintRequest digits{.kind = grammar::ConstraintKind::kRegex, .text = "[0-9]{12}"};
+  const grammar::ConstraintRequest choice{.kind = grammar::ConstraintKind::kChoice, .choices = {"yes", "no"}};
+  auto constrained = [&](Harness& h, uint64_t id, const grammar::ConstraintRequest& r, bool ignore_eos) {
+    GenerationParams p = Seeded(40, id);
+    p.ignore_eos = ignore_eos;
+    REQUIRE(h.engine.Add({.request_id = id, .prompt = TestPrompt(9 + static_cast<int>(id), 50 + id), .params = p,
+                          .constraint = Constraint(r)})
+                .ok());
+  };
+  // Alone.
+  std::map<uint64_t, std::string> alone;
+  for (uint64_t id : {101, 102}) {
+    Harness h(64);
+    constrained(h, id, id == 101 ? digits : choice, /*ignore_eos=*/id == 102);
+    h.RunToEnd();
+    REQUIRE(h.out[id].finish.has_value());
+    CHECK(h.out[id].finish->kind == FinishKind::kStop);
+    alone[id] = TextOf(h.out[id].tokens);
+  }
+  INFO("alone: " << alone[101] << " / " << alone[102]);
+  CHECK(alone[101].size() == 12);
+  CHECK(alone[101].find_first_not_of("0123456789") == std::string::npos);
+  CHECK((alone[102] == "yes" || alone[102] == "no"));  // EOS is no text; ignore_eos did not run past it
+  // Batched with free rows, on a pool small enough to preempt.
+  for (int64_t blocks : {int64_t{256}, int64_t{12}}) {
+    INFO(blocks << " blocks");
+    Harness h(blocks, {.max_running = 256, .token_budget = 24});
+    for (int i = 0; i < 4; ++i) h.AddLocal(i + 1, TestPrompt(20 + 7 * i, i), i % 2 ? Seeded(30, 200 + i) : Greedy(30));
+    constrained(h, 101, digits, false);
+    constrained(h, 102, choice, true);
+    h.RunToEnd();
+    h.CheckAgainstGenerate();
+    for (uint64_t id : {101, 102}) {
+      REQUIRE(h.out[id].finish.has_value());
+      CHECK(h.out[id].finish->kind == FinishKind::kStop);
+      CHECK(TextOf(h.out[id].tokens) == alone[id]);
+    }
+    if (blocks == 12) CHECK(h.engine.counts().preemptions > 0);
+    CHECK(h.pool.num_free() == h.pool.num_blocks());
+  }
 }
 
 }  // namespace

@@ -160,7 +160,12 @@ bool TokenConstraint::Accept(int32_t token) {
   if (broken_) return false;
   const Vocabulary& vocab = matcher_.grammar().vocab();
   if (started()) {
-    if (!matcher_.AcceptToken(token)) broken_ = true;
+    if (!matcher_.AcceptToken(token)) {
+      broken_ = true;
+    } else {
+      const std::vector<int32_t>& eos = vocab.eos_ids();
+      ended_ = ended_ || std::find(eos.begin(), eos.end(), token) != eos.end();
+    }
     return !broken_;
   }
   tail_ += vocab.text(token);

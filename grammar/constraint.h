@@ -120,6 +120,9 @@ class TokenConstraint {
   // not allowed); empty while the grammar has not started.
   absl::Span<const uint64_t> Mask();
   bool started() const { return next_trigger_ == triggers_.size(); }
+  // The grammar took an end-of-sequence token: nothing more may follow
+  // (ignore_eos or min_tokens asked for more, which the grammar ends).
+  bool ended() const { return ended_; }
   bool broken() const { return broken_; }
 
  private:
@@ -128,6 +131,7 @@ class TokenConstraint {
   size_t next_trigger_ = 0;
   std::string tail_;  // Output bytes that may still start the next trigger.
   bool broken_ = false;
+  bool ended_ = false;
   std::vector<uint64_t> mask_;
 };
 

@@ -336,11 +336,15 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   const engine::SampleResult r =
       engine::Sample(logits.row(row), logits.vocab_size, params.sampling, params.choice_index, s->num_tokens(),
                      resumed, allowed);
+  if (constraint.ok() && r.token < 0 && (*constraint)->ended()) {
+    SendFinish(id, proto::FINISH_STOP);  // Its resumed tokens ended the grammar: nothing may follow.
+    scheduler_->Finish(id);
+    return;
+  }
   if (!constraint.ok() || r.token < 0) {
     const absl::Status why =
         !constraint.ok() ? constraint.status()
-                         : absl::InternalError("the request's grammar allows no first token (min_tokens or "
-                                               "ignore_eos asked for more than it holds)");
+                         : absl::InternalError("the request's grammar allows no first token");
     LOG(WARNING) << "request " << id << ": " << why;
     SendFinish(id, proto::FINISH_ERROR, why);
     scheduler_->Finish(id);

@@ -347,6 +347,18 @@ TEST_CASE("constrained requests: the same text alone, batched with free ones, an
   auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   CHECK(s["router"]["migrations"].get<int>() >= 1);
   CHECK(s["router"]["requests_error"] == 0);
+  // The workers' structured-output metrics saw them: decode-1 took the
+  // constrained requests (some after the kill) and masked their tokens;
+  // prefill compiled each one's grammar (found cached but for the first).
+  auto metric = [&](const std::string& worker, const std::string& name) {
+    auto v = ScrapeMetric(c.ready(worker)["metrics_port"].get<int>(), name, "");
+    REQUIRE(v.ok());
+    return *v;
+  };
+  CHECK(metric("decode-1", "duet_requests_constrained_total") >= 4);
+  CHECK(metric("decode-1", "duet_grammar_mask_seconds_count") >= 4 * 30);
+  CHECK(metric("prefill-0", "duet_requests_constrained_total") >= 3 * 8);
+  CHECK(metric("prefill-0", "duet_grammar_compile_seconds_count") >= 3 * 8);
 }
 
 TEST_CASE("SIGTERM drains a decode worker: its running requests finish there, new ones go elsewhere, it exits 0, "
