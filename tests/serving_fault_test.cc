@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -259,15 +260,12 @@ TEST_CASE("SIGKILL of a decode worker mid-stream: its requests migrate and finis
   }
 }
 
-TEST_CASE("constrained requests: the same text alone, batched with free ones, and across a decode worker's "
-          "SIGKILL; every output valid",
-          "[faults][structured]") {
-  Cluster c;
-  const std::string dir = TinyModelDir("llama");
-  REQUIRE(c.Start(dir, {{"prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}},
-                        {"decode", "decode-0", {"--kv-blocks", "1024"}},
-                        {"decode", "decode-1", {"--kv-blocks", "1024"}}})
-              .ok());
+// Constrained requests (a fixed-length regex and a JSON schema, seeded,
+// half streamed) on the cluster at 127.0.0.1:port, served by `dir`: each
+// alone, then batched with free requests, then again while decode-0 is
+// SIGKILLed mid-stream by `kill_decode0`; each time every constrained
+// output is valid and the same text, every free one the reference's.
+void ConstrainedAcrossKill(int port, const std::string& dir, const std::function<void()>& kill_decode0) {
   std::unique_ptr<text::Tokenizer> tok = std::move(text::Tokenizer::Load(dir)).value();
   // Long outputs (a decode is busy with them at the kill): a fixed-length
   // regex, and a JSON object whose array runs on.
@@ -309,7 +307,7 @@ TEST_CASE("constrained requests: the same text alone, batched with free ones, an
   // Alone, one at a time.
   std::vector<std::string> alone;
   for (size_t i = 0; i < constrained.size(); ++i) {
-    std::vector<ParsedCompletion> got = SendAll(c.http_port(), {constrained[i]}, ModelName(dir));
+    std::vector<ParsedCompletion> got = SendAll(port, {constrained[i]}, ModelName(dir));
     INFO("request " << i << " error: " << got[0].error);
     REQUIRE(got[0].error.empty());
     CHECK(got[0].finish_reason == "stop");
@@ -327,10 +325,10 @@ TEST_CASE("constrained requests: the same text alone, batched with free ones, an
   for (bool kill_decode : {false, true}) {
     INFO((kill_decode ? "with decode-0 killed" : "batched"));
     std::vector<ParsedCompletion> got;
-    std::thread load([&] { got = SendAll(c.http_port(), all, ModelName(dir)); });
+    std::thread load([&] { got = SendAll(port, all, ModelName(dir)); });
     if (kill_decode) {
-      WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 4; });
-      REQUIRE(c.process("decode-0").Signal(SIGKILL).ok());
+      WaitStats(port, [](const nlohmann::json& s) { return s["workers"]["decode-0"]["running_requests"] > 4; });
+      kill_decode0();
     }
     load.join();
     for (size_t i = 0; i < constrained.size(); ++i) {
@@ -344,6 +342,18 @@ TEST_CASE("constrained requests: the same text alone, batched with free ones, an
     RequireVerified(dir, std::vector<ParsedCompletion>(got.begin() + constrained.size(), got.end()), want, free_reqs, &v,
                     "free request");
   }
+}
+
+TEST_CASE("constrained requests: the same text alone, batched with free ones, and across a decode worker's "
+          "SIGKILL; every output valid",
+          "[faults][structured]") {
+  Cluster c;
+  const std::string dir = TinyModelDir("llama");
+  REQUIRE(c.Start(dir, {{"prefill", "prefill-0", {"--kv-blocks", "1024", "--lease-ms", "2000"}},
+                        {"decode", "decode-0", {"--kv-blocks", "1024"}},
+                        {"decode", "decode-1", {"--kv-blocks", "1024"}}})
+              .ok());
+  ConstrainedAcrossKill(c.http_port(), dir, [&] { REQUIRE(c.process("decode-0").Signal(SIGKILL).ok()); });
   auto s = WaitStats(c.http_port(), [](const nlohmann::json& s) { return s["workers"].size() == 2 && AllIdle(s); });
   CHECK(s["router"]["migrations"].get<int>() >= 1);
   CHECK(s["router"]["requests_error"] == 0);
@@ -578,6 +588,38 @@ TEST_CASE("a supervised duet up cluster: SIGKILL of each worker role under 64 st
     }
     CHECK(listed);
   }
+  REQUIRE((*up)->Signal(SIGTERM).ok());
+  const int status = (*up)->Wait();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("a supervised duet up cluster: constrained requests across a decode worker's SIGKILL complete, valid and "
+          "unchanged",
+          "[faults][structured]") {
+  const std::string dir = TinyModelDir("llama");
+  const std::string run_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/up-structured");
+  auto up = Subprocess::StartWithPipes({std::filesystem::absolute("tools/duet").string(), "up", "--port", "0",
+                                        "--model", dir, "--prefill", "1", "--decode", "2", "--threads", "1",
+                                        "--kv-memory", "0.05", "--run-dir", run_dir});
+  REQUIRE(up.ok());
+  auto line = (*up)->ReadLine(absl::Seconds(120));  // "duet is serving ... at http://127.0.0.1:PORT/v1 ..."
+  REQUIRE(line.ok());
+  const std::string rest = line->substr(line->find("127.0.0.1:") + 10);
+  int port = 0;
+  REQUIRE(absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port));
+  pid_t killed = -1;
+  ConstrainedAcrossKill(port, dir, [&] {
+    killed = ReadyPid(run_dir, "decode-0");
+    REQUIRE(killed > 0);
+    REQUIRE(kill(killed, SIGKILL) == 0);
+  });
+  // The supervisor brought decode-0 back; the router migrated its requests.
+  auto s = WaitStats(
+      port, [](const nlohmann::json& s) { return s["workers"].size() == 3 && AllIdle(s); }, absl::Seconds(60));
+  CHECK(ReadyPid(run_dir, "decode-0") != killed);
+  CHECK(s["router"]["migrations"].get<int>() >= 1);
+  CHECK(s["router"]["requests_error"] == 0);
   REQUIRE((*up)->Signal(SIGTERM).ok());
   const int status = (*up)->Wait();
   CHECK(WIFEXITED(status));
