@@ -48,35 +48,6 @@ absl::StatusOr<ToolCallsShape> ParseToolCallsText(std::string_view text) {
   return s;
 }
 
-// vLLM's other grammar dialect: Lark-style EBNF, rules written `name: ...`.
-// Where it starts, for the refusal.
-bool LooksLikeLark(std::string_view text, size_t* line, size_t* column) {
-  size_t l = 1, line_start = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++l;
-      line_start = i + 1;
-      continue;
-    }
-    if (i != line_start) continue;
-    size_t k = i;
-    while (k < text.size() && (text[k] == ' ' || text[k] == '\t')) ++k;
-    const size_t rule = k;
-    if (k < text.size() && (text[k] == '?' || text[k] == '!')) ++k;
-    size_t name_end = k;
-    while (name_end < text.size() && (std::isalnum(static_cast<unsigned char>(text[name_end])) || text[name_end] == '_')) {
-      ++name_end;
-    }
-    if (name_end > k && name_end < text.size() && text[name_end] == ':' &&
-        text.substr(name_end, 3) != "::=") {
-      *line = l;
-      *column = rule - line_start + 1;
-      return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const ConstraintRequest& r,
@@ -92,15 +63,10 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const Constrain
       return CompileRegexGrammar(r.text, std::move(vocab));
     case ConstraintKind::kChoice:
       return CompileChoiceGrammar(r.choices, std::move(vocab));
-    case ConstraintKind::kGrammar: {
-      size_t line = 0, column = 0;
-      if (r.text.find("::=") == std::string::npos && LooksLikeLark(r.text, &line, &column)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "grammar: line ", line, " column ", column,
-            ": an EBNF/Lark rule ('name: ...'); duet's grammars are GBNF ('name ::= ...', with a rule 'root')"));
-      }
-      return CompileGbnf(r.text, std::move(vocab));
-    }
+    case ConstraintKind::kGrammar:
+      // Told apart by syntax: GBNF defines its rules with `::=`.
+      if (r.text.find("::=") != std::string::npos) return CompileGbnf(r.text, std::move(vocab));
+      return CompileLark(r.text, std::move(vocab));
     case ConstraintKind::kToolCalls: {
       ASSIGN_OR_RETURN(ToolCallsShape shape, ParseToolCallsText(r.text));
       return CompileToolCalls(shape, std::move(vocab));

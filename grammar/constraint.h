@@ -43,7 +43,7 @@ enum class ConstraintKind {
   kJsonSchema = 1,  // text: the schema's JSON ("{}" or {"type":"object"} for json_object)
   kRegex = 2,       // text: an ECMA-262 pattern the whole output matches
   kChoice = 3,      // choices: the output is exactly one of them
-  kGrammar = 4,     // text: a GBNF grammar (an EBNF/Lark one is refused by position)
+  kGrammar = 4,     // text: a GBNF grammar, or a Lark one (told apart by `::=`)
   kToolCalls = 5,   // text: ToolCallsText of the calls' shape
 };
 

@@ -6,26 +6,74 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 
 namespace duet::grammar {
 namespace {
 
+// The terminals of Lark's `common` library that `%import common.NAME`
+// brings in, as regexes over the text (Lark's own definitions).
+const std::map<std::string, std::string>& LarkCommon() {
+  static const auto* m = new std::map<std::string, std::string>{
+      {"DIGIT", "[0-9]"},
+      {"HEXDIGIT", "[a-fA-F0-9]"},
+      {"INT", "[0-9]+"},
+      {"SIGNED_INT", "[+-]?[0-9]+"},
+      {"DECIMAL", "[0-9]+\\.[0-9]*|\\.[0-9]+"},
+      {"FLOAT", "[0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?"},
+      {"SIGNED_FLOAT", "[+-]?([0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?)"},
+      {"NUMBER", "[0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?|[0-9]+"},
+      {"SIGNED_NUMBER", "[+-]?([0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?|[0-9]+)"},
+      {"LCASE_LETTER", "[a-z]"},
+      {"UCASE_LETTER", "[A-Z]"},
+      {"LETTER", "[a-zA-Z]"},
+      {"WORD", "[a-zA-Z]+"},
+      {"CNAME", "[_a-zA-Z][_a-zA-Z0-9]*"},
+      {"WS_INLINE", "[ \\t]+"},
+      {"WS", "[ \\t\\f\\r\\n]+"},
+      {"CR", "\\r"},
+      {"LF", "\\n"},
+      {"NEWLINE", "(\\r?\\n)+"},
+      {"ESCAPED_STRING", "\"([^\"\\\\\\n]|\\\\[^\\n])*\""},
+  };
+  return *m;
+}
+
 class GbnfCompiler {
  public:
-  GbnfCompiler(std::string_view text, Grammar& g) : t_(text), g_(g) {}
+  // `lark`: the Lark dialect (see gbnf.h) instead of GBNF.
+  GbnfCompiler(std::string_view text, Grammar& g, bool lark) : t_(text), g_(g), lark_(lark) {}
 
   absl::Status Compile() {
     // Rule names first, so references may come before definitions.
     std::vector<std::pair<std::string, size_t>> bodies;
     Skip();
     while (pos_ < t_.size()) {
+      if (lark_ && t_[pos_] == '%') {
+        RETURN_IF_ERROR(Directive());
+        Skip();
+        continue;
+      }
       const size_t at = pos_;
+      if (lark_ && (t_[pos_] == '?' || t_[pos_] == '!')) ++pos_;  // inlined / kept: the same text
       std::string name = Name();
       if (name.empty()) return Error("a rule name");
+      if (lark_) {
+        if (pos_ < t_.size() && t_[pos_] == '{') return Refuse("a rule template ('name{...}') is not supported");
+        if (pos_ < t_.size() && t_[pos_] == '.') {  // a priority: no bearing on what matches
+          ++pos_;
+          while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) ++pos_;
+        }
+      }
       Skip();
-      if (t_.substr(pos_, 3) != "::=") return Error("'::='");
-      pos_ += 3;
+      if (lark_) {
+        if (pos_ >= t_.size() || t_[pos_] != ':' || t_.substr(pos_, 2) == "::") return Error("':'");
+        pos_ += 1;
+      } else {
+        if (t_.substr(pos_, 3) != "::=") return Error("'::='");
+        pos_ += 3;
+      }
       if (rules_.count(name)) {
         pos_ = at;
         return Error(absl::StrCat("one definition of rule '", name, "'"));
@@ -34,14 +82,15 @@ class GbnfCompiler {
       bodies.push_back({name, pos_});
       SkipBody();
     }
-    if (!rules_.count("root")) return absl::InvalidArgumentError("grammar: no rule 'root'");
+    const char* start = lark_ ? "start" : "root";
+    if (!rules_.count(start)) return absl::InvalidArgumentError(absl::StrCat("grammar: no rule '", start, "'"));
     for (const auto& [name, start] : bodies) {
       pos_ = start;
       rule_ = name;
       ASSIGN_OR_RETURN(int32_t body, Alternation(/*nested=*/false));
       g_.nodes[rules_[name]].alternatives = {body};
     }
-    g_.root = rules_["root"];
+    g_.root = rules_[start];
     g_.ComputeNullable();
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const Node& n = g_.nodes[i];
@@ -71,6 +120,77 @@ class GbnfCompiler {
                                                    ": expected ", std::string(expected)));
   }
 
+  // A construct read but not supported, at the current position.
+  absl::Status Refuse(std::string_view what) const {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < pos_ && i < t_.size(); ++i) {
+      if (t_[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    return absl::InvalidArgumentError(absl::StrCat("grammar: line ", line, " column ", col, ": ", std::string(what)));
+  }
+
+  // A node matching `pattern` (an ECMA regex) whole.
+  absl::StatusOr<int32_t> RegexNode(const std::string& pattern) {
+    auto d = CompileRegex(absl::StrCat("^(?:", pattern, ")$"));
+    if (!d.ok()) return Error(absl::StrCat("a regex duet supports (", d.status().message(), ")"));
+    const int32_t n = NewNode(NodeKind::kRaw);
+    g_.nodes[n].dfa = static_cast<int32_t>(g_.dfas.size());
+    g_.dfas.push_back(std::make_shared<const ByteDfa>(std::move(*d)));
+    return n;
+  }
+
+  // Lark's `%import common.NAME` and `%import common (A, B)`; other
+  // directives are refused by name.
+  absl::Status Directive() {
+    const size_t at = pos_;
+    ++pos_;
+    const std::string d = Name();
+    if (d != "import") {
+      pos_ = at;
+      return Refuse(absl::StrCat("%", d, " is not supported (duet's Lark grammars take the text as the rules write "
+                                 "it: no ignored terminals; write the whitespace into the rules)"));
+    }
+    Skip(/*stop_at_newline=*/true);
+    if (t_.substr(pos_, 6) != "common") return Error("'common' (the only library duet knows)");
+    pos_ += 6;
+    std::vector<std::pair<std::string, size_t>> names;  // and where each is
+    if (pos_ < t_.size() && t_[pos_] == '.') {
+      ++pos_;
+      const size_t name_at = pos_;
+      names.push_back({Name(), name_at});
+    } else {
+      Skip(true);
+      if (pos_ >= t_.size() || t_[pos_] != '(') return Error("'.NAME' or '(NAME, ...)'");
+      ++pos_;
+      while (true) {
+        Skip();
+        const size_t name_at = pos_;
+        names.push_back({Name(), name_at});
+        Skip();
+        if (pos_ < t_.size() && t_[pos_] == ',') {
+          ++pos_;
+          continue;
+        }
+        if (pos_ >= t_.size() || t_[pos_] != ')') return Error("')'");
+        ++pos_;
+        break;
+      }
+    }
+    Skip(true);
+    if (t_.substr(pos_, 2) == "->") return Refuse("an import alias ('->') is not supported");
+    for (const auto& [n, name_at] : names) {
+      auto it = LarkCommon().find(n);
+      if (it == LarkCommon().end()) {
+        pos_ = name_at;
+        return Error(absl::StrCat("a terminal of Lark's common library duet knows, not '", n, "'"));
+      }
+      if (rules_.count(n)) continue;
+      ASSIGN_OR_RETURN(rules_[n], RegexNode(it->second));
+    }
+    return absl::OkStatus();
+  }
+
   int32_t NewNode(NodeKind kind) {
     Node n;
     n.kind = kind;
@@ -83,7 +203,7 @@ class GbnfCompiler {
   void Skip(bool stop_at_newline = false) {
     while (pos_ < t_.size()) {
       const char c = t_[pos_];
-      if (c == '#') {
+      if (lark_ ? t_.substr(pos_, 2) == "//" : c == '#') {
         while (pos_ < t_.size() && t_[pos_] != '\n') ++pos_;
       } else if (c == '\n' && stop_at_newline) {
         return;
@@ -101,12 +221,20 @@ class GbnfCompiler {
     return std::string(t_.substr(start, pos_ - start));
   }
 
-  // A rule's body ends where the next `name ::=` starts.
+  // A rule's body ends where the next `name ::=` (Lark: `name:`, or a
+  // directive) starts.
   bool AtRuleStart() {
     const size_t save = pos_;
+    if (lark_ && pos_ < t_.size() && t_[pos_] == '%') return true;
+    if (lark_ && pos_ < t_.size() && (t_[pos_] == '?' || t_[pos_] == '!')) ++pos_;
     const std::string name = Name();
+    if (lark_ && pos_ < t_.size() && t_[pos_] == '.') {
+      ++pos_;
+      while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) ++pos_;
+    }
     Skip();
-    const bool yes = !name.empty() && t_.substr(pos_, 3) == "::=";
+    const bool yes = !name.empty() && (lark_ ? pos_ < t_.size() && t_[pos_] == ':' && t_.substr(pos_, 2) != "::"
+                                             : t_.substr(pos_, 3) == "::=");
     pos_ = save;
     return yes;
   }
@@ -116,8 +244,8 @@ class GbnfCompiler {
       Skip();
       if (pos_ >= t_.size() || AtRuleStart()) return;
       const char c = t_[pos_];
-      if (c == '"' || c == '[') {
-        const char close = c == '"' ? '"' : ']';
+      if (c == '"' || (c == '[' && !lark_) || (c == '/' && lark_)) {
+        const char close = c == '"' ? '"' : c == '/' ? '/' : ']';
         for (++pos_; pos_ < t_.size() && t_[pos_] != close; ++pos_) {
           if (t_[pos_] == '\\') ++pos_;
         }
@@ -154,9 +282,9 @@ class GbnfCompiler {
     std::vector<int32_t> items;
     while (true) {
       Skip();
-      if (pos_ >= t_.size() || t_[pos_] == '|' || (nested && t_[pos_] == ')')) break;
+      if (pos_ >= t_.size() || t_[pos_] == '|' || (nested && (t_[pos_] == ')' || (lark_ && t_[pos_] == ']')))) break;
       if (!nested && AtRuleStart()) break;
-      if (t_[pos_] == ')') return Error("a term, not ')'");
+      if (t_[pos_] == ')' || (lark_ && t_[pos_] == ']')) return Error(absl::StrCat("a term, not '", std::string(1, t_[pos_]), "'"));
       ASSIGN_OR_RETURN(int32_t item, Term());
       ASSIGN_OR_RETURN(item, Quantified(item));
       items.push_back(item);
@@ -170,6 +298,11 @@ class GbnfCompiler {
   absl::StatusOr<int32_t> Quantified(int32_t item) {
     while (pos_ < t_.size()) {
       int64_t min = 0, max = -1;
+      if (lark_) {  // Lark writes `item ~ n` with spaces
+        size_t k = pos_;
+        while (k < t_.size() && (t_[k] == ' ' || t_[k] == '\t')) ++k;
+        if (k < t_.size() && t_[k] == '~') pos_ = k;
+      }
       const char c = t_[pos_];
       if (c == '*') {
         ++pos_;
@@ -177,7 +310,24 @@ class GbnfCompiler {
         min = 1, ++pos_;
       } else if (c == '?') {
         max = 1, ++pos_;
-      } else if (c == '{') {
+      } else if (lark_ && c == '~') {  // ~ n, ~ n..m
+        ++pos_;
+        Skip();
+        auto number = [&](int64_t* out) {
+          const size_t start = pos_;
+          int64_t v = 0;
+          while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) v = std::min<int64_t>(v * 10 + (t_[pos_++] - '0'), 100000);
+          *out = v;
+          return pos_ > start;
+        };
+        if (!number(&min)) return Error("a count after '~'");
+        max = min;
+        if (t_.substr(pos_, 2) == "..") {
+          pos_ += 2;
+          if (!number(&max)) return Error("a count after '..'");
+        }
+        if (max < min) return Error("~ n..m with m >= n");
+      } else if (c == '{' && !lark_) {
         ++pos_;
         auto number = [&](int64_t* out) {
           const size_t start = pos_;
@@ -211,46 +361,90 @@ class GbnfCompiler {
     return item;
   }
 
-  absl::StatusOr<int32_t> Term() {
-    const char c = t_[pos_];
-    if (c == '"') {
-      std::string lit;
-      ++pos_;
-      while (true) {
-        if (pos_ >= t_.size() || t_[pos_] == '\n') return Error("a closing '\"'");
-        if (t_[pos_] == '"') break;
-        if (t_[pos_] == '\\') {
-          ++pos_;
-          if (pos_ >= t_.size()) return Error("an escape");
-          const char e = t_[pos_++];
-          int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
-          if (digits > 0) {
-            uint32_t cp = 0;
-            for (int k = 0; k < digits; ++k, ++pos_) {
-              if (pos_ >= t_.size() || !std::isxdigit(static_cast<unsigned char>(t_[pos_]))) return Error("hex digits");
-              const char h = t_[pos_];
-              cp = cp * 16 + (h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
-            }
-            uint8_t buf[4];
-            const int n = EncodeUtf8(cp, buf);
-            lit.append(reinterpret_cast<char*>(buf), n);
-            continue;
+  // A "literal" at pos_ (its escapes decoded), pos_ after its closing quote.
+  absl::Status ReadLiteral(std::string* out) {
+    std::string& lit = *out;
+    ++pos_;
+    while (true) {
+      if (pos_ >= t_.size() || t_[pos_] == '\n') return Error("a closing '\"'");
+      if (t_[pos_] == '"') break;
+      if (t_[pos_] == '\\') {
+        ++pos_;
+        if (pos_ >= t_.size()) return Error("an escape");
+        const char e = t_[pos_++];
+        int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (digits > 0) {
+          uint32_t cp = 0;
+          for (int k = 0; k < digits; ++k, ++pos_) {
+            if (pos_ >= t_.size() || !std::isxdigit(static_cast<unsigned char>(t_[pos_]))) return Error("hex digits");
+            const char h = t_[pos_];
+            cp = cp * 16 + (h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
           }
-          switch (e) {
-            case 'n': lit.push_back('\n'); break;
-            case 't': lit.push_back('\t'); break;
-            case 'r': lit.push_back('\r'); break;
-            case '\\': lit.push_back('\\'); break;
-            case '"': lit.push_back('"'); break;
-            case '[': lit.push_back('['); break;
-            case ']': lit.push_back(']'); break;
-            default: --pos_; return Error("a known escape");
-          }
+          uint8_t buf[4];
+          const int n = EncodeUtf8(cp, buf);
+          lit.append(reinterpret_cast<char*>(buf), n);
           continue;
         }
-        lit.push_back(t_[pos_++]);
+        switch (e) {
+          case 'n': lit.push_back('\n'); break;
+          case 't': lit.push_back('\t'); break;
+          case 'r': lit.push_back('\r'); break;
+          case '\\': lit.push_back('\\'); break;
+          case '"': lit.push_back('"'); break;
+          case '[': lit.push_back('['); break;
+          case ']': lit.push_back(']'); break;
+          default: --pos_; return Error("a known escape");
+        }
+        continue;
       }
+      lit.push_back(t_[pos_++]);
+    }
+    ++pos_;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int32_t> Term() {
+    const char c = t_[pos_];
+    if (lark_ && c == '/') {  // /regex/ (no flags)
+      std::string re;
+      for (++pos_; pos_ < t_.size() && t_[pos_] != '/'; ++pos_) {
+        if (t_[pos_] == '\n') return Error("a closing '/'");
+        if (t_[pos_] == '\\' && pos_ + 1 < t_.size()) re.push_back(t_[pos_++]);
+        re.push_back(t_[pos_]);
+      }
+      if (pos_ >= t_.size()) return Error("a closing '/'");
       ++pos_;
+      if (pos_ < t_.size() && std::isalpha(static_cast<unsigned char>(t_[pos_]))) {
+        return Refuse(absl::StrCat("regex flags ('", std::string(1, t_[pos_]), "') are not supported"));
+      }
+      return RegexNode(re);
+    }
+    if (lark_ && c == '[') {  // [optional]
+      ++pos_;
+      ASSIGN_OR_RETURN(int32_t inner, Alternation(/*nested=*/true));
+      Skip();
+      if (pos_ >= t_.size() || t_[pos_] != ']') return Error("']'");
+      ++pos_;
+      const int32_t r = NewNode(NodeKind::kRepeat);
+      g_.nodes[r].repeat = inner;
+      g_.nodes[r].min_items = 0;
+      g_.nodes[r].max_items = 1;
+      return r;
+    }
+    if (lark_ && (c == '.' || c == '{')) return Error(absl::StrCat("a term, not '", std::string(1, c), "'"));
+    if (c == '"') {
+      std::string lit;
+      RETURN_IF_ERROR(ReadLiteral(&lit));
+      if (lark_ && pos_ < t_.size() && t_[pos_] == 'i') return Refuse("a case-insensitive literal (\"...\"i) is not supported");
+      if (lark_ && t_.substr(pos_, 2) == "..") {  // "a".."z"
+        pos_ += 2;
+        std::string hi;
+        if (pos_ >= t_.size() || t_[pos_] != '"') return Error("a literal after '..'");
+        RETURN_IF_ERROR(ReadLiteral(&hi));
+        if (lit.size() != 1 || hi.size() != 1) return Refuse("a range of more than one byte per end is not supported");
+        auto hex = [](char ch) { return absl::StrFormat("\\x%02x", static_cast<unsigned char>(ch)); };
+        return RegexNode(absl::StrCat("[", hex(lit[0]), "-", hex(hi[0]), "]"));
+      }
       const int32_t root = static_cast<int32_t>(g_.literals.size());
       g_.literals.emplace_back();
       g_.AddLiteral(root, lit);
@@ -272,12 +466,7 @@ class GbnfCompiler {
         ++pos_;
         cls = std::string(t_.substr(start, pos_ - start));
       }
-      auto d = CompileRegex(absl::StrCat("^", cls, "$"));
-      if (!d.ok()) return Error(absl::StrCat("a character class (", d.status().message(), ")"));
-      const int32_t n = NewNode(NodeKind::kRaw);
-      g_.nodes[n].dfa = static_cast<int32_t>(g_.dfas.size());
-      g_.dfas.push_back(std::make_shared<const ByteDfa>(std::move(*d)));
-      return n;
+      return RegexNode(cls);
     }
     if (c == '(') {
       ++pos_;
@@ -324,6 +513,7 @@ class GbnfCompiler {
 
   std::string_view t_;
   Grammar& g_;
+  const bool lark_;
   size_t pos_ = 0;
   std::string rule_;
   std::vector<std::string> rule_of_;
@@ -334,7 +524,14 @@ class GbnfCompiler {
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text, std::shared_ptr<const Vocabulary> vocab) {
   auto g = std::make_shared<Grammar>(std::move(vocab));
-  GbnfCompiler c(text, *g);
+  GbnfCompiler c(text, *g, /*lark=*/false);
+  RETURN_IF_ERROR(c.Compile());
+  return g;
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileLark(std::string_view text, std::shared_ptr<const Vocabulary> vocab) {
+  auto g = std::make_shared<Grammar>(std::move(vocab));
+  GbnfCompiler c(text, *g, /*lark=*/true);
   RETURN_IF_ERROR(c.Compile());
   return g;
 }

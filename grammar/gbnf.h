@@ -8,6 +8,18 @@
 // repetition of something that may be empty.
 //
 //   ASSIGN_OR_RETURN(auto g, CompileGbnf(R"(root ::= "yes" | "no")", vocab));
+//
+// CompileLark reads the Lark dialect vLLM also takes (`name: ...`, the
+// start rule `start`): `?`/`!` rule prefixes and `.N` priorities (no
+// bearing on what matches), alternatives on continuation lines, "literals"
+// and "a".."z" ranges, /regexes/ (ECMA syntax, no flags), [optional] and
+// (groups), * + ? and ~ n / ~ n..m, `//` comments, and `%import common.NAME`
+// or `%import common (A, B)` for Lark's common terminals (NUMBER, INT, WS,
+// CNAME, ESCAPED_STRING, ...). The text is matched as the rules write it:
+// `%ignore` (implicit whitespace between tokens) is refused, as are other
+// directives, templates, case-insensitive literals and regex flags, each by
+// line and column; left recursion, which Lark's LALR parser allows, is
+// refused by rule as in GBNF.
 #ifndef DUET_GRAMMAR_GBNF_H_
 #define DUET_GRAMMAR_GBNF_H_
 
@@ -20,6 +32,7 @@
 namespace duet::grammar {
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text, std::shared_ptr<const Vocabulary> vocab);
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileLark(std::string_view text, std::shared_ptr<const Vocabulary> vocab);
 
 }  // namespace duet::grammar
 

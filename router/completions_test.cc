@@ -956,11 +956,12 @@ TEST_CASE("structured outputs: every way to ask for one becomes the spec's gramm
       {R"("structured_outputs": {"json": "{\"type\": \"boolean\", \"x-note\": 1}", "whitespace_pattern": "[ ]*"})",
        proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"type":"boolean","x-note":1})", true},
       {R"("structured_outputs": {"regex": "[a-c]{2}"})", proto::GrammarSpec::GRAMMAR_REGEX, "[a-c]{2}"},
-      {R"("structured_outputs": {"grammar": "root ::= \"x\""})", proto::GrammarSpec::GRAMMAR_GBNF, R"(root ::= "x")"},
+      {R"("structured_outputs": {"grammar": "root ::= \"x\""})", proto::GrammarSpec::GRAMMAR_RULES, R"(root ::= "x")"},
       {R"("structured_outputs": {"json_object": true})", proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"type":"object"})"},
       {R"("guided_json": {"enum": [1, 2]})", proto::GrammarSpec::GRAMMAR_JSON_SCHEMA, R"({"enum":[1,2]})"},
       {R"("guided_regex": "\\d+")", proto::GrammarSpec::GRAMMAR_REGEX, R"(\d+)"},
-      {R"("guided_grammar": "root ::= [0-9]+")", proto::GrammarSpec::GRAMMAR_GBNF, "root ::= [0-9]+"},
+      {R"("guided_grammar": "root ::= [0-9]+")", proto::GrammarSpec::GRAMMAR_RULES, "root ::= [0-9]+"},
+      {R"("guided_grammar": "start: /[0-9]+/")", proto::GrammarSpec::GRAMMAR_RULES, "start: /[0-9]+/"},
   };
   for (const Ok& c : ok) {
     for (bool chat : {false, true}) {
@@ -1005,8 +1006,8 @@ TEST_CASE("structured outputs: every way to ask for one becomes the spec's gramm
       {R"("structured_outputs": {"regex": "a(b"})", "structured_outputs", "structured_outputs: regex"},
       {R"("structured_outputs": {"grammar": "root ::= ( \"a\""})", "structured_outputs",
        "structured_outputs: grammar: line 1"},
-      {R"("guided_grammar": "start: \"a\"\n")", "guided_grammar",
-       "guided_grammar: grammar: line 1 column 1: an EBNF/Lark rule"},
+      {R"("guided_grammar": "start: WORD\n%import common.WORD\n%ignore \" \"\n")", "guided_grammar",
+       "guided_grammar: grammar: line 3 column 1: %ignore is not supported"},
       {R"("guided_choice": [])", "guided_choice", "guided_choice is empty"},
       {R"("structured_outputs": {"json": {"type": "string"}, "regex": "a"})", "structured_outputs",
        "the request asks for two output formats"},

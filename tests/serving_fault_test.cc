@@ -474,20 +474,29 @@ pid_t ReadyPid(const std::string& run_dir, const std::string& id) {
   return j.is_object() && j.contains("pid") ? j["pid"].get<pid_t>() : -1;
 }
 
+// `duet up` of the tiny model `dir` with `prefills` and `decodes` workers,
+// supervised, its run folder `run_dir`; sets *port to where it serves.
+std::unique_ptr<Subprocess> StartUp(const std::string& dir, const std::string& run_dir, int prefills, int decodes,
+                                    int* port) {
+  auto up = Subprocess::StartWithPipes({std::filesystem::absolute("tools/duet").string(), "up", "--port", "0",
+                                        "--model", dir, "--prefill", std::to_string(prefills), "--decode",
+                                        std::to_string(decodes), "--threads", "1", "--kv-memory", "0.05",
+                                        "--run-dir", run_dir});
+  REQUIRE(up.ok());
+  auto line = (*up)->ReadLine(absl::Seconds(120));  // "duet is serving ... at http://127.0.0.1:PORT/v1 ..."
+  REQUIRE(line.ok());
+  const std::string rest = line->substr(line->find("127.0.0.1:") + 10);
+  REQUIRE(absl::SimpleAtoi(rest.substr(0, rest.find('/')), port));
+  return std::move(*up);
+}
+
 TEST_CASE("a supervised duet up cluster: SIGKILL of each worker role under 64 streams loses nothing, the worker "
           "comes back and is counted; a killed router comes back where the workers find it",
           "[faults]") {
   const std::string dir = TinyModelDir("llama");
   const std::string run_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/up");
-  auto up = Subprocess::StartWithPipes({std::filesystem::absolute("tools/duet").string(), "up", "--port", "0",
-                                        "--model", dir, "--prefill", "2", "--decode", "2", "--threads", "1",
-                                        "--kv-memory", "0.05", "--run-dir", run_dir});
-  REQUIRE(up.ok());
-  auto line = (*up)->ReadLine(absl::Seconds(120));  // "duet is serving ... at http://127.0.0.1:PORT/v1 ..."
-  REQUIRE(line.ok());
-  const std::string rest = line->substr(line->find("127.0.0.1:") + 10);
   int port = 0;
-  REQUIRE(absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port));
+  std::unique_ptr<Subprocess> up = StartUp(dir, run_dir, 2, 2, &port);
   auto reqs = MixedRequests(64, 1000, 60, 40, 19);  // Greedy and seeded.
   for (auto& r : reqs) {
     r.max_tokens = std::max(r.max_tokens, 24);
@@ -588,8 +597,8 @@ TEST_CASE("a supervised duet up cluster: SIGKILL of each worker role under 64 st
     }
     CHECK(listed);
   }
-  REQUIRE((*up)->Signal(SIGTERM).ok());
-  const int status = (*up)->Wait();
+  REQUIRE(up->Signal(SIGTERM).ok());
+  const int status = up->Wait();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
@@ -599,15 +608,8 @@ TEST_CASE("a supervised duet up cluster: constrained requests across a decode wo
           "[faults][structured]") {
   const std::string dir = TinyModelDir("llama");
   const std::string run_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/up-structured");
-  auto up = Subprocess::StartWithPipes({std::filesystem::absolute("tools/duet").string(), "up", "--port", "0",
-                                        "--model", dir, "--prefill", "1", "--decode", "2", "--threads", "1",
-                                        "--kv-memory", "0.05", "--run-dir", run_dir});
-  REQUIRE(up.ok());
-  auto line = (*up)->ReadLine(absl::Seconds(120));  // "duet is serving ... at http://127.0.0.1:PORT/v1 ..."
-  REQUIRE(line.ok());
-  const std::string rest = line->substr(line->find("127.0.0.1:") + 10);
   int port = 0;
-  REQUIRE(absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port));
+  std::unique_ptr<Subprocess> up = StartUp(dir, run_dir, 1, 2, &port);
   pid_t killed = -1;
   ConstrainedAcrossKill(port, dir, [&] {
     killed = ReadyPid(run_dir, "decode-0");
@@ -620,8 +622,8 @@ TEST_CASE("a supervised duet up cluster: constrained requests across a decode wo
   CHECK(ReadyPid(run_dir, "decode-0") != killed);
   CHECK(s["router"]["migrations"].get<int>() >= 1);
   CHECK(s["router"]["requests_error"] == 0);
-  REQUIRE((*up)->Signal(SIGTERM).ok());
-  const int status = (*up)->Wait();
+  REQUIRE(up->Signal(SIGTERM).ok());
+  const int status = up->Wait();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }

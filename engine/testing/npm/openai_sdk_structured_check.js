@@ -10,7 +10,7 @@
 // JSONSchemaBench); each is bounded first (strings, arrays and numbers a
 // random model could run on for ever get a limit), then asked for with
 // response_format json_schema (strict, whole) and strict false (streamed).
-// Then json_object, a regex, a choice and a GBNF grammar (vLLM's
+// Then json_object, a regex, a choice, a GBNF and a Lark grammar (vLLM's
 // structured_outputs and guided_* fields), and strict tool calls with
 // tool_choice required and named. Chat requests turn Qwen3's thinking off
 // (chat_template_kwargs), so each grammar starts at the first token. Every
@@ -212,6 +212,13 @@ async function main() {
   });
   assert.equal(g.choices[0].finish_reason, 'stop', g.choices[0].text);
   assert.match(g.choices[0].text, /^\([1-9][0-9]?([+*][1-9][0-9]?){0,3}\)$/);
+  // The same in vLLM's Lark dialect, told apart by syntax.
+  const lark = 'start: "(" expr ")"\nexpr: NUM (("+" | "*") NUM) ~ 0..3\nNUM: /[1-9][0-9]?/\n';
+  const l = await client.completions.create({
+    model, prompt: 'Arithmetic:', max_tokens: 40, seed: 6, guided_grammar: lark,
+  });
+  assert.equal(l.choices[0].finish_reason, 'stop', l.choices[0].text);
+  assert.match(l.choices[0].text, /^\([1-9][0-9]?([+*][1-9][0-9]?){0,3}\)$/);
 
   // Strict tools: required and named calls whose arguments validate.
   const tools = [weatherTool, {
