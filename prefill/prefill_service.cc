@@ -151,7 +151,7 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
         return;
       }
       // Compiled here, off the engine thread: the first token finds it cached.
-      if (absl::Status g = constraints_->For(r.spec(), r.resume_ids()).status(); !g.ok()) {
+      if (absl::Status g = constraints_->Check(r.spec(), r.resume_ids()); !g.ok()) {
         LOG(WARNING) << "request " << r.request_id() << " rejected: " << g;
         SendFinish(r.request_id(), proto::FINISH_ERROR, g);
         return;
@@ -336,7 +336,7 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   const engine::SampleResult r =
       engine::Sample(logits.row(row), logits.vocab_size, params.sampling, params.choice_index, s->num_tokens(),
                      resumed, allowed);
-  if (constraint.ok() && r.token < 0 && (*constraint)->ended()) {
+  if (constraint.ok() && *constraint != nullptr && r.token < 0 && (*constraint)->ended()) {
     SendFinish(id, proto::FINISH_STOP);  // Its resumed tokens ended the grammar: nothing may follow.
     scheduler_->Finish(id);
     return;

@@ -47,6 +47,17 @@ Constraints::Constraints(std::string model_dir, std::vector<int32_t> eos_ids, co
 
 absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> Constraints::For(const proto::GenerationSpec& spec,
                                                                            absl::Span<const int32_t> generated) {
+  ASSIGN_OR_RETURN(std::unique_ptr<grammar::TokenConstraint> c, Make(spec, generated));
+  if (c != nullptr) constrained_->Increment();
+  return c;
+}
+
+absl::Status Constraints::Check(const proto::GenerationSpec& spec, absl::Span<const int32_t> generated) {
+  return Make(spec, generated).status();
+}
+
+absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> Constraints::Make(const proto::GenerationSpec& spec,
+                                                                            absl::Span<const int32_t> generated) {
   if (spec.grammar().kind() == proto::GrammarSpec::GRAMMAR_NONE) return nullptr;
   ASSIGN_OR_RETURN(grammar::GrammarCache * cache, cache_.Get());
   const grammar::ConstraintRequest r = grammar::FromProto(spec.grammar());
@@ -61,7 +72,6 @@ absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> Constraints::For(const
           absl::StrCat("generated token ", i, " (id ", generated[i], ") does not follow the request's grammar"));
     }
   }
-  constrained_->Increment();
   return c;
 }
 

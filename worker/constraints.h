@@ -35,12 +35,20 @@ class Constraints {
   // `generated` (tokens the request generated before this worker). Errors:
   // InvalidArgument when the grammar does not compile or refuses a
   // generated token, FailedPrecondition when the model has no tokenizer.
+  // Counted in duet_requests_constrained_total: call it once per request
+  // and choice that samples here.
   absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> For(const proto::GenerationSpec& spec,
                                                                 absl::Span<const int32_t> generated);
+  // For's checks alone, uncounted (the grammar compiled, and cached for
+  // the For that follows).
+  absl::Status Check(const proto::GenerationSpec& spec, absl::Span<const int32_t> generated);
   // The metric a sampling loop observes each mask's time in.
   Histogram* mask_seconds() const { return mask_seconds_; }
 
  private:
+  absl::StatusOr<std::unique_ptr<grammar::TokenConstraint>> Make(const proto::GenerationSpec& spec,
+                                                                 absl::Span<const int32_t> generated);
+
   grammar::LazyGrammarCache cache_;
   Histogram* compile_seconds_;
   Histogram* mask_seconds_;
