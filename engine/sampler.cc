@@ -84,8 +84,13 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
   // Log-softmax of the raw logits, in double.
   double mx = raw[0];
   for (int64_t i = 1; i < vocab; ++i) mx = std::max<double>(mx, raw[i]);
+  // Each exp kept: at temperature 1 over the raw logits the draw's
+  // weights are these very values, not computed twice.
+  thread_local std::vector<double> exps_buffer;
+  std::vector<double>& exps = exps_buffer;
+  exps.resize(vocab);
   double sum = 0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(raw[i] - mx);
+  for (int64_t i = 0; i < vocab; ++i) sum += (exps[i] = std::exp(raw[i] - mx));
   const double log_z = mx + std::log(sum);
   auto logprob = [&](int32_t id) { return static_cast<float>(raw[id] - log_z); };
   auto raw_better = [&](int32_t a, int32_t b) {
@@ -144,7 +149,11 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
   std::vector<double>& probs = probs_buffer;
   probs.resize(cand.size());
   double total = 0;
-  for (size_t i = 0; i < cand.size(); ++i) total += (probs[i] = std::exp((logits[cand[i]] - cmax) * inv_t));
+  // The same bits as computing them: exp((l - max) * 1) over the same l and max.
+  const bool reuse = !changed && allowed.empty() && p.temperature == 1.0f && cmax == mx;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    total += (probs[i] = reuse ? exps[cand[i]] : std::exp((logits[cand[i]] - cmax) * inv_t));
+  }
   for (double& pr : probs) pr /= total;
   size_t keep = cand.size();
   if (p.top_p < 1.0f) {
