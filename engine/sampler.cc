@@ -68,18 +68,23 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
       i = j;
     }
   }
-  // A grammar's mask: what it does not allow can never be chosen. The
-  // choice is made among the allowed ids alone (the rest would have
-  // probability 0 exactly, so no sum, order or draw changes).
-  std::vector<int32_t> allowed_ids;
-  if (!allowed.empty()) {
+  // The candidates, in id order: every id, or under a grammar's mask the
+  // allowed ones alone (the rest would have probability 0 exactly, so no
+  // sum, order or draw changes). A buffer per thread, as `penalized`.
+  thread_local std::vector<int32_t> cand_buffer;
+  std::vector<int32_t>& cand = cand_buffer;
+  cand.clear();
+  if (allowed.empty()) {
+    cand.resize(vocab);
+    std::iota(cand.begin(), cand.end(), 0);
+  } else {
     for (int64_t w = 0; w < static_cast<int64_t>(allowed.size()) && w * 64 < vocab; ++w) {
       for (uint64_t bits = allowed[w]; bits != 0; bits &= bits - 1) {
         const int64_t id = w * 64 + __builtin_ctzll(bits);
-        if (id < vocab) allowed_ids.push_back(static_cast<int32_t>(id));
+        if (id < vocab) cand.push_back(static_cast<int32_t>(id));
       }
     }
-    if (allowed_ids.empty()) return out;  // token -1
+    if (cand.empty()) return out;  // token -1
   }
   // Log-softmax of the raw logits, in double.
   double mx = raw[0];
@@ -112,12 +117,8 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
   if (changed) logits = penalized.data();
 
   if (p.temperature == 0.0f) {
-    int32_t best = allowed.empty() ? 0 : allowed_ids[0];
-    if (allowed.empty()) {
-      for (int32_t i = 1; i < vocab; ++i) if (better(i, best)) best = i;
-    } else {
-      for (int32_t i : allowed_ids) if (better(i, best)) best = i;
-    }
+    int32_t best = cand[0];
+    for (int32_t i : cand) if (better(i, best)) best = i;
     out.token = best;
     out.logprob = logprob(best);
     return out;
@@ -125,17 +126,7 @@ SampleResult Sample(const float* logits, int64_t vocab, const spec::SamplingPara
 
   // Filtering needs the candidates sorted; without it, vocabulary order is
   // as deterministic and saves the sort.
-  // Under a mask, only the allowed ids.
-  // Buffers per thread, reused, as `penalized`.
-  thread_local std::vector<int32_t> cand_buffer;
-  thread_local std::vector<double> probs_buffer;
-  std::vector<int32_t>& cand = cand_buffer;
-  if (allowed.empty()) {
-    cand.resize(vocab);
-    std::iota(cand.begin(), cand.end(), 0);
-  } else {
-    cand.assign(allowed_ids.begin(), allowed_ids.end());
-  }
+  thread_local std::vector<double> probs_buffer;  // As `penalized`.
   const bool filtered = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
   if (p.top_k > 0 && p.top_k < static_cast<int64_t>(cand.size())) {
     std::partial_sort(cand.begin(), cand.begin() + p.top_k, cand.end(), better);

@@ -295,6 +295,17 @@ class GbnfCompiler {
     return s;
   }
 
+  // A decimal count at pos_ (capped at 100,000); false when there is none.
+  bool Count(int64_t* out) {
+    const size_t start = pos_;
+    int64_t v = 0;
+    while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) {
+      v = std::min<int64_t>(v * 10 + (t_[pos_++] - '0'), 100000);
+    }
+    *out = v;
+    return pos_ > start;
+  }
+
   absl::StatusOr<int32_t> Quantified(int32_t item) {
     while (pos_ < t_.size()) {
       int64_t min = 0, max = -1;
@@ -313,37 +324,23 @@ class GbnfCompiler {
       } else if (lark_ && c == '~') {  // ~ n, ~ n..m
         ++pos_;
         Skip();
-        auto number = [&](int64_t* out) {
-          const size_t start = pos_;
-          int64_t v = 0;
-          while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) v = std::min<int64_t>(v * 10 + (t_[pos_++] - '0'), 100000);
-          *out = v;
-          return pos_ > start;
-        };
-        if (!number(&min)) return Error("a count after '~'");
+        if (!Count(&min)) return Error("a count after '~'");
         max = min;
         if (t_.substr(pos_, 2) == "..") {
           pos_ += 2;
-          if (!number(&max)) return Error("a count after '..'");
+          if (!Count(&max)) return Error("a count after '..'");
         }
         if (max < min) return Error("~ n..m with m >= n");
       } else if (c == '{' && !lark_) {
         ++pos_;
-        auto number = [&](int64_t* out) {
-          const size_t start = pos_;
-          int64_t v = 0;
-          while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) v = std::min<int64_t>(v * 10 + (t_[pos_++] - '0'), 100000);
-          *out = v;
-          return pos_ > start;
-        };
         Skip();
-        if (!number(&min)) return Error("a count in {m,n}");
+        if (!Count(&min)) return Error("a count in {m,n}");
         Skip();
         max = min;
         if (pos_ < t_.size() && t_[pos_] == ',') {
           ++pos_;
           Skip();
-          if (!number(&max)) max = -1;
+          if (!Count(&max)) max = -1;
           Skip();
         }
         if (pos_ >= t_.size() || t_[pos_] != '}') return Error("'}'");

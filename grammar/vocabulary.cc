@@ -88,10 +88,12 @@ absl::StatusOr<std::shared_ptr<const Vocabulary>> Vocabulary::FromTokenizer(cons
     auto b = tokenizer.TokenBytes(id);
     if (b.ok()) bytes[id] = std::string(*b);  // holes in the id space stay empty: never allowed
   }
+  std::vector<int32_t> eos;
   for (int32_t id : eos_ids) {
-    if (id < 0 || id >= n) return absl::InvalidArgumentError(absl::StrCat("end-of-sequence id ", id, " outside the vocabulary of ", n));
+    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("end-of-sequence id ", id, " is negative"));
+    if (id < n) eos.push_back(id);  // past the tokenizer: no text, never in a mask
   }
-  return std::make_shared<const Vocabulary>(std::move(bytes), special, std::move(eos_ids));
+  return std::make_shared<const Vocabulary>(std::move(bytes), special, std::move(eos));
 }
 
 std::string_view Vocabulary::text(int32_t id) const {

@@ -48,6 +48,9 @@ class Vocabulary {
   // token_bytes[id] is what id stands for in a text; special ids are never
   // generated inside a grammar; eos_ids end it.
   Vocabulary(std::vector<std::string> token_bytes, const std::vector<bool>& special, std::vector<int32_t> eos_ids);
+  // A model's EOS ids as its config lists them: those past the tokenizer's
+  // vocabulary (a model may have more embedding rows) are left out, a
+  // negative one is InvalidArgument.
   static absl::StatusOr<std::shared_ptr<const Vocabulary>> FromTokenizer(const text::Tokenizer& tokenizer,
                                                                          std::vector<int32_t> eos_ids);
 

@@ -28,11 +28,7 @@ absl::Status Router::Impl::Start(RouterOptions options) {
                                 (std::filesystem::path(options_.model_dir) / "config.json").string()));
   grammars_ = std::make_unique<grammar::LazyGrammarCache>(
       [this]() -> absl::StatusOr<std::shared_ptr<const grammar::Vocabulary>> {
-        std::vector<int32_t> eos;
-        for (int32_t id : config_.eos_token_ids) {
-          if (id >= 0 && id < tokenizer_->vocab_size()) eos.push_back(id);
-        }
-        return grammar::Vocabulary::FromTokenizer(*tokenizer_, std::move(eos));
+        return grammar::Vocabulary::FromTokenizer(*tokenizer_, config_.eos_token_ids);
       },
       /*capacity=*/256);
   const int64_t context = options_.max_model_len > 0 ? options_.max_model_len : config_.max_position_embeddings;

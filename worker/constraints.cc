@@ -25,11 +25,7 @@ Constraints::Constraints(std::string model_dir, std::vector<int32_t> eos_ids, co
               return absl::FailedPreconditionError(absl::StrCat(
                   "structured outputs need the model's tokenizer, which did not load: ", tokenizer.status().message()));
             }
-            std::vector<int32_t> eos;
-            for (int32_t id : eos_ids) {
-              if (id >= 0 && id < (*tokenizer)->vocab_size()) eos.push_back(id);
-            }
-            auto vocab = grammar::Vocabulary::FromTokenizer(**tokenizer, std::move(eos));
+            auto vocab = grammar::Vocabulary::FromTokenizer(**tokenizer, eos_ids);
             LOG(INFO) << "structured outputs: the vocabulary of " << (*tokenizer)->vocab_size() << " tokens built in "
                       << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
             return vocab;
