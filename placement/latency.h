@@ -111,6 +111,20 @@ std::unique_ptr<LatencyModel> NewOverheadLatency(std::unique_ptr<LatencyModel> b
 double ForwardPassSeconds(LatencyModel& m, const Parallel& p, absl::Span<const int64_t> prompt_lens,
                           absl::Span<const int64_t> context_lens);
 
+// `inner` with prefill free: a decode pool measured alone (its requests'
+// prompts computed instantly). `inner` is not owned.
+class DecodeOnlyLatency : public LatencyModel {
+ public:
+  explicit DecodeOnlyLatency(LatencyModel& inner) : inner_(inner) {}
+  double Prefill(const Parallel&, absl::Span<const int64_t>) override { return 0; }
+  double Decode(const Parallel& p, absl::Span<const int64_t> c) override { return inner_.Decode(p, c); }
+  bool Supports(const Parallel& p) const override { return inner_.Supports(p); }
+  std::string Describe() const override { return inner_.Describe(); }
+
+ private:
+  LatencyModel& inner_;
+};
+
 // `base` as one instance measured it: each batch or step takes a factor
 // times as long as `base` says (an instance slower or faster than the
 // profile: a straggler, a machine whose speed drifts, or what serving adds

@@ -9,19 +9,6 @@
 namespace duet::placement {
 namespace {
 
-// A latency model whose prefill costs nothing: a decode instance measured alone.
-class NoPrefill : public LatencyModel {
- public:
-  explicit NoPrefill(LatencyModel& inner) : inner_(inner) {}
-  double Prefill(const Parallel&, absl::Span<const int64_t>) override { return 0; }
-  double Decode(const Parallel& p, absl::Span<const int64_t> c) override { return inner_.Decode(p, c); }
-  bool Supports(const Parallel& p) const override { return inner_.Supports(p); }
-  std::string Describe() const override { return inner_.Describe(); }
-
- private:
-  LatencyModel& inner_;
-};
-
 double KvCapacity(const ModelSpec& m, const GpuSpec& g, const Parallel& p, double fraction) {
   return (fraction * g.memory_bytes * p.gpus() - static_cast<double>(m.WeightBytes())) /
          static_cast<double>(m.KvBytesPerToken());
@@ -240,8 +227,8 @@ absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, La
                .prefill_precision = prec, .decode_precision = prec};
       gp[k][i] = goodput(pre, lat(k, prec), {.ttft = o.slo.ttft, .tpot = inf}, 0.05, 0, true).rate;
       // The decode-only model through the pool's latency: a cluster of one
-      // instant prefill and this decode, timed by NoPrefill.
-      NoPrefill decode_only(lat(k, prec));
+      // instant prefill and this decode, timed by DecodeOnlyLatency.
+      DecodeOnlyLatency decode_only(lat(k, prec));
       Plan dec{.prefill = {par, 1}, .decode = {par, 1}, .prefill_precision = prec, .decode_precision = prec};
       ClusterSpec c = MakeCluster(dec, model, *pools[k].gpu, o);
       for (InstanceSpec& s : c.instances) s.latency = nullptr;

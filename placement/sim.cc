@@ -16,7 +16,7 @@
 namespace duet::placement {
 namespace {
 
-enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone };
+enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone, kControl, kReady };
 
 struct Event {
   double t;
@@ -112,32 +112,31 @@ struct Inst {
   // Prefill with a prefix cache (ClusterSpec::cache).
   std::unique_ptr<CountingStore> store;
   std::unique_ptr<kvcache::PrefixTree> tree;
+  // Autoscaled runs: whether dispatch sees it, whether it holds its GPUs
+  // (since when), and the states between.
+  bool accepting = true;
+  bool alive = true;
+  bool starting = false;
+  bool draining = false;
+  int switch_to = -1;  // an InstanceRole once its drain ends
+  int64_t gen = 0;     // a start's kReady is for this generation only
+  double since = 0;
+  bool idle() const {
+    return waiting.empty() && in_flight == 0 && running.empty() && step_decode.empty() && step_prefill.empty() &&
+           pulling == 0 && !busy;
+  }
 };
 
 class Sim {
  public:
-  Sim(const ClusterSpec& c, const ModelSpec& m, LatencyModel& lat, const std::vector<SimRequest>& reqs)
-      : c_(c), m_(m), lat_(lat), in_(reqs), dispatch_(c.policy, c.cache_aware_weights) {
+  Sim(const ClusterSpec& c, const ModelSpec& m, LatencyModel& lat, const std::vector<SimRequest>& reqs,
+      const AutoscaleOptions* autoscale = nullptr)
+      : c_(c), m_(m), lat_(lat), in_(reqs), a_(autoscale), dispatch_(c.policy, c.cache_aware_weights) {
     for (const InstanceSpec& s : c.instances) {
       Inst i;
-      i.spec = s;
-      if (s.kv_capacity_tokens > 0) i.kv_cap = s.kv_capacity_tokens;
-      if (s.role == InstanceRole::kPrefill && c.cache.device_blocks > 0) {
-        i.store = std::make_unique<CountingStore>(c.cache.device_blocks, c.cache.host_blocks);
-        LatencyModel* own = s.latency != nullptr ? s.latency : &lat;
-        const Parallel par = s.par;
-        i.tree = std::make_unique<kvcache::PrefixTree>(
-            kvcache::TreeOptions{.block_size = c.cache.block_size,
-                                 .policy = c.cache.policy,
-                                 .host_tier = c.cache.host_blocks > 0,
-                                 .cost = [own, par](int64_t prefix, int64_t tokens) {
-                                   return PrefillSavedSeconds(*own, par, prefix, tokens);
-                                 }},
-            i.store.get());
-      }
+      Init(i, s);
       insts_.push_back(std::move(i));
-      if (s.role == InstanceRole::kDecode) decodes_.push_back(static_cast<int32_t>(insts_.size() - 1));
-      else entries_.push_back(static_cast<int32_t>(insts_.size() - 1));
+      if (s.role != InstanceRole::kDecode) entries_.push_back(static_cast<int32_t>(insts_.size() - 1));
     }
     reqs_.resize(reqs.size());
     out_.requests.resize(reqs.size());
@@ -158,6 +157,7 @@ class Sim {
     if (entries_.empty()) return out_;
     // Arrivals are pushed lazily, one ahead, to keep the heap small.
     if (!in_.empty()) Push(in_[0].arrival, kArrival, -1, 0);
+    if (a_ != nullptr && !in_.empty()) Push(a_->interval_s, kControl, -1, 0);
     while (!q_.empty()) {
       Event e = q_.top();
       q_.pop();
@@ -186,14 +186,60 @@ class Sim {
         case kColocDone:
           OnColocDone(e.inst);
           break;
+        case kControl:
+          OnControl();
+          break;
+        case kReady:
+          OnReady(e.inst, e.a);
+          break;
       }
     }
     out_.makespan = now_;
+    for (const Inst& s : insts_) {
+      if (s.alive) out_.gpu_seconds += s.spec.par.gpus() * (now_ - s.since);
+    }
     return std::move(out_);
   }
 
  private:
   void Push(double t, Kind k, int32_t inst, int64_t a) { q_.push(Event{t, seq_++, k, inst, a}); }
+
+  // An instance as `spec` builds it, empty (a reused slot too).
+  void Init(Inst& i, const InstanceSpec& s) {
+    i.spec = s;
+    i.kv_cap = s.kv_capacity_tokens > 0 ? s.kv_capacity_tokens : std::numeric_limits<double>::infinity();
+    i.kv_used = 0;
+    i.next_start = 0;
+    i.store.reset();
+    i.tree.reset();
+    if (s.role == InstanceRole::kPrefill && c_.cache.device_blocks > 0) {
+      i.store = std::make_unique<CountingStore>(c_.cache.device_blocks, c_.cache.host_blocks);
+      LatencyModel* own = s.latency != nullptr ? s.latency : &lat_;
+      const Parallel par = s.par;
+      i.tree = std::make_unique<kvcache::PrefixTree>(
+          kvcache::TreeOptions{.block_size = c_.cache.block_size,
+                               .policy = c_.cache.policy,
+                               .host_tier = c_.cache.host_blocks > 0,
+                               .cost = [own, par](int64_t prefix, int64_t tokens) {
+                                 return PrefillSavedSeconds(*own, par, prefix, tokens);
+                               }},
+          i.store.get());
+    }
+  }
+
+  // --- The request's milestones, and the figures an autoscaler reads.
+  void FirstToken(int64_t r) {
+    out_.requests[r].first_token = now_;
+    if (a_ != nullptr) ttft_.push_back(now_ - out_.requests[r].arrival);
+  }
+  void Finish(int64_t r) {
+    out_.requests[r].finish = now_;
+    ++finished_;
+    if (a_ == nullptr) return;
+    const RequestOutcome& o = out_.requests[r];
+    if (o.output > 1) tpot_.push_back(o.tpot());
+    if (outputs_.size() < a_->sample) outputs_.push_back(o.output);
+  }
 
   // Shared memory bandwidth: another instance computing slows this one.
   bool OtherBusy(const Inst& self) const {
@@ -224,11 +270,16 @@ class Sim {
 
   // Dispatch is the router's (sim_dispatch.h): each instance's load as it
   // stands now (the vector is kept between picks).
+  // Only the instances that take work (all, in a fixed cluster);
+  // load_index_ maps a pick back to insts_.
   absl::Span<const InstanceLoad> Loads() {
-    loads_.resize(insts_.size());
+    loads_.clear();
+    load_index_.clear();
     for (size_t i = 0; i < insts_.size(); ++i) {
       const Inst& s = insts_[i];
-      InstanceLoad& l = loads_[i];
+      if (!s.accepting) continue;
+      load_index_.push_back(static_cast<int32_t>(i));
+      InstanceLoad& l = loads_.emplace_back();
       l.role = s.spec.role;
       l.charged_tokens = s.charged_tokens;
       l.kv_used = s.kv_used;
@@ -245,10 +296,23 @@ class Sim {
     const SimDispatch::Pick p = dispatch_.PickPrefill(
         Loads(), c != nullptr ? absl::MakeConstSpan(c->tokens) : absl::Span<const int32_t>(), reqs_[r].prompt);
     reqs_[r].charged = p.charged;
-    return p.instance;
+    return load_index_[static_cast<size_t>(p.instance)];
+  }
+
+  bool AnyDecode() {
+    for (const InstanceLoad& l : Loads()) {
+      if (l.role == InstanceRole::kDecode) return true;
+    }
+    return false;
   }
 
   void OnArrival(int64_t r) {
+    ++arrived_;
+    if (a_ != nullptr) {
+      ++arrivals_;
+      prompt_tokens_ += reqs_[r].prompt;
+      if (prompts_.size() < a_->sample) prompts_.push_back(reqs_[r].prompt);
+    }
     const int32_t i = PickEntry(r);
     Inst& s = insts_[i];
     s.waiting.push_back(r);
@@ -366,6 +430,7 @@ class Sim {
     st.hit_host += hits.hits(kvcache::Tier::kHost);
     st.doc_hits += std::clamp<int64_t>(m.tokens - in->doc_begin, 0, in->doc_end - in->doc_begin);
     out_.requests[r].cached = m.tokens;
+    cached_tokens_ += m.tokens;
     return m.tokens;
   }
 
@@ -393,20 +458,22 @@ class Sim {
     if (s.tree != nullptr) {
       for (int64_t r : s.batches[slot]) InsertComputed(s, r);
     }
+    const bool any_decode = AnyDecode();
     for (int64_t r : s.batches[slot]) {
-      out_.requests[r].first_token = now_;
+      FirstToken(r);
       reqs_[r].generated = 1;
       s.charged_tokens -= std::exchange(reqs_[r].charged, 0);
-      if (reqs_[r].output <= 1 || decodes_.empty()) {
-        out_.requests[r].finish = now_;
+      if (reqs_[r].output <= 1 || !any_decode) {
+        Finish(r);
         continue;
       }
-      const int32_t d = dispatch_.PickDecode(Loads());
+      const int32_t d = load_index_[static_cast<size_t>(dispatch_.PickDecode(Loads()))];
       insts_[d].waiting.push_back(r);
       TryDecode(d);
     }
     s.free_slots.push_back(slot);
     TryPrefill(i);
+    MaybeRetire(i);
   }
 
   // --- Decode instances, as duet's decode engine runs them: at the start of
@@ -478,7 +545,7 @@ class Sim {
     last_end_ = now_;
     for (int64_t r : s.step_decode) {
       if (++reqs_[r].generated >= reqs_[r].output) {
-        out_.requests[r].finish = now_;
+        Finish(r);
         s.kv_used -= Need(r);
       } else {
         s.running.push_back(r);
@@ -486,13 +553,14 @@ class Sim {
     }
     s.step_decode.clear();
     TryDecode(i);
+    MaybeRetire(i);
   }
 
   // One generated token for every request of the step; the finished leave.
   void FinishDecodeStep(Inst& s) {
     for (int64_t r : s.step_decode) {
       if (++reqs_[r].generated >= reqs_[r].output) {
-        out_.requests[r].finish = now_;
+        Finish(r);
         s.kv_used -= Need(r);
       }
     }
@@ -572,11 +640,11 @@ class Sim {
         auto it = std::find(s.waiting.begin(), s.waiting.end(), r);
         if (it != s.waiting.end()) s.waiting.erase(it);
       }
-      out_.requests[r].first_token = now_;
+      FirstToken(r);
       q.generated = 1;
       s.charged_tokens -= std::exchange(q.charged, 0);
       if (q.output <= 1) {
-        out_.requests[r].finish = now_;
+        Finish(r);
         s.kv_used -= Need(r);
       } else {
         s.running.push_back(r);
@@ -584,14 +652,219 @@ class Sim {
     }
     s.step_prefill.clear();
     TryColoc(i);
+    MaybeRetire(i);
+  }
+
+  // --- Autoscaling (AutoscaleOptions).
+  const InstanceSpec& Shape(InstanceRole role) const {
+    return role == InstanceRole::kPrefill ? a_->prefill : a_->decode;
+  }
+  // Instances the pool will have: serving or starting in it, or switching to it.
+  int Planned(InstanceRole role) const {
+    int n = 0;
+    for (const Inst& s : insts_) {
+      if (!s.alive) continue;
+      n += s.switch_to >= 0 ? s.switch_to == static_cast<int>(role) : (s.spec.role == role && !s.draining);
+    }
+    return n;
+  }
+
+  PoolFigures Pool(InstanceRole role) const {
+    PoolFigures p;
+    for (const Inst& s : insts_) {
+      if (!s.alive) continue;
+      if (s.switch_to == static_cast<int>(role)) ++p.starting;
+      if (s.spec.role != role) continue;
+      p.ready += s.accepting;
+      p.starting += s.starting;
+      p.draining += s.draining;
+      if (role == InstanceRole::kPrefill) {
+        p.waiting += static_cast<int64_t>(s.waiting.size());
+      } else {
+        p.waiting += static_cast<int64_t>(s.waiting.size()) + s.pulling;
+        p.running += static_cast<int64_t>(s.running.size() + s.step_decode.size());
+        p.kv_used += s.kv_used;
+        if (std::isfinite(s.kv_cap)) p.kv_capacity += s.kv_cap;
+      }
+    }
+    return p;
+  }
+
+  static double Quantile(std::vector<double>& v, double q) {
+    if (v.empty()) return -1;
+    const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+    return v[k];
+  }
+
+  LoadFigures Figures() {
+    LoadFigures f;
+    f.now = now_;
+    f.interval_s = now_ - last_tick_;
+    f.arrivals = arrivals_;
+    f.prompt_lens = std::move(prompts_);
+    f.output_lens = std::move(outputs_);
+    f.prompt_tokens = prompt_tokens_;
+    f.cached_tokens = cached_tokens_;
+    f.first_tokens = static_cast<int64_t>(ttft_.size());
+    f.finished = static_cast<int64_t>(tpot_.size());
+    f.ttft_p50 = Quantile(ttft_, 0.5);
+    f.ttft_p90 = Quantile(ttft_, 0.9);
+    f.tpot_p50 = Quantile(tpot_, 0.5);
+    f.tpot_p90 = Quantile(tpot_, 0.9);
+    f.prefill = Pool(InstanceRole::kPrefill);
+    f.decode = Pool(InstanceRole::kDecode);
+    prompts_.clear();
+    outputs_.clear();
+    ttft_.clear();
+    tpot_.clear();
+    arrivals_ = prompt_tokens_ = cached_tokens_ = 0;
+    last_tick_ = now_;
+    return f;
+  }
+
+  int GpusHeld() const {
+    int n = 0;
+    for (const Inst& s : insts_) n += s.alive ? s.spec.par.gpus() : 0;
+    return n;
+  }
+
+  void OnControl() {
+    const LoadFigures f = Figures();
+    const ScaleDecision d = a_->scaler->Decide(f);
+    Apply(d);
+    out_.timeline.push_back(FleetSample{.t = now_,
+                                        .prefill = Planned(InstanceRole::kPrefill),
+                                        .decode = Planned(InstanceRole::kDecode),
+                                        .prefill_ready = f.prefill.ready,
+                                        .decode_ready = f.decode.ready,
+                                        .gpus = GpusHeld(),
+                                        .arrival_rate = f.arrival_rate()});
+    if (arrived_ < static_cast<int64_t>(in_.size()) || finished_ < arrived_) {
+      Push(now_ + a_->interval_s, kControl, -1, 0);
+    }
+  }
+
+  // The accepting instance of `role` holding the least work, or -1.
+  int32_t LeastLoaded(InstanceRole role) const {
+    int32_t best = -1;
+    int64_t least = 0;
+    for (size_t i = 0; i < insts_.size(); ++i) {
+      const Inst& s = insts_[i];
+      if (!s.accepting || s.spec.role != role) continue;
+      const int64_t load = s.charged_tokens + static_cast<int64_t>(s.waiting.size() + s.running.size() +
+                                                                   s.step_decode.size()) + s.pulling;
+      if (best < 0 || load < least) best = static_cast<int32_t>(i), least = load;
+    }
+    return best;
+  }
+
+  void Apply(const ScaleDecision& d) {
+    // The last serving instance of a pool never leaves it: requests would
+    // have nowhere to go.
+    auto serving = [&](InstanceRole role) {
+      int n = 0;
+      for (const Inst& s : insts_) n += s.accepting && s.spec.role == role;
+      return n;
+    };
+    for (int k = 0; k < d.to_prefill + d.to_decode; ++k) {
+      const InstanceRole from = k < d.to_prefill ? InstanceRole::kDecode : InstanceRole::kPrefill;
+      const InstanceRole to = k < d.to_prefill ? InstanceRole::kPrefill : InstanceRole::kDecode;
+      if (serving(from) <= 1) break;
+      const int32_t i = LeastLoaded(from);
+      if (i < 0) break;
+      ++out_.switched;
+      Drain(i, static_cast<int>(to));
+    }
+    for (InstanceRole role : {InstanceRole::kPrefill, InstanceRole::kDecode}) {
+      const int target = std::max(1, role == InstanceRole::kPrefill ? d.prefill : d.decode);
+      int n = Planned(role);
+      for (; n < target; ++n) Start(role);
+      for (; n > target; --n) {
+        // A starting instance leaves at once; else the least loaded drains.
+        int32_t pick = -1;
+        for (size_t i = 0; i < insts_.size() && pick < 0; ++i) {
+          const Inst& s = insts_[i];
+          if (s.alive && s.starting && s.spec.role == role) pick = static_cast<int32_t>(i);
+        }
+        if (pick >= 0) {
+          Retire(pick);
+          continue;
+        }
+        if (serving(role) <= 1) break;
+        pick = LeastLoaded(role);
+        if (pick < 0) break;
+        Drain(pick, -1);
+      }
+    }
+  }
+
+  void Start(InstanceRole role) {
+    size_t i = 0;
+    while (i < insts_.size() && insts_[i].alive) ++i;  // a retired slot, or a new one
+    if (i == insts_.size()) insts_.emplace_back();
+    Inst& s = insts_[i];
+    Init(s, Shape(role));
+    s.alive = true;
+    s.accepting = false;
+    s.starting = true;
+    s.draining = false;
+    s.switch_to = -1;
+    s.since = now_;
+    ++out_.started;
+    Push(now_ + a_->startup_s, kReady, static_cast<int32_t>(i), ++s.gen);
+  }
+
+  void OnReady(int32_t i, int64_t gen) {
+    Inst& s = insts_[i];
+    if (!s.alive || !s.starting || gen != s.gen) return;
+    s.starting = false;
+    s.accepting = true;
+  }
+
+  void Drain(int32_t i, int switch_to) {
+    Inst& s = insts_[i];
+    s.accepting = false;
+    s.draining = true;
+    s.switch_to = switch_to;
+    if (switch_to < 0) ++out_.drained;
+    MaybeRetire(i);
+  }
+
+  // A draining instance whose last request has ended leaves, or serves in
+  // its new role after the switch.
+  void MaybeRetire(int32_t i) {
+    Inst& s = insts_[i];
+    if (!s.draining || !s.idle()) return;
+    if (s.switch_to >= 0) {
+      const InstanceRole to = static_cast<InstanceRole>(s.switch_to);
+      const double since = s.since;
+      Init(s, Shape(to));
+      s.since = since;  // its GPUs stay held
+      s.draining = false;
+      s.starting = true;
+      s.switch_to = -1;
+      Push(now_ + a_->switch_s, kReady, i, ++s.gen);
+      return;
+    }
+    Retire(i);
+  }
+
+  void Retire(int32_t i) {
+    Inst& s = insts_[i];
+    out_.gpu_seconds += s.spec.par.gpus() * (now_ - s.since);
+    s.alive = s.accepting = s.starting = s.draining = false;
+    s.switch_to = -1;
+    ++s.gen;
   }
 
   const ClusterSpec& c_;
   const ModelSpec& m_;
   LatencyModel& lat_;
   const std::vector<SimRequest>& in_;
+  const AutoscaleOptions* a_;
   std::vector<Inst> insts_;
-  std::vector<int32_t> entries_, decodes_;
+  std::vector<int32_t> entries_;
   std::vector<Req> reqs_;
   std::unordered_map<int64_t, Cached> cached_;  // requests in a cached prefill batch
   SimResult out_;
@@ -601,7 +874,14 @@ class Sim {
   double kv_bytes_ = 0;
   SimDispatch dispatch_;
   std::vector<InstanceLoad> loads_;
+  std::vector<int32_t> load_index_;
   std::vector<int64_t> lens_, ctx_;
+  int64_t arrived_ = 0, finished_ = 0;
+  // The interval's figures (autoscaled runs).
+  double last_tick_ = 0;
+  int64_t arrivals_ = 0, prompt_tokens_ = 0, cached_tokens_ = 0;
+  std::vector<int64_t> prompts_, outputs_;
+  std::vector<double> ttft_, tpot_;
   double last_end_ = 0;  // when any instance last ended a batch or step (idle penalty)
 };
 
@@ -636,6 +916,13 @@ SimResult Simulate(const ClusterSpec& cluster, const ModelSpec& model, LatencyMo
   return Sim(cluster, model, latency, requests).Run();
 }
 
+SimResult SimulateAutoscaled(const ClusterSpec& initial, const ModelSpec& model, LatencyModel& latency,
+                             const std::vector<SimRequest>& requests, const AutoscaleOptions& autoscale) {
+  CHECK(autoscale.scaler != nullptr) << "an autoscaled run needs a scaler";
+  CHECK(autoscale.interval_s > 0) << "the autoscaler's interval must be positive";
+  return Sim(initial, model, latency, requests, &autoscale).Run();
+}
+
 double SimResult::Attainment(const Slo& slo) const {
   if (requests.empty()) return 0;
   int64_t ok = 0;
@@ -643,24 +930,25 @@ double SimResult::Attainment(const Slo& slo) const {
   return static_cast<double>(ok) / static_cast<double>(requests.size());
 }
 
-double SimResult::TtftAttainment(double ttft) const {
-  if (requests.empty()) return 0;
+double SimResult::TtftAttainment(double ttft, size_t from) const {
+  if (requests.size() <= from) return 0;
   int64_t ok = 0;
-  for (const RequestOutcome& r : requests) ok += r.first_token >= 0 && r.ttft() <= ttft;
-  return static_cast<double>(ok) / static_cast<double>(requests.size());
+  for (size_t i = from; i < requests.size(); ++i) ok += requests[i].first_token >= 0 && requests[i].ttft() <= ttft;
+  return static_cast<double>(ok) / static_cast<double>(requests.size() - from);
 }
 
-double SimResult::TpotAttainment(double tpot) const {
-  if (requests.empty()) return 0;
+double SimResult::TpotAttainment(double tpot, size_t from) const {
+  if (requests.size() <= from) return 0;
   int64_t ok = 0;
-  for (const RequestOutcome& r : requests) ok += r.finish >= 0 && r.tpot() <= tpot;
-  return static_cast<double>(ok) / static_cast<double>(requests.size());
+  for (size_t i = from; i < requests.size(); ++i) ok += requests[i].finish >= 0 && requests[i].tpot() <= tpot;
+  return static_cast<double>(ok) / static_cast<double>(requests.size() - from);
 }
 
-double SimResult::Percentile(double p, bool tpot) const {
+double SimResult::Percentile(double p, bool tpot, size_t from) const {
   std::vector<double> v;
   v.reserve(requests.size());
-  for (const RequestOutcome& r : requests) {
+  for (size_t i = from; i < requests.size(); ++i) {
+    const RequestOutcome& r = requests[i];
     if (r.finish < 0) continue;
     if (tpot && r.output <= 1) continue;
     v.push_back(tpot ? r.tpot() : r.ttft());

@@ -34,6 +34,7 @@
 
 #include "base/serving_defaults.h"
 #include "kvcache/prefix_tree.h"
+#include "placement/autoscale.h"
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/workload.h"
@@ -104,10 +105,28 @@ struct Slo {
   double tpot = 0.1;
 };
 
+// One autoscaler tick of an autoscaled run: the pools' planned instances
+// (ready + starting, switches counted in their new role), those serving,
+// the GPUs held (draining and starting instances included) and the
+// interval's arrival rate.
+struct FleetSample {
+  double t = 0;
+  int prefill = 0, decode = 0;
+  int prefill_ready = 0, decode_ready = 0;
+  int gpus = 0;
+  double arrival_rate = 0;
+};
+
 struct SimResult {
   std::vector<RequestOutcome> requests;  // in arrival order
   double makespan = 0;
   int64_t events = 0;
+  // GPUs held x seconds, from 0 to the makespan: a fixed cluster's GPUs
+  // times its makespan; an autoscaled one's instances from the decision
+  // that started them to the end of their drain.
+  double gpu_seconds = 0;
+  std::vector<FleetSample> timeline;  // autoscaled runs: one per tick
+  int64_t started = 0, drained = 0, switched = 0;  // autoscaled runs: instances
   // The prefix caches, summed over instances: prompt tokens looked up and
   // found (on device, on host), the documents' share, and blocks copied in.
   struct Cache {
@@ -119,8 +138,10 @@ struct SimResult {
   } cache;
   // Fraction of requests meeting both targets (and each one alone).
   double Attainment(const Slo& slo) const;
-  double TtftAttainment(double ttft) const;
-  double TpotAttainment(double tpot) const;
+  // These two and Percentile count the requests from index `from` on
+  // (an autoscaler's window leaves out the backlog it starts with).
+  double TtftAttainment(double ttft, size_t from = 0) const;
+  double TpotAttainment(double tpot, size_t from = 0) const;
   // Mean and a 99% confidence interval of the mean queue wait by the method
   // of batch means (after dropping the first `warmup` fraction).
   struct Interval {
@@ -128,11 +149,32 @@ struct SimResult {
     int batches = 0;
   };
   Interval QueueWaitBatchMeans(int batches = 50, double warmup = 0.05) const;
-  double Percentile(double p, bool tpot) const;
+  double Percentile(double p, bool tpot, size_t from = 0) const;
 };
 
 SimResult Simulate(const ClusterSpec& cluster, const ModelSpec& model, LatencyModel& latency,
                    const std::vector<SimRequest>& requests);
+
+// An autoscaled run (`duet sim --autoscale`): every `interval_s` the
+// scaler gets the last interval's LoadFigures, measured as a live cluster
+// measures them, and its decision takes effect as an actuator's would: a
+// started instance (`prefill` or `decode`, as new instances are built)
+// serves `startup_s` after the decision, as a pod loads its model; one
+// scaled down stops taking work and leaves once its requests have ended
+// (a starting one leaves at once); one switching roles drains, then serves
+// in the other role `switch_s` after its last request ended, its weights
+// kept. Dispatch sees the instances that serve. Ticks go on until every
+// request has ended. The scaler is not owned.
+struct AutoscaleOptions {
+  Autoscaler* scaler = nullptr;
+  InstanceSpec prefill, decode;
+  double interval_s = 30;
+  double startup_s = 120;
+  double switch_s = 5;
+  size_t sample = 4096;  // lengths kept per interval for the figures
+};
+SimResult SimulateAutoscaled(const ClusterSpec& initial, const ModelSpec& model, LatencyModel& latency,
+                             const std::vector<SimRequest>& requests, const AutoscaleOptions& autoscale);
 
 // The highest arrival rate (requests/s, the workload's arrivals compressed or
 // stretched in time) at which attainment of `slo` is at least `target`, by

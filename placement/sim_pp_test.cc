@@ -59,24 +59,12 @@ TEST_CASE("a request's TTFT and TPOT on 2 and 4 stages stay within 15% above one
   }
 }
 
-// Decode through DistServe's fit, prefill free: the decode instance alone.
-class DecodeOnly : public LatencyModel {
- public:
-  explicit DecodeOnly(LatencyModel& base) : base_(base) {}
-  double Prefill(const Parallel&, absl::Span<const int64_t>) override { return 0; }
-  double Decode(const Parallel& p, absl::Span<const int64_t> ctx) override { return base_.Decode(p, ctx); }
-  std::string Describe() const override { return "decode only"; }
-
- private:
-  LatencyModel& base_;
-};
-
 TEST_CASE("with free hand-offs, saturated prefill and decode throughput grow with the stages", "[placement]") {
   auto fit = LoadDistServeFit(kFit, Opt13b());
   REQUIRE(fit.ok());
   fit->pp_stage_overhead_s = 0;
   auto lat = NewDistServeLatency(*fit, "no hand-off cost");
-  DecodeOnly decode_only(*lat);
+  DecodeOnlyLatency decode_only(*lat);  // the decode instance alone
   // Everything arrives at once; throughput is requests (or tokens) over the makespan.
   std::vector<SimRequest> prompts(400, SimRequest{.arrival = 0, .prompt = 1000, .output = 1});
   std::vector<SimRequest> decodes(1024, SimRequest{.arrival = 0, .prompt = 1000, .output = 101});

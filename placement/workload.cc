@@ -134,11 +134,35 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
     if (trace.front().arrival < 0) return absl::InvalidArgumentError(absl::StrCat(o.trace, " has no arrival times"));
     if (o.rate_scale <= 0) return absl::InvalidArgumentError("rate scale must be positive");
     if (n <= 0) n = static_cast<int64_t>(trace.size());
+  } else if (o.arrivals == "diurnal") {
+    if (!(o.rate > 0) || !(o.duration_s > 0) || !(o.period_s > 0) || !(o.trough > 0 && o.trough <= 1)) {
+      return absl::InvalidArgumentError("diurnal arrivals need a positive peak rate, duration and period and 0 < trough <= 1");
+    }
+    for (const Burst& b : o.bursts) {
+      if (!(b.start_s >= 0) || !(b.duration_s > 0) || !(b.factor > 0)) {
+        return absl::InvalidArgumentError("a burst needs a start >= 0, a positive duration and a positive factor");
+      }
+    }
   } else if (o.arrivals == "poisson" || o.arrivals == "gamma") {
     if (!(o.rate > 0)) return absl::InvalidArgumentError("the arrival rate must be positive");
     if (o.arrivals == "gamma" && !(o.cv > 0)) return absl::InvalidArgumentError("the gamma CV must be positive");
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown arrivals '", o.arrivals, "' (poisson, gamma, trace)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown arrivals '", o.arrivals, "' (poisson, gamma, trace, diurnal)"));
+  }
+  // Diurnal arrivals by thinning: Poisson at the highest rate, each kept
+  // with probability rate(t) / highest.
+  std::vector<double> diurnal;
+  if (o.arrivals == "diurnal") {
+    double most = 1;
+    for (const Burst& b : o.bursts) most = std::max(most, b.factor);
+    most *= o.rate;
+    std::exponential_distribution<double> gap(most);
+    std::uniform_real_distribution<double> keep(0, 1);
+    for (double at = gap(rng); at < o.duration_s; at += gap(rng)) {
+      if (keep(rng) * most < DiurnalRate(o, at)) diurnal.push_back(at);
+    }
+    n = static_cast<int64_t>(diurnal.size());
   }
   if (n <= 0) return absl::InvalidArgumentError("the number of requests must be positive");
   // Lengths.
@@ -188,6 +212,8 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
       const double span = trace.back().arrival - trace.front().arrival;
       const double round = static_cast<double>(static_cast<size_t>(i) / trace.size());
       r.arrival = (row.arrival - trace.front().arrival + round * span) / o.rate_scale;
+    } else if (!diurnal.empty()) {
+      r.arrival = diurnal[static_cast<size_t>(i)];
     } else {
       t += o.arrivals == "poisson" ? expo(rng) : gamma(rng);
       r.arrival = t;
@@ -228,6 +254,15 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o) {
   std::stable_sort(w.requests.begin(), w.requests.end(),
                    [](const SimRequest& a, const SimRequest& b) { return a.arrival < b.arrival; });
   return w;
+}
+
+double DiurnalRate(const WorkloadOptions& o, double t) {
+  const double s = (1 - std::cos(2 * M_PI * t / o.period_s)) / 2;
+  double rate = o.rate * (o.trough + (1 - o.trough) * s * s);
+  for (const Burst& b : o.bursts) {
+    if (t >= b.start_s && t < b.start_s + b.duration_s) rate *= b.factor;
+  }
+  return rate;
 }
 
 }  // namespace duet::placement

@@ -4,8 +4,10 @@
 //                                              .lengths = "trace:conv.csv", .num_requests = 10000}));
 //
 // Arrivals: "poisson" (exponential gaps at `rate`), "gamma" (gaps of
-// coefficient of variation `cv`, mean 1/rate), or "trace" (the arrival times
-// of the trace file, divided by rate_scale). Lengths: "fixed:P,O",
+// coefficient of variation `cv`, mean 1/rate), "trace" (the arrival times
+// of the trace file, divided by rate_scale), or "diurnal" (Poisson whose
+// rate follows DiurnalRate over `duration_s`: a day's curve peaking at
+// `rate`, times any bursts; num_requests is not used). Lengths: "fixed:P,O",
 // "uniform:PMIN,PMAX,OMIN,OMAX", "trace" (the file's rows in order,
 // cycling; arXiv-style files without arrival times work for lengths only),
 // each multiplied by length_scale, or "rag" (RagOptions: prompts with their
@@ -59,10 +61,22 @@ struct RagOptions {
   int64_t output = 8;
 };
 
+// A stretch of `factor` times the curve's rate.
+struct Burst {
+  double start_s = 0;
+  double duration_s = 300;
+  double factor = 2;
+};
+
 struct WorkloadOptions {
-  std::string arrivals = "poisson";  // poisson | gamma | trace
+  std::string arrivals = "poisson";  // poisson | gamma | trace | diurnal
   double rate = 1.0;                 // requests/s (poisson, gamma)
   double cv = 1.0;                   // gamma
+  // diurnal
+  double duration_s = 0;
+  double period_s = 86400;
+  double trough = 0.3;  // the curve's lowest rate, a fraction of its peak
+  std::vector<Burst> bursts;
   double rate_scale = 1.0;           // trace arrivals: times / rate_scale
   std::string lengths = "fixed:512,128";  // or "rag": prompts from `rag`
   RagOptions rag;
@@ -82,6 +96,13 @@ struct Workload {
 };
 
 absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o);
+
+// The "diurnal" arrivals' rate at `t` seconds: rate x (trough + (1 - trough)
+// x s^2), s = (1 - cos(2 pi t / period)) / 2, lowest at t = 0 and at the
+// period's end, highest at its middle (a day whose busy hours are fewer
+// than its quiet ones: the mean is trough + 3/8 (1 - trough)), times the
+// factor of any burst covering t.
+double DiurnalRate(const WorkloadOptions& o, double t);
 
 // Rows of a trace CSV: arrived_at (s, may be absent), num_prefill_tokens,
 // num_decode_tokens, by header name.

@@ -21,10 +21,12 @@
 #include "placement/hardware.h"
 #include "placement/latency.h"
 #include "placement/model.h"
+#include "placement/planner.h"
 #include "placement/sim.h"
 #include "placement/workload.h"
 #include "placement/cluster_config.h"
 #include "tools/commands.h"
+#include "tools/planner_flags.h"
 #include "tools/workload_flags.h"
 
 namespace duet::tools {
@@ -86,6 +88,20 @@ void AddSimFlags(FlagSet& f) {
   f.String("csv", "", "write one row per request here (arrival, prefill start, first token, finish, output)");
   f.String("svg", "", "plot attainment against rate here (every cluster a series; needs --rates)");
   f.Bool("json", "print one JSON object per cluster and rate instead of the table");
+  f.Bool("autoscale",
+         "resize the pools as they serve, every --interval (the SLA planner's code against the simulator): the "
+         "cluster given is the start, its first prefill and decode instances the shape of those started");
+  f.String("autoscaler", "sla",
+           "with --autoscale: sla (the SLA planner) | queue (HPA's formula on queued prompts per prefill and "
+           "requests per decode instance, as KEDA setups scale)");
+  f.Double("startup-delay", 60, "with --autoscale: seconds from a start decision to the instance serving");
+  f.Double("switch-delay", 5, "with --autoscale --switch-roles: seconds from a drained instance to serving in its new role");
+  AddPlannerFlags(f);
+  f.Double("queue-prefill-bound", 4, "--autoscaler queue: queued prompts per prefill instance");
+  f.Double("queue-decode-bound", 64, "--autoscaler queue: running or waiting requests per decode instance");
+  f.Double("stabilization", 300, "--autoscaler queue: a pool shrinks to the largest recommendation of this many seconds");
+  f.String("timeline", "", "with --autoscale: write one CSV row per decision here");
+  f.Bool("log-decisions", "with --autoscale: print each SLA planner decision, its inputs and predictions");
 }
 
 // The latency models of instances on another GPU type or at another weight
@@ -273,6 +289,34 @@ absl::Status CheckSimFlags(const FlagSet& f) {
   }
   RETURN_IF_ERROR(f.RefuseUnless(policy == "cache_aware", {"cache-aware-weights"}, "unless --policy cache_aware"));
   RETURN_IF_ERROR(ParseCacheAwareWeights(f.GetString("cache-aware-weights")).status());
+  const bool autoscale = f.GetBool("autoscale");
+  RETURN_IF_ERROR(f.RefuseUnless(
+      autoscale,
+      {"autoscaler", "startup-delay", "switch-delay", "interval", "planner-target", "margin", "cooldown",
+       "decode-utilization", "forecast", "min-prefill", "max-prefill", "min-decode", "max-decode", "max-instances",
+       "switch-roles", "queue-prefill-bound", "queue-decode-bound", "stabilization", "timeline", "log-decisions"},
+      "without --autoscale"));
+  if (autoscale) {
+    RETURN_IF_ERROR(f.RefuseUnless(false, {"rates", "goodput", "svg", "colocated", "chunked-prefill"},
+                                   "with --autoscale (one run of prefill and decode pools)"));
+    if (f.GetString("autoscaler") != "sla" && f.GetString("autoscaler") != "queue") {
+      return absl::InvalidArgumentError("--autoscaler must be sla or queue");
+    }
+    const bool sla = f.GetString("autoscaler") == "sla";
+    RETURN_IF_ERROR(f.RefuseUnless(sla, {"planner-target", "margin", "cooldown", "decode-utilization", "forecast",
+                                         "switch-roles", "log-decisions"},
+                                   "with --autoscaler queue"));
+    RETURN_IF_ERROR(f.RefuseUnless(!sla, {"queue-prefill-bound", "queue-decode-bound", "stabilization"},
+                                   "with --autoscaler sla"));
+    RETURN_IF_ERROR(f.RefuseUnless(f.GetBool("switch-roles"), {"switch-delay"}, "without --switch-roles"));
+    if (!(f.GetDouble("startup-delay") >= 0) || !(f.GetDouble("switch-delay") >= 0)) {
+      return absl::InvalidArgumentError("--startup-delay and --switch-delay must be >= 0");
+    }
+    if (!(f.GetDouble("queue-prefill-bound") > 0) || !(f.GetDouble("queue-decode-bound") > 0) ||
+        !(f.GetDouble("stabilization") >= 0)) {
+      return absl::InvalidArgumentError("the queue bounds must be positive and --stabilization >= 0");
+    }
+  }
   RETURN_IF_ERROR(f.RefuseUnless(!colocated, {"cache-blocks"}, "with --colocated (the cache is simulated in prefill "
                                                                "instances)"));
   return absl::OkStatus();
@@ -291,6 +335,98 @@ absl::StatusOr<placement::PrefixCacheSpec> CacheFromFlags(const FlagSet& f) {
   }
   ASSIGN_OR_RETURN(c.policy, kvcache::ParsePolicy(f.GetString("cache-policy")));
   return c;
+}
+
+// --autoscale: one run, the pools resized by the SLA planner or the queue
+// autoscaler as the simulated cluster serves.
+absl::Status RunAutoscaled(const FlagSet& f, const ModelSpec& model, placement::LatencyModel& latency,
+                           const placement::Workload& w,
+                           const std::vector<std::pair<std::string, ClusterSpec>>& clusters) {
+  if (clusters.size() != 1) return absl::InvalidArgumentError("--autoscale runs one cluster");
+  const ClusterSpec& start = clusters[0].second;
+  placement::AutoscaleOptions a;
+  bool have_prefill = false, have_decode = false;
+  for (const InstanceSpec& s : start.instances) {
+    if (s.role == InstanceRole::kColocated) {
+      return absl::InvalidArgumentError("--autoscale resizes prefill and decode pools; the cluster has colocated instances");
+    }
+    InstanceSpec& shape = s.role == InstanceRole::kPrefill ? a.prefill : a.decode;
+    bool& have = s.role == InstanceRole::kPrefill ? have_prefill : have_decode;
+    if (!have) shape = s, have = true;
+  }
+  if (!have_prefill || !have_decode) {
+    return absl::InvalidArgumentError("--autoscale needs a prefill and a decode instance to start from");
+  }
+  a.interval_s = f.GetDouble("interval");
+  a.startup_s = f.GetDouble("startup-delay");
+  a.switch_s = f.GetDouble("switch-delay");
+  ASSIGN_OR_RETURN(placement::PlannerOptions po, PlannerFromFlags(f));
+  po.prefill = a.prefill;
+  po.decode = a.decode;
+  po.cluster = start;
+  po.cluster.instances.clear();
+  po.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  std::unique_ptr<placement::Autoscaler> scaler;
+  std::string name;
+  // Logs each SLA planner decision.
+  class Logged : public placement::Autoscaler {
+   public:
+    Logged(const ModelSpec& m, placement::LatencyModel& l, placement::PlannerOptions o, bool log)
+        : planner_(m, l, std::move(o)), log_(log) {}
+    placement::ScaleDecision Decide(const placement::LoadFigures& figures) override {
+      placement::ScaleDecision d = planner_.Decide(figures);
+      if (log_) std::printf("planner: %s\n", planner_.last().Describe().c_str());
+      return d;
+    }
+
+   private:
+    placement::Planner planner_;
+    const bool log_;
+  };
+  if (f.GetString("autoscaler") == "sla") {
+    scaler = std::make_unique<Logged>(model, latency, po, f.GetBool("log-decisions"));
+    name = "SLA planner";
+  } else {
+    scaler = std::make_unique<placement::QueueThresholdScaler>(
+        placement::QueueThresholdOptions{.prefill_bound = f.GetDouble("queue-prefill-bound"),
+                                         .decode_bound = f.GetDouble("queue-decode-bound"),
+                                         .min_prefill = po.min_prefill,
+                                         .max_prefill = po.max_prefill,
+                                         .min_decode = po.min_decode,
+                                         .max_decode = po.max_decode,
+                                         .max_instances = po.max_instances,
+                                         .stabilization_s = f.GetDouble("stabilization")});
+    name = "queue threshold";
+  }
+  a.scaler = scaler.get();
+  const auto t0 = std::chrono::steady_clock::now();
+  const placement::SimResult r = placement::SimulateAutoscaled(start, model, latency, w.requests, a);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const placement::Slo slo = po.slo;
+  const double fixed_gpu_hours = start.gpus() * r.makespan / 3600;
+  int most = 0;
+  for (const placement::FleetSample& x : r.timeline) most = std::max(most, x.gpus);
+  std::printf("duet sim --autoscale (%s): %s, %s; %zu requests over %.0f s, SLO TTFT %.3g s, TPOT %.3g s; "
+              "start-up %.0f s, interval %.0f s\n",
+              name.c_str(), model.name.c_str(), latency.Describe().c_str(), w.requests.size(), r.makespan, slo.ttft,
+              slo.tpot, a.startup_s, a.interval_s);
+  std::printf("attainment %.4f (TTFT %.4f, TPOT %.4f); TTFT p50 %.4f s p99 %.4f s; TPOT p50 %.4f s p99 %.4f s\n",
+              r.Attainment(slo), r.TtftAttainment(slo.ttft), r.TpotAttainment(slo.tpot), r.Percentile(0.5, false),
+              r.Percentile(0.99, false), r.Percentile(0.5, true), r.Percentile(0.99, true));
+  std::printf("GPU-hours %.2f (the starting cluster held throughout: %.2f; at most %d GPUs at once); %lld started, "
+              "%lld drained, %lld switched; %zu decisions; %.2f s\n",
+              r.gpu_seconds / 3600, fixed_gpu_hours, most, static_cast<long long>(r.started),
+              static_cast<long long>(r.drained), static_cast<long long>(r.switched), r.timeline.size(), wall);
+  if (!f.GetString("timeline").empty()) {
+    std::ofstream out(f.GetString("timeline"));
+    out << "t,prefill,decode,prefill_ready,decode_ready,gpus,arrival_rate\n";
+    for (const placement::FleetSample& x : r.timeline) {
+      out << x.t << ',' << x.prefill << ',' << x.decode << ',' << x.prefill_ready << ',' << x.decode_ready << ','
+          << x.gpus << ',' << x.arrival_rate << '\n';
+    }
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", f.GetString("timeline")));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run(const FlagSet& f) {
@@ -315,6 +451,7 @@ absl::Status Run(const FlagSet& f) {
       }
     }
   }
+  if (f.GetBool("autoscale")) return RunAutoscaled(f, model, *latency, w, clusters);
   std::vector<double> rates;
   for (absl::string_view r : absl::StrSplit(f.GetString("rates"), ',', absl::SkipEmpty())) {
     double x = 0;
@@ -437,7 +574,9 @@ int RunSim(int argc, char** argv) {
   FlagSet f("duet sim",
             "Simulates a cluster serving a workload (no GPU, no weights): per-request TTFT and TPOT, SLO "
             "attainment, the mean queue wait with a 99% batch-means confidence interval, and optionally the "
-            "goodput (--goodput), per-request CSV (--csv) and an attainment-vs-rate plot (--svg).");
+            "goodput (--goodput), per-request CSV (--csv) and an attainment-vs-rate plot (--svg); with "
+            "--autoscale, the pools resized as they serve by the SLA planner (or a queue-threshold autoscaler), "
+            "with attainment and GPU-hours.");
   AddSimFlags(f);
   return RunWithFlags(f, argc, argv, Run);
 }

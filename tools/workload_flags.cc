@@ -8,8 +8,14 @@
 namespace duet::tools {
 
 void AddWorkloadFlags(FlagSet& f, int64_t default_requests) {
-  f.String("arrivals", "poisson", "poisson | gamma | trace");
-  f.Double("rate", 1.0, "requests/s (poisson, gamma)");
+  f.String("arrivals", "poisson",
+           "poisson | gamma | trace | diurnal (Poisson whose rate follows a day's curve peaking at --rate: "
+           "trough + (1 - trough) x s^2, s = (1 - cos(2 pi t / period)) / 2, times --bursts)");
+  f.Double("rate", 1.0, "requests/s (poisson, gamma; diurnal: the curve's peak)");
+  f.Double("duration", 0, "diurnal arrivals: seconds of arrivals");
+  f.Double("period", 86400, "diurnal arrivals: the curve's period, seconds (lowest at 0 and at its end)");
+  f.Double("trough", 0.3, "diurnal arrivals: the curve's lowest rate, a fraction of its peak");
+  f.String("bursts", "", "diurnal arrivals: START:SECONDS:FACTOR,... stretches of FACTOR times the curve");
   f.Double("cv", 1.0, "gamma arrivals: coefficient of variation of the gaps");
   f.Int("requests", default_requests, "requests in the workload (0 with trace arrivals: the whole trace)");
   f.String("lengths", "", "fixed:P,O | uniform:PMIN,PMAX,OMIN,OMAX | trace | rag (default: trace with --trace, else "
@@ -43,6 +49,18 @@ placement::WorkloadOptions WorkloadFromFlags(const FlagSet& f, const placement::
   wo.overlong = f.GetString("overlong");
   wo.max_context = model.max_context;
   wo.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  wo.duration_s = f.GetDouble("duration");
+  wo.period_s = f.GetDouble("period");
+  wo.trough = f.GetDouble("trough");
+  for (absl::string_view b : absl::StrSplit(f.GetString("bursts"), ',', absl::SkipEmpty())) {
+    const std::vector<std::string> v = absl::StrSplit(b, ':');
+    placement::Burst burst;
+    if (v.size() != 3 || !absl::SimpleAtod(v[0], &burst.start_s) || !absl::SimpleAtod(v[1], &burst.duration_s) ||
+        !absl::SimpleAtod(v[2], &burst.factor)) {
+      burst.factor = -1;  // MakeWorkload refuses it
+    }
+    wo.bursts.push_back(burst);
+  }
   placement::RagOptions& rag = wo.rag;
   rag.documents = f.GetInt("rag-documents");
   rag.zipf = f.GetDouble("rag-zipf");
@@ -64,6 +82,9 @@ absl::Status CheckWorkloadFlags(const FlagSet& f) {
   RETURN_IF_ERROR(f.RefuseUnless(arrivals != "trace", {"rate"}, "with --arrivals trace (use --rate-scale)"));
   RETURN_IF_ERROR(f.RefuseUnless(arrivals == "gamma", {"cv"}, "unless --arrivals gamma"));
   RETURN_IF_ERROR(f.RefuseUnless(arrivals == "trace", {"rate-scale"}, "unless --arrivals trace"));
+  RETURN_IF_ERROR(f.RefuseUnless(arrivals == "diurnal", {"duration", "period", "trough", "bursts"},
+                                 "unless --arrivals diurnal"));
+  RETURN_IF_ERROR(f.RefuseUnless(arrivals != "diurnal", {"requests"}, "with --arrivals diurnal (--duration says how long)"));
   const bool trace_lengths = f.GetString("lengths").empty() || f.GetString("lengths") == "trace";
   RETURN_IF_ERROR(f.RefuseUnless(arrivals == "trace" || trace_lengths, {"trace"},
                                  "with --lengths " + f.GetString("lengths") + " and --arrivals " + arrivals));

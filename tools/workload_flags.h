@@ -19,8 +19,9 @@
 
 namespace duet::tools {
 
-// --arrivals, --rate, --cv, --requests, --lengths, --trace, --rate-scale,
-// --length-scale, --overlong, --seed.
+// --arrivals, --rate, --cv, --duration, --period, --trough, --bursts,
+// --requests, --lengths, --trace, --rate-scale, --length-scale, --overlong,
+// --seed.
 void AddWorkloadFlags(FlagSet& f, int64_t default_requests);
 
 // The options those flags say; lengths default to the trace's when --trace
