@@ -280,7 +280,7 @@ int Main(int argc, char** argv) {
   int fixed_p = 0, fixed_d = 0;
   std::sscanf(fixed.name.c_str(), "fixed %d prefill + %d decode", &fixed_p, &fixed_d);
   std::vector<Outcome> queue;
-  for (auto [pb, db] : {std::pair<double, double>{0.5, 40}, {1, 55}, {2, 70}, {4, 85}, {8, 100}}) {
+  for (auto [pb, db] : {std::pair<double, double>{1, 55}, {4, 85}, {16, 130}, {64, 200}, {256, 400}}) {
     if (f.GetBool("planner-only")) break;
     QueueThresholdScaler q({.prefill_bound = pb, .decode_bound = db, .max_prefill = fixed_p, .max_decode = fixed_d});
     queue.push_back(run_scaled(q, absl::StrFormat("queue threshold %.1f / %.0f", pb, db)));
