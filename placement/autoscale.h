@@ -1,8 +1,8 @@
 // What an autoscaler sees of a serving cluster each interval, and what it
 // decides: the one interface the SLA planner (planner.h) and the
-// queue-threshold autoscaler implement, and that a live cluster (the
-// router's /v1/load figures, `duet planner`) and the simulator
-// (SimulateAutoscaled, `duet sim --autoscale`) both drive.
+// queue-threshold autoscaler implement. The simulator drives it
+// (SimulateAutoscaled, `duet sim --autoscale`); a live cluster's planner,
+// fed by the router's figures, is not built yet.
 //
 //   LoadFigures f = ...;            // the last interval, as measured
 //   ScaleDecision d = scaler.Decide(f);
