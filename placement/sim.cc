@@ -127,6 +127,13 @@ struct Inst {
   }
 };
 
+// The q-quantile of `v` (nearest rank; reorders it). `v` is not empty.
+double Quantile(std::vector<double>& v, double q) {
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+  return v[k];
+}
+
 class Sim {
  public:
   Sim(const ClusterSpec& c, const ModelSpec& m, LatencyModel& lat, const std::vector<SimRequest>& reqs,
@@ -690,13 +697,6 @@ class Sim {
     return p;
   }
 
-  static double Quantile(std::vector<double>& v, double q) {
-    if (v.empty()) return -1;
-    const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
-    return v[k];
-  }
-
   LoadFigures Figures() {
     LoadFigures f;
     f.now = now_;
@@ -708,10 +708,10 @@ class Sim {
     f.cached_tokens = cached_tokens_;
     f.first_tokens = static_cast<int64_t>(ttft_.size());
     f.finished = static_cast<int64_t>(tpot_.size());
-    f.ttft_p50 = Quantile(ttft_, 0.5);
-    f.ttft_p90 = Quantile(ttft_, 0.9);
-    f.tpot_p50 = Quantile(tpot_, 0.5);
-    f.tpot_p90 = Quantile(tpot_, 0.9);
+    f.ttft_p50 = ttft_.empty() ? -1 : Quantile(ttft_, 0.5);
+    f.ttft_p90 = ttft_.empty() ? -1 : Quantile(ttft_, 0.9);
+    f.tpot_p50 = tpot_.empty() ? -1 : Quantile(tpot_, 0.5);
+    f.tpot_p90 = tpot_.empty() ? -1 : Quantile(tpot_, 0.9);
     f.prefill = Pool(InstanceRole::kPrefill);
     f.decode = Pool(InstanceRole::kDecode);
     prompts_.clear();
@@ -953,10 +953,7 @@ double SimResult::Percentile(double p, bool tpot, size_t from) const {
     if (tpot && r.output <= 1) continue;
     v.push_back(tpot ? r.tpot() : r.ttft());
   }
-  if (v.empty()) return 0;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
-  return v[k];
+  return v.empty() ? 0 : Quantile(v, p);
 }
 
 SimResult::Interval SimResult::QueueWaitBatchMeans(int batches, double warmup) const {
