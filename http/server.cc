@@ -124,6 +124,19 @@ std::string PercentDecode(absl::string_view s) {
   return out;
 }
 
+std::optional<std::string> QueryParam(absl::string_view target, absl::string_view name) {
+  const size_t q = target.find('?');
+  if (q == absl::string_view::npos) return std::nullopt;
+  absl::string_view rest = target.substr(q + 1);
+  rest = rest.substr(0, rest.find('#'));
+  for (absl::string_view pair : absl::StrSplit(rest, '&')) {
+    const size_t eq = pair.find('=');
+    if (PercentDecode(pair.substr(0, eq)) != name) continue;
+    return eq == absl::string_view::npos ? std::string() : PercentDecode(pair.substr(eq + 1));
+  }
+  return std::nullopt;
+}
+
 std::string OpenAiErrorJson(std::string_view message, std::string_view type) {
   nlohmann::json j = {{"error",
                        {{"message", std::string(message)},

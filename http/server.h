@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,6 +54,9 @@ using HeaderList = std::vector<std::pair<std::string, std::string>>;
 std::string TargetPath(absl::string_view target);
 // %XX escapes decoded (a malformed one is kept as is); '+' stays '+'.
 std::string PercentDecode(absl::string_view s);
+// The first value of `name` in the target's query ("/p?a=1&b=2", "b" -> "2"),
+// percent-decoded; nullopt when absent.
+std::optional<std::string> QueryParam(absl::string_view target, absl::string_view name);
 
 struct HttpRequest {
   std::string method;                          // As sent: "GET", "POST", ...

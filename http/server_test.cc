@@ -651,6 +651,12 @@ TEST_CASE("a target's path: origin-form and absolute-form (RFC 9112); percent-de
   CHECK(PercentDecode("org%2Fname%20x") == "org/name x");
   CHECK(PercentDecode("a%2") == "a%2");
   CHECK(PercentDecode("%zz+") == "%zz+");
+  CHECK(QueryParam("/figures?window_s=30&x=%32", "x") == "2");
+  CHECK(QueryParam("/figures?window_s=30&x=2", "window_s") == "30");
+  CHECK(QueryParam("/figures?flag&x=2", "flag") == "");
+  CHECK(QueryParam("/figures?xwindow_s=3", "window_s") == std::nullopt);
+  CHECK(QueryParam("/figures#window_s=3", "window_s") == std::nullopt);
+  CHECK(QueryParam("/figures", "window_s") == std::nullopt);
   // Over a socket: the handler sees the path of an absolute target.
   IoThread io;
   auto server = StartServer(io, EchoHandler());

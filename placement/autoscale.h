@@ -1,8 +1,9 @@
 // What an autoscaler sees of a serving cluster each interval, and what it
 // decides: the one interface the SLA planner (planner.h) and the
 // queue-threshold autoscaler implement. The simulator drives it
-// (SimulateAutoscaled, `duet sim --autoscale`); a live cluster's planner,
-// fed by the router's figures, is not built yet.
+// (SimulateAutoscaled, `duet sim --autoscale`); so does `duet planner`
+// (autoscale/), from the router's live figures (its GET /figures, in the
+// JSON FiguresToJson writes).
 //
 //   LoadFigures f = ...;            // the last interval, as measured
 //   ScaleDecision d = scaler.Decide(f);
@@ -15,6 +16,10 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
 
 namespace duet::placement {
 
@@ -69,6 +74,18 @@ class Autoscaler {
   virtual ~Autoscaler() = default;
   virtual ScaleDecision Decide(const LoadFigures& figures) = 0;
 };
+
+// The q-quantile of `v` (nearest rank; reorders it). `v` is not empty.
+double Quantile(std::vector<double>& v, double q);
+// Sets the figures' TTFT and TPOT medians and 90th percentiles from those
+// samples (-1 for an empty one), reordering them.
+void SetLatencyQuantiles(LoadFigures& f, std::vector<double>& ttft, std::vector<double>& tpot);
+
+// The router's GET /figures body and what `duet planner` reads back: every
+// field by its name here, pools as objects. FiguresFromJson refuses a
+// document without "interval_s" or with a field of the wrong type.
+nlohmann::json FiguresToJson(const LoadFigures& f);
+absl::StatusOr<LoadFigures> FiguresFromJson(const nlohmann::json& j);
 
 }  // namespace duet::placement
 

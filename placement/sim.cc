@@ -127,13 +127,6 @@ struct Inst {
   }
 };
 
-// The q-quantile of `v` (nearest rank; reorders it). `v` is not empty.
-double Quantile(std::vector<double>& v, double q) {
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
-  return v[k];
-}
-
 class Sim {
  public:
   Sim(const ClusterSpec& c, const ModelSpec& m, LatencyModel& lat, const std::vector<SimRequest>& reqs,
@@ -708,10 +701,7 @@ class Sim {
     f.cached_tokens = cached_tokens_;
     f.first_tokens = static_cast<int64_t>(ttft_.size());
     f.finished = static_cast<int64_t>(tpot_.size());
-    f.ttft_p50 = ttft_.empty() ? -1 : Quantile(ttft_, 0.5);
-    f.ttft_p90 = ttft_.empty() ? -1 : Quantile(ttft_, 0.9);
-    f.tpot_p50 = tpot_.empty() ? -1 : Quantile(tpot_, 0.5);
-    f.tpot_p90 = tpot_.empty() ? -1 : Quantile(tpot_, 0.9);
+    SetLatencyQuantiles(f, ttft_, tpot_);
     f.prefill = Pool(InstanceRole::kPrefill);
     f.decode = Pool(InstanceRole::kDecode);
     prompts_.clear();

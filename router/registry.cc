@@ -446,6 +446,7 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
                                  .control_address = w->reg.control_address(),
                                  .metrics_port = w->reg.metrics_port(),
                                  .max_model_len = w->reg.max_model_len(),
+                                 .block_size = w->reg.layout().block_size(),
                                  .stats = w->stats,
                                  .stats_time = w->stats_time,
                                  .dispatched = w->dispatched,

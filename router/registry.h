@@ -82,6 +82,7 @@ struct WorkerSnapshot {
   std::string control_address;
   uint32_t metrics_port = 0;
   int64_t max_model_len = 0;
+  int64_t block_size = 0;    // Tokens per KV block.
   proto::WorkerStats stats;  // Latest heartbeat or WorkerStats reply.
   absl::Time stats_time;
   int64_t dispatched = 0;    // Attempts the router assigned to it since it registered.

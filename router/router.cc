@@ -106,6 +106,7 @@ absl::Status Router::Impl::Start(RouterOptions options) {
   tracked_workers_ = std::make_unique<RegistryWorkers>(registry_.get());
   {
     absl::MutexLock lock(&mu_);
+    load_ = std::make_unique<LoadRecorder>(options_.clock->Now());
     tracker_ = std::make_unique<RequestTracker>(RequestTracker::Options{.max_attempts = options_.max_attempts,
                                                                         .max_migrations = options_.max_migrations,
                                                                         .config = config_,

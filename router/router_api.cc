@@ -29,6 +29,8 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
     if (method_is("GET", "HEAD")) HandleHealth(std::move(ex));  // HEAD: the status, no body
   } else if (path == "/stats") {
     if (method_is("GET")) HandleStats(std::move(ex));
+  } else if (path == "/figures") {
+    if (method_is("GET")) HandleFigures(req, std::move(ex));
   } else if (path == "/metrics") {
     if (method_is("GET")) {
       http::HttpResponse r;
@@ -186,6 +188,7 @@ void Router::Impl::HandleCompletion(http::HttpRequest req, http::HttpExchangePtr
     } else {
       seq = g->seq;
       requests_[seq] = g;
+      for (const RequestTracker::ChoicePtr& c : g->choices) load_->Arrived(g->arrival, c->spec.prompt_ids_size());
       if (g->params.stream) g->out->StartStream();
       g->inbound = absl::Now() - handler_start;  // Parsed, tokenized, dispatched.
     }

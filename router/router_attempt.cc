@@ -21,6 +21,7 @@ bool Router::Impl::Deliver(RequestTracker::Choice& c, const proto::Token& token,
   if (!r.any_token) {
     r.any_token = true;
     r.first_token_at = now;
+    load_->FirstToken(now, now - g.arrival, r.spec.prompt_ids_size(), g.cached_tokens[r.index / g.params.n]);
   } else {
     itl_->Observe(absl::ToDoubleSeconds(now - r.last_token_at));
   }
@@ -50,6 +51,7 @@ void Router::Impl::Complete(RequestTracker::Choice& c, proto::FinishReason reaso
   g->finish[r.index] = why;
   const size_t n = r.builder->token_ids().size();
   if (n > 1) tpot_->Observe(absl::ToDoubleSeconds(r.last_token_at - r.first_token_at) / (n - 1));
+  load_->Finished(options_.clock->Now(), static_cast<int64_t>(n), r.last_token_at - r.first_token_at);
   if (g->params.stream) g->out->Event(r.builder->FinalChunk(g->env, why));
   p.Add(g->out);
   if (--g->remaining > 0) return;

@@ -37,6 +37,7 @@
 #include "http/server.h"
 #include "router/cache_index.h"
 #include "router/completions.h"
+#include "router/load_recorder.h"
 #include "router/outbox.h"
 #include "router/registry.h"
 #include "router/request_tracker.h"
@@ -155,6 +156,9 @@ class Router::Impl : public RegistryListener, public RequestTracker::Client {
   // 401 unless the request carries the API key (when one is set).
   bool Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex);
   void HandleStats(http::HttpExchangePtr ex);
+  // GET /figures?window_s=S: the load of the last S seconds (default 30) and
+  // the pools, for `duet planner` (placement::FiguresToJson).
+  void HandleFigures(const http::HttpRequest& req, http::HttpExchangePtr ex);
   void HandleResetPrefixCache(http::HttpExchangePtr ex);
   void HandleHealth(http::HttpExchangePtr ex);
   Json ModelJson() const;  // The served model, as /v1/models lists it.
@@ -208,6 +212,7 @@ class Router::Impl : public RegistryListener, public RequestTracker::Client {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, GroupPtr> requests_ ABSL_GUARDED_BY(mu_);  // By client sequence number.
   std::list<StatsQueryPtr> stats_queries_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<LoadRecorder> load_ ABSL_GUARDED_BY(mu_);  // For /figures.
   // Router-local totals for /stats (the metrics registry is process-wide).
   int64_t n_ok_ ABSL_GUARDED_BY(mu_) = 0, n_error_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t n_cancelled_ ABSL_GUARDED_BY(mu_) = 0, n_rejected_ ABSL_GUARDED_BY(mu_) = 0;

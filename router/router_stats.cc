@@ -1,4 +1,6 @@
 #include "router/router_impl.h"
+
+#include "absl/strings/numbers.h"
 #include "proto/frame.h"
 
 namespace duet::router {
@@ -92,6 +94,39 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
   out["router"] = std::move(router);
   q->out->Reply(JsonResponse(200, out.dump()));
   p.Add(q->out);
+}
+
+// ---------------------------------------------------------------- /figures
+
+void Router::Impl::HandleFigures(const http::HttpRequest& req, http::HttpExchangePtr ex) {
+  double window_s = 30;
+  if (std::optional<std::string> w = http::QueryParam(req.target, "window_s")) {
+    if (!absl::SimpleAtod(*w, &window_s) || !(window_s > 0)) {
+      ex->Reply(JsonResponse(400, ErrorJson(absl::InvalidArgumentError(
+                                      absl::StrCat("window_s must be a positive number of seconds, not '", *w, "'")))));
+      return;
+    }
+  }
+  placement::LoadFigures f;
+  {
+    absl::MutexLock lock(&mu_);
+    f = load_->Figures(options_.clock->Now(), absl::Seconds(window_s));
+  }
+  // The pools from the workers' last heartbeats. Colocated workers are in
+  // neither: the planner sizes disaggregated pools.
+  for (const WorkerSnapshot& w : registry_->Snapshot()) {
+    placement::PoolFigures* p = w.role == proto::ROLE_PREFILL  ? &f.prefill
+                                : w.role == proto::ROLE_DECODE ? &f.decode
+                                                               : nullptr;
+    if (p == nullptr) continue;
+    const proto::WorkerStats& s = w.stats;
+    (w.draining ? p->draining : p->ready) += 1;
+    p->waiting += s.queued_requests();
+    p->running += s.running_requests();
+    p->kv_used += static_cast<double>((s.kv_blocks_total() - s.kv_blocks_free()) * w.block_size);
+    p->kv_capacity += static_cast<double>(s.kv_blocks_total() * w.block_size);
+  }
+  ex->Reply(JsonResponse(200, placement::FiguresToJson(f).dump()));
 }
 
 }  // namespace duet::router

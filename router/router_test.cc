@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
+#include "placement/autoscale.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "router/fake_worker.h"
@@ -833,6 +834,67 @@ TEST_CASE("/stats asks each worker fresh, and falls back to its heartbeat when i
                                    {"leased_blocks", 40},
                                    {"prompt_tokens_computed", 1234}});
   CHECK(s["router"]["live_workers"] == 2);
+}
+
+TEST_CASE("/figures: the load of the last window_s seconds and the pools from the workers' heartbeats") {
+  Fixture fx;
+  std::vector<int32_t> out = fx.Encode(" a b c");
+  REQUIRE(out.size() == 3);
+  auto c0 = fx.AddWorker("c0", proto::ROLE_COLOCATED, {.tokens = out});
+  const std::string body = R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3})";
+  REQUIRE(Call(fx.router.http_port(), "POST", "/v1/completions", body).status == 200);
+  fx.clock.Advance(absl::Seconds(20));
+  REQUIRE(Call(fx.router.http_port(), "POST", "/v1/completions", body).status == 200);
+  REQUIRE(Call(fx.router.http_port(), "POST", "/v1/completions", body).status == 200);
+  fx.clock.Advance(absl::Seconds(5));
+  auto figures = [&](const std::string& query) {
+    Response r = Call(fx.router.http_port(), "GET", "/figures" + query);
+    REQUIRE(r.status == 200);
+    absl::StatusOr<placement::LoadFigures> f = placement::FiguresFromJson(Json::parse(r.body));
+    REQUIRE(f.ok());
+    return *f;
+  };
+  // The default window (30 s) holds all three; ten seconds only the last two.
+  placement::LoadFigures all = figures("");
+  CHECK(all.interval_s == Approx(25));  // the router is 25 s old
+  CHECK(all.arrivals == 3);
+  CHECK(all.finished == 3);
+  CHECK(all.prompt_lens == std::vector<int64_t>(3, static_cast<int64_t>(fx.PromptIds("Once upon a time").size())));
+  CHECK(all.output_lens == std::vector<int64_t>{3, 3, 3});
+  CHECK(all.ttft_p50 == 0);  // the fake clock stood still while each was served
+  placement::LoadFigures recent = figures("?window_s=10");
+  CHECK(recent.interval_s == Approx(10));
+  CHECK(recent.arrivals == 2);
+  CHECK(recent.arrival_rate() == Approx(0.2));
+  CHECK(Call(fx.router.http_port(), "GET", "/figures?window_s=-3").status == 400);
+  CHECK(Call(fx.router.http_port(), "GET", "/figures?window_s=x").status == 400);
+
+  // Pools: colocated workers are in neither; a draining one is not ready.
+  auto p0 = fx.AddWorker("p0", proto::ROLE_PREFILL, {});
+  auto d0 = fx.AddWorker("d0", proto::ROLE_DECODE, {});
+  auto d1 = fx.AddWorker("d1", proto::ROLE_DECODE, {});
+  proto::WorkerStats ps;
+  ps.set_queued_requests(4);
+  p0->Heartbeat(ps);
+  proto::WorkerStats ds;
+  ds.set_kv_blocks_total(100);
+  ds.set_kv_blocks_free(75);
+  ds.set_running_requests(6);
+  d0->Heartbeat(ds);
+  ds.set_draining(true);
+  d1->Heartbeat(ds);
+  placement::LoadFigures f;
+  for (int i = 0; i < 200; ++i) {  // heartbeats travel on their own connections
+    f = figures("");
+    if (f.prefill.waiting == 4 && f.decode.draining == 1 && f.decode.running == 12) break;
+  }
+  CHECK(f.prefill.ready == 1);
+  CHECK(f.prefill.waiting == 4);
+  CHECK(f.decode.ready == 1);
+  CHECK(f.decode.draining == 1);
+  CHECK(f.decode.running == 12);
+  CHECK(f.decode.kv_used == 2 * 25 * 16);
+  CHECK(f.decode.kv_capacity == 2 * 100 * 16);
 }
 
 TEST_CASE("n choices: one PrefillRequest naming the other choices' ids, one body with every choice") {
