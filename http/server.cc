@@ -124,6 +124,20 @@ std::string PercentDecode(absl::string_view s) {
   return out;
 }
 
+void ServeMetricsAndHealth(HttpRequest req, HttpExchangePtr ex) {
+  HttpResponse resp;
+  if (req.path == "/metrics") {
+    resp.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    resp.body = MetricsRegistry::Default().RenderText();
+  } else if (req.path == "/health") {
+    resp.body = "{\"status\":\"ok\"}";
+  } else {
+    resp.status = 404;
+    resp.body = OpenAiErrorJson("not found: " + req.path, "not_found_error");
+  }
+  ex->Reply(std::move(resp));
+}
+
 std::optional<std::string> QueryParam(absl::string_view target, absl::string_view name) {
   const size_t q = target.find('?');
   if (q == absl::string_view::npos) return std::nullopt;

@@ -145,6 +145,11 @@ class HttpExchange {
 };
 
 using HttpExchangePtr = std::shared_ptr<HttpExchange>;
+
+// A metrics port's handler: GET /metrics (the default registry's text),
+// /health ({"status":"ok"}), 404 for anything else. Workers and the planner
+// serve it.
+void ServeMetricsAndHealth(HttpRequest req, HttpExchangePtr ex);
 using HttpHandler = std::function<void(HttpRequest, HttpExchangePtr)>;
 
 namespace internal {

@@ -15,6 +15,7 @@ int RunWorker(int argc, char** argv);
 int RunUp(int argc, char** argv);
 int RunSim(int argc, char** argv);
 int RunPlace(int argc, char** argv);
+int RunPlanner(int argc, char** argv);
 int RunProfile(int argc, char** argv);
 int RunPrecisionPlan(int argc, char** argv);
 int RunStructuredCheck(int argc, char** argv);

@@ -28,6 +28,8 @@ constexpr Command kCommands[] = {
     {"tokenize", "text to token ids (one JSON array per stdin line), or back", duet::tools::RunTokenize},
     {"sim", "simulate a cluster serving a workload: TTFT, TPOT, SLO attainment, goodput", duet::tools::RunSim},
     {"place", "search prefill/decode placements for the best goodput per GPU under SLOs", duet::tools::RunPlace},
+    {"planner", "resize the prefill and decode pools to live load (the SLA planner; Kubernetes or a dry run)",
+     duet::tools::RunPlanner},
     {"profile", "time the engine on this machine and fit the latency model duet sim reads", duet::tools::RunProfile},
     {"precision-plan", "measure each layer's sensitivity to each dtype and write a precision map for a budget",
      duet::tools::RunPrecisionPlan},

@@ -1,5 +1,5 @@
 // The SLA planner's flags (placement/planner.h), declared once for every
-// command that runs it: `duet sim --autoscale` now, the live planner next.
+// command that runs it: `duet sim --autoscale` and `duet planner`.
 //
 //   AddPlannerFlags(f);
 //   ASSIGN_OR_RETURN(placement::PlannerOptions o, PlannerFromFlags(f));

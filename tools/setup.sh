@@ -8,7 +8,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java
   g++ libboost1.74-dev libboost-context1.74-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libucx-dev ucx-utils libopenblas-dev libopenblas0-pthread prometheus-cpp-dev
-  catch2 nlohmann-json3-dev libicu-dev libpcre2-dev zlib1g-dev
+  catch2 nlohmann-json3-dev libicu-dev libpcre2-dev zlib1g-dev libssl-dev
   mbw python3 python3-jinja2 python3-jsonschema
   prometheus
   clang libclang-rt-14-dev

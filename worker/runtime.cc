@@ -35,20 +35,7 @@ absl::Status WorkerRuntime::Start(WorkerService* service, std::function<void(abs
   LOG(INFO) << "worker " << options_.worker_id << " listening on " << server_->address();
   if (options_.metrics_port >= 0) {
     auto m = http::HttpServer::Start(
-        io_.context(), absl::StrCat(options_.metrics_host, ":", options_.metrics_port),
-        [](http::HttpRequest req, std::shared_ptr<http::HttpExchange> ex) {
-          http::HttpResponse resp;
-          if (req.path == "/metrics") {
-            resp.content_type = "text/plain; version=0.0.4; charset=utf-8";
-            resp.body = MetricsRegistry::Default().RenderText();
-          } else if (req.path == "/health") {
-            resp.body = "{\"status\":\"ok\"}";
-          } else {
-            resp.status = 404;
-            resp.body = http::OpenAiErrorJson("not found: " + req.path, "not_found_error");
-          }
-          ex->Reply(std::move(resp));
-        });
+        io_.context(), absl::StrCat(options_.metrics_host, ":", options_.metrics_port), http::ServeMetricsAndHealth);
     if (!m.ok()) return m.status();
     metrics_server_ = std::move(*m);
     metrics_port_ = metrics_server_->port();
