@@ -41,7 +41,7 @@ TEST_CASE("the Kubernetes manifests pass the API schemas, hang together, and due
   const auto& containers = j["containers"];
   std::vector<std::string> names;
   for (const auto& c : containers) names.push_back(c["container"].get<std::string>());
-  CHECK(names == std::vector<std::string>{"decode", "prefill", "router"});  // By file name.
+  CHECK(names == std::vector<std::string>{"decode", "planner", "prefill", "router"});  // By file name.
   for (const auto& c : containers) {
     INFO(c["file"].get<std::string>() << " " << c["container"].get<std::string>());
     std::vector<std::string> args = c["args"].get<std::vector<std::string>>();

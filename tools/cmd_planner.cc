@@ -44,7 +44,9 @@ void AddFlags(FlagSet& f) {
   f.String("gpu", "a100-80g", "GPU of an instance: its KV capacity from the memory left after the weights");
   f.Int("tp", 1, "tensor parallel degree of an instance");
   f.Int("pp", 1, "pipeline stages of an instance");
-  f.Double("kv-capacity-tokens", 0, "KV tokens per instance (0: from the GPUs' memory)");
+  f.Double("kv-capacity-tokens", 0, "KV tokens per instance (0: from --kv-memory, else from the GPUs' memory)");
+  f.Double("kv-memory", 0, "KV cache per instance in GiB, as the workers' flag says (the KV capacity at the model's "
+                           "bytes per token)");
   f.Int("max-batch-tokens", 0, "tokens per prefill batch (0: the simulator's default)");
   f.Int("max-batch-size", 256, "requests per decode step");
   f.Int("seed", 1, "the planner's random stream (its simulated windows)");
@@ -62,6 +64,9 @@ absl::StatusOr<placement::InstanceSpec> Shape(const FlagSet& f, const placement:
   s.par = {.tp = static_cast<int>(f.GetInt("tp")), .pp = static_cast<int>(f.GetInt("pp"))};
   if (s.par.tp < 1 || s.par.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
   s.kv_capacity_tokens = f.GetDouble("kv-capacity-tokens");
+  if (s.kv_capacity_tokens <= 0 && f.GetDouble("kv-memory") > 0) {
+    s.kv_capacity_tokens = f.GetDouble("kv-memory") * (1 << 30) / static_cast<double>(model.KvBytesPerToken());
+  }
   if (s.kv_capacity_tokens <= 0) {
     ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(f.GetString("gpu")));
     const double free = 0.9 * g.memory_bytes * s.par.gpus() - static_cast<double>(model.WeightBytes());

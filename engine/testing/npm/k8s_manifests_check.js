@@ -4,7 +4,10 @@
 // matches its pod labels, every probe and scrape port is a port its container
 // declares, each Service selects exactly one Deployment's pods and targets
 // ports they declare, the workers' --router names the router's Service and
-// control port, and the grace period outlasts the drain. Prints one JSON
+// control port, and the grace period outlasts the drain; the planner's
+// service account is bound to a Role that lets it get and patch the scale
+// of the Deployments it resizes (and those exist), and its --router names
+// the router's API. Prints one JSON
 // line: {"containers": [{"file", "container", "args"}]}, each container's
 // arguments with $(VAR) replaced by a sample value, for the C++ test to hand
 // to the real binary's flag parser.
@@ -21,6 +24,10 @@ const models = {
   'apps/v1/Deployment': requirePackage('kubernetes-models/apps/v1/Deployment.js').Deployment,
   'v1/Service': requirePackage('kubernetes-models/v1/Service.js').Service,
   'v1/PersistentVolumeClaim': requirePackage('kubernetes-models/v1/PersistentVolumeClaim.js').PersistentVolumeClaim,
+  'v1/ServiceAccount': requirePackage('kubernetes-models/v1/ServiceAccount.js').ServiceAccount,
+  'rbac.authorization.k8s.io/v1/Role': requirePackage('kubernetes-models/rbac.authorization.k8s.io/v1/Role.js').Role,
+  'rbac.authorization.k8s.io/v1/RoleBinding':
+      requirePackage('kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding.js').RoleBinding,
 };
 // What the downward API would put in $(VAR).
 const samples = { POD_IP: '10.1.2.3', POD_NAME: 'duet-pod-7f9c' };
@@ -46,6 +53,37 @@ function subset(a, b) {
 function flagValue(args, flag) {
   const i = args.indexOf(flag);
   return i >= 0 && i + 1 < args.length ? args[i + 1] : undefined;
+}
+
+// What `duet planner` needs of the API server: get and patch on the scale
+// of each Deployment it resizes, granted to the pod's service account by a
+// RoleBinding in the manifests.
+function checkPlannerRbac(docs, pod, args, at) {
+  const sa = pod.spec.serviceAccountName;
+  assert.ok(sa, `${at}: the planner pod names no serviceAccountName`);
+  assert.ok(docs.some((d) => d.doc.kind === 'ServiceAccount' && d.doc.metadata.name === sa),
+            `${at}: no ServiceAccount ${sa}`);
+  const bindings = docs.filter((d) => d.doc.kind === 'RoleBinding' &&
+                                      d.doc.subjects.some((s) => s.kind === 'ServiceAccount' && s.name === sa));
+  const rules = [];
+  for (const b of bindings) {
+    const role = docs.find((d) => d.doc.kind === b.doc.roleRef.kind && d.doc.metadata.name === b.doc.roleRef.name);
+    assert.ok(role, `${b.where}: binds ${b.doc.roleRef.kind} ${b.doc.roleRef.name}, which is not in the manifests`);
+    rules.push(...role.doc.rules);
+  }
+  const names = [flagValue(args, '--prefill-deployment') || 'duet-prefill',
+                 flagValue(args, '--decode-deployment') || 'duet-decode'];
+  for (const name of names) {
+    assert.ok(docs.some((d) => d.doc.kind === 'Deployment' && d.doc.metadata.name === name),
+              `${at}: resizes Deployment ${name}, which is not in the manifests`);
+    for (const verb of ['get', 'patch']) {
+      assert.ok(rules.some((r) => (r.apiGroups || []).includes('apps') &&
+                                  (r.resources || []).includes('deployments/scale') &&
+                                  (r.verbs || []).includes(verb) &&
+                                  (!r.resourceNames || r.resourceNames.includes(name))),
+                `${at}: service account ${sa} may not ${verb} deployments/scale ${name}`);
+    }
+  }
 }
 
 function main() {
@@ -94,7 +132,8 @@ function main() {
       }));
       const router = flagValue(args, '--router');
       if (router) {
-        const [host, port] = router.split(':');
+        // Workers: HOST:PORT of the control port; the planner: the API's URL.
+        const [host, port] = router.replace(/^https?:\/\//, '').split(':');
         const svc = services.find((s) => s.doc.metadata.name === host);
         assert.ok(svc, `${at}: --router ${router} names no Service`);
         assert.ok(svc.doc.spec.ports.some((p) => p.port === Number(port)), `${at}: Service ${host} has no port ${port}`);
@@ -102,6 +141,15 @@ function main() {
       const drain = Number(flagValue(args, '--drain-timeout-s') || 0);
       assert.ok(drain < (pod.spec.terminationGracePeriodSeconds || 30),
                 `${at}: the grace period does not outlast --drain-timeout-s ${drain}`);
+      if (args[0] === 'planner') {
+        checkPlannerRbac(docs, pod, args, at);
+        // The check must be able to fail: without patch, the Role is refused.
+        const stripped = docs.map((d) => (d.doc.kind !== 'Role' ? d : {
+          ...d, doc: { ...d.doc, rules: d.doc.rules.map((r) => ({ ...r, verbs: r.verbs.filter((v) => v !== 'patch') })) },
+        }));
+        assert.throws(() => checkPlannerRbac(stripped, pod, args, at), /may not patch/,
+                      'the RBAC check accepted a Role without patch');
+      }
       out.push({ file, container: c.name, args });
     }
   }
