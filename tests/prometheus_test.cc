@@ -156,12 +156,22 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   config = absl::StrReplaceAll(config, {{"scrape_interval: 5s", "scrape_interval: 1s"}});
   { std::ofstream(dir / "prometheus.yml") << config; }
   // The targets file duet up writes, from the launcher.
-  const json targets = c.PrometheusTargets("127.0.0.1");
+  json targets = c.PrometheusTargets("127.0.0.1");
   REQUIRE(targets.size() == 3);
   std::vector<std::string> endpoints;
   for (const json& t : targets) endpoints.push_back(t["targets"][0]);
   CHECK(endpoints[1] == absl::StrCat("127.0.0.1:", c.ready("prefill-0")["metrics_port"].get<int>()));
   CHECK(targets[2]["labels"]["role"] == "decode");
+  // The SLA planner on this cluster, deciding every second without acting
+  // (its metrics are what the dashboard's planner row reads).
+  const int planner_port = FreePort();
+  auto planner = Subprocess::Start(
+      {fs::absolute("tools/duet").string(), "planner", "--dry-run", "--interval", "1", "--router",
+       absl::StrCat("http://127.0.0.1:", c.http_port()), "--model", c.model_dir(), "--kv-memory", "0.01",
+       "--metrics-port", std::to_string(planner_port)},
+      {}, (dir / "planner.log").string());
+  REQUIRE(planner.ok());
+  targets.push_back({{"targets", {absl::StrCat("127.0.0.1:", planner_port)}}, {"labels", {{"role", "planner"}}}});
   { std::ofstream(dir / "targets" / "duet.json") << targets.dump(2); }
 
   // Every process's exposition passes promtool.
@@ -187,11 +197,21 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   bool up = false;
   while (!up && absl::Now() < deadline) {
-    json r = Query(port, "count(up == 1) == 3 and count(count_over_time(up[1m]) >= 3) == 3");
+    json r = Query(port,
+                   "count(up == 1) == 4 and count(count_over_time(up[1m]) >= 3) == 4 and on() "
+                   "count(count_over_time(duet_planner_decisions_total[1m]) >= 2) > 0");
     up = !r.empty();
   }
   INFO(ReadFile((dir / "prometheus.log").string()));
+  INFO(ReadFile((dir / "planner.log").string()));
   REQUIRE(up);
+  {  // The planner's exposition passes promtool too.
+    auto m = http::HttpCall("127.0.0.1", planner_port, "GET", "/metrics", "", absl::Seconds(5));
+    REQUIRE(m.ok());
+    auto [rc, out] = PromtoolCheck(m->body, dir.string());
+    INFO(out);
+    CHECK(rc == 0);
+  }
 
   // TTFT: one observation per request (both kinds of traffic), each plausible.
   json ttft = Query(port, "sum(duet_time_to_first_token_seconds_count)");
@@ -244,6 +264,17 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
     CHECK(Value(v[0]) > 0);
   }
 
+  // The planner: the pools as the router reports them, its decisions.
+  json ready = Query(port, R"(duet_planner_instances{state="ready"})");
+  REQUIRE(ready.size() == 2);
+  for (const json& r : ready) CHECK(Value(r) == 1);
+  json decisions = Query(port, "sum(duet_planner_decisions_total)");
+  REQUIRE(decisions.size() == 1);
+  CHECK(Value(decisions[0]) >= 1);
+  json errors = Query(port, "sum(duet_planner_errors_total)");
+  REQUIRE(errors.size() == 1);
+  CHECK(Value(errors[0]) == 0);
+
   // Every expression of the Grafana dashboard, with its variables' defaults.
   json dash = json::parse(ReadFile("deploy/grafana/duet.json"));
   std::map<std::string, std::string> vars = {{"$__rate_interval", "1m"}};
@@ -263,6 +294,7 @@ TEST_CASE("Prometheus scrapes every process; the dashboard's queries all return 
   }
   CHECK(exprs >= 15);
   prom.value()->Terminate(absl::Seconds(5));
+  planner.value()->Terminate(absl::Seconds(5));
 }
 
 }  // namespace
