@@ -59,8 +59,25 @@ absl::Status LocalCluster::Launch(const std::string& id, std::vector<std::string
   p->set_name(id);
   procs_[id] = std::move(p);
   order_.push_back(id);
-  launches_[id] = LaunchSpec{.argv = std::move(args), .env = env, .cpus = cpus, .started = absl::Now()};
+  // Supervise reads the ready file once it appears (WaitReady may too).
+  launches_[id] = LaunchSpec{.argv = std::move(args), .env = env, .cpus = cpus, .started = absl::Now(),
+                             .awaiting_ready = true};
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::Retire(const std::string& id) {
+  auto it = launches_.find(id);
+  if (it == launches_.end() || it->second.role.empty()) return absl::NotFoundError(absl::StrCat("no worker named ", id));
+  if (it->second.retiring) return absl::OkStatus();
+  it->second.retiring = true;
+  // One already exited is forgotten by the next Supervise pass.
+  if (procs_[id]->TryWait()) return absl::OkStatus();
+  return procs_[id]->Signal(SIGTERM);
+}
+
+bool LocalCluster::retiring(const std::string& id) const {
+  auto it = launches_.find(id);
+  return it != launches_.end() && it->second.retiring;
 }
 
 int LocalCluster::restarts(const std::string& id) const {
@@ -71,10 +88,16 @@ int LocalCluster::restarts(const std::string& id) const {
 bool LocalCluster::Supervise(const std::function<void(const std::string&)>& log) {
   bool became_ready = false;
   const absl::Time now = absl::Now();
+  std::vector<std::string> gone;
   for (const std::string& id : order_) {
     Subprocess& p = *procs_[id];
     LaunchSpec& l = launches_[id];
     if (std::optional<int> st = p.TryWait()) {
+      if (l.retiring) {
+        log(absl::StrCat(id, " (pid ", p.pid(), ") drained and ", DescribeExit(*st), " (retired)"));
+        gone.push_back(id);
+        continue;
+      }
       if (!l.reported) {
         l.reported = true;
         if (now - l.started >= kStableRun) l.backoff = kRestartBackoff;
@@ -110,7 +133,14 @@ bool LocalCluster::Supervise(const std::function<void(const std::string&)>& log)
     l.awaiting_ready = false;
     became_ready = true;
   }
-  return became_ready;
+  for (const std::string& id : gone) {
+    procs_.erase(id);
+    launches_.erase(id);
+    ready_.erase(id);
+    std::erase(order_, id);
+    std::erase(worker_ids_, id);
+  }
+  return became_ready || !gone.empty();
 }
 
 // Waits on inotify for the run folder, so the wait wakes when the file is
@@ -208,6 +238,7 @@ absl::StatusOr<std::string> LocalCluster::LaunchWorker(WorkerSpec spec) {
   argv.insert(argv.end(), spec.args.begin(), spec.args.end());
   argv.insert(argv.begin(), spec.wrap.begin(), spec.wrap.end());
   RETURN_IF_ERROR(Launch(id, argv, spec.env, spec.cpus));
+  launches_[id].role = spec.role;
   worker_ids_.push_back(id);
   return id;
 }
@@ -252,6 +283,7 @@ absl::Status LocalCluster::WaitForWorkers(size_t n, absl::Duration timeout) {
 
 absl::Status LocalCluster::CheckAlive() {
   for (const std::string& id : order_) {
+    if (launches_[id].retiring) continue;
     if (auto st = procs_[id]->TryWait()) {
       return absl::UnavailableError(absl::StrCat(id, " ", DescribeExit(*st), "; its log (", procs_[id]->log_path(),
                                                  "):\n", LogTail(id)));

@@ -14,6 +14,7 @@
 // destructor stops the workers, then the router (SIGINT, so no worker drains;
 // SIGKILL after 5 s).
 //
+// Retire(id) removes a worker for good (duet up --autoscale's drains).
 // Supervision (duet up's; tests that need a process to stay dead leave it
 // off): the owner calls Supervise() often, and each call relaunches, with
 // its own flags, every process that has exited, after a backoff that
@@ -100,12 +101,21 @@ class LocalCluster {
   static constexpr absl::Duration kStableRun = absl::Seconds(30);
   // One supervision pass; never blocks long. A process found exited is
   // reported (`log` gets a line naming it and its exit status) and
-  // relaunched once its backoff has passed; a relaunched process's ready
-  // file is read when it appears. Returns true when a restarted process
-  // became ready in this pass (its ports, e.g. metrics_port, may differ).
+  // relaunched once its backoff has passed (a retired one is forgotten
+  // instead); a launched or relaunched process's ready file is read when it
+  // appears. Returns true when a process became ready or was forgotten in
+  // this pass (the Prometheus targets changed).
   bool Supervise(const std::function<void(const std::string&)>& log);
   // Times each process was restarted by Supervise.
   int restarts(const std::string& id) const;
+  // Removes a worker for good: SIGTERM, so it drains (takes nothing new; its
+  // requests end or migrate; its leased KV is pulled) and exits. Supervise
+  // does not restart it; once it has exited, Supervise forgets it (logging
+  // how it ended) and it leaves worker_ids().
+  absl::Status Retire(const std::string& id);
+  bool retiring(const std::string& id) const;
+  // A worker's role as launched ("prefill", "decode", "colocated").
+  const std::string& role(const std::string& id) const { return launches_.at(id).role; }
   // Stops every process: workers in reverse start order, then the router.
   void Stop();
 
@@ -150,6 +160,8 @@ class LocalCluster {
     absl::Time restart_at;    // Exited; relaunch then.
     bool reported = false;    // Its exit is logged.
     bool awaiting_ready = false;
+    bool retiring = false;    // Retire()d: not restarted, forgotten once it exits.
+    std::string role;         // Workers only.
   };
   std::map<std::string, LaunchSpec> launches_;
   std::vector<std::string> order_;  // Start order.

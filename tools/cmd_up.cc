@@ -13,10 +13,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "autoscale/live_planner.h"
+#include "autoscale/local_actuator.h"
 #include "base/flags.h"
+#include "base/status_macros.h"
+#include "base/subprocess.h"
 #include "cluster/local_cluster.h"
 #include "placement/cluster_config.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/planner.h"
 #include "tools/commands.h"
+#include "tools/planner_flags.h"
 #include "engine/testing/model_maker.h"
 
 namespace duet::tools {
@@ -32,6 +40,81 @@ std::string SelfExe() {
 
 volatile sig_atomic_t g_stop = 0;
 void OnStop(int sig) { g_stop = sig; }
+
+// duet up --autoscale: the SLA planner and its local actuator over the
+// cluster's workers.
+struct Autoscaling {
+  placement::ModelSpec model;
+  std::unique_ptr<placement::LatencyModel> latency;
+  std::unique_ptr<placement::Planner> planner;
+  std::unique_ptr<autoscale::LocalActuator> actuator;
+  std::unique_ptr<autoscale::LivePlanner> live;
+  absl::Duration interval;
+  absl::Time next;
+};
+
+// The planner's model of one local worker: --latency, or `duet profile` of
+// this machine with one thread (a worker's), written into the run folder.
+absl::StatusOr<std::string> WorkerProfile(const FlagSet& f, const std::string& model_dir, const std::string& run_dir) {
+  if (!f.GetString("latency").empty()) return f.GetString("latency");
+  const std::string out = run_dir + "/worker-profile.json";
+  std::fprintf(stderr,
+               "duet up: timing one worker on this machine for the planner (duet profile --threads 1; about a "
+               "minute; --latency FILE reuses a fit; log in %s/profile.log)\n",
+               run_dir.c_str());
+  ASSIGN_OR_RETURN(auto p, Subprocess::Start({SelfExe(), "profile", "--model", model_dir, "--threads", "1",
+                                              "--idle-gaps=", "--out", out},
+                                             {}, run_dir + "/profile.log"));
+  const int st = p->Wait();
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(st), "; see ", run_dir, "/profile.log"));
+  }
+  return out;
+}
+
+absl::Status StartAutoscaling(const FlagSet& f, cluster::LocalCluster& c, const std::string& model_dir,
+                              const std::string& policy, int max_workers, const std::vector<std::string>& worker_args,
+                              const std::string& latency_file, Autoscaling& a) {
+  ASSIGN_OR_RETURN(placement::PlannerOptions po, PlannerFromFlags(f));
+  ASSIGN_OR_RETURN(a.model, placement::LoadModelSpec(model_dir));
+  ASSIGN_OR_RETURN(a.latency, placement::LoadLatencyModel(latency_file, a.model, 1));
+  // Each worker's KV capacity as the router reports it (its blocks times
+  // their size, at the KV dtype the workers run).
+  ASSIGN_OR_RETURN(placement::LoadFigures now,
+                   autoscale::RouterFigures({.host = "127.0.0.1", .port = c.http_port()}, absl::Seconds(1))());
+  if (now.decode.ready < 1 || now.decode.kv_capacity <= 0) {
+    return absl::UnavailableError("the router lists no decode worker's KV capacity");
+  }
+  po.prefill.kv_capacity_tokens = now.decode.kv_capacity / now.decode.ready;
+  po.decode = po.prefill;
+  po.cluster.policy = policy;
+  // One machine: the pools together within --max-workers, each leaving the other one.
+  if (po.max_instances == 0 || po.max_instances > max_workers) po.max_instances = max_workers;
+  po.max_prefill = std::min(po.max_prefill, max_workers - po.min_decode);
+  po.max_decode = std::min(po.max_decode, max_workers - po.min_prefill);
+  if (po.max_prefill < po.min_prefill || po.max_decode < po.min_decode) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-workers ", max_workers,
+                                                   " leaves no room above --min-prefill + --min-decode"));
+  }
+  a.planner = std::make_unique<placement::Planner>(a.model, *a.latency, po);
+  auto log = [](const std::string& line) { std::fprintf(stderr, "duet up: %s\n", line.c_str()); };
+  a.actuator = std::make_unique<autoscale::LocalActuator>(
+      c, autoscale::LocalActuatorOptions{.max_workers = max_workers, .threads = 1, .worker_args = worker_args, .log = log});
+  a.interval = absl::Seconds(f.GetDouble("interval"));
+  a.live = std::make_unique<autoscale::LivePlanner>(
+      *a.planner, *a.actuator,
+      autoscale::LivePlannerOptions{
+          .figures = autoscale::RouterFigures({.host = "127.0.0.1", .port = c.http_port()}, a.interval),
+          .interval = a.interval,
+          .log = log});
+  a.next = absl::Now() + a.interval;
+  std::fprintf(stderr,
+               "duet up: autoscaling every %g s within %d workers (prefill %d..%d, decode %d..%d), SLO TTFT %g s, "
+               "TPOT %g s; one worker: %s, %.0f KV tokens\n",
+               f.GetDouble("interval"), max_workers, po.min_prefill, po.max_prefill, po.min_decode, po.max_decode,
+               po.slo.ttft, po.slo.tpot, a.latency->Describe().c_str(), po.prefill.kv_capacity_tokens);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -57,7 +140,61 @@ int RunUp(int argc, char** argv) {
   f.String("run-dir", "", "folder for logs and ready files (default: a new one under /tmp)");
   f.Bool("no-supervise",
          "stop the whole cluster (showing the log) when a process dies, instead of restarting it");
+  f.Bool("autoscale",
+         "resize the prefill and decode pools to the load with the SLA planner (duet planner's, every --interval; "
+         "needs --slo-ttft and --slo-tpot): workers of one thread each, started, and drained (their requests end "
+         "or migrate), within --max-workers and --cores; --prefill and --decode are the start");
+  f.Double("slo-ttft", 0, "with --autoscale: TTFT target, seconds");
+  f.Double("slo-tpot", 0, "with --autoscale: TPOT target, seconds");
+  f.Int("max-workers", 4, "with --autoscale: worker processes at most, draining ones included");
+  f.Int("cores", 0,
+        "with --autoscale: cores the cluster may use (0: this machine's); the router and the planner take one, each "
+        "worker one, so workers stay within cores - 1 (more than the machine has oversubscribes it)");
+  f.String("latency", "",
+           "with --autoscale: the planner's model of one worker, a `duet profile --threads 1` fit of this machine "
+           "(default: profiled at start-up into the run folder)");
+  AddPlannerFlags(f);
   if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
+  const bool autoscaling = f.GetBool("autoscale");
+  if (absl::Status st = f.RefuseUnless(autoscaling,
+                                       {"slo-ttft", "slo-tpot", "max-workers", "cores", "latency", "interval",
+                                        "planner-target", "margin", "cooldown", "decode-utilization", "forecast",
+                                        "min-prefill", "max-prefill", "min-decode", "max-decode", "max-instances",
+                                        "switch-roles"},
+                                       "without --autoscale");
+      !st.ok()) {
+    std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  int max_workers = 0;
+  if (autoscaling) {
+    if (absl::Status st = f.RefuseUnless(false, {"config", "colocated", "threads"},
+                                         "with --autoscale (disaggregated pools of one-thread workers)");
+        !st.ok()) {
+      std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
+    if (f.GetBool("switch-roles")) {
+      std::fprintf(stderr, "duet up: --switch-roles needs --role flex workers, which duet does not have yet\n");
+      return 2;
+    }
+    const int cores = f.GetInt("cores") > 0 ? static_cast<int>(f.GetInt("cores"))
+                                            : static_cast<int>(std::thread::hardware_concurrency());
+    max_workers = std::min(static_cast<int>(f.GetInt("max-workers")), cores - 1);
+    if (max_workers < 2) {
+      std::fprintf(stderr, "duet up: --autoscale needs room for 2 workers (--max-workers, and --cores - 1 for the "
+                           "router and the planner); it has %d\n", max_workers);
+      return 2;
+    }
+    if (f.GetInt("prefill") + f.GetInt("decode") > max_workers) {
+      std::fprintf(stderr, "duet up: --prefill + --decode exceed the %d workers --autoscale may run\n", max_workers);
+      return 2;
+    }
+    if (absl::StatusOr<placement::PlannerOptions> po = PlannerFromFlags(f); !po.ok()) {
+      std::fprintf(stderr, "duet up: %s\n", std::string(po.status().message()).c_str());
+      return 2;
+    }
+  }
 
   placement::ClusterConfig cfg;
   if (f.IsSet("config")) {
@@ -114,8 +251,18 @@ int RunUp(int argc, char** argv) {
   fs::create_directories(run_dir);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int default_threads =
-      f.GetInt("threads") > 0 ? static_cast<int>(f.GetInt("threads"))
-                              : std::max(1, cores / static_cast<int>(cfg.instances.size()));
+      autoscaling ? 1
+      : f.GetInt("threads") > 0 ? static_cast<int>(f.GetInt("threads"))
+                                : std::max(1, cores / static_cast<int>(cfg.instances.size()));
+  std::string latency_file;
+  if (autoscaling) {
+    absl::StatusOr<std::string> l = WorkerProfile(f, cfg.model, run_dir);
+    if (!l.ok()) {
+      std::fprintf(stderr, "duet up: %s\n", std::string(l.status().message()).c_str());
+      return 1;
+    }
+    latency_file = *l;
+  }
 
   struct sigaction sa{};
   sa.sa_handler = OnStop;
@@ -153,6 +300,7 @@ int RunUp(int argc, char** argv) {
   std::fprintf(stderr, "duet up: router up (http port %d, control %s)\n", http_port, c.control_address().c_str());
 
   std::vector<cluster::WorkerSpec> workers;
+  std::vector<std::string> workers_args;  // the first worker's flags, for those --autoscale starts
   for (const placement::InstanceConfig& ic : cfg.instances) {
     cluster::WorkerSpec w;
     w.role = ic.role;
@@ -172,6 +320,7 @@ int RunUp(int argc, char** argv) {
     } else {
       w.args.insert(w.args.end(), {"--kv-memory", absl::StrCat(ic.kv_memory_gib)});
     }
+    if (workers_args.empty()) workers_args = w.args;
     workers.push_back(std::move(w));
   }
   // Ready when every worker listens and the router lists them all.
@@ -207,7 +356,20 @@ int RunUp(int argc, char** argv) {
       model_name.c_str());
   std::fflush(stdout);
   const bool supervise = !f.GetBool("no-supervise");
+  Autoscaling scaling;
+  if (autoscaling) {
+    // New workers get what the first ones got (KV size, batch budget).
+    st = StartAutoscaling(f, c, cfg.model, cfg.policy, max_workers, workers_args, latency_file, scaling);
+    if (!st.ok()) {
+      std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
+      return stop_all(1);
+    }
+  }
   while (!g_stop) {
+    if (scaling.live && absl::Now() >= scaling.next) {
+      scaling.next += scaling.interval;
+      (void)scaling.live->Step();  // An error is logged and counted; the next interval tries again.
+    }
     if (!supervise) {
       if (absl::Status alive = c.CheckAlive(); !alive.ok()) {
         std::fprintf(stderr, "duet up: %s\n", std::string(alive.message()).c_str());
