@@ -57,4 +57,47 @@ absl::Status LocalActuator::Apply(const placement::ScaleDecision& d, const place
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<LocalAutoscaler>> LocalAutoscaler::Start(cluster::LocalCluster& c,
+                                                                         LocalAutoscalerOptions o) {
+  std::unique_ptr<LocalAutoscaler> a(new LocalAutoscaler());
+  if (!o.log) o.log = [](const std::string&) {};
+  placement::PlannerOptions& po = o.planner;
+  ASSIGN_OR_RETURN(a->model_, placement::LoadModelSpec(o.model_dir));
+  ASSIGN_OR_RETURN(a->latency_, placement::LoadLatencyModel(o.latency_file, a->model_, 1));
+  // Each worker's KV capacity as the router reports it (its blocks times
+  // their size, at the KV dtype the workers run).
+  const http::Endpoint router{.host = "127.0.0.1", .port = c.http_port()};
+  ASSIGN_OR_RETURN(placement::LoadFigures now, RouterFigures(router, absl::Seconds(1))());
+  if (now.decode.ready < 1 || now.decode.kv_capacity <= 0) {
+    return absl::UnavailableError("the router lists no decode worker's KV capacity");
+  }
+  po.prefill.kv_capacity_tokens = now.decode.kv_capacity / now.decode.ready;
+  po.decode = po.prefill;
+  po.cluster.policy = o.policy;
+  // One machine: the pools together within max_workers, each leaving the other its minimum.
+  if (po.max_instances == 0 || po.max_instances > o.max_workers) po.max_instances = o.max_workers;
+  po.max_prefill = std::min(po.max_prefill, o.max_workers - po.min_decode);
+  po.max_decode = std::min(po.max_decode, o.max_workers - po.min_prefill);
+  if (po.max_prefill < po.min_prefill || po.max_decode < po.min_decode) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.max_workers, " workers at most leave no room above the pools' minima"));
+  }
+  a->planner_ = std::make_unique<placement::Planner>(a->model_, *a->latency_, po);
+  a->actuator_ = std::make_unique<LocalActuator>(
+      c, LocalActuatorOptions{.max_workers = o.max_workers, .threads = 1, .worker_args = o.worker_args, .log = o.log});
+  a->interval_ = o.interval;
+  a->live_ = std::make_unique<LivePlanner>(
+      *a->planner_, *a->actuator_,
+      LivePlannerOptions{.figures = RouterFigures(router, o.interval), .interval = o.interval, .log = o.log});
+  a->next_ = absl::Now() + o.interval;
+  return a;
+}
+
+bool LocalAutoscaler::Poll() {
+  if (absl::Now() < next_) return false;
+  next_ += interval_;
+  (void)live_->Step();  // An error is logged and counted; the next interval tries again.
+  return true;
+}
+
 }  // namespace duet::autoscale

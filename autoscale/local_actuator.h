@@ -13,7 +13,11 @@
 #include <vector>
 
 #include "autoscale/actuator.h"
+#include "autoscale/live_planner.h"
 #include "cluster/local_cluster.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/planner.h"
 
 namespace duet::autoscale {
 
@@ -40,6 +44,46 @@ class LocalActuator : public Actuator {
  private:
   cluster::LocalCluster& c_;
   LocalActuatorOptions o_;
+};
+
+// The SLA planner over a LocalCluster's workers (duet up --autoscale, and
+// the local autoscaling test and bench): its model of one worker from a
+// `duet profile --threads 1` fit, each worker's KV capacity as the router
+// reports it, the pools within `max_workers` together.
+struct LocalAutoscalerOptions {
+  placement::PlannerOptions planner;  // SLOs, bounds, cool-down (shapes and cluster are set here)
+  std::string model_dir;              // of the workers
+  std::string latency_file;           // a `duet profile --threads 1` fit
+  std::string policy = "least_loaded";
+  int max_workers = 3;
+  std::vector<std::string> worker_args;  // each new worker's own flags
+  absl::Duration interval = absl::Seconds(30);
+  std::function<void(const std::string&)> log;
+};
+
+class LocalAutoscaler {
+ public:
+  // Needs the cluster up (a decode worker registered); InvalidArgument when
+  // max_workers leaves no room above the pools' minima.
+  static absl::StatusOr<std::unique_ptr<LocalAutoscaler>> Start(cluster::LocalCluster& cluster,
+                                                                 LocalAutoscalerOptions options);
+  // Decides when an interval has passed since the last decision; returns
+  // whether it did. Never blocks otherwise.
+  bool Poll();
+  LivePlanner& live() { return *live_; }
+  placement::Planner& planner() { return *planner_; }
+  const placement::PlannerOptions& options() const { return planner_->options(); }
+  const placement::LatencyModel& latency() const { return *latency_; }
+
+ private:
+  LocalAutoscaler() = default;
+  placement::ModelSpec model_;
+  std::unique_ptr<placement::LatencyModel> latency_;
+  std::unique_ptr<placement::Planner> planner_;
+  std::unique_ptr<LocalActuator> actuator_;
+  std::unique_ptr<LivePlanner> live_;
+  absl::Duration interval_;
+  absl::Time next_;
 };
 
 }  // namespace duet::autoscale

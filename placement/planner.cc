@@ -248,8 +248,9 @@ ScaleDecision Planner::Decide(const LoadFigures& f) {
     // forecast load (no margin): prefill at the usual 90% attainment
     // (DistServe's target), decode at its long-run bound at utilization 1.
     // At the bound already, a move between the pools (a drain and a start)
-    // is of two instances or more and waits for the shrinking pool's
-    // cool-down.
+    // waits for the shrinking pool's cool-down, and is of at least 1/16 of
+    // the bound (two instances of 32: a fleet does not churn for one; a
+    // cluster of three moves its one).
     const int cap = o_.max_instances;
     const int even_p = Fewest(InstanceRole::kPrefill, o_.min_prefill, o_.max_prefill,
                               MakeWindow(planned, f.prefill.waiting), 0.9);
@@ -257,7 +258,7 @@ ScaleDecision Planner::Decide(const LoadFigures& f) {
     int p = static_cast<int>(std::lround(static_cast<double>(cap) * even_p / (even_p + even_d)));
     p = std::clamp(p, o_.min_prefill, cap - o_.min_decode);
     if (P + D == cap && p != P && P >= o_.min_prefill && cap - P >= o_.min_decode &&
-        (std::abs(p - P) < 2 || f.now - (p < P ? last_change_prefill_ : last_change_decode_) < o_.cooldown_s)) {
+        (std::abs(p - P) < std::max(1, cap / 16) || f.now - (p < P ? last_change_prefill_ : last_change_decode_) < o_.cooldown_s)) {
       p = P;
     }
     d.prefill = p;

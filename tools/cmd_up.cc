@@ -13,16 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "autoscale/live_planner.h"
 #include "autoscale/local_actuator.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "cluster/local_cluster.h"
 #include "placement/cluster_config.h"
-#include "placement/latency.h"
-#include "placement/model.h"
-#include "placement/planner.h"
 #include "tools/commands.h"
 #include "tools/planner_flags.h"
 #include "engine/testing/model_maker.h"
@@ -41,18 +37,6 @@ std::string SelfExe() {
 volatile sig_atomic_t g_stop = 0;
 void OnStop(int sig) { g_stop = sig; }
 
-// duet up --autoscale: the SLA planner and its local actuator over the
-// cluster's workers.
-struct Autoscaling {
-  placement::ModelSpec model;
-  std::unique_ptr<placement::LatencyModel> latency;
-  std::unique_ptr<placement::Planner> planner;
-  std::unique_ptr<autoscale::LocalActuator> actuator;
-  std::unique_ptr<autoscale::LivePlanner> live;
-  absl::Duration interval;
-  absl::Time next;
-};
-
 // The planner's model of one local worker: --latency, or `duet profile` of
 // this machine with one thread (a worker's), written into the run folder.
 absl::StatusOr<std::string> WorkerProfile(const FlagSet& f, const std::string& model_dir, const std::string& run_dir) {
@@ -70,50 +54,6 @@ absl::StatusOr<std::string> WorkerProfile(const FlagSet& f, const std::string& m
     return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(st), "; see ", run_dir, "/profile.log"));
   }
   return out;
-}
-
-absl::Status StartAutoscaling(const FlagSet& f, cluster::LocalCluster& c, const std::string& model_dir,
-                              const std::string& policy, int max_workers, const std::vector<std::string>& worker_args,
-                              const std::string& latency_file, Autoscaling& a) {
-  ASSIGN_OR_RETURN(placement::PlannerOptions po, PlannerFromFlags(f));
-  ASSIGN_OR_RETURN(a.model, placement::LoadModelSpec(model_dir));
-  ASSIGN_OR_RETURN(a.latency, placement::LoadLatencyModel(latency_file, a.model, 1));
-  // Each worker's KV capacity as the router reports it (its blocks times
-  // their size, at the KV dtype the workers run).
-  ASSIGN_OR_RETURN(placement::LoadFigures now,
-                   autoscale::RouterFigures({.host = "127.0.0.1", .port = c.http_port()}, absl::Seconds(1))());
-  if (now.decode.ready < 1 || now.decode.kv_capacity <= 0) {
-    return absl::UnavailableError("the router lists no decode worker's KV capacity");
-  }
-  po.prefill.kv_capacity_tokens = now.decode.kv_capacity / now.decode.ready;
-  po.decode = po.prefill;
-  po.cluster.policy = policy;
-  // One machine: the pools together within --max-workers, each leaving the other one.
-  if (po.max_instances == 0 || po.max_instances > max_workers) po.max_instances = max_workers;
-  po.max_prefill = std::min(po.max_prefill, max_workers - po.min_decode);
-  po.max_decode = std::min(po.max_decode, max_workers - po.min_prefill);
-  if (po.max_prefill < po.min_prefill || po.max_decode < po.min_decode) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-workers ", max_workers,
-                                                   " leaves no room above --min-prefill + --min-decode"));
-  }
-  a.planner = std::make_unique<placement::Planner>(a.model, *a.latency, po);
-  auto log = [](const std::string& line) { std::fprintf(stderr, "duet up: %s\n", line.c_str()); };
-  a.actuator = std::make_unique<autoscale::LocalActuator>(
-      c, autoscale::LocalActuatorOptions{.max_workers = max_workers, .threads = 1, .worker_args = worker_args, .log = log});
-  a.interval = absl::Seconds(f.GetDouble("interval"));
-  a.live = std::make_unique<autoscale::LivePlanner>(
-      *a.planner, *a.actuator,
-      autoscale::LivePlannerOptions{
-          .figures = autoscale::RouterFigures({.host = "127.0.0.1", .port = c.http_port()}, a.interval),
-          .interval = a.interval,
-          .log = log});
-  a.next = absl::Now() + a.interval;
-  std::fprintf(stderr,
-               "duet up: autoscaling every %g s within %d workers (prefill %d..%d, decode %d..%d), SLO TTFT %g s, "
-               "TPOT %g s; one worker: %s, %.0f KV tokens\n",
-               f.GetDouble("interval"), max_workers, po.min_prefill, po.max_prefill, po.min_decode, po.max_decode,
-               po.slo.ttft, po.slo.tpot, a.latency->Describe().c_str(), po.prefill.kv_capacity_tokens);
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -356,20 +296,32 @@ int RunUp(int argc, char** argv) {
       model_name.c_str());
   std::fflush(stdout);
   const bool supervise = !f.GetBool("no-supervise");
-  Autoscaling scaling;
+  std::unique_ptr<autoscale::LocalAutoscaler> scaler;
   if (autoscaling) {
     // New workers get what the first ones got (KV size, batch budget).
-    st = StartAutoscaling(f, c, cfg.model, cfg.policy, max_workers, workers_args, latency_file, scaling);
-    if (!st.ok()) {
-      std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
+    auto s = autoscale::LocalAutoscaler::Start(
+        c, {.planner = *PlannerFromFlags(f),  // checked above
+            .model_dir = cfg.model,
+            .latency_file = latency_file,
+            .policy = cfg.policy,
+            .max_workers = max_workers,
+            .worker_args = workers_args,
+            .interval = absl::Seconds(f.GetDouble("interval")),
+            .log = [](const std::string& line) { std::fprintf(stderr, "duet up: %s\n", line.c_str()); }});
+    if (!s.ok()) {
+      std::fprintf(stderr, "duet up: %s\n", std::string(s.status().message()).c_str());
       return stop_all(1);
     }
+    scaler = std::move(*s);
+    const placement::PlannerOptions& po = scaler->options();
+    std::fprintf(stderr,
+                 "duet up: autoscaling every %g s within %d workers (prefill %d..%d, decode %d..%d), SLO TTFT %g s, "
+                 "TPOT %g s; one worker: %s, %.0f KV tokens\n",
+                 f.GetDouble("interval"), max_workers, po.min_prefill, po.max_prefill, po.min_decode, po.max_decode,
+                 po.slo.ttft, po.slo.tpot, scaler->latency().Describe().c_str(), po.prefill.kv_capacity_tokens);
   }
   while (!g_stop) {
-    if (scaling.live && absl::Now() >= scaling.next) {
-      scaling.next += scaling.interval;
-      (void)scaling.live->Step();  // An error is logged and counted; the next interval tries again.
-    }
+    if (scaler) scaler->Poll();
     if (!supervise) {
       if (absl::Status alive = c.CheckAlive(); !alive.ok()) {
         std::fprintf(stderr, "duet up: %s\n", std::string(alive.message()).c_str());

@@ -1,0 +1,128 @@
+// duet up --autoscale's planner and local actuator on real processes (a
+// router and one-thread workers of the tiny model, on this machine's two
+// cores with up to three workers, as `--cores 4 --max-workers 4` allows),
+// under three phases of load from an open-loop client: prefill-heavy (long
+// prompts, short outputs), decode-heavy (short prompts, long outputs) and
+// quiet. The prefill pool must grow in the first, the decode pool in the
+// second, the cluster shrink back in the third, each phase changing
+// direction at most once; each decision must be the planner's simulation
+// of the figures the router reported (replayed offline to the same
+// decisions); and every request must
+// complete, those on workers drained away included (each retired worker
+// exits 0 after its drain).
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/subprocess.h"
+#include "engine/testing/tiny_model.h"
+#include "placement/latency.h"
+#include "placement/model.h"
+#include "placement/planner.h"
+#include "tools/bench/local_autoscale.h"
+
+namespace duet::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST_CASE("the planner grows prefill, then decode, then shrinks, on real processes, losing no request") {
+  const std::string dir = testing::TinyModelDir("llama");
+  const fs::path tmp = std::getenv("TEST_TMPDIR");
+  // The planner's model of one worker: this machine, one thread.
+  const std::string profile = (tmp / "worker-profile.json").string();
+  auto prof = RunCommand({fs::absolute("tools/duet").string(), "profile", "--model", dir, "--threads", "1",
+                          "--idle-gaps=", "--out", profile},
+                         absl::Minutes(5));
+  REQUIRE(prof.ok());
+  INFO(prof->output);
+  REQUIRE(WIFEXITED(prof->status));
+  REQUIRE(WEXITSTATUS(prof->status) == 0);
+
+  LocalRunOptions o;
+  o.model_dir = dir;
+  o.model_name = fs::path(dir).filename().string();
+  o.run_dir = (tmp / "cluster").string();
+  o.autoscale = true;
+  o.latency_file = profile;
+  o.max_workers = 3;  // --cores 4: the router and the planner take one
+  o.interval_s = 5;
+  o.planner.slo = {.ttft = 1.0, .tpot = 0.005};
+  o.planner.cooldown_s = 15;
+  // Each heavy phase past what one worker of its pool serves within the SLO
+  // here, within what two do.
+  o.phases = {{"prefill-heavy", 25, 6, 900, 4}, {"decode-heavy", 25, 10, 16, 400}, {"quiet", 35, 0.2, 16, 8}};
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
+  absl::StatusOr<LocalRunResult> r = RunLocal(o);
+  REQUIRE(r.ok());
+  std::string all_lines;
+  for (const std::string& l : lines) all_lines += l + "\n";
+  INFO(all_lines);
+
+  // Every request completed.
+  REQUIRE_FALSE(r->run.outcomes.empty());
+  for (const Outcome& out : r->run.outcomes) {
+    INFO(out.error);
+    CHECK(out.ok());
+  }
+
+  // Per phase: the pools' sizes the planner set, and the direction changes.
+  std::map<std::string, int> max_prefill, max_decode, changes;
+  std::map<std::string, int> last_direction;
+  int final_prefill = 1, final_decode = 1;
+  for (const LocalDecision& d : r->decisions) {
+    const int before = d.figures.prefill.planned() + d.figures.decode.planned();
+    const int after = d.decision.prefill + d.decision.decode;
+    max_prefill[d.phase] = std::max(max_prefill[d.phase], d.decision.prefill);
+    max_decode[d.phase] = std::max(max_decode[d.phase], d.decision.decode);
+    const int dir = (after > before) - (after < before);
+    if (dir != 0) {
+      if (last_direction[d.phase] != 0 && last_direction[d.phase] != dir) ++changes[d.phase];
+      last_direction[d.phase] = dir;
+    }
+    final_prefill = d.decision.prefill;
+    final_decode = d.decision.decode;
+  }
+  CHECK(max_prefill["prefill-heavy"] == 2);
+  CHECK(max_decode["decode-heavy"] == 2);
+  CHECK(final_prefill == 1);
+  CHECK(final_decode == 1);
+  for (const auto& [phase, n] : changes) {
+    INFO(phase);
+    CHECK(n <= 1);
+  }
+
+  // Each decision is the planner's simulation on the figures the router
+  // reported: the same figures, replayed through a planner with the same
+  // options and worker model, give the same decisions (nothing in the live
+  // path, the figures' JSON, the actuator's starting counts, changes them).
+  placement::ModelSpec model = placement::LoadModelSpec(dir).value();
+  auto latency = placement::LoadLatencyModel(profile, model, 1).value();
+  placement::PlannerOptions po = o.planner;
+  po.prefill.kv_capacity_tokens = po.decode.kv_capacity_tokens =
+      r->decisions.front().figures.decode.kv_capacity / r->decisions.front().figures.decode.ready;
+  po.max_instances = 3;
+  po.max_prefill = po.max_decode = 2;
+  placement::Planner replay(model, *latency, po);
+  for (const LocalDecision& d : r->decisions) {
+    const placement::ScaleDecision again = replay.Decide(d.figures);
+    INFO(d.phase << " t=" << d.t << ": live " << d.record.Describe() << "\nreplayed " << replay.last().Describe());
+    CHECK(again.prefill == d.decision.prefill);
+    CHECK(again.decode == d.decision.decode);
+    CHECK(replay.last().prefill_need == d.record.prefill_need);
+    CHECK(replay.last().decode_need == d.record.decode_need);
+    CHECK(replay.last().predicted_ttft_p50 == d.record.predicted_ttft_p50);
+  }
+
+  // The workers drained away ended by their drain.
+  CHECK(r->retired.size() >= 2);
+  for (const std::string& l : r->retired) CHECK(l.find("exited with code 0") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace duet::bench
