@@ -44,7 +44,9 @@ void AddFlags(FlagSet& f) {
   f.String("gpu", "a100-80g", "GPU of an instance: its KV capacity from the memory left after the weights");
   f.Int("tp", 1, "tensor parallel degree of an instance");
   f.Int("pp", 1, "pipeline stages of an instance");
-  f.Double("kv-capacity-tokens", 0, "KV tokens per instance (0: from --kv-memory, else from the GPUs' memory)");
+  f.Double("kv-capacity-tokens", 0,
+           "KV tokens per instance (0: from --kv-memory; else what the router reports of its decode workers at "
+           "start-up; else from the GPUs' memory)");
   f.Double("kv-memory", 0, "KV cache per instance in GiB, as the workers' flag says (the KV capacity at the model's "
                            "bytes per token)");
   f.Int("max-batch-tokens", 0, "tokens per prefill batch (0: the simulator's default)");
@@ -59,13 +61,21 @@ void AddFlags(FlagSet& f) {
   f.Bool("once", "make one decision, print it and exit (0: it was applied)");
 }
 
-absl::StatusOr<placement::InstanceSpec> Shape(const FlagSet& f, const placement::ModelSpec& model) {
+absl::StatusOr<placement::InstanceSpec> Shape(const FlagSet& f, const placement::ModelSpec& model,
+                                              const http::Endpoint& router) {
   placement::InstanceSpec s;
   s.par = {.tp = static_cast<int>(f.GetInt("tp")), .pp = static_cast<int>(f.GetInt("pp"))};
   if (s.par.tp < 1 || s.par.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be >= 1");
   s.kv_capacity_tokens = f.GetDouble("kv-capacity-tokens");
   if (s.kv_capacity_tokens <= 0 && f.GetDouble("kv-memory") > 0) {
     s.kv_capacity_tokens = f.GetDouble("kv-memory") * (1 << 30) / static_cast<double>(model.KvBytesPerToken());
+  }
+  if (s.kv_capacity_tokens <= 0) {
+    // The workers' own figure: their blocks times their size, at the KV dtype they run.
+    absl::StatusOr<placement::LoadFigures> now = autoscale::RouterFigures(router, absl::Seconds(1))();
+    if (now.ok() && now->decode.ready > 0 && now->decode.kv_capacity > 0) {
+      s.kv_capacity_tokens = now->decode.kv_capacity / now->decode.ready;
+    }
   }
   if (s.kv_capacity_tokens <= 0) {
     ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(f.GetString("gpu")));
@@ -95,10 +105,10 @@ absl::Status Run(const FlagSet& f) {
       f.GetString("latency").empty() ? absl::StrCat("roofline:", f.GetString("gpu")) : f.GetString("latency");
   ASSIGN_OR_RETURN(std::unique_ptr<placement::LatencyModel> latency,
                    LoadLatencyWithOverhead(f, spec, model, static_cast<uint64_t>(f.GetInt("seed"))));
-  ASSIGN_OR_RETURN(po.prefill, Shape(f, model));
+  ASSIGN_OR_RETURN(http::Endpoint router, http::ParseEndpoint(f.GetString("router")));
+  ASSIGN_OR_RETURN(po.prefill, Shape(f, model, router));
   po.decode = po.prefill;
   po.seed = static_cast<uint64_t>(f.GetInt("seed"));
-  ASSIGN_OR_RETURN(http::Endpoint router, http::ParseEndpoint(f.GetString("router")));
 
   auto log = [](const std::string& line) {
     std::printf("%s\n", line.c_str());
@@ -120,9 +130,10 @@ absl::Status Run(const FlagSet& f) {
   autoscale::LivePlanner live(planner, *actuator,
                               {.figures = autoscale::RouterFigures(router, interval), .interval = interval, .log = log});
   std::fprintf(stderr,
-               "duet planner: %s on %s (%s), SLO TTFT %g s, TPOT %g s; router %s:%d, every %g s, actuator %s\n",
-               model.name.c_str(), f.GetString("gpu").c_str(), latency->Describe().c_str(), po.slo.ttft, po.slo.tpot,
-               router.host.c_str(), router.port, f.GetDouble("interval"), actuator->name().c_str());
+               "duet planner: %s (%s, %.0f KV tokens per instance), SLO TTFT %g s, TPOT %g s; router %s:%d, every %g "
+               "s, actuator %s\n",
+               model.name.c_str(), latency->Describe().c_str(), po.prefill.kv_capacity_tokens, po.slo.ttft,
+               po.slo.tpot, router.host.c_str(), router.port, f.GetDouble("interval"), actuator->name().c_str());
   if (f.GetBool("once")) return live.Step();
 
   IoThread io;
