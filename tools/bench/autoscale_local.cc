@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,8 @@
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "engine/testing/model_maker.h"
-#include "tools/bench/local_autoscale.h"
+#include "autoscale/local_run.h"
+#include "tools/bench/serve_common.h"
 
 namespace duet::bench {
 namespace {
@@ -47,19 +49,30 @@ absl::Status Run(const FlagSet& f) {
                                                  absl::Minutes(10)));
     if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0) return absl::InternalError("duet profile failed");
   }
-  LocalRunOptions o;
+  autoscale::LocalRunOptions o;
   o.model_dir = model_dir;
-  o.model_name = fs::path(model_dir).filename().string();
+  const std::string model_name = fs::path(model_dir).filename().string();
   o.latency_file = profile;
   o.max_workers = 3;
   o.interval_s = f.GetDouble("interval");
   o.planner.slo = {.ttft = f.GetDouble("slo-ttft"), .tpot = f.GetDouble("slo-tpot")};
   o.planner.cooldown_s = f.GetDouble("cooldown");
-  o.seed = static_cast<uint32_t>(f.GetInt("seed"));
   const double s = f.GetDouble("phase-seconds");
-  o.phases = {{"prefill-heavy", s, f.GetDouble("prefill-rate"), 900, 4},
-              {"decode-heavy", s, f.GetDouble("decode-rate"), 16, 400},
-              {"quiet", s * 1.4, 0.2, 16, 8}};
+  const std::vector<autoscale::LocalPhase> phases = {{"prefill-heavy", s, f.GetDouble("prefill-rate"), 900, 4},
+                                                     {"decode-heavy", s, f.GetDouble("decode-rate"), 16, 400},
+                                                     {"quiet", s * 1.4, 0.2, 16, 8}};
+  o.seconds = autoscale::PhasesSeconds(phases);
+  // The phases' arrivals as the serving benches' requests: random prompt
+  // tokens, streamed, timed at the client.
+  std::vector<BenchRequest> reqs;
+  {
+    std::mt19937_64 rng(static_cast<uint64_t>(f.GetInt("seed")));
+    for (const autoscale::LocalArrival& a : autoscale::PhaseArrivals(phases, static_cast<uint64_t>(f.GetInt("seed")))) {
+      BenchRequest r{.arrival_s = a.t, .max_tokens = a.output};
+      for (int64_t k = 0; k < a.prompt; ++k) r.prompt.push_back(static_cast<int32_t>(10 + rng() % 900));
+      reqs.push_back(std::move(r));
+    }
+  }
   struct Row {
     std::string name;
     int prefill, decode;
@@ -72,7 +85,7 @@ absl::Status Run(const FlagSet& f) {
                            {"fixed minimal: 1 prefill + 1 decode", 1, 1, false},
                            {"fixed maximal: 2 prefill + 1 decode", 2, 1, false},
                            {"fixed maximal: 1 prefill + 2 decode", 1, 2, false}};
-  std::vector<LocalDecision> decisions;
+  std::vector<autoscale::LocalDecision> decisions;
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& row = rows[i];
     Progress(absl::StrCat("run ", i + 1, " of ", rows.size(), ": ", row.name));
@@ -81,8 +94,10 @@ absl::Status Run(const FlagSet& f) {
     o.decode = row.decode;
     o.run_dir = (tmp / absl::StrCat("run-", i)).string();
     o.log = row.autoscale ? [](const std::string& l) { Progress(l); } : std::function<void(const std::string&)>();
-    ASSIGN_OR_RETURN(LocalRunResult r, RunLocal(o));
-    row.sum = Summarize(r.run, o.planner.slo.ttft, o.planner.slo.tpot);
+    RunResult run;
+    ASSIGN_OR_RETURN(autoscale::LocalRunResult r,
+                     autoscale::RunLocal(o, [&](int port) { run = Replay(port, model_name, reqs, 600); }));
+    row.sum = Summarize(run, o.planner.slo.ttft, o.planner.slo.tpot);
     row.worker_seconds = r.worker_seconds;
     row.decisions = r.decisions.size();
     if (row.autoscale) decisions = r.decisions;
@@ -90,7 +105,7 @@ absl::Status Run(const FlagSet& f) {
   std::printf("\nautoscale_local: tiny model, %s; phases %s; SLO TTFT %g s, TPOT %g s; interval %g s, cool-down %g s\n",
               model_dir.c_str(),
               absl::StrFormat("prefill-heavy %gs @ %g/s (900 + 4 tokens), decode-heavy %gs @ %g/s (16 + 400), "
-                              "quiet %gs @ 0.2/s", s, o.phases[0].rate, s, o.phases[1].rate, s * 1.4)
+                              "quiet %gs @ 0.2/s", s, phases[0].rate, s, phases[1].rate, s * 1.4)
                   .c_str(),
               o.planner.slo.ttft, o.planner.slo.tpot, o.interval_s, o.planner.cooldown_s);
   std::printf("%-40s %10s %10s %10s %10s %8s %10s\n", "cluster", "attain", "TTFT p90", "TPOT p90", "errors",
@@ -102,9 +117,10 @@ absl::Status Run(const FlagSet& f) {
                 row.worker_seconds / planner.worker_seconds);
   }
   std::printf("\nthe planner's decisions (phase, time, pools before -> after, needs):\n");
-  for (const LocalDecision& d : decisions) {
+  for (const autoscale::LocalDecision& d : decisions) {
     if (d.decision.prefill == d.figures.prefill.planned() && d.decision.decode == d.figures.decode.planned()) continue;
-    std::printf("  %-14s t=%5.1fs  prefill %d -> %d (needs %d), decode %d -> %d (needs %d)\n", d.phase.c_str(), d.t,
+    std::printf("  %-14s t=%5.1fs  prefill %d -> %d (needs %d), decode %d -> %d (needs %d)\n",
+                autoscale::PhaseAt(phases, d.t).c_str(), d.t,
                 d.figures.prefill.planned(), d.decision.prefill, d.record.prefill_need, d.figures.decode.planned(),
                 d.decision.decode, d.record.decode_need);
   }

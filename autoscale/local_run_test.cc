@@ -15,20 +15,64 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "autoscale/local_run.h"
 #include "base/subprocess.h"
 #include "engine/testing/tiny_model.h"
+#include "http/client.h"
 #include "placement/latency.h"
 #include "placement/model.h"
 #include "placement/planner.h"
-#include "tools/bench/local_autoscale.h"
 
-namespace duet::bench {
+namespace duet::autoscale {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The open-loop client: each arrival on its own thread at its time, a
+// completion of random prompt tokens with ignore_eos; its HTTP status and
+// the tokens it got (or the error).
+struct Sent {
+  int status = 0;
+  int64_t tokens = 0;
+  std::string error;
+};
+std::vector<Sent> SendAll(int port, const std::string& model, const std::vector<LocalArrival>& arrivals) {
+  std::vector<Sent> out(arrivals.size());
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937 rng(static_cast<uint32_t>(i));
+      nlohmann::json ids = nlohmann::json::array();
+      for (int64_t k = 0; k < arrivals[i].prompt; ++k) ids.push_back(10 + rng() % 900);
+      const std::string body = nlohmann::json{{"model", model},         {"prompt", ids},
+                                              {"max_tokens", arrivals[i].output}, {"ignore_eos", true},
+                                              {"temperature", 0}}
+                                   .dump();
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<int64_t>(arrivals[i].t * 1e6)));
+      auto r = http::HttpCall("127.0.0.1", port, "POST", "/v1/completions", body, absl::Minutes(5));
+      if (!r.ok()) {
+        out[i].error = std::string(r.status().message());
+        return;
+      }
+      out[i].status = r->status;
+      nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+      if (r->status != 200 || j.is_discarded()) {
+        out[i].error = r->body.substr(0, 300);
+        return;
+      }
+      out[i].tokens = j["usage"].value("completion_tokens", int64_t{0});
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
 
 TEST_CASE("the planner grows prefill, then decode, then shrinks, on real processes, losing no request") {
   const std::string dir = testing::TinyModelDir("llama");
@@ -45,7 +89,6 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
 
   LocalRunOptions o;
   o.model_dir = dir;
-  o.model_name = fs::path(dir).filename().string();
   o.run_dir = (tmp / "cluster").string();
   o.autoscale = true;
   o.latency_file = profile;
@@ -55,20 +98,27 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   o.planner.cooldown_s = 15;
   // Each heavy phase past what one worker of its pool serves within the SLO
   // here, within what two do.
-  o.phases = {{"prefill-heavy", 25, 6, 900, 4}, {"decode-heavy", 25, 10, 16, 400}, {"quiet", 35, 0.2, 16, 8}};
+  const std::vector<LocalPhase> phases = {
+      {"prefill-heavy", 25, 6, 900, 4}, {"decode-heavy", 25, 10, 16, 400}, {"quiet", 35, 0.2, 16, 8}};
+  o.seconds = PhasesSeconds(phases);
   std::vector<std::string> lines;
   o.log = [&](const std::string& l) { lines.push_back(l); };
-  absl::StatusOr<LocalRunResult> r = RunLocal(o);
+  const std::vector<LocalArrival> arrivals = PhaseArrivals(phases, 1);
+  std::vector<Sent> sent;
+  absl::StatusOr<LocalRunResult> r =
+      RunLocal(o, [&](int port) { sent = SendAll(port, fs::path(dir).filename().string(), arrivals); });
   REQUIRE(r.ok());
   std::string all_lines;
   for (const std::string& l : lines) all_lines += l + "\n";
   INFO(all_lines);
 
-  // Every request completed.
-  REQUIRE_FALSE(r->run.outcomes.empty());
-  for (const Outcome& out : r->run.outcomes) {
-    INFO(out.error);
-    CHECK(out.ok());
+  // Every request completed, with every token it asked for.
+  REQUIRE(sent.size() == arrivals.size());
+  REQUIRE(sent.size() > 300);
+  for (size_t i = 0; i < sent.size(); ++i) {
+    INFO(sent[i].error);
+    CHECK(sent[i].status == 200);
+    CHECK(sent[i].tokens == arrivals[i].output);
   }
 
   // Per phase: the pools' sizes the planner set, and the direction changes.
@@ -76,14 +126,15 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   std::map<std::string, int> last_direction;
   int final_prefill = 1, final_decode = 1;
   for (const LocalDecision& d : r->decisions) {
+    const std::string& phase = PhaseAt(phases, d.t);
     const int before = d.figures.prefill.planned() + d.figures.decode.planned();
     const int after = d.decision.prefill + d.decision.decode;
-    max_prefill[d.phase] = std::max(max_prefill[d.phase], d.decision.prefill);
-    max_decode[d.phase] = std::max(max_decode[d.phase], d.decision.decode);
+    max_prefill[phase] = std::max(max_prefill[phase], d.decision.prefill);
+    max_decode[phase] = std::max(max_decode[phase], d.decision.decode);
     const int dir = (after > before) - (after < before);
     if (dir != 0) {
-      if (last_direction[d.phase] != 0 && last_direction[d.phase] != dir) ++changes[d.phase];
-      last_direction[d.phase] = dir;
+      if (last_direction[phase] != 0 && last_direction[phase] != dir) ++changes[phase];
+      last_direction[phase] = dir;
     }
     final_prefill = d.decision.prefill;
     final_decode = d.decision.decode;
@@ -111,7 +162,7 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   placement::Planner replay(model, *latency, po);
   for (const LocalDecision& d : r->decisions) {
     const placement::ScaleDecision again = replay.Decide(d.figures);
-    INFO(d.phase << " t=" << d.t << ": live " << d.record.Describe() << "\nreplayed " << replay.last().Describe());
+    INFO(PhaseAt(phases, d.t) << " t=" << d.t << ": live " << d.record.Describe() << "\nreplayed " << replay.last().Describe());
     CHECK(again.prefill == d.decision.prefill);
     CHECK(again.decode == d.decision.decode);
     CHECK(replay.last().prefill_need == d.record.prefill_need);
@@ -125,4 +176,4 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
 }
 
 }  // namespace
-}  // namespace duet::bench
+}  // namespace duet::autoscale
