@@ -43,8 +43,8 @@ absl::StatusOr<std::string> WorkerProfile(const FlagSet& f, const std::string& m
   if (!f.GetString("latency").empty()) return f.GetString("latency");
   const std::string out = run_dir + "/worker-profile.json";
   std::fprintf(stderr,
-               "duet up: timing one worker on this machine for the planner (duet profile --threads 1; about a "
-               "minute; --latency FILE reuses a fit; log in %s/profile.log)\n",
+               "duet up: timing one worker on this machine for the planner (duet profile --threads 1: seconds on "
+               "the tiny model, minutes on a large one; --latency FILE reuses a fit; log in %s/profile.log)\n",
                run_dir.c_str());
   ASSIGN_OR_RETURN(auto p, Subprocess::Start({SelfExe(), "profile", "--model", model_dir, "--threads", "1",
                                               "--idle-gaps=", "--out", out},
@@ -108,8 +108,9 @@ int RunUp(int argc, char** argv) {
   }
   int max_workers = 0;
   if (autoscaling) {
-    if (absl::Status st = f.RefuseUnless(false, {"config", "colocated", "threads"},
-                                         "with --autoscale (disaggregated pools of one-thread workers)");
+    // The supervisor reaps the workers the planner drains away.
+    if (absl::Status st = f.RefuseUnless(false, {"config", "colocated", "threads", "no-supervise"},
+                                         "with --autoscale (supervised disaggregated pools of one-thread workers)");
         !st.ok()) {
       std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
       return 2;
