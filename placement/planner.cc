@@ -246,7 +246,8 @@ ScaleDecision Planner::Decide(const LoadFigures& f) {
     // More than the bound: no headroom is left to plan, so the bound is
     // split in proportion to what each pool needs to break even at the
     // forecast load (no margin): prefill at the usual 90% attainment
-    // (DistServe's target), decode at its long-run bound at utilization 1.
+    // (DistServe's target), decode at its long-run bound at utilization 1;
+    // a split that falls halfway goes to the pool short of its need now.
     // At the bound already, a move between the pools (a drain and a start)
     // waits for the shrinking pool's cool-down, and is of at least 1/16 of
     // the bound (two instances of 32: a fleet does not churn for one; a
@@ -256,6 +257,7 @@ ScaleDecision Planner::Decide(const LoadFigures& f) {
                               MakeWindow(planned, f.prefill.waiting), 0.9);
     const int even_d = std::max(o_.min_decode, static_cast<int>(std::ceil(DecodeLoad(planned))));
     int p = static_cast<int>(std::lround(static_cast<double>(cap) * even_p / (even_p + even_d)));
+    if (2 * cap * even_p == (2 * p - 1) * (even_p + even_d) && record_.decode_need > D) --p;  // halfway, decode short
     p = std::clamp(p, o_.min_prefill, cap - o_.min_decode);
     if (P + D == cap && p != P && P >= o_.min_prefill && cap - P >= o_.min_decode &&
         (std::abs(p - P) < std::max(1, cap / 16) || f.now - (p < P ? last_change_prefill_ : last_change_decode_) < o_.cooldown_s)) {

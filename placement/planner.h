@@ -31,9 +31,12 @@
 //      smaller pool meets the SLO at the load scaled by N / (N - 1) (N the
 //      instances planned now), the pool has not changed for `cooldown_s`,
 //      and to no fewer than any decision of the last `cooldown_s` needed
-//      (HPA's stabilization window). Past a total bound (`max_instances`), the split of the
-//      bound whose pools' simulated attainments multiply to the most (a
-//      decode pool short of its long-run bound credited with its share).
+//      (HPA's stabilization window). Past a total bound (`max_instances`),
+//      the bound is split in proportion to what each pool needs to break
+//      even (prefill at 90% attainment, decode at its long-run bound; a
+//      halfway split to the pool short of its need). At the bound, a move
+//      between the pools waits for the shrinking one's cool-down and is of
+//      at least 1/16 of it.
 //   5. Switch. With `switch_roles` (both shapes alike), a pool that shrinks
 //      while the other grows gives it instances by switching their role
 //      instead of a drain and a start.
