@@ -194,8 +194,15 @@ ScaleDecision Planner::Decide(const LoadFigures& f) {
   record_.correction_decode = correction_decode_;
 
   // A restarted planner (or an actuator that moved the pools) waits a
-  // cool-down before shrinking what it finds.
-  if (last_prefill_ < 0) last_change_prefill_ = last_change_decode_ = f.now;
+  // cool-down before shrinking what it finds. So does one whose figures'
+  // clock went back (a restarted router counts from 0): the spans it kept
+  // in the old clock would hold the pools for as long as that clock ran.
+  if (last_prefill_ < 0 || f.now < last_now_) {
+    last_change_prefill_ = last_change_decode_ = f.now;
+    prefill_needs_.clear();
+    decode_needs_.clear();
+  }
+  last_now_ = f.now;
   record_.prefill_before = P;
   record_.decode_before = D;
   ScaleDecision d{.prefill = P, .decode = D};

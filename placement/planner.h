@@ -136,6 +136,7 @@ class Planner : public Autoscaler {
   double correction_prefill_ = 1, correction_decode_ = 1;
   double predicted_ttft_ = -1, predicted_tpot_ = -1;
   double last_change_prefill_ = -1e300, last_change_decode_ = -1e300;
+  double last_now_ = -1e300;  // the last figures' clock
   int last_prefill_ = -1, last_decode_ = -1;
   std::deque<std::pair<double, int>> prefill_needs_, decode_needs_;  // (time, need) over the last cool-down
   PlannerRecord record_;

@@ -217,6 +217,24 @@ TEST_CASE("the planner shrinks only after its cool-down, from what a restart fin
   CHECK(up.decode > d);
   CHECK(planner.last().simulations > 0);
   CHECK(planner.last().predicted_ttft_p50 > 0);
+
+  // The figures' clock goes back (the router restarted, its age from 0):
+  // the planner keeps the grown pools a cool-down in the new clock, then
+  // shrinks them (spans kept in the old clock would hold them for as long
+  // as the old router had run).
+  p = up.prefill;
+  d = up.decode;
+  double r = 10;
+  for (; r < 10 + 120; r += 30) {
+    const ScaleDecision x = planner.Decide(Steady(r, 1, p, d));
+    INFO("restarted router, t " << r << ": " << planner.last().Describe());
+    CHECK(x.prefill == p);
+    CHECK(x.decode == d);
+  }
+  const ScaleDecision after = planner.Decide(Steady(r, 1, p, d));
+  INFO(planner.last().Describe());
+  CHECK(after.prefill < p);
+  CHECK(after.decode < d);
 }
 
 TEST_CASE("the queue-threshold autoscaler follows HPA's formula, tolerance and stabilization", "[planner]") {
