@@ -25,6 +25,7 @@
 #include "placement/hardware.h"
 #include "placement/latency.h"
 #include "placement/model.h"
+#include "placement/place.h"
 #include "placement/planner.h"
 
 namespace duet::autoscale {
@@ -154,8 +155,7 @@ struct PlannerSetup {
                                 .max_window_requests = 400};
     const placement::GpuSpec gpu = placement::LoadGpu("a100-80g").value();
     for (placement::InstanceSpec* s : {&o.prefill, &o.decode}) {
-      s->kv_capacity_tokens = (0.9 * gpu.memory_bytes - static_cast<double>(model.WeightBytes())) /
-                              static_cast<double>(model.KvBytesPerToken());
+      s->kv_capacity_tokens = placement::KvCapacity(model, gpu, s->par);
     }
     return o;
   }

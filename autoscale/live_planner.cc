@@ -26,6 +26,14 @@ FiguresSource RouterFigures(http::Endpoint router, absl::Duration window) {
   };
 }
 
+absl::StatusOr<double> WorkerKvCapacity(const http::Endpoint& router) {
+  ASSIGN_OR_RETURN(placement::LoadFigures now, RouterFigures(router, absl::Seconds(1))());
+  if (now.decode.ready < 1 || now.decode.kv_capacity <= 0) {
+    return absl::UnavailableError("the router lists no decode worker's KV capacity");
+  }
+  return now.decode.kv_capacity / now.decode.ready;
+}
+
 namespace {
 
 Counter* Decisions(const char* direction) {

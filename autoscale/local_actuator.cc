@@ -1,7 +1,10 @@
 #include "autoscale/local_actuator.h"
 
+#include <sys/wait.h>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/subprocess.h"
 
 namespace duet::autoscale {
 
@@ -57,6 +60,18 @@ absl::Status LocalActuator::Apply(const placement::ScaleDecision& d, const place
   return absl::OkStatus();
 }
 
+absl::Status ProfileWorker(const std::string& duet_binary, const std::string& model_dir, const std::string& out,
+                           const std::string& log_path) {
+  ASSIGN_OR_RETURN(auto p, Subprocess::Start({duet_binary, "profile", "--model", model_dir, "--threads", "1",
+                                              "--idle-gaps=", "--out", out},
+                                             {}, log_path));
+  const int st = p->Wait();
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(st), "; see ", log_path));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<LocalAutoscaler>> LocalAutoscaler::Start(cluster::LocalCluster& c,
                                                                          LocalAutoscalerOptions o) {
   std::unique_ptr<LocalAutoscaler> a(new LocalAutoscaler());
@@ -64,14 +79,8 @@ absl::StatusOr<std::unique_ptr<LocalAutoscaler>> LocalAutoscaler::Start(cluster:
   placement::PlannerOptions& po = o.planner;
   ASSIGN_OR_RETURN(a->model_, placement::LoadModelSpec(o.model_dir));
   ASSIGN_OR_RETURN(a->latency_, placement::LoadLatencyModel(o.latency_file, a->model_, 1));
-  // Each worker's KV capacity as the router reports it (its blocks times
-  // their size, at the KV dtype the workers run).
   const http::Endpoint router{.host = "127.0.0.1", .port = c.http_port()};
-  ASSIGN_OR_RETURN(placement::LoadFigures now, RouterFigures(router, absl::Seconds(1))());
-  if (now.decode.ready < 1 || now.decode.kv_capacity <= 0) {
-    return absl::UnavailableError("the router lists no decode worker's KV capacity");
-  }
-  po.prefill.kv_capacity_tokens = now.decode.kv_capacity / now.decode.ready;
+  ASSIGN_OR_RETURN(po.prefill.kv_capacity_tokens, WorkerKvCapacity(router));
   po.decode = po.prefill;
   po.cluster.policy = o.policy;
   // One machine: the pools together within max_workers, each leaving the other its minimum.

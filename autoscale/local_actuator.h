@@ -46,6 +46,12 @@ class LocalActuator : public Actuator {
   LocalActuatorOptions o_;
 };
 
+// The planner's model of one local worker: `duet profile --threads 1` of
+// this machine (the idle-spell timings skipped), its fit written to `out`,
+// its output to `log_path`.
+absl::Status ProfileWorker(const std::string& duet_binary, const std::string& model_dir, const std::string& out,
+                           const std::string& log_path);
+
 // The SLA planner over a LocalCluster's workers (duet up --autoscale, and
 // the local autoscaling test and bench): its model of one worker from a
 // `duet profile --threads 1` fit, each worker's KV capacity as the router

@@ -10,8 +10,6 @@
 // decisions); and every request must
 // complete, those on workers drained away included (each retired worker
 // exits 0 after its drain).
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -21,8 +19,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "autoscale/local_actuator.h"
 #include "autoscale/local_run.h"
-#include "base/subprocess.h"
 #include "engine/testing/tiny_model.h"
 #include "http/client.h"
 #include "placement/latency.h"
@@ -79,13 +77,10 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   const fs::path tmp = std::getenv("TEST_TMPDIR");
   // The planner's model of one worker: this machine, one thread.
   const std::string profile = (tmp / "worker-profile.json").string();
-  auto prof = RunCommand({fs::absolute("tools/duet").string(), "profile", "--model", dir, "--threads", "1",
-                          "--idle-gaps=", "--out", profile},
-                         absl::Minutes(5));
+  const absl::Status prof =
+      ProfileWorker(fs::absolute("tools/duet").string(), dir, profile, (tmp / "profile.log").string());
+  INFO(prof.message());
   REQUIRE(prof.ok());
-  INFO(prof->output);
-  REQUIRE(WIFEXITED(prof->status));
-  REQUIRE(WEXITSTATUS(prof->status) == 0);
 
   LocalRunOptions o;
   o.model_dir = dir;

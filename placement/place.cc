@@ -7,12 +7,12 @@
 #include "absl/strings/str_cat.h"
 
 namespace duet::placement {
-namespace {
-
 double KvCapacity(const ModelSpec& m, const GpuSpec& g, const Parallel& p, double fraction) {
   return (fraction * g.memory_bytes * p.gpus() - static_cast<double>(m.WeightBytes())) /
          static_cast<double>(m.KvBytesPerToken());
 }
+
+namespace {
 
 InstanceSpec Instance(InstanceRole role, const Parallel& p, const ModelSpec& m, const GpuSpec& g,
                       const PlaceOptions& o) {

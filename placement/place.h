@@ -102,6 +102,11 @@ struct PlaceResult {
   int candidates = 0;
 };
 
+// The KV tokens an instance of `p` on `g` holds: `fraction` of its GPUs'
+// memory less the weights, at the model's bytes per token (not positive when
+// the weights do not fit).
+double KvCapacity(const ModelSpec& m, const GpuSpec& g, const Parallel& p, double fraction = 0.9);
+
 // `colocated_latency` times the colocated configurations (e.g. vLLM's fit
 // beside DistServe's for the disaggregated ones); nullptr: `latency`.
 absl::StatusOr<PlaceResult> Place(const ModelSpec& model, const GpuSpec& gpu, LatencyModel& latency,

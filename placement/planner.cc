@@ -150,6 +150,12 @@ int Planner::Fewest(InstanceRole role, int lo, int hi, const Window& w, double t
 }
 
 ScaleDecision Planner::Decide(const LoadFigures& f) {
+  const ScaleDecision d = Size(f);
+  if (o_.on_decision) o_.on_decision(record_, f);
+  return d;
+}
+
+ScaleDecision Planner::Size(const LoadFigures& f) {
   record_ = PlannerRecord{};
   record_.now = f.now;
   Keep(prompts_, f.prompt_lens, o_.lengths_kept);

@@ -47,6 +47,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -58,6 +59,8 @@
 #include "placement/sim.h"
 
 namespace duet::placement {
+
+struct PlannerRecord;
 
 struct PlannerOptions {
   Slo slo;
@@ -80,6 +83,9 @@ struct PlannerOptions {
   // The cluster the pools run in (KV link, dispatch policy, prefix cache).
   ClusterSpec cluster;
   uint64_t seed = 1;
+  // Called after each decision with its record and the figures it read
+  // (the commands' logs).
+  std::function<void(const PlannerRecord&, const LoadFigures&)> on_decision;
 };
 
 // One decision's inputs and reasoning, for the log and the metrics.
@@ -106,6 +112,7 @@ class Planner : public Autoscaler {
   const PlannerOptions& options() const { return o_; }
 
  private:
+  ScaleDecision Size(const LoadFigures& f);  // Decide, before on_decision
   struct Window {
     std::vector<SimRequest> requests;
     int64_t backlog = 0;  // requests at time 0 (not counted in the window's rate)

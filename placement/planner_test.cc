@@ -12,6 +12,7 @@
 #include "placement/hardware.h"
 #include "placement/latency.h"
 #include "placement/model.h"
+#include "placement/place.h"
 #include "placement/planner.h"
 #include "placement/sim.h"
 
@@ -52,8 +53,7 @@ struct Setup {
     for (auto [s, role] : {std::pair<InstanceSpec*, InstanceRole>{&prefill, InstanceRole::kPrefill},
                            {&decode, InstanceRole::kDecode}}) {
       s->role = role;
-      s->kv_capacity_tokens = (0.9 * gpu.memory_bytes - static_cast<double>(model.WeightBytes())) /
-                              static_cast<double>(model.KvBytesPerToken());
+      s->kv_capacity_tokens = KvCapacity(model, gpu, s->par);
     }
   }
   ClusterSpec Cluster(int p, int d) const {

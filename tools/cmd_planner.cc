@@ -17,6 +17,7 @@
 #include "placement/hardware.h"
 #include "placement/latency.h"
 #include "placement/model.h"
+#include "placement/place.h"
 #include "placement/planner.h"
 #include "tools/commands.h"
 #include "tools/planner_flags.h"
@@ -71,19 +72,15 @@ absl::StatusOr<placement::InstanceSpec> Shape(const FlagSet& f, const placement:
     s.kv_capacity_tokens = f.GetDouble("kv-memory") * (1 << 30) / static_cast<double>(model.KvBytesPerToken());
   }
   if (s.kv_capacity_tokens <= 0) {
-    // The workers' own figure: their blocks times their size, at the KV dtype they run.
-    absl::StatusOr<placement::LoadFigures> now = autoscale::RouterFigures(router, absl::Seconds(1))();
-    if (now.ok() && now->decode.ready > 0 && now->decode.kv_capacity > 0) {
-      s.kv_capacity_tokens = now->decode.kv_capacity / now->decode.ready;
-    }
+    // The workers' own figure; the GPUs' memory below when the router has none.
+    if (absl::StatusOr<double> kv = autoscale::WorkerKvCapacity(router); kv.ok()) s.kv_capacity_tokens = *kv;
   }
   if (s.kv_capacity_tokens <= 0) {
     ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(f.GetString("gpu")));
-    const double free = 0.9 * g.memory_bytes * s.par.gpus() - static_cast<double>(model.WeightBytes());
-    if (free <= 0) {
+    s.kv_capacity_tokens = placement::KvCapacity(model, g, s.par);
+    if (s.kv_capacity_tokens <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(model.name, " does not fit on ", s.par.gpus(), " x ", g.name));
     }
-    s.kv_capacity_tokens = free / static_cast<double>(model.KvBytesPerToken());
   }
   if (f.GetInt("max-batch-tokens") > 0) s.max_batch_tokens = f.GetInt("max-batch-tokens");
   s.max_batch_size = f.GetInt("max-batch-size");

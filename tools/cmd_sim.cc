@@ -21,6 +21,7 @@
 #include "placement/hardware.h"
 #include "placement/latency.h"
 #include "placement/model.h"
+#include "placement/place.h"
 #include "placement/planner.h"
 #include "placement/sim.h"
 #include "placement/workload.h"
@@ -116,13 +117,13 @@ absl::StatusOr<std::vector<std::pair<std::string, ClusterSpec>>> Clusters(const 
                       const ModelSpec& m) -> absl::StatusOr<double> {
     if (f.GetDouble("kv-capacity-tokens") > 0) return f.GetDouble("kv-capacity-tokens");
     ASSIGN_OR_RETURN(placement::GpuSpec g, placement::LoadGpu(gpu_id));
-    const double free = 0.9 * g.memory_bytes * par.gpus() - static_cast<double>(m.WeightBytes());
-    if (free <= 0) {
+    const double tokens = placement::KvCapacity(m, g, par);
+    if (tokens <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(m.name, m.weight_dtype.empty() ? "" : " in ", m.weight_dtype,
                                                      " does not fit on ", par.gpus(), " x ", g.name, " (weights ",
                                                      m.WeightBytes() / 1e9, " GB)"));
     }
-    return free / static_cast<double>(m.KvBytesPerToken());
+    return tokens;
   };
   auto link = [&](const std::string& gpu_id, double cluster_gbps) -> absl::StatusOr<double> {
     if (f.GetDouble("link-gbps") > 0) return f.GetDouble("link-gbps") * 1e9;
@@ -368,23 +369,13 @@ absl::Status RunAutoscaled(const FlagSet& f, const ModelSpec& model, placement::
   po.seed = static_cast<uint64_t>(f.GetInt("seed"));
   std::unique_ptr<placement::Autoscaler> scaler;
   std::string name;
-  // Logs each SLA planner decision.
-  class Logged : public placement::Autoscaler {
-   public:
-    Logged(const ModelSpec& m, placement::LatencyModel& l, placement::PlannerOptions o, bool log)
-        : planner_(m, l, std::move(o)), log_(log) {}
-    placement::ScaleDecision Decide(const placement::LoadFigures& figures) override {
-      placement::ScaleDecision d = planner_.Decide(figures);
-      if (log_) std::printf("planner: %s\n", planner_.last().Describe().c_str());
-      return d;
-    }
-
-   private:
-    placement::Planner planner_;
-    const bool log_;
-  };
   if (f.GetString("autoscaler") == "sla") {
-    scaler = std::make_unique<Logged>(model, latency, po, f.GetBool("log-decisions"));
+    if (f.GetBool("log-decisions")) {
+      po.on_decision = [](const placement::PlannerRecord& r, const placement::LoadFigures&) {
+        std::printf("planner: %s\n", r.Describe().c_str());
+      };
+    }
+    scaler = std::make_unique<placement::Planner>(model, latency, po);
     name = "SLA planner";
   } else {
     scaler = std::make_unique<placement::QueueThresholdScaler>(

@@ -16,7 +16,6 @@
 #include "autoscale/local_actuator.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
-#include "base/subprocess.h"
 #include "cluster/local_cluster.h"
 #include "placement/cluster_config.h"
 #include "tools/commands.h"
@@ -46,13 +45,7 @@ absl::StatusOr<std::string> WorkerProfile(const FlagSet& f, const std::string& m
                "duet up: timing one worker on this machine for the planner (duet profile --threads 1: seconds on "
                "the tiny model, minutes on a large one; --latency FILE reuses a fit; log in %s/profile.log)\n",
                run_dir.c_str());
-  ASSIGN_OR_RETURN(auto p, Subprocess::Start({SelfExe(), "profile", "--model", model_dir, "--threads", "1",
-                                              "--idle-gaps=", "--out", out},
-                                             {}, run_dir + "/profile.log"));
-  const int st = p->Wait();
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    return absl::InternalError(absl::StrCat("duet profile ", DescribeExit(st), "; see ", run_dir, "/profile.log"));
-  }
+  RETURN_IF_ERROR(autoscale::ProfileWorker(SelfExe(), model_dir, out, run_dir + "/profile.log"));
   return out;
 }
 

@@ -36,6 +36,7 @@
 #include "placement/hardware.h"
 #include "placement/latency.h"
 #include "placement/model.h"
+#include "placement/place.h"
 #include "placement/planner.h"
 #include "placement/sim.h"
 #include "placement/workload.h"
@@ -159,8 +160,7 @@ int Main(int argc, char** argv) {
                             {&s.decode, InstanceRole::kDecode}}) {
     spec->role = role;
     spec->par = {.tp = 2, .pp = 1};
-    spec->kv_capacity_tokens = (0.9 * gpu.memory_bytes * 2 - static_cast<double>(s.model.WeightBytes())) /
-                               static_cast<double>(s.model.KvBytesPerToken());
+    spec->kv_capacity_tokens = KvCapacity(s.model, gpu, spec->par);
   }
   s.base.kv_link_bytes_per_s = gpu.intra_node_bw;
 
@@ -256,24 +256,15 @@ int Main(int argc, char** argv) {
   po.decode_utilization = f.GetDouble("decode-utilization");
   po.cooldown_s = f.GetDouble("cooldown");
   // Each decision logged with --log.
-  struct Logged : Autoscaler {
-    Planner* p;
-    bool log;
-    ScaleDecision Decide(const LoadFigures& x) override {
-      ScaleDecision d = p->Decide(x);
-      if (log) {
-        std::fprintf(stderr, "  [%s] ttft p90 %.3f tpot p90 %.4f pw %lld dw %lld dr %lld\n",
-                     p->last().Describe().c_str(), x.ttft_p90, x.tpot_p90, (long long)x.prefill.waiting,
-                     (long long)x.decode.waiting, (long long)x.decode.running);
-      }
-      return d;
-    }
-  };
+  if (f.GetBool("log")) {
+    po.on_decision = [](const PlannerRecord& r, const LoadFigures& x) {
+      std::fprintf(stderr, "  [%s] ttft p90 %.3f tpot p90 %.4f pw %lld dw %lld dr %lld\n", r.Describe().c_str(),
+                   x.ttft_p90, x.tpot_p90, (long long)x.prefill.waiting, (long long)x.decode.waiting,
+                   (long long)x.decode.running);
+    };
+  }
   Planner planner(s.model, *s.latency, po);
-  Logged logged;
-  logged.p = &planner;
-  logged.log = f.GetBool("log");
-  Outcome sla = run_scaled(logged, "SLA planner");
+  Outcome sla = run_scaled(planner, "SLA planner");
 
   // Queue threshold, bounds swept; each pool within the fixed plan's size
   // (its maxReplicas, as a Deployment's autoscaler has its own).

@@ -9,8 +9,6 @@
 // events) and worker-seconds for each, and the planner's decisions.
 //
 //   bazel run -c opt //tools/bench:autoscale_local [-- --slo-ttft 1 --slo-tpot 0.005]
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -21,8 +19,8 @@
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
-#include "base/subprocess.h"
 #include "engine/testing/model_maker.h"
+#include "autoscale/local_actuator.h"
 #include "autoscale/local_run.h"
 #include "tools/bench/serve_common.h"
 
@@ -44,10 +42,7 @@ absl::Status Run(const FlagSet& f) {
   if (profile.empty()) {
     profile = (tmp / "worker-profile.json").string();
     Progress("timing one worker (duet profile --threads 1)");
-    ASSIGN_OR_RETURN(CommandResult r, RunCommand({duet, "profile", "--model", model_dir, "--threads", "1",
-                                                  "--idle-gaps=", "--out", profile},
-                                                 absl::Minutes(10)));
-    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0) return absl::InternalError("duet profile failed");
+    RETURN_IF_ERROR(autoscale::ProfileWorker(duet, model_dir, profile, (tmp / "profile.log").string()));
   }
   autoscale::LocalRunOptions o;
   o.model_dir = model_dir;
