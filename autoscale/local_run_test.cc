@@ -94,7 +94,7 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   // Each heavy phase past what one worker of its pool serves within the SLO
   // here, within what two do.
   const std::vector<LocalPhase> phases = {
-      {"prefill-heavy", 25, 6, 900, 4}, {"decode-heavy", 25, 10, 16, 400}, {"quiet", 35, 0.2, 16, 8}};
+      {"prefill-heavy", 25, 6, 900, 4}, {"decode-heavy", 25, 10, 16, 400}, {"quiet", 45, 0.2, 16, 8}};
   o.seconds = PhasesSeconds(phases);
   std::vector<std::string> lines;
   o.log = [&](const std::string& l) { lines.push_back(l); };

@@ -135,8 +135,12 @@ class DistServeLatency : public LatencyModel {
       auto at = [&](size_t i) { return t[i][1] + t[i][2] * sum; };
       double ms = at(0);
       if (bs > t.back()[0] && t.size() > 1) {
+        // Each row past the last batch adds what a row added between the
+        // last two (their `a`), its context priced at the last batch's `b`:
+        // the `b`s' difference is already per context token, and times a
+        // large batch's context it is not a row's cost.
         const size_t n = t.size();
-        const double slope = std::max(0.0, (at(n - 1) - at(n - 2)) / (t[n - 1][0] - t[n - 2][0]));
+        const double slope = std::max(0.0, (t[n - 1][1] - t[n - 2][1]) / (t[n - 1][0] - t[n - 2][0]));
         ms = at(n - 1) + slope * (bs - t[n - 1][0]);
       } else if (bs > t[0][0] && t.size() > 1) {
         size_t i = 1;

@@ -152,7 +152,8 @@ struct DistServeFit {
     // with rising batches, a decode step of that batch costing a + b
     // sum(context) ms. When present it replaces the two regimes: linear
     // between the listed batches, the first below them, and past the last
-    // the last two's slope (never falling).
+    // the last one's, each further row adding the last two's slope of `a`
+    // (never falling).
     std::vector<std::array<double, 3>> decode_by_batch;
   };
   std::map<int, Coefficients> by_tp;

@@ -72,7 +72,8 @@ TEST_CASE("decoding_by_batch replaces the two regimes: linear between batches, r
   CHECK((*lat)->Decode(p, two) == Approx((50 + 4.0) / 1e3));
   // Halfway from batch 2 (50 + 6 at sum 300) to batch 4 (60 + 6).
   CHECK((*lat)->Decode(p, three) == Approx((56 + 66) / 2.0 / 1e3));
-  // Past batch 4: the 2 -> 4 slope at sum 600 ((72 - 62) / 2 a sequence).
+  // Past batch 4: batch 4's step at sum 600 (60 + 12), each further
+  // sequence adding the 2 -> 4 slope of `a` ((60 - 50) / 2).
   CHECK((*lat)->Decode(p, six) == Approx((72 + 2 * 5.0) / 1e3));
   for (const char* text : {"[[2, 1, 0], [1, 1, 0]]", "[[0, 1, 0]]", "[[1, 1]]", "[]", "\"fast\""}) {
     const nlohmann::json bad = nlohmann::json::parse(text);
@@ -85,6 +86,26 @@ TEST_CASE("decoding_by_batch replaces the two regimes: linear between batches, r
     INFO(bad.dump());
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST_CASE("past the table, a decode step's context is priced at the last batch's rate, not at the rates' slope",
+          "[placement]") {
+  ModelSpec m = ModelPreset("opt-13b").value();
+  // The per-token rate rises from 0.02 (batch 2) to 0.03 (batch 4), as a
+  // CPU's does when a batch's context leaves the cache. 64 rows of 1000
+  // context tokens: batch 4's 60 + 0.03 x 64000, plus 60 rows at 5 ms (the
+  // 2 -> 4 slope of a). Extrapolating the whole step's slope would add
+  // (0.03 - 0.02) x 64000 / 2 ms a row instead: 20 s a step.
+  auto lat = LoadLatencyModel(
+      WriteProfile({{"1",
+                     {{"prefill", {100.0, 1.0, 0.0}},
+                      {"decoding_smallbs", {20.0, 0.01, 0.0}},
+                      {"decoding_largebs", {20.0, 0.01, 0.0}},
+                      {"decoding_by_batch", nlohmann::json::parse("[[1, 30, 0.01], [2, 50, 0.02], [4, 60, 0.03]]")}}}}),
+      m);
+  REQUIRE(lat.ok());
+  const std::vector<int64_t> rows(64, 1000);
+  CHECK((*lat)->Decode({.tp = 1, .pp = 1}, rows) == Approx((60 + 0.03 * 64000 + 60 * 5.0) / 1e3));
 }
 
 TEST_CASE("a prefill after an idle spell pays the penalty; one right after another does not", "[placement]") {
