@@ -2,6 +2,9 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/subprocess.h"
@@ -30,7 +33,20 @@ absl::Status LocalActuator::Observe(placement::LoadFigures& f) {
 }
 
 absl::Status LocalActuator::Apply(const placement::ScaleDecision& d, const placement::LoadFigures&) {
-  // Stops first: their cores come back as they drain.
+  // Switches first: they cost no start.
+  for (auto [from, to, n] : {std::tuple<const char*, const char*, int>{"decode", "prefill", d.to_prefill},
+                             {"prefill", "decode", d.to_decode}}) {
+    std::vector<std::string> have = Workers(from);
+    for (int k = 0; k < n; ++k) {
+      auto flex = std::find_if(have.rbegin(), have.rend(), [&](const std::string& id) { return c_.flex(id); });
+      if (flex == have.rend()) break;
+      const std::string id = *flex;
+      have.erase(std::next(flex).base());
+      RETURN_IF_ERROR(c_.SwitchRole(id, to));
+      o_.log(absl::StrCat("switching ", id, " (", from, " -> ", to, ")"));
+    }
+  }
+  // Stops next: their cores come back as they drain.
   for (auto [role, want] : {std::pair<const char*, int>{"prefill", d.prefill}, {"decode", d.decode}}) {
     std::vector<std::string> have = Workers(role);
     // The newest first: the likeliest to be still starting, with the least work.
@@ -51,6 +67,7 @@ absl::Status LocalActuator::Apply(const placement::ScaleDecision& d, const place
       }
       cluster::WorkerSpec w;
       w.role = role;
+      w.flex = o_.flex;
       w.threads = o_.threads;
       w.args = o_.worker_args;
       ASSIGN_OR_RETURN(std::string id, c_.LaunchWorker(std::move(w)));
@@ -93,7 +110,11 @@ absl::StatusOr<std::unique_ptr<LocalAutoscaler>> LocalAutoscaler::Start(cluster:
   }
   a->planner_ = std::make_unique<placement::Planner>(a->model_, *a->latency_, po);
   a->actuator_ = std::make_unique<LocalActuator>(
-      c, LocalActuatorOptions{.max_workers = o.max_workers, .threads = 1, .worker_args = o.worker_args, .log = o.log});
+      c, LocalActuatorOptions{.max_workers = o.max_workers,
+                             .threads = 1,
+                             .flex = po.switch_roles,
+                             .worker_args = o.worker_args,
+                             .log = o.log});
   a->interval_ = o.interval;
   a->live_ = std::make_unique<LivePlanner>(
       *a->planner_, *a->actuator_,

@@ -2,7 +2,9 @@
 // processes of a LocalCluster. A start launches a worker (one engine thread,
 // the flags every worker of the cluster gets); a stop retires the newest
 // worker of the pool (SIGTERM: it drains, its requests end or migrate, and
-// it exits; the supervisor does not restart it). Processes alive, draining
+// it exits; the supervisor does not restart it); a switch asks the router
+// to move the newest flex worker of one pool to the other (it drains and
+// registers again, its weights loaded), before any stop or start. Processes alive, draining
 // ones included, never exceed `max_workers`: a start that would is left for
 // a later interval.
 #ifndef DUET_AUTOSCALE_LOCAL_ACTUATOR_H_
@@ -24,6 +26,9 @@ namespace duet::autoscale {
 struct LocalActuatorOptions {
   int max_workers = 4;
   int threads = 1;                        // per worker
+  // New workers start as flex ones (--role flex), and a decision's
+  // switches (to_prefill, to_decode) move flex workers between the pools.
+  bool flex = false;
   std::vector<std::string> worker_args;   // each new worker's own flags (--kv-memory, ...)
   std::function<void(const std::string&)> log;
 };
@@ -57,7 +62,9 @@ absl::Status ProfileWorker(const std::string& duet_binary, const std::string& mo
 // `duet profile --threads 1` fit, each worker's KV capacity as the router
 // reports it, the pools within `max_workers` together.
 struct LocalAutoscalerOptions {
-  placement::PlannerOptions planner;  // SLOs, bounds, cool-down (shapes and cluster are set here)
+  // SLOs, bounds, cool-down (shapes and cluster are set here); with
+  // switch_roles, the workers it starts are flex ones and it switches them.
+  placement::PlannerOptions planner;
   std::string model_dir;              // of the workers
   std::string latency_file;           // a `duet profile --threads 1` fit
   std::string policy = "least_loaded";

@@ -52,7 +52,9 @@ absl::StatusOr<LocalRunResult> RunLocal(const LocalRunOptions& o, const std::fun
   cluster::LocalCluster c(co);
   RETURN_IF_ERROR(c.StartRouter());
   std::vector<cluster::WorkerSpec> workers;
-  for (int i = 0; i < o.prefill + o.decode; ++i) workers.push_back({.role = i < o.prefill ? "prefill" : "decode"});
+  for (int i = 0; i < o.prefill + o.decode; ++i) {
+    workers.push_back({.role = i < o.prefill ? "prefill" : "decode", .flex = o.autoscale && o.planner.switch_roles});
+  }
   RETURN_IF_ERROR(c.StartWorkers(std::move(workers)));
   std::unique_ptr<LocalAutoscaler> scaler;
   if (o.autoscale) {

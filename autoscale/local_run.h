@@ -42,7 +42,7 @@ struct LocalRunOptions {
   std::string model_dir, run_dir;
   int prefill = 1, decode = 1;  // fixed sizes, or the start when autoscaling
   bool autoscale = false;
-  placement::PlannerOptions planner;  // with autoscale: SLOs, bounds, cool-down
+  placement::PlannerOptions planner;  // with autoscale: SLOs, bounds, cool-down; switch_roles: flex workers
   std::string latency_file;           // with autoscale: `duet profile --threads 1` of this machine
   int max_workers = 3;
   double interval_s = 5;

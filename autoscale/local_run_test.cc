@@ -1,15 +1,16 @@
-// duet up --autoscale's planner and local actuator on real processes (a
-// router and one-thread workers of the tiny model, on this machine's two
-// cores with up to three workers, as `--cores 4 --max-workers 4` allows),
-// under three phases of load from an open-loop client: prefill-heavy (long
-// prompts, short outputs), decode-heavy (short prompts, long outputs) and
-// quiet. The prefill pool must grow in the first, the decode pool in the
-// second, the cluster shrink back in the third, each phase changing
-// direction at most once; each decision must be the planner's simulation
-// of the figures the router reported (replayed offline to the same
-// decisions); and every request must
-// complete, those on workers drained away included (each retired worker
-// exits 0 after its drain).
+// duet up --autoscale --switch-roles's planner and local actuator on real
+// processes (a router and one-thread flex workers of the tiny model, on
+// this machine's two cores with up to three workers, as `--cores 4
+// --max-workers 4` allows), under three phases of load from an open-loop
+// client: prefill-heavy (long prompts, short outputs), decode-heavy (short
+// prompts, long outputs) and quiet. The prefill pool must grow in the first
+// (a start), the decode pool in the second (at the bound of three: a
+// prefill worker switched to decode, not a drain and a start), the cluster
+// shrink back in the third (a drain), each phase changing direction at
+// most once; each decision must be the planner's simulation of the figures
+// the router reported (replayed offline to the same decisions); and every
+// request must complete, those on workers switched or drained away
+// included (each retired worker exits 0 after its drain).
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -91,6 +92,7 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   o.interval_s = 5;
   o.planner.slo = {.ttft = 1.0, .tpot = 0.005};
   o.planner.cooldown_s = 15;
+  o.planner.switch_roles = true;
   // Each heavy phase past what one worker of its pool serves within the SLO
   // here, within what two do.
   const std::vector<LocalPhase> phases = {
@@ -165,8 +167,16 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
     CHECK(replay.last().predicted_ttft_p50 == d.record.predicted_ttft_p50);
   }
 
-  // The workers drained away ended by their drain.
-  CHECK(r->retired.size() >= 2);
+  // The decode pool grew by a switch, and the workers drained away ended
+  // by their drain.
+  int switches = 0;
+  for (const LocalDecision& d : r->decisions) {
+    if (d.decision.to_decode > 0) CHECK(PhaseAt(phases, d.t) == "decode-heavy");
+    switches += d.decision.to_decode + d.decision.to_prefill;
+  }
+  CHECK(switches >= 1);
+  CHECK(all_lines.find("(prefill -> decode)") != std::string::npos);
+  CHECK(r->retired.size() >= 1);
   for (const std::string& l : r->retired) CHECK(l.find("exited with code 0") != std::string::npos);
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -221,10 +222,16 @@ absl::StatusOr<std::string> LocalCluster::LaunchWorker(WorkerSpec spec) {
   if (spec.role != "prefill" && spec.role != "decode" && spec.role != "colocated") {
     return absl::InvalidArgumentError(absl::StrCat("a worker's role is prefill, decode or colocated, not ", spec.role));
   }
-  const int n = role_counts_[spec.role]++;
-  const std::string id = spec.id.empty() ? absl::StrCat(spec.role, "-", n) : spec.id;
-  std::vector<std::string> argv = {options_.duet_binary, spec.role == "colocated" ? "worker" : spec.role};
+  if (spec.flex && spec.role == "colocated") return absl::InvalidArgumentError("a flex worker serves prefill or decode");
+  const std::string kind = spec.flex ? "flex" : spec.role;
+  const int n = role_counts_[kind]++;
+  const std::string id = spec.id.empty() ? absl::StrCat(kind, "-", n) : spec.id;
+  std::vector<std::string> argv = {options_.duet_binary, spec.role == "colocated" || spec.flex ? "worker" : spec.role};
   if (spec.role == "colocated") argv.push_back("--role=colocated");
+  if (spec.flex) {
+    argv.push_back("--role=flex");
+    argv.push_back("--initial-role=" + spec.role);
+  }
   for (const std::string& a : {std::string("--model"), options_.model_dir, std::string("--router"), control_,
                                std::string("--worker-id"), id, std::string("--threads"), std::to_string(spec.threads),
                                std::string("--metrics-port"), std::string("0")}) {
@@ -239,8 +246,27 @@ absl::StatusOr<std::string> LocalCluster::LaunchWorker(WorkerSpec spec) {
   argv.insert(argv.begin(), spec.wrap.begin(), spec.wrap.end());
   RETURN_IF_ERROR(Launch(id, argv, spec.env, spec.cpus));
   launches_[id].role = spec.role;
+  launches_[id].flex = spec.flex;
   worker_ids_.push_back(id);
   return id;
+}
+
+absl::Status LocalCluster::SwitchRole(const std::string& id, const std::string& to) {
+  auto it = launches_.find(id);
+  if (it == launches_.end() || it->second.role.empty()) return absl::NotFoundError(absl::StrCat("no worker named ", id));
+  LaunchSpec& l = it->second;
+  if (!l.flex) return absl::FailedPreconditionError(absl::StrCat("worker ", id, " was not started as flex"));
+  if (to != "prefill" && to != "decode") return absl::InvalidArgumentError("a flex worker switches to prefill or decode");
+  ASSIGN_OR_RETURN(http::HttpResult r, Post("/workers/role", nlohmann::json{{"worker", id}, {"role", to}}.dump(),
+                                           absl::Seconds(10)));
+  if (r.status != 202) {
+    return absl::FailedPreconditionError(absl::StrCat("switching ", id, " to ", to, ": HTTP ", r.status, " ", r.body));
+  }
+  l.role = to;
+  for (std::string& a : l.argv) {
+    if (absl::StartsWith(a, "--initial-role=")) a = "--initial-role=" + to;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalCluster::StartWorker(WorkerSpec spec) {

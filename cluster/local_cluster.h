@@ -59,7 +59,10 @@ struct ClusterOptions {
 
 struct WorkerSpec {
   std::string role;   // prefill | decode | colocated
-  std::string id;     // Empty: "<role>-<n>", n counting that role's workers from 0.
+  // A prefill or decode worker started as `duet worker --role flex` in
+  // `role`: SwitchRole moves it to the other.
+  bool flex = false;
+  std::string id;     // Empty: "<role>-<n>" ("flex-<n>"), n counting those workers from 0.
   int threads = 1;    // --threads
   std::vector<int> cpus;          // Cores to pin it to; empty: not pinned.
   std::vector<std::string> args;  // Its own flags.
@@ -114,8 +117,14 @@ class LocalCluster {
   // how it ended) and it leaves worker_ids().
   absl::Status Retire(const std::string& id);
   bool retiring(const std::string& id) const;
-  // A worker's role as launched ("prefill", "decode", "colocated").
+  // A worker's role ("prefill", "decode", "colocated"): as launched, or as
+  // last switched.
   const std::string& role(const std::string& id) const { return launches_.at(id).role; }
+  bool flex(const std::string& id) const { return launches_.at(id).flex; }
+  // Asks the router to switch a flex worker to `to` (prefill or decode):
+  // it drains its role and registers again in `to`, in its own time. From
+  // now on role() says `to`, and a restart starts it in `to`.
+  absl::Status SwitchRole(const std::string& id, const std::string& to);
   // Stops every process: workers in reverse start order, then the router.
   void Stop();
 
@@ -162,6 +171,7 @@ class LocalCluster {
     bool awaiting_ready = false;
     bool retiring = false;    // Retire()d: not restarted, forgotten once it exits.
     std::string role;         // Workers only.
+    bool flex = false;
   };
   std::map<std::string, LaunchSpec> launches_;
   std::vector<std::string> order_;  // Start order.

@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
       s->options_.engine.model_dir, s->engine_.model->config().eos_token_ids,
       "colocated");
   s->loop_ = std::make_unique<EngineLoop>(
-      s->engine_.model.get(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
+      s->engine_.model, s->engine_.pool.get(), /*importer=*/nullptr, sink,
       EngineLoopOptions{.role = proto::ROLE_COLOCATED,
                         .engine = {.max_running = s->options_.max_running,
                                    .token_budget = s->options_.engine.token_budget,

@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
       s->options_.engine.model_dir, s->engine_.model->config().eos_token_ids,
       "decode");
   s->loop_ = std::make_unique<EngineLoop>(
-      s->engine_.model.get(), &pool, s->puller_.get(), sink,
+      s->engine_.model, &pool, s->puller_.get(), sink,
       EngineLoopOptions{.role = proto::ROLE_DECODE,
                         .engine = {.max_running = s->options_.max_running,
                                    .token_budget = s->options_.engine.token_budget,

@@ -58,8 +58,8 @@ absl::Status PrefillService::Init() {
   if (options_.clock == nullptr) options_.clock = RealClock();
   options_.engine.served_model_name = options_.engine.ServedName();
   ASSIGN_OR_RETURN(worker::EngineResources r, worker::LoadEngine(options_.engine));
-  backend_ = std::move(r.backend);
-  model_ = std::move(r.model);
+  loaded_ = std::move(r.loaded);
+  model_ = r.model;
   pool_ = std::move(r.pool);
   const int64_t blocks = pool_->num_blocks();
   kvtransfer::KvTransport& t = *options_.transport;

@@ -106,8 +106,8 @@ class PrefillService : public worker::WorkerService {
   PrefillServiceOptions options_;
   worker::FrameSink* const sink_;
   const std::string worker_id_;
-  kernels::KernelBackendPtr backend_;
-  std::unique_ptr<engine::Model> model_;
+  std::shared_ptr<const worker::LoadedModel> loaded_;  // the backend and model_
+  engine::Model* model_ = nullptr;
   std::unique_ptr<engine::BlockPool> pool_;
   std::unique_ptr<engine::TransferRegion> transfer_;  // What the transport reads: the pool or its host mirror.
   kvtransfer::RegionId region_ = 0;

@@ -450,7 +450,8 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
                                  .stats = w->stats,
                                  .stats_time = w->stats_time,
                                  .dispatched = w->dispatched,
-                                 .draining = w->draining});
+                                 .draining = w->draining,
+                                 .flex = w->reg.flex()});
   }
   return out;
 }

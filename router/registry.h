@@ -87,6 +87,7 @@ struct WorkerSnapshot {
   absl::Time stats_time;
   int64_t dispatched = 0;    // Attempts the router assigned to it since it registered.
   bool draining = false;     // It takes nothing new.
+  bool flex = false;         // Started with --role flex: takes SwitchRole.
 };
 
 absl::string_view RoleName(proto::Role role);  // "prefill", "decode", "colocated"

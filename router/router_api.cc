@@ -25,6 +25,8 @@ void Router::Impl::Handle(http::HttpRequest req, http::HttpExchangePtr ex) {
     if (method_is("GET") && Authorized(req, ex)) HandleModel(http::PercentDecode(path.substr(kModel.size())), std::move(ex));
   } else if (path == "/reset_prefix_cache") {
     if (method_is("POST") && Authorized(req, ex)) HandleResetPrefixCache(std::move(ex));
+  } else if (path == "/workers/role") {
+    if (method_is("POST") && Authorized(req, ex)) HandleSwitchRole(req, std::move(ex));
   } else if (path == "/health") {
     if (method_is("GET", "HEAD")) HandleHealth(std::move(ex));  // HEAD: the status, no body
   } else if (path == "/stats") {
@@ -57,6 +59,39 @@ void Router::Impl::HandleResetPrefixCache(http::HttpExchangePtr ex) {
     }
   }
   ex->Reply(JsonResponse(200, nlohmann::json{{"reset_workers", sent}}.dump()));
+}
+
+// POST /workers/role {"worker": ID, "role": "prefill" | "decode"}: a flex
+// worker drains the role it serves and registers again in the other
+// (SwitchRole). 202 once told; 400 for a bad body; 404 for no such live
+// worker; 409 for one not started with --role flex, draining, or in that
+// role already.
+void Router::Impl::HandleSwitchRole(const http::HttpRequest& req, http::HttpExchangePtr ex) {
+  auto fail = [&](int code, absl::Status s) { ex->Reply(JsonResponse(code, ErrorJson(s))); };
+  const Json j = Json::parse(req.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("worker") || !j["worker"].is_string() || !j.contains("role") ||
+      !j["role"].is_string() || (j["role"] != "prefill" && j["role"] != "decode")) {
+    return fail(400, absl::InvalidArgumentError(
+                         "the body must be {\"worker\": ID, \"role\": \"prefill\" or \"decode\"}"));
+  }
+  const std::string id = j["worker"];
+  const proto::Role to = j["role"] == "prefill" ? proto::ROLE_PREFILL : proto::ROLE_DECODE;
+  absl::MutexLock lock(&mu_);
+  for (const WorkerSnapshot& w : registry_->Snapshot()) {
+    if (w.id != id) continue;
+    if (!w.flex) return fail(409, absl::FailedPreconditionError(absl::StrCat("worker ", id, " was not started with --role flex")));
+    if (w.draining) return fail(409, absl::FailedPreconditionError(absl::StrCat("worker ", id, " is draining")));
+    if (w.role == to) {
+      return fail(409, absl::FailedPreconditionError(absl::StrCat("worker ", id, " serves ", RoleName(to), " already")));
+    }
+    proto::Frame f = proto::NewFrame();
+    f.mutable_switch_role()->set_role(to);
+    if (!registry_->Send(id, f)) break;
+    LOG(INFO) << "worker " << id << ": switching from " << RoleName(w.role) << " to " << RoleName(to);
+    return ex->Reply(JsonResponse(
+        202, Json{{"worker", id}, {"from", std::string(RoleName(w.role))}, {"role", std::string(RoleName(to))}}.dump()));
+  }
+  fail(404, absl::NotFoundError(absl::StrCat("no live worker ", id)));
 }
 
 bool Router::Impl::Authorized(const http::HttpRequest& req, const http::HttpExchangePtr& ex) {

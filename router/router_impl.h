@@ -160,6 +160,7 @@ class Router::Impl : public RegistryListener, public RequestTracker::Client {
   // the pools, for `duet planner` (placement::FiguresToJson).
   void HandleFigures(const http::HttpRequest& req, http::HttpExchangePtr ex);
   void HandleResetPrefixCache(http::HttpExchangePtr ex);
+  void HandleSwitchRole(const http::HttpRequest& req, http::HttpExchangePtr ex);
   void HandleHealth(http::HttpExchangePtr ex);
   Json ModelJson() const;  // The served model, as /v1/models lists it.
   void HandleModels(http::HttpExchangePtr ex);

@@ -49,6 +49,7 @@ void Router::Impl::FinishStats(const StatsQueryPtr& q, Pending& p) {
     const proto::WorkerStats& s = w.stats;
     Json j;
     j["role"] = std::string(RoleName(w.role));
+    if (w.flex) j["flex"] = true;
     j["control_address"] = w.control_address;
     j["kv_blocks_total"] = s.kv_blocks_total();
     j["kv_blocks_free"] = s.kv_blocks_free();

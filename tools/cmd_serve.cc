@@ -27,6 +27,7 @@
 #include "tools/load_flags.h"
 #include "engine/testing/model_maker.h"
 #include "worker/engine_core.h"
+#include "worker/flex_service.h"
 #include "worker/runtime.h"
 
 namespace duet::tools {
@@ -119,7 +120,12 @@ int Router(int argc, char** argv) {
 // --- workers ----------------------------------------------------------------
 
 void AddWorkerFlags(FlagSet& f, bool with_role) {
-  if (with_role) f.String("role", "colocated", "prefill | decode | colocated");
+  if (with_role) {
+    f.String("role", "colocated",
+             "prefill | decode | colocated | flex (prefill or decode in turn, switched by the router's POST "
+             "/workers/role: it drains its role and registers again in the other, its weights kept loaded)");
+    f.String("initial-role", "prefill", "flex: the role it serves first, prefill | decode");
+  }
   f.String("model", "", "Hugging Face model directory (default: the embedded tiny model)");
   f.String("served-model-name", "", "the model name to register (default: the directory's name)");
   f.String("router", "127.0.0.1:7000", "HOST:PORT of the router's control port");
@@ -180,8 +186,9 @@ int Drain(worker::WorkerRuntime& runtime, worker::WorkerService& service, const 
 }
 
 
-int RunWorkerRole(const std::string& role, const FlagSet& f) {
-  const std::string cmd = role == "colocated" ? "worker" : role;
+// `any_role`: `duet worker`, whose flags include --role and --initial-role.
+int RunWorkerRole(const std::string& role, const FlagSet& f, bool any_role) {
+  const std::string cmd = role == "colocated" || role == "flex" ? "worker" : role;
   if (f.GetInt("block-size") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--block-size must be > 0"));
   if (f.GetInt("pull-timeout-ms") <= 0) return UsageError(cmd, absl::InvalidArgumentError("--pull-timeout-ms must be > 0"));
   if (f.GetInt("kv-blocks") < 0 || f.GetDouble("kv-memory") <= 0) {
@@ -192,8 +199,9 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
        {f.RefuseUnless(role != "decode",
                        {"no-prefix-cache", "kv-host-memory", "kv-host-blocks", "kv-cache-policy", "kv-cache-cost-profile"},
                        "on a decode worker (it reuses no prefixes)"),
-        f.RefuseUnless(role == "prefill", {"reorder-window"}, "outside the prefill role"),
-        f.RefuseUnless(role == "decode", {"pull-timeout-ms"}, "outside the decode role"),
+        f.RefuseUnless(role == "prefill" || role == "flex", {"reorder-window"}, "outside the prefill and flex roles"),
+        f.RefuseUnless(role == "decode" || role == "flex", {"pull-timeout-ms"}, "outside the decode and flex roles"),
+        f.RefuseUnless(role == "flex" || !any_role, {"initial-role"}, "outside the flex role"),
         f.RefuseUnless(cache, {"kv-host-memory", "kv-host-blocks", "kv-cache-policy", "kv-cache-cost-profile", "reorder-window"},
                        "with --no-prefix-cache")}) {
     if (!st.ok()) return UsageError(cmd, st);
@@ -234,29 +242,55 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
 
   sigset_t sigs = BlockStopSignals();
   worker::WorkerRuntime runtime(ro);
+  // A prefill or decode service (with a KV transport of its own) over
+  // `weights` (null: its own load).
+  worker::RoleServiceFactory make = [&](proto::Role r, std::shared_ptr<const worker::LoadedModel> weights)
+      -> absl::StatusOr<std::unique_ptr<worker::WorkerService>> {
+    ASSIGN_OR_RETURN(kvtransfer::KvTransportPtr transport, kvtransfer::NewUcxTransport({}));
+    if (r == proto::ROLE_PREFILL) {
+      prefill::PrefillServiceOptions o;
+      o.engine = engine;
+      o.engine.loaded = std::move(weights);
+      o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
+      o.reorder_window = f.GetInt("reorder-window");
+      o.transport = std::move(transport);
+      ASSIGN_OR_RETURN(auto svc, prefill::PrefillService::Create(std::move(o), &runtime));
+      return std::unique_ptr<worker::WorkerService>(std::move(svc));
+    }
+    decode::DecodeOptions o;
+    o.engine = engine;
+    o.engine.loaded = std::move(weights);
+    o.max_running = f.GetInt("max-running");
+    o.pull_timeout = absl::Milliseconds(f.GetInt("pull-timeout-ms"));
+    o.transport = std::move(transport);
+    ASSIGN_OR_RETURN(auto svc, decode::DecodeService::Create(std::move(o), &runtime));
+    return std::unique_ptr<worker::WorkerService>(std::move(svc));
+  };
   std::unique_ptr<worker::WorkerService> service;
   absl::Status s;
   if (role == "prefill" || role == "decode") {
-    auto transport = kvtransfer::NewUcxTransport({});
-    if (!transport.ok()) {
-      std::fprintf(stderr, "duet %s: %s\n", cmd.c_str(), transport.status().ToString().c_str());
-      return 1;
+    auto svc = make(role == "prefill" ? proto::ROLE_PREFILL : proto::ROLE_DECODE, nullptr);
+    if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
+  } else if (role == "flex") {
+    const std::string start = f.GetString("initial-role");
+    if (start != "prefill" && start != "decode") {
+      return UsageError(cmd, absl::InvalidArgumentError(
+                                 absl::StrCat("--initial-role must be prefill or decode, got \"", start, "\"")));
     }
-    if (role == "prefill") {
-      prefill::PrefillServiceOptions o;
-      o.engine = engine;
-      o.lease_duration = absl::Milliseconds(f.GetInt("lease-ms"));
-      o.reorder_window = f.GetInt("reorder-window");
-      o.transport = std::move(*transport);
-      auto svc = prefill::PrefillService::Create(std::move(o), &runtime);
-      if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
+    auto weights = worker::LoadModel(engine);
+    if (!weights.ok()) {
+      s = weights.status();
     } else {
-      decode::DecodeOptions o;
-      o.engine = engine;
-      o.max_running = f.GetInt("max-running");
-      o.pull_timeout = absl::Milliseconds(f.GetInt("pull-timeout-ms"));
-      o.transport = std::move(*transport);
-      auto svc = decode::DecodeService::Create(std::move(o), &runtime);
+      auto svc = worker::FlexService::Create(
+          {.factory = make,
+           .weights = *std::move(weights),
+           .initial = start == "prefill" ? proto::ROLE_PREFILL : proto::ROLE_DECODE,
+           .drain_timeout = absl::Seconds(f.GetInt("drain-timeout-s")),
+           .on_fatal = [](absl::Status why) {
+             std::fprintf(stderr, "duet worker: %s\n", why.ToString().c_str());
+             kill(getpid(), SIGTERM);
+           }},
+          &runtime);
       if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
     }
   } else if (role == "colocated") {
@@ -266,8 +300,8 @@ int RunWorkerRole(const std::string& role, const FlagSet& f) {
     auto svc = decode::ColocatedService::Create(std::move(o), &runtime);
     if (!svc.ok()) s = svc.status(); else service = std::move(*svc);
   } else {
-    return UsageError(cmd, absl::InvalidArgumentError(
-                               absl::StrCat("--role must be prefill, decode or colocated, got \"", role, "\"")));
+    return UsageError(cmd, absl::InvalidArgumentError(absl::StrCat(
+                               "--role must be prefill, decode, colocated or flex, got \"", role, "\"")));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "duet %s: %s\n", cmd.c_str(), s.ToString().c_str());
@@ -313,7 +347,7 @@ int Worker(const std::string& fixed_role, int argc, char** argv) {
                   "batching with chunked prefill): the baseline disaggregation must beat.");
   AddWorkerFlags(f, any);
   if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
-  return RunWorkerRole(any ? f.GetString("role") : fixed_role, f);
+  return RunWorkerRole(any ? f.GetString("role") : fixed_role, f, any);
 }
 
 }  // namespace

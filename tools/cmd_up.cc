@@ -108,10 +108,6 @@ int RunUp(int argc, char** argv) {
       std::fprintf(stderr, "duet up: %s\n", std::string(st.message()).c_str());
       return 2;
     }
-    if (f.GetBool("switch-roles")) {
-      std::fprintf(stderr, "duet up: --switch-roles needs --role flex workers, which duet does not have yet\n");
-      return 2;
-    }
     const int cores = f.GetInt("cores") > 0 ? static_cast<int>(f.GetInt("cores"))
                                             : static_cast<int>(std::thread::hardware_concurrency());
     max_workers = std::min(static_cast<int>(f.GetInt("max-workers")), cores - 1);
@@ -238,6 +234,7 @@ int RunUp(int argc, char** argv) {
   for (const placement::InstanceConfig& ic : cfg.instances) {
     cluster::WorkerSpec w;
     w.role = ic.role;
+    w.flex = autoscaling && f.GetBool("switch-roles");  // the planner switches them
     w.threads = ic.threads > 0 ? ic.threads : (ic.cpus.empty() ? default_threads : static_cast<int>(ic.cpus.size()));
     w.cpus = ic.cpus;
     if (ic.max_batch_tokens > 0) w.args = {"--max-batch-tokens", std::to_string(ic.max_batch_tokens)};

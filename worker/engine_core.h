@@ -27,6 +27,8 @@
 
 namespace duet::worker {
 
+struct LoadedModel;
+
 struct EngineOptions {
   std::string model_dir;
   std::string served_model_name;  // What Register reports; the directory's name when empty.
@@ -41,22 +43,37 @@ struct EngineOptions {
   // The knowledge tree of a prefill or colocated worker (on by default); a
   // decode worker keeps none and ignores it.
   PrefixCacheOptions cache;
+  // Set: the weights to run on (LoadEngine loads none and sizes only the
+  // pool): a flex worker's next role takes its last one's.
+  std::shared_ptr<const LoadedModel> loaded;
 
   // served_model_name, else the model directory's name.
   std::string ServedName() const;
 };
 
-// What a worker's engine runs on, in destruction order (pool, model, backend).
-struct EngineResources {
+// The backend and the model loaded on it (the model goes first). Shared by
+// the roles a flex worker serves in turn.
+struct LoadedModel {
   kernels::KernelBackendPtr backend;
   std::unique_ptr<engine::Model> model;
+};
+
+// Loads the model (its weights as `load` says) on a CPU backend of `threads`.
+absl::StatusOr<std::shared_ptr<const LoadedModel>> LoadModel(const EngineOptions& options);
+
+// What a worker's engine runs on, in destruction order (pool, then the
+// weights unless another role still holds them).
+struct EngineResources {
+  std::shared_ptr<const LoadedModel> loaded;
+  kernels::KernelBackend* backend = nullptr;  // loaded's
+  engine::Model* model = nullptr;             // loaded's
   std::unique_ptr<engine::BlockPool> pool;
 };
 
-// Loads the model (its weights as `load` says) on a CPU backend of
-// `threads` and sizes the pool: kv_blocks when > 0, else as many blocks as
-// kv_memory_bytes holds. InvalidArgument for a block size or token budget
-// below 1, or a pool of no block.
+// The weights (`loaded`, or LoadModel's) and a pool sized by kv_blocks
+// when > 0, else by as many blocks as kv_memory_bytes holds.
+// InvalidArgument for a block size or token budget below 1, or a pool of
+// no block.
 absl::StatusOr<EngineResources> LoadEngine(const EngineOptions& options);
 
 }  // namespace duet::worker

@@ -201,6 +201,16 @@ void WorkerRuntime::Drain() {
   if (conn) SendHeartbeat(conn);
 }
 
+void WorkerRuntime::Reregister() {
+  rpc::ConnectionPtr conn;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = false;
+    conn = registration_conn_;
+  }
+  if (conn) conn->Close();
+}
+
 void WorkerRuntime::RegistrationLoop() {
   absl::Duration backoff = absl::Milliseconds(100);
   int failures = 0;
@@ -265,6 +275,7 @@ void WorkerRuntime::RegistrationLoop() {
     *r->mutable_layout() = info.layout;
     r->set_max_model_len(info.max_model_len);
     r->set_incarnation(incarnation_);
+    r->set_flex(info.flex);
     (*conn)->Send(reg);
     {
       absl::MutexLock lock(&mu_);

@@ -42,6 +42,7 @@ namespace duet::worker {
 // What a role tells the router about itself.
 struct RegistrationInfo {
   proto::Role role = proto::ROLE_UNSPECIFIED;
+  bool flex = false;           // Takes SwitchRole (--role flex).
   std::string model;           // Served model name.
   std::string data_address;    // kvtransfer address() bytes ("" when none).
   std::string transport;       // kvtransfer Name().
@@ -88,6 +89,11 @@ class WorkerRuntime : public FrameSink {
   // From now on every heartbeat says the worker is draining (one is sent at
   // once), so the router sends it nothing new; what it has runs on.
   void Drain();
+  // Registers again, no longer draining: the registration connection
+  // closes (the router drops the worker's old self) and the worker
+  // registers anew with the service's Registration() (a flex worker's new
+  // role).
+  void Reregister();
 
   // Sends on the router's connection; dropped (and logged once) when there is none.
   void SendToRouter(const proto::Frame& frame) override;

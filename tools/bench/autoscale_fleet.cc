@@ -145,6 +145,9 @@ int Main(int argc, char** argv) {
   f.Double("decode-utilization", PlannerOptions{}.decode_utilization, "the planner's decode utilization bound");
   f.Double("cooldown", PlannerOptions{}.cooldown_s, "the planner's scale-down cool-down, seconds");
   f.Bool("planner-only", "skip the fixed and queue-threshold runs");
+  f.Bool("switch-roles", "the planner switches instances between the pools (drained, serving in the other role "
+                         "`--switch-delay` later) instead of a drain and a start");
+  f.Double("switch-delay", AutoscaleOptions{}.switch_s, "with --switch-roles: seconds from drained to serving");
   if (!f.Parse(argc, argv).ok()) return 2;
   const double t0 = Now();
   Setup s;
@@ -225,7 +228,8 @@ int Main(int argc, char** argv) {
   AutoscaleOptions a{.prefill = s.prefill,
                      .decode = s.decode,
                      .interval_s = f.GetDouble("interval"),
-                     .startup_s = f.GetDouble("startup")};
+                     .startup_s = f.GetDouble("startup"),
+                     .switch_s = f.GetDouble("switch-delay")};
   // The day starts at its trough with the pools the planner holds there.
   const ClusterSpec start = Fixed(s, 6, 8);
   auto run_scaled = [&](Autoscaler& scaler, const std::string& name) {
@@ -237,9 +241,9 @@ int Main(int argc, char** argv) {
     o.wall = Now() - t;
     o.attainment = o.result.Attainment(kSlo);
     o.gpu_hours = o.result.gpu_seconds / 3600;
-    std::fprintf(stderr, "  %s: %.2f%% attainment, %.0f GPU-hours (%lld started, %lld drained); %.1f s\n",
+    std::fprintf(stderr, "  %s: %.2f%% attainment, %.0f GPU-hours (%lld started, %lld drained, %lld switched); %.1f s\n",
                  name.c_str(), 100 * o.attainment, o.gpu_hours, static_cast<long long>(o.result.started),
-                 static_cast<long long>(o.result.drained), o.wall);
+                 static_cast<long long>(o.result.drained), static_cast<long long>(o.result.switched), o.wall);
     return o;
   };
   PlannerOptions po{.slo = kSlo,
@@ -255,6 +259,7 @@ int Main(int argc, char** argv) {
   po.margin = f.GetDouble("margin");
   po.decode_utilization = f.GetDouble("decode-utilization");
   po.cooldown_s = f.GetDouble("cooldown");
+  po.switch_roles = f.GetBool("switch-roles");
   // Each decision logged with --log.
   if (f.GetBool("log")) {
     po.on_decision = [](const PlannerRecord& r, const LoadFigures& x) {

@@ -60,7 +60,7 @@ absl::StatusOr<std::string> ModelDir() {
 // Median time of `steps` decode steps of `batch` rows, with or without the schema.
 absl::StatusOr<double> StepMs(worker::EngineResources& r, grammar::GrammarCache* grammars, int64_t batch,
                               int64_t steps, bool constrained) {
-  decode::BatchEngine engine(r.model.get(), r.pool.get(), nullptr,
+  decode::BatchEngine engine(r.model, r.pool.get(), nullptr,
                              {.max_running = batch, .token_budget = std::max<int64_t>(2048, batch * kPrompt)});
   const int64_t vocab = r.model->config().vocab_size;
   std::mt19937 rng(7);
