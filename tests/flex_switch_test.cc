@@ -4,7 +4,9 @@
 // other without a restart (the same process, its weights loaded once), and
 // every request of the bursts around the switches completes with the text a
 // run without switches gives.
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -28,18 +30,24 @@ using nlohmann::json;
 std::string Body(int i) {
   std::mt19937 rng(static_cast<uint32_t>(1000 + i));
   json ids = json::array();
-  for (int k = 0; k < 300 + 40 * (i % 5); ++k) ids.push_back(10 + rng() % 900);
-  return json{{"model", "tiny-llama"}, {"prompt", ids},       {"max_tokens", 48},
+  for (int k = 0; k < 600 + 40 * (i % 5); ++k) ids.push_back(10 + rng() % 900);
+  return json{{"model", "tiny-llama"}, {"prompt", ids},       {"max_tokens", 160},
               {"ignore_eos", true},    {"temperature", 0.7}, {"seed", i}}
       .dump();
 }
 
-// Sends requests [0, n) at once; each one's text, or its status and body.
-std::vector<std::string> Burst(int port, int n, const std::function<void()>& meanwhile) {
+// Sends requests [0, n) at once and runs `meanwhile` (told how many are
+// still out); each one's text, or its status and body.
+std::vector<std::string> Burst(int port, int n, const std::function<void(const std::atomic<int>&)>& meanwhile) {
   std::vector<std::string> out(n);
   std::vector<std::thread> threads;
+  std::atomic<int> out_left{n};
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
+      struct Done {
+        std::atomic<int>& left;
+        ~Done() { --left; }
+      } done{out_left};
       auto r = http::HttpCall("127.0.0.1", port, "POST", "/v1/completions", Body(i), absl::Minutes(2));
       if (!r.ok()) {
         out[i] = "error: " + r.status().ToString();
@@ -50,7 +58,7 @@ std::vector<std::string> Burst(int port, int n, const std::function<void()>& mea
                                                      : absl::StrCat("HTTP ", r->status, ": ", r->body);
     });
   }
-  meanwhile();
+  meanwhile(out_left);
   for (std::thread& t : threads) t.join();
   return out;
 }
@@ -62,12 +70,15 @@ json WorkerStats(Cluster& c, const std::string& id) {
   return (*s)["workers"][id];
 }
 
-// Polls /stats until `ok` holds for the worker (the test's timeout ends it otherwise).
-json WaitFor(Cluster& c, const std::string& id, const std::function<bool(const json&)>& ok) {
+// Polls /stats until `ok` holds for the worker; null once `left` (a
+// burst's requests still out) reaches 0 first.
+json WaitFor(Cluster& c, const std::string& id, const std::function<bool(const json&)>& ok,
+             const std::atomic<int>* left = nullptr) {
   for (;;) {
     json w = WorkerStats(c, id);
     if (!w.is_null() && ok(w)) return w;
-    absl::SleepFor(absl::Milliseconds(20));
+    if (left != nullptr && *left == 0) return nullptr;
+    absl::SleepFor(absl::Milliseconds(10));
   }
 }
 
@@ -75,7 +86,7 @@ TEST_CASE("a flex worker switches prefill -> decode -> prefill under load, losin
           "[flex]") {
   Cluster c;
   REQUIRE(c.StartRouter(TinyModelDir("llama")).ok());
-  const std::vector<std::string> kv = {"--kv-blocks", "512"};
+  const std::vector<std::string> kv = {"--kv-blocks", "1024"};
   const absl::Status st = c.StartWorkers({{.role = "prefill", .flex = true, .args = kv},
                                           {.role = "prefill", .args = kv},
                                           {.role = "decode", .args = kv}});
@@ -83,10 +94,11 @@ TEST_CASE("a flex worker switches prefill -> decode -> prefill under load, losin
   REQUIRE(st.ok());
   REQUIRE(c.worker_ids() == std::vector<std::string>{"flex-0", "prefill-0", "decode-0"});
   const pid_t pid = c.process("flex-0").pid();
-  constexpr int kRequests = 16;
+  constexpr int kRequests = 24;
+  auto alone = [](const std::atomic<int>&) {};
 
   // The texts without a switch.
-  const std::vector<std::string> expected = Burst(c.http_port(), kRequests, [] {});
+  const std::vector<std::string> expected = Burst(c.http_port(), kRequests, alone);
   for (const std::string& t : expected) REQUIRE(t.rfind("HTTP ", 0) != 0);
 
   // What the endpoint refuses.
@@ -98,9 +110,13 @@ TEST_CASE("a flex worker switches prefill -> decode -> prefill under load, losin
   CHECK(c.Post("/workers/role", "{", absl::Seconds(10))->status == 400);
 
   // prefill -> decode while prompts are queued or running on it.
-  std::vector<std::string> got = Burst(c.http_port(), kRequests, [&] {
-    WaitFor(c, "flex-0", [](const json& w) { return w["queued_requests"].get<int64_t>() + w["running_requests"].get<int64_t>() > 0; });
-    REQUIRE(c.SwitchRole("flex-0", "decode").ok());
+  std::vector<std::string> got = Burst(c.http_port(), kRequests, [&](const std::atomic<int>& left) {
+    const json busy = WaitFor(
+        c, "flex-0",
+        [](const json& w) { return w["queued_requests"].get<int64_t>() + w["running_requests"].get<int64_t>() > 0; },
+        &left);
+    CHECK(!busy.is_null());  // prompts were on it
+    CHECK(c.SwitchRole("flex-0", "decode").ok());
   });
   CHECK(got == expected);
   json w = WaitFor(c, "flex-0", [](const json& w) { return w["role"] == "decode"; });
@@ -108,15 +124,16 @@ TEST_CASE("a flex worker switches prefill -> decode -> prefill under load, losin
   CHECK(c.role("flex-0") == "decode");
 
   // decode -> prefill while requests decode on it.
-  got = Burst(c.http_port(), kRequests, [&] {
-    WaitFor(c, "flex-0", [](const json& w) { return w["running_requests"].get<int64_t>() > 0; });
-    REQUIRE(c.SwitchRole("flex-0", "prefill").ok());
+  got = Burst(c.http_port(), kRequests, [&](const std::atomic<int>& left) {
+    const json busy = WaitFor(c, "flex-0", [](const json& w) { return w["running_requests"].get<int64_t>() > 0; }, &left);
+    CHECK(!busy.is_null());  // requests were decoding on it
+    CHECK(c.SwitchRole("flex-0", "prefill").ok());
   });
   CHECK(got == expected);
   WaitFor(c, "flex-0", [](const json& w) { return w["role"] == "prefill"; });
 
   // And it serves as prefill again.
-  CHECK(Burst(c.http_port(), kRequests, [] {}) == expected);
+  CHECK(Burst(c.http_port(), kRequests, alone) == expected);
 
   // One process throughout, its weights loaded once, two switches.
   CHECK(c.process("flex-0").pid() == pid);

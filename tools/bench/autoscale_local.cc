@@ -3,10 +3,12 @@
 // outputs), decode-heavy (short prompts, long outputs) and quiet, replayed
 // open-loop against the tiny model's cluster on this machine, resized by
 // the planner within three one-thread workers (`--cores 4 --max-workers 4`:
-// the router and the planner take a core), beside the same load on fixed
-// clusters: the minimal (1 prefill + 1 decode) and both maximal ones (2 + 1,
-// 1 + 2). Prints SLO attainment (TTFT and TPOT at the client, from the SSE
-// events) and worker-seconds for each, and the planner's decisions.
+// the router and the planner take a core), once with drains and starts and
+// once with flex workers it switches between the pools (--switch-roles),
+// beside the same load on fixed clusters: the minimal (1 prefill + 1
+// decode) and both maximal ones (2 + 1, 1 + 2). Prints SLO attainment (TTFT
+// and TPOT at the client, from the SSE events) and worker-seconds for each,
+// and the planner's decisions.
 //
 //   bazel run -c opt //tools/bench:autoscale_local [-- --slo-ttft 1 --slo-tpot 0.005]
 #include <cstdio>
@@ -71,20 +73,21 @@ absl::Status Run(const FlagSet& f) {
   struct Row {
     std::string name;
     int prefill, decode;
-    bool autoscale;
+    bool autoscale, switches;
     Summary sum;
     double worker_seconds;
-    size_t decisions;
+    std::vector<autoscale::LocalDecision> decisions;
   };
-  std::vector<Row> rows = {{"SLA planner (from 1 + 1, up to 3)", 1, 1, true},
-                           {"fixed minimal: 1 prefill + 1 decode", 1, 1, false},
-                           {"fixed maximal: 2 prefill + 1 decode", 2, 1, false},
-                           {"fixed maximal: 1 prefill + 2 decode", 1, 2, false}};
-  std::vector<autoscale::LocalDecision> decisions;
+  std::vector<Row> rows = {{"SLA planner (from 1 + 1, up to 3)", 1, 1, true, false},
+                           {"SLA planner, flex workers switched", 1, 1, true, true},
+                           {"fixed minimal: 1 prefill + 1 decode", 1, 1, false, false},
+                           {"fixed maximal: 2 prefill + 1 decode", 2, 1, false, false},
+                           {"fixed maximal: 1 prefill + 2 decode", 1, 2, false, false}};
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& row = rows[i];
     Progress(absl::StrCat("run ", i + 1, " of ", rows.size(), ": ", row.name));
     o.autoscale = row.autoscale;
+    o.planner.switch_roles = row.switches;
     o.prefill = row.prefill;
     o.decode = row.decode;
     o.run_dir = (tmp / absl::StrCat("run-", i)).string();
@@ -94,8 +97,7 @@ absl::Status Run(const FlagSet& f) {
                      autoscale::RunLocal(o, [&](int port) { run = Replay(port, model_name, reqs, 600); }));
     row.sum = Summarize(run, o.planner.slo.ttft, o.planner.slo.tpot);
     row.worker_seconds = r.worker_seconds;
-    row.decisions = r.decisions.size();
-    if (row.autoscale) decisions = r.decisions;
+    row.decisions = r.decisions;
   }
   std::printf("\nautoscale_local: tiny model, %s; phases %s; SLO TTFT %g s, TPOT %g s; interval %g s, cool-down %g s\n",
               model_dir.c_str(),
@@ -111,13 +113,16 @@ absl::Status Run(const FlagSet& f) {
                 row.sum.ttft[1], row.sum.tpot[1], static_cast<long long>(row.sum.errors), row.worker_seconds,
                 row.worker_seconds / planner.worker_seconds);
   }
-  std::printf("\nthe planner's decisions (phase, time, pools before -> after, needs):\n");
-  for (const autoscale::LocalDecision& d : decisions) {
-    if (d.decision.prefill == d.figures.prefill.planned() && d.decision.decode == d.figures.decode.planned()) continue;
-    std::printf("  %-14s t=%5.1fs  prefill %d -> %d (needs %d), decode %d -> %d (needs %d)\n",
-                autoscale::PhaseAt(phases, d.t).c_str(), d.t,
-                d.figures.prefill.planned(), d.decision.prefill, d.record.prefill_need, d.figures.decode.planned(),
-                d.decision.decode, d.record.decode_need);
+  for (const Row& row : rows) {
+    if (!row.autoscale) continue;
+    std::printf("\n%s: the decisions (phase, time, pools before -> after, needs, switches):\n", row.name.c_str());
+    for (const autoscale::LocalDecision& d : row.decisions) {
+      if (d.decision.prefill == d.figures.prefill.planned() && d.decision.decode == d.figures.decode.planned()) continue;
+      std::printf("  %-14s t=%5.1fs  prefill %d -> %d (needs %d), decode %d -> %d (needs %d)%s\n",
+                  autoscale::PhaseAt(phases, d.t).c_str(), d.t, d.figures.prefill.planned(), d.decision.prefill,
+                  d.record.prefill_need, d.figures.decode.planned(), d.decision.decode, d.record.decode_need,
+                  d.decision.to_decode + d.decision.to_prefill > 0 ? ", by a switch" : "");
+    }
   }
   std::error_code ec;
   fs::remove_all(tmp, ec);
