@@ -51,8 +51,12 @@ void FlexService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame) {
       return;
     }
     switching_ = true;
-    if (switcher_.joinable()) switcher_.join();  // the last switch, done
-    switcher_ = std::thread([this, to] { Switch(to); });
+    // The new thread joins the last one (done, or about to be): the io
+    // thread never waits.
+    switcher_ = std::thread([this, to, last = std::move(switcher_)]() mutable {
+      if (last.joinable()) last.join();
+      Switch(to);
+    });
     return;
   }
   absl::MutexLock lock(&mu_);
