@@ -33,7 +33,8 @@ absl::Status LocalActuator::Observe(placement::LoadFigures& f) {
 }
 
 absl::Status LocalActuator::Apply(const placement::ScaleDecision& d, const placement::LoadFigures&) {
-  // Switches first: they cost no start.
+  // Switches first: they cost no start. One the router refuses (a worker
+  // not registered yet, or draining) is left to the stops and starts below.
   for (auto [from, to, n] : {std::tuple<const char*, const char*, int>{"decode", "prefill", d.to_prefill},
                              {"prefill", "decode", d.to_decode}}) {
     std::vector<std::string> have = Workers(from);
@@ -42,7 +43,10 @@ absl::Status LocalActuator::Apply(const placement::ScaleDecision& d, const place
       if (flex == have.rend()) break;
       const std::string id = *flex;
       have.erase(std::next(flex).base());
-      RETURN_IF_ERROR(c_.SwitchRole(id, to));
+      if (absl::Status s = c_.SwitchRole(id, to); !s.ok()) {
+        o_.log(absl::StrCat("cannot switch ", id, " (", s.message(), "); a drain and a start instead"));
+        continue;
+      }
       o_.log(absl::StrCat("switching ", id, " (", from, " -> ", to, ")"));
     }
   }

@@ -4,7 +4,8 @@
 // worker of the pool (SIGTERM: it drains, its requests end or migrate, and
 // it exits; the supervisor does not restart it); a switch asks the router
 // to move the newest flex worker of one pool to the other (it drains and
-// registers again, its weights loaded), before any stop or start. Processes alive, draining
+// registers again, its weights loaded), before any stop or start (one the
+// router refuses becomes a stop and a start). Processes alive, draining
 // ones included, never exceed `max_workers`: a start that would is left for
 // a later interval.
 #ifndef DUET_AUTOSCALE_LOCAL_ACTUATOR_H_
