@@ -130,7 +130,10 @@ TEST_CASE("a flag the chosen mode ignores is an error naming it", "[sim]") {
       // The workers' prefix-cache flags, where the cache is not.
       {"decode --kv-host-memory 1", "--kv-host-memory has no effect on a decode worker"},
       {"prefill --no-prefix-cache --kv-host-blocks 8", "--kv-host-blocks has no effect with --no-prefix-cache"},
-      {"worker --reorder-window 2", "--reorder-window has no effect outside the prefill role"},
+      {"worker --reorder-window 2", "--reorder-window has no effect outside the prefill and flex roles"},
+      {"decode --reorder-window 2", "--reorder-window has no effect outside the prefill and flex roles"},
+      {"worker --role prefill --initial-role decode", "--initial-role has no effect outside the flex role"},
+      {"worker --role flex --initial-role colocated", "--initial-role must be prefill or decode, got \"colocated\""},
       {"prefill --no-prefix-cache --kv-cache-policy lru", "--kv-cache-policy has no effect with --no-prefix-cache"},
       {"prefill --kv-cache-cost-profile " + Tmp("missing.json"), "the prefix cache's cost profile"},
   };
