@@ -26,12 +26,16 @@ FiguresSource RouterFigures(http::Endpoint router, absl::Duration window) {
   };
 }
 
-absl::StatusOr<double> WorkerKvCapacity(const http::Endpoint& router) {
-  ASSIGN_OR_RETURN(placement::LoadFigures now, RouterFigures(router, absl::Seconds(1))());
-  if (now.decode.ready < 1 || now.decode.kv_capacity <= 0) {
+absl::StatusOr<double> WorkerKvCapacity(const placement::LoadFigures& f) {
+  if (f.decode.ready < 1 || f.decode.kv_capacity <= 0) {
     return absl::UnavailableError("the router lists no decode worker's KV capacity");
   }
-  return now.decode.kv_capacity / now.decode.ready;
+  return f.decode.kv_capacity / f.decode.ready;
+}
+
+absl::StatusOr<double> WorkerKvCapacity(const http::Endpoint& router) {
+  ASSIGN_OR_RETURN(placement::LoadFigures now, RouterFigures(router, absl::Seconds(1))());
+  return WorkerKvCapacity(now);
 }
 
 namespace {

@@ -31,8 +31,9 @@ using FiguresSource = std::function<absl::StatusOr<placement::LoadFigures>()>;
 // The router's GET /figures?window_s=... (router/load_recorder.h).
 FiguresSource RouterFigures(http::Endpoint router, absl::Duration window);
 // One worker's KV capacity in tokens as the router reports its decode
-// workers (their blocks times their size, at the KV dtype they run);
-// Unavailable when it lists none.
+// workers (their blocks times their size, at the KV dtype they run), from
+// its figures or asked afresh; Unavailable when it lists none.
+absl::StatusOr<double> WorkerKvCapacity(const placement::LoadFigures& f);
 absl::StatusOr<double> WorkerKvCapacity(const http::Endpoint& router);
 
 struct LivePlannerOptions {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "autoscale/live_planner.h"
 #include "autoscale/local_actuator.h"
 #include "autoscale/local_run.h"
 #include "engine/testing/tiny_model.h"
@@ -152,8 +153,7 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   placement::ModelSpec model = placement::LoadModelSpec(dir).value();
   auto latency = placement::LoadLatencyModel(profile, model, 1).value();
   placement::PlannerOptions po = o.planner;
-  po.prefill.kv_capacity_tokens = po.decode.kv_capacity_tokens =
-      r->decisions.front().figures.decode.kv_capacity / r->decisions.front().figures.decode.ready;
+  po.prefill.kv_capacity_tokens = po.decode.kv_capacity_tokens = WorkerKvCapacity(r->decisions.front().figures).value();
   po.max_instances = 3;
   po.max_prefill = po.max_decode = 2;
   placement::Planner replay(model, *latency, po);

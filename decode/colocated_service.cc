@@ -22,12 +22,12 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(Coloc
   s->sink_ = sink;
   s->layout_ = kvtransfer::WholeModelLayout(s->engine_.pool->layout());
   ASSIGN_OR_RETURN(s->cache_, worker::PrefixCache::Create(s->options_.engine.cache, s->engine_.pool.get(),
-                                                          s->options_.engine.model_dir, s->engine_.model->config()));
+                                                          s->options_.engine.model_dir, s->engine_.model()->config()));
   s->constraints_ = std::make_unique<worker::Constraints>(
-      s->options_.engine.model_dir, s->engine_.model->config().eos_token_ids,
+      s->options_.engine.model_dir, s->engine_.model()->config().eos_token_ids,
       "colocated");
   s->loop_ = std::make_unique<EngineLoop>(
-      s->engine_.model, s->engine_.pool.get(), /*importer=*/nullptr, sink,
+      s->engine_.model(), s->engine_.pool.get(), /*importer=*/nullptr, sink,
       EngineLoopOptions{.role = proto::ROLE_COLOCATED,
                         .engine = {.max_running = s->options_.max_running,
                                    .token_budget = s->options_.engine.token_budget,
@@ -50,7 +50,7 @@ worker::RegistrationInfo ColocatedService::Registration() {
           .model = options_.engine.served_model_name,
           .kv_blocks_total = engine_.pool->num_blocks(),
           .layout = layout_,
-          .max_model_len = engine_.model->config().max_position_embeddings};
+          .max_model_len = engine_.model()->config().max_position_embeddings};
 }
 
 void ColocatedService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
@@ -87,7 +87,7 @@ void ColocatedService::HandlePrefill(proto::PrefillRequest req) {
     req.clear_sibling_request_ids();
   }
   const uint64_t id = req.request_id();
-  const spec::ModelConfig& c = engine_.model->config();
+  const spec::ModelConfig& c = engine_.model()->config();
   const absl::Status valid = spec::CheckTokenIds(req.resume_ids(), "resume_ids", c.vocab_size);
   const int64_t tokens = req.spec().prompt_ids_size() + req.resume_ids_size();
   absl::StatusOr<GenerationParams> params =

@@ -47,10 +47,10 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::Create(DecodeOptio
                                                             .sink = sink,
                                                             .landing = s->transfer_.get()});
   s->constraints_ = std::make_unique<worker::Constraints>(
-      s->options_.engine.model_dir, s->engine_.model->config().eos_token_ids,
+      s->options_.engine.model_dir, s->engine_.model()->config().eos_token_ids,
       "decode");
   s->loop_ = std::make_unique<EngineLoop>(
-      s->engine_.model, &pool, s->puller_.get(), sink,
+      s->engine_.model(), &pool, s->puller_.get(), sink,
       EngineLoopOptions{.role = proto::ROLE_DECODE,
                         .engine = {.max_running = s->options_.max_running,
                                    .token_budget = s->options_.engine.token_budget,
@@ -80,7 +80,7 @@ worker::RegistrationInfo DecodeService::Registration() {
           .transport = transport_->Name(),
           .kv_blocks_total = engine_.pool->num_blocks(),
           .layout = layout_,
-          .max_model_len = engine_.model->config().max_position_embeddings};
+          .max_model_len = engine_.model()->config().max_position_embeddings};
 }
 
 proto::WorkerStats DecodeService::Stats() {
@@ -108,7 +108,7 @@ void DecodeService::OnFrame(const rpc::ConnectionPtr&, proto::Frame frame) {
 void DecodeService::HandleOffer(proto::KvOffer offer) {
   const uint64_t id = offer.request_id();
   const proto::KvHandle& h = offer.handle();
-  const spec::ModelConfig& c = engine_.model->config();
+  const spec::ModelConfig& c = engine_.model()->config();
   absl::Status valid = kvtransfer::CheckHandle(h, layout_);
   if (valid.ok() && offer.generated_ids_size() == 0) {
     valid = absl::InvalidArgumentError("KvOffer: no generated token to continue from");

@@ -59,7 +59,6 @@ absl::Status PrefillService::Init() {
   options_.engine.served_model_name = options_.engine.ServedName();
   ASSIGN_OR_RETURN(worker::EngineResources r, worker::LoadEngine(options_.engine));
   loaded_ = std::move(r.loaded);
-  model_ = r.model;
   pool_ = std::move(r.pool);
   const int64_t blocks = pool_->num_blocks();
   kvtransfer::KvTransport& t = *options_.transport;
@@ -71,10 +70,10 @@ absl::Status PrefillService::Init() {
   layout_ = kvtransfer::WholeModelLayout(pool_->layout());
 
   if (options_.reorder_window < 0) return absl::InvalidArgumentError("reorder_window must be >= 0");
-  constraints_ = std::make_unique<worker::Constraints>(options_.engine.model_dir, model_->config().eos_token_ids,
+  constraints_ = std::make_unique<worker::Constraints>(options_.engine.model_dir, model()->config().eos_token_ids,
                                                        "prefill");
   ASSIGN_OR_RETURN(cache_, worker::PrefixCache::Create(options_.engine.cache, pool_.get(), options_.engine.model_dir,
-                                                      model_->config()));
+                                                      model()->config()));
   scheduler_ = std::make_unique<PrefillScheduler>(
       SchedulerOptions{.max_batch_tokens = options_.engine.token_budget,
                        .max_queued_requests = options_.max_queued_requests,
@@ -120,7 +119,7 @@ worker::RegistrationInfo PrefillService::Registration() {
   info.transport = options_.transport->Name();
   info.kv_blocks_total = pool_->num_blocks();
   info.layout = layout_;
-  info.max_model_len = model_->config().max_position_embeddings;
+  info.max_model_len = model()->config().max_position_embeddings;
   return info;
 }
 
@@ -140,7 +139,7 @@ void PrefillService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame)
   switch (frame.msg_case()) {
     case proto::Frame::kPrefill: {
       const proto::PrefillRequest& r = frame.prefill();
-      absl::StatusOr<AcceptedRequest> accepted = AcceptPrefillRequest(r, model_->config());
+      absl::StatusOr<AcceptedRequest> accepted = AcceptPrefillRequest(r, model()->config());
       if (!accepted.ok()) {
         LOG(WARNING) << "request " << r.request_id() << " rejected: " << accepted.status();
         SendFinish(r.request_id(), proto::FINISH_ERROR, accepted.status());
@@ -275,7 +274,7 @@ void PrefillService::RunStep(const Step& step) {
     if (c.last) b.logit_rows = {static_cast<int32_t>(c.tokens.size() - 1)};
     batch.push_back(std::move(b));
   }
-  absl::StatusOr<engine::Logits> logits = model_->Forward(batch, *pool_);
+  absl::StatusOr<engine::Logits> logits = model()->Forward(batch, *pool_);
   if (!logits.ok()) {
     LOG(ERROR) << "prefill step of " << step.chunks.size() << " sequences failed: " << logits.status();
     for (uint64_t id : scheduler_->Fail(step)) {
@@ -369,7 +368,7 @@ void PrefillService::HandleFirstToken(uint64_t id, const engine::Logits& logits,
   ft->set_cached_tokens(std::min<int64_t>(s->cached.tokens, s->request.spec().prompt_ids_size()));
   sink_->SendToRouter(f);
 
-  switch (DecideFirstTokenEnd(s->request, params, model_->config(), r.token)) {
+  switch (DecideFirstTokenEnd(s->request, params, model()->config(), r.token)) {
     case spec::FinishDecision::kStop:
       SendFinish(id, proto::FINISH_STOP);
       scheduler_->Finish(id);

@@ -84,7 +84,7 @@ class PrefillService : public worker::WorkerService {
   bool WaitForStats(const std::function<bool(const proto::WorkerStats&)>& pred,
                     absl::Duration timeout);
 
-  const spec::ModelConfig& model_config() const { return model_->config(); }
+  const spec::ModelConfig& model_config() const { return model()->config(); }
   // The pool, for tests that compare KV bytes (read it only while idle).
   const engine::BlockPool& pool() const { return *pool_; }
   const proto::KvLayout& layout() const { return layout_; }
@@ -106,8 +106,8 @@ class PrefillService : public worker::WorkerService {
   PrefillServiceOptions options_;
   worker::FrameSink* const sink_;
   const std::string worker_id_;
-  std::shared_ptr<const worker::LoadedModel> loaded_;  // the backend and model_
-  engine::Model* model_ = nullptr;
+  std::shared_ptr<const worker::LoadedModel> loaded_;  // the backend and the model
+  engine::Model* model() const { return loaded_->model.get(); }
   std::unique_ptr<engine::BlockPool> pool_;
   std::unique_ptr<engine::TransferRegion> transfer_;  // What the transport reads: the pool or its host mirror.
   kvtransfer::RegionId region_ = 0;

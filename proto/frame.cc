@@ -8,4 +8,17 @@ Frame NewFrame() {
   return f;
 }
 
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case ROLE_PREFILL:
+      return "prefill";
+    case ROLE_DECODE:
+      return "decode";
+    case ROLE_COLOCATED:
+      return "colocated";
+    default:
+      return "unspecified";
+  }
+}
+
 }  // namespace duet::proto

@@ -7,11 +7,15 @@
 #ifndef DUET_PROTO_FRAME_H_
 #define DUET_PROTO_FRAME_H_
 
+#include "absl/strings/string_view.h"
 #include "proto/control.pb.h"
 
 namespace duet::proto {
 
 Frame NewFrame();
+
+// "prefill", "decode", "colocated" ("unspecified" for any other value).
+absl::string_view RoleName(Role role);
 
 }  // namespace duet::proto
 

@@ -14,19 +14,6 @@ namespace duet::router {
 
 namespace asio = boost::asio;
 
-absl::string_view RoleName(proto::Role role) {
-  switch (role) {
-    case proto::ROLE_PREFILL:
-      return "prefill";
-    case proto::ROLE_DECODE:
-      return "decode";
-    case proto::ROLE_COLOCATED:
-      return "colocated";
-    default:
-      return "unspecified";
-  }
-}
-
 struct WorkerRegistry::Worker {
   uint64_t generation = 0;
   proto::Register reg;

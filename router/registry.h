@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "proto/control.pb.h"
+#include "proto/frame.h"
 #include "dispatch/dispatch.h"
 #include "rpc/connection.h"
 
@@ -90,7 +91,7 @@ struct WorkerSnapshot {
   bool flex = false;         // Started with --role flex: takes SwitchRole.
 };
 
-absl::string_view RoleName(proto::Role role);  // "prefill", "decode", "colocated"
+using proto::RoleName;  // "prefill", "decode", "colocated"
 
 class WorkerRegistry {
  public:

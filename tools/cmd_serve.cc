@@ -173,8 +173,7 @@ int Drain(worker::WorkerRuntime& runtime, worker::WorkerService& service, const 
                absl::FormatDuration(timeout).c_str());
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    const proto::WorkerStats s = service.Stats();
-    if (s.queued_requests() == 0 && s.running_requests() == 0 && s.leased_blocks() == 0) {
+    if (worker::WorkerIdle(service.Stats())) {
       std::fprintf(stderr, "duet %s: drained\n", cmd.c_str());
       return sig;
     }

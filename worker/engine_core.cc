@@ -32,16 +32,14 @@ absl::StatusOr<EngineResources> LoadEngine(const EngineOptions& o) {
   } else {
     ASSIGN_OR_RETURN(r.loaded, LoadModel(o));
   }
-  r.backend = r.loaded->backend.get();
-  r.model = r.loaded->model.get();
-  const kernels::KvLayout layout = r.model->KvLayoutFor(o.block_size);
+  const kernels::KvLayout layout = r.model()->KvLayoutFor(o.block_size);
   const int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : engine::BlockPool::BlocksForBytes(layout, o.kv_memory_bytes);
   if (blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("the KV pool would hold no block: kv_blocks = ", o.kv_blocks,
                                                    ", kv_memory_bytes = ", o.kv_memory_bytes, ", a block is ",
                                                    layout.BlockBytes(), " bytes"));
   }
-  r.pool = std::make_unique<engine::BlockPool>(layout, blocks, r.backend->DefaultBufferType());
+  r.pool = std::make_unique<engine::BlockPool>(layout, blocks, r.loaded->backend->DefaultBufferType());
   return r;
 }
 

@@ -65,9 +65,8 @@ absl::StatusOr<std::shared_ptr<const LoadedModel>> LoadModel(const EngineOptions
 // weights unless another role still holds them).
 struct EngineResources {
   std::shared_ptr<const LoadedModel> loaded;
-  kernels::KernelBackend* backend = nullptr;  // loaded's
-  engine::Model* model = nullptr;             // loaded's
   std::unique_ptr<engine::BlockPool> pool;
+  engine::Model* model() const { return loaded->model.get(); }
 };
 
 // The weights (`loaded`, or LoadModel's) and a pool sized by kv_blocks

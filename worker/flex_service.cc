@@ -1,14 +1,11 @@
 #include "worker/flex_service.h"
 
 #include "base/logging.h"
+#include "proto/frame.h"
 
 namespace duet::worker {
 
-namespace {
-
-const char* Name(proto::Role r) { return r == proto::ROLE_PREFILL ? "prefill" : r == proto::ROLE_DECODE ? "decode" : "?"; }
-
-}  // namespace
+using proto::RoleName;
 
 absl::StatusOr<std::unique_ptr<FlexService>> FlexService::Create(FlexOptions options, WorkerRuntime* runtime) {
   if (options.initial != proto::ROLE_PREFILL && options.initial != proto::ROLE_DECODE) {
@@ -47,7 +44,7 @@ void FlexService::OnFrame(const rpc::ConnectionPtr& from, proto::Frame frame) {
     absl::MutexLock lock(&mu_);
     if ((to != proto::ROLE_PREFILL && to != proto::ROLE_DECODE) || to == role_ || switching_ || stopping_) {
       LOG(WARNING) << "flex worker " << runtime_->worker_id() << ": switch to role " << static_cast<int>(to)
-                   << " ignored (serving " << Name(role_) << (switching_ ? ", switching" : "") << ")";
+                   << " ignored (serving " << RoleName(role_) << (switching_ ? ", switching" : "") << ")";
       return;
     }
     switching_ = true;
@@ -94,15 +91,13 @@ void FlexService::Switch(proto::Role to) {
     absl::MutexLock lock(&mu_);
     from = role_;
   }
-  LOG(INFO) << "flex worker " << id << ": draining " << Name(from) << " to serve " << Name(to);
+  LOG(INFO) << "flex worker " << id << ": draining " << RoleName(from) << " to serve " << RoleName(to);
   runtime_->Drain();
   // Idle (nothing queued, running or leased) for `settle` running, or the timeout.
   const absl::Time deadline = absl::Now() + o_.drain_timeout;
   absl::Time idle_since = absl::InfiniteFuture();
   while (absl::Now() < deadline) {
-    const proto::WorkerStats s = Stats();
-    const bool idle = s.queued_requests() == 0 && s.running_requests() == 0 && s.leased_blocks() == 0;
-    if (!idle) {
+    if (!WorkerIdle(Stats())) {
       idle_since = absl::InfiniteFuture();
     } else if (idle_since == absl::InfiniteFuture()) {
       idle_since = absl::Now();
@@ -116,7 +111,7 @@ void FlexService::Switch(proto::Role to) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (absl::Now() >= deadline) {
-    LOG(WARNING) << "flex worker " << id << ": " << Name(from) << " still busy after "
+    LOG(WARNING) << "flex worker " << id << ": " << RoleName(from) << " still busy after "
                  << absl::FormatDuration(o_.drain_timeout) << "; switching (the router migrates what is left)";
   }
   // The old role's pool and transport go before the new one's come.
@@ -129,13 +124,13 @@ void FlexService::Switch(proto::Role to) {
   absl::StatusOr<std::unique_ptr<WorkerService>> next = o_.factory(to, o_.weights);
   proto::Role now = to;
   if (!next.ok()) {
-    LOG(ERROR) << "flex worker " << id << ": cannot start " << Name(to) << ": " << next.status() << "; back to "
-               << Name(from);
+    LOG(ERROR) << "flex worker " << id << ": cannot start " << RoleName(to) << ": " << next.status() << "; back to "
+               << RoleName(from);
     now = from;
     next = o_.factory(from, o_.weights);
   }
   if (!next.ok()) {
-    LOG(ERROR) << "flex worker " << id << ": cannot start " << Name(from) << " again: " << next.status();
+    LOG(ERROR) << "flex worker " << id << ": cannot start " << RoleName(from) << " again: " << next.status();
     if (o_.on_fatal) o_.on_fatal(next.status());
     return;
   }
@@ -147,7 +142,7 @@ void FlexService::Switch(proto::Role to) {
     if (now == to) ++switches_;
   }
   runtime_->Reregister();
-  LOG(INFO) << "flex worker " << id << ": serving " << Name(now) << ", registering again";
+  LOG(INFO) << "flex worker " << id << ": serving " << RoleName(now) << ", registering again";
 }
 
 }  // namespace duet::worker

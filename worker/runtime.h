@@ -51,6 +51,11 @@ struct RegistrationInfo {
   int64_t max_model_len = 0;
 };
 
+// Holding no request and no lease: what a drain waits for.
+inline bool WorkerIdle(const proto::WorkerStats& s) {
+  return s.queued_requests() == 0 && s.running_requests() == 0 && s.leased_blocks() == 0;
+}
+
 class WorkerService {
  public:
   virtual ~WorkerService() = default;

@@ -60,9 +60,9 @@ absl::StatusOr<std::string> ModelDir() {
 // Median time of `steps` decode steps of `batch` rows, with or without the schema.
 absl::StatusOr<double> StepMs(worker::EngineResources& r, grammar::GrammarCache* grammars, int64_t batch,
                               int64_t steps, bool constrained) {
-  decode::BatchEngine engine(r.model, r.pool.get(), nullptr,
+  decode::BatchEngine engine(r.model(), r.pool.get(), nullptr,
                              {.max_running = batch, .token_budget = std::max<int64_t>(2048, batch * kPrompt)});
-  const int64_t vocab = r.model->config().vocab_size;
+  const int64_t vocab = r.model()->config().vocab_size;
   std::mt19937 rng(7);
   std::shared_ptr<const grammar::Grammar> g;
   if (constrained) {
@@ -103,7 +103,7 @@ absl::Status Run(const FlagSet& f) {
   e.kv_blocks = 2 * 32 * (kPrompt + 4 * f.GetInt("steps") + 64) / e.block_size;
   ASSIGN_OR_RETURN(worker::EngineResources r, worker::LoadEngine(e));
   ASSIGN_OR_RETURN(auto tok, text::Tokenizer::Load(dir));
-  ASSIGN_OR_RETURN(auto vocab, grammar::Vocabulary::FromTokenizer(*tok, r.model->config().eos_token_ids));
+  ASSIGN_OR_RETURN(auto vocab, grammar::Vocabulary::FromTokenizer(*tok, r.model()->config().eos_token_ids));
   grammar::GrammarCache grammars(vocab, 4);
   Progress(absl::StrCat("bench llama, vocabulary ", vocab->size(), " tokens, ", e.threads, " threads"));
   std::printf("| batch | free step (ms) | schema on every row (ms) | ratio | target <= 1.1x |\n|---|---|---|---|---|\n");
