@@ -1,5 +1,6 @@
 #include "autoscale/live_planner.h"
 
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,18 @@ absl::Status LivePlanner::Step() {
   return st;
 }
 
+bool LivePlanner::Check() {
+  if (!o_.recent) return false;
+  absl::StatusOr<placement::LoadFigures> f = o_.recent();
+  if (!f.ok() || !actuator_.Observe(*f).ok()) return false;
+  std::optional<placement::ScaleDecision> d = scaler_.Check(*f);
+  if (!d.has_value() || !actuator_.Apply(*d, *f).ok()) return false;
+  Export(*f, *d);
+  figures_ = *std::move(f);
+  last_ = *std::move(d);
+  return true;
+}
+
 void LivePlanner::Export(const placement::LoadFigures& f, const placement::ScaleDecision& d) {
   const bool grew = d.prefill > f.prefill.planned() || d.decode > f.decode.planned();
   const bool shrank = d.prefill < f.prefill.planned() || d.decode < f.decode.planned();
@@ -129,7 +142,14 @@ void LivePlanner::Run(const std::function<bool()>& should_stop) {
   while (!should_stop()) {
     const absl::Time next = absl::Now() + o_.interval;
     (void)Step();
-    while (!should_stop() && absl::Now() < next) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    absl::Time check = absl::Now() + o_.check;
+    while (!should_stop() && absl::Now() < next) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (o_.recent && absl::Now() >= check && absl::Now() < next) {
+        (void)Check();
+        check += o_.check;
+      }
+    }
   }
 }
 

@@ -38,7 +38,11 @@ absl::StatusOr<double> WorkerKvCapacity(const http::Endpoint& router);
 
 struct LivePlannerOptions {
   FiguresSource figures;
+  // The last `check`'s figures, read every `check` between intervals for
+  // the autoscaler's burst check (none: no checks).
+  FiguresSource recent;
   absl::Duration interval = absl::Seconds(30);
+  absl::Duration check = absl::Seconds(5);
   std::function<void(const std::string&)> log;  // one line per decision (and per error)
 };
 
@@ -50,7 +54,12 @@ class LivePlanner {
   // One decision: read, complete, decide, apply. An error (the router or
   // the API server unreachable) changes nothing and is counted.
   absl::Status Step();
-  // Steps every interval until `should_stop` (polled each 100 ms).
+  // Between intervals: the autoscaler's check on the recent figures, applied
+  // when it decides (a burst). Whether it did; an error changes nothing
+  // (the interval's Step reports an unreachable router).
+  bool Check();
+  // Steps every interval and checks every `check` until `should_stop`
+  // (polled each 100 ms).
   void Run(const std::function<bool()>& should_stop);
   const placement::ScaleDecision& last() const { return last_; }
   const placement::LoadFigures& figures() const { return figures_; }

@@ -120,18 +120,31 @@ absl::StatusOr<std::unique_ptr<LocalAutoscaler>> LocalAutoscaler::Start(cluster:
                              .worker_args = o.worker_args,
                              .log = o.log});
   a->interval_ = o.interval;
+  a->check_ = o.burst_check;
+  const bool checks = o.burst_check > absl::ZeroDuration();
   a->live_ = std::make_unique<LivePlanner>(
       *a->planner_, *a->actuator_,
-      LivePlannerOptions{.figures = RouterFigures(router, o.interval), .interval = o.interval, .log = o.log});
+      LivePlannerOptions{.figures = RouterFigures(router, o.interval),
+                         .recent = checks ? RouterFigures(router, o.burst_check) : nullptr,
+                         .interval = o.interval,
+                         .check = checks ? o.burst_check : absl::Seconds(5),
+                         .log = o.log});
   a->next_ = absl::Now() + o.interval;
+  a->next_check_ = checks ? absl::Now() + o.burst_check : absl::InfiniteFuture();
   return a;
 }
 
 bool LocalAutoscaler::Poll() {
-  if (absl::Now() < next_) return false;
-  next_ += interval_;
-  (void)live_->Step();  // An error is logged and counted; the next interval tries again.
-  return true;
+  const absl::Time now = absl::Now();
+  if (now >= next_) {
+    next_ += interval_;
+    if (next_check_ != absl::InfiniteFuture()) next_check_ = now + check_;
+    (void)live_->Step();  // An error is logged and counted; the next interval tries again.
+    return true;
+  }
+  if (now < next_check_) return false;
+  next_check_ += check_;
+  return live_->Check();
 }
 
 }  // namespace duet::autoscale

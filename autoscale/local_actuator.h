@@ -72,6 +72,7 @@ struct LocalAutoscalerOptions {
   int max_workers = 3;
   std::vector<std::string> worker_args;  // each new worker's own flags
   absl::Duration interval = absl::Seconds(30);
+  absl::Duration burst_check = absl::Seconds(5);  // zero: no burst checks between intervals
   std::function<void(const std::string&)> log;
 };
 
@@ -81,8 +82,9 @@ class LocalAutoscaler {
   // max_workers leaves no room above the pools' minima.
   static absl::StatusOr<std::unique_ptr<LocalAutoscaler>> Start(cluster::LocalCluster& cluster,
                                                                  LocalAutoscalerOptions options);
-  // Decides when an interval has passed since the last decision; returns
-  // whether it did. Never blocks otherwise.
+  // Decides when an interval has passed since the last decision, and
+  // checks for a burst when a burst check's span has; returns whether it
+  // decided (a check only when it changed the pools). Never blocks otherwise.
   bool Poll();
   LivePlanner& live() { return *live_; }
   placement::Planner& planner() { return *planner_; }
@@ -96,8 +98,8 @@ class LocalAutoscaler {
   std::unique_ptr<placement::Planner> planner_;
   std::unique_ptr<LocalActuator> actuator_;
   std::unique_ptr<LivePlanner> live_;
-  absl::Duration interval_;
-  absl::Time next_;
+  absl::Duration interval_, check_;
+  absl::Time next_, next_check_;
 };
 
 }  // namespace duet::autoscale

@@ -158,7 +158,8 @@ TEST_CASE("the planner grows prefill, then decode, then shrinks, on real process
   po.max_prefill = po.max_decode = 2;
   placement::Planner replay(model, *latency, po);
   for (const LocalDecision& d : r->decisions) {
-    const placement::ScaleDecision again = replay.Decide(d.figures);
+    const placement::ScaleDecision again =
+        d.record.check ? replay.Check(d.figures).value_or(placement::ScaleDecision{}) : replay.Decide(d.figures);
     INFO(PhaseAt(phases, d.t) << " t=" << d.t << ": live " << d.record.Describe() << "\nreplayed " << replay.last().Describe());
     CHECK(again.prefill == d.decision.prefill);
     CHECK(again.decode == d.decision.decode);

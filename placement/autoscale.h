@@ -14,6 +14,7 @@
 #define DUET_PLACEMENT_AUTOSCALE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,11 @@ class Autoscaler {
  public:
   virtual ~Autoscaler() = default;
   virtual ScaleDecision Decide(const LoadFigures& figures) = 0;
+  // Between intervals, with the figures of the last few seconds (their
+  // lengths and latencies may be empty): a decision when the load already
+  // needs more instances than the pools have (a burst), else none. Only
+  // ever grows a pool.
+  virtual std::optional<ScaleDecision> Check(const LoadFigures& recent) { return std::nullopt; }
 };
 
 // The q-quantile of `v` (nearest rank; reorders it). `v` is not empty.

@@ -38,10 +38,10 @@ void Trim(ScaleDecision& d, int P, int D, int max_instances, int min_prefill, in
 
 std::string PlannerRecord::Describe() const {
   return absl::StrFormat(
-      "t=%.0fs rate %.2f req/s (forecast %.2f, planned %.2f); prefill %d -> %d (load needs %d), decode %d -> %d "
+      "%st=%.0fs rate %.2f req/s (forecast %.2f, planned %.2f); prefill %d -> %d (load needs %d), decode %d -> %d "
       "(needs %d, long-run bound %d)%s%s; predicted TTFT p50 %.3f s, TPOT p50 %.4f s; observed %.3f s, %.4f s; correction x%.2f "
       "prefill, x%.2f decode; %d simulations%s%s",
-      now, observed_rate, forecast_rate, planned_rate, prefill_before, decision.prefill, prefill_need,
+      check ? "check: " : "", now, observed_rate, forecast_rate, planned_rate, prefill_before, decision.prefill, prefill_need,
       decode_before, decision.decode, decode_need, decode_stable,
       decision.to_prefill > 0 ? absl::StrFormat(", %d decode -> prefill", decision.to_prefill) : "",
       decision.to_decode > 0 ? absl::StrFormat(", %d prefill -> decode", decision.to_decode) : "",
@@ -149,6 +149,63 @@ int Planner::Fewest(InstanceRole role, int lo, int hi, const Window& w, double t
   return lo;
 }
 
+int Planner::RecentMost(std::deque<std::pair<double, int>>& needs, double now, int need) const {
+  needs.emplace_back(now, need);
+  while (needs.front().first < now - o_.cooldown_s) needs.pop_front();
+  int most = need;
+  for (const auto& [t, n] : needs) most = std::max(most, n);
+  return most;
+}
+
+std::optional<ScaleDecision> Planner::Check(const LoadFigures& f) {
+  // Nothing to compare with before the first decision, or after a restart
+  // of the figures' clock.
+  if (last_prefill_ < 0 || prompts_.empty() || f.interval_s <= 0 || f.now < last_now_) return std::nullopt;
+  const double expected = sized_rate_ * f.interval_s;
+  if (static_cast<double>(f.arrivals) <= expected + 3 * std::sqrt(expected) + 3) return std::nullopt;
+  const double load = f.arrival_rate() * (1 + o_.margin);
+  const int P = f.prefill.planned(), D = f.decode.planned();
+  // The record replaces the last decision's only when this check changes the pools.
+  const PlannerRecord last = record_;
+  record_ = PlannerRecord{};
+  record_.check = true;
+  record_.now = f.now;
+  record_.observed_rate = record_.planned_rate = f.arrival_rate();
+  record_.prefill_before = P;
+  record_.decode_before = D;
+  record_.correction_prefill = correction_prefill_;
+  record_.correction_decode = correction_decode_;
+  rng_.seed(o_.seed);
+  const Window prefill_window = MakeWindow(load, f.prefill.waiting);
+  const Window decode_window = MakeWindow(load, f.decode.waiting + f.decode.running);
+  record_.decode_stable = std::min(o_.max_decode, DecodeStable(load));
+  record_.prefill_need = Fewest(InstanceRole::kPrefill, std::max(o_.min_prefill, P), o_.max_prefill, prefill_window);
+  record_.decode_need =
+      Fewest(InstanceRole::kDecode, std::max({o_.min_decode, D, record_.decode_stable}), o_.max_decode, decode_window);
+  ScaleDecision d{.prefill = std::max(P, record_.prefill_need), .decode = std::max(D, record_.decode_need)};
+  Trim(d, P, D, o_.max_instances, o_.min_prefill, o_.min_decode);
+  d.prefill = std::max(d.prefill, P);
+  d.decode = std::max(d.decode, D);
+  sized_rate_ = std::max(sized_rate_, load);
+  if (d.prefill == P && d.decode == D) {
+    record_ = last;
+    return std::nullopt;
+  }
+  // Only a check that changes the pools changes the planner (a replay of
+  // the decisions alone gives them again).
+  RecentMost(prefill_needs_, f.now, record_.prefill_need);
+  RecentMost(decode_needs_, f.now, record_.decode_need);
+  d.why = absl::StrFormat("a burst: %lld arrivals in %.0f s, sized for %.1f", static_cast<long long>(f.arrivals),
+                          f.interval_s, expected);
+  record_.decision = d;
+  if (d.prefill != P) last_change_prefill_ = f.now;
+  if (d.decode != D) last_change_decode_ = f.now;
+  last_prefill_ = d.prefill;
+  last_decode_ = d.decode;
+  if (o_.on_decision) o_.on_decision(record_, f);
+  return d;
+}
+
 ScaleDecision Planner::Decide(const LoadFigures& f) {
   const ScaleDecision d = Size(f);
   if (o_.on_decision) o_.on_decision(record_, f);
@@ -227,23 +284,17 @@ ScaleDecision Planner::Size(const LoadFigures& f) {
   // the lengths, not with the draw.
   rng_.seed(o_.seed);
   const double load = planned * (1 + o_.margin);
+  sized_rate_ = load;
   const Window prefill_window = MakeWindow(load, f.prefill.waiting);
   const Window decode_window = MakeWindow(load, f.decode.waiting + f.decode.running);
   // The largest need of the last cool-down (HPA's stabilization window):
   // a pool shrinks only to what every decision of that span allowed.
-  auto recent_most = [&](std::deque<std::pair<double, int>>& needs, int need) {
-    needs.emplace_back(f.now, need);
-    while (needs.front().first < f.now - o_.cooldown_s) needs.pop_front();
-    int most = need;
-    for (const auto& [t, n] : needs) most = std::max(most, n);
-    return most;
-  };
   auto size = [&](InstanceRole role, int now_n, int lo, int hi, int64_t backlog, double last_change, int* need) {
     const Window& w = role == InstanceRole::kPrefill ? prefill_window : decode_window;
     const int stable = role == InstanceRole::kDecode ? std::min(hi, DecodeStable(load)) : lo;
     if (role == InstanceRole::kDecode) record_.decode_stable = stable;
     *need = Fewest(role, std::max(lo, stable), hi, w);
-    const int most = recent_most(role == InstanceRole::kPrefill ? prefill_needs_ : decode_needs_, *need);
+    const int most = RecentMost(role == InstanceRole::kPrefill ? prefill_needs_ : decode_needs_, f.now, *need);
     if (*need >= now_n) return std::clamp(*need, lo, hi);
     if (f.now - last_change < o_.cooldown_s || now_n <= lo || most >= now_n) return std::clamp(now_n, lo, hi);
     const double scaled = load * now_n / (now_n - 1);
@@ -267,10 +318,15 @@ ScaleDecision Planner::Size(const LoadFigures& f) {
     // cluster of three moves its one).
     const int cap = o_.max_instances;
     const int even_p = Fewest(InstanceRole::kPrefill, o_.min_prefill, o_.max_prefill,
-                              MakeWindow(planned, f.prefill.waiting), 0.9);
+                              MakeWindow(planned, 0), 0.9);
     const int even_d = std::max(o_.min_decode, static_cast<int>(std::ceil(DecodeLoad(planned))));
     int p = static_cast<int>(std::lround(static_cast<double>(cap) * even_p / (even_p + even_d)));
     if (2 * cap * even_p == (2 * p - 1) * (even_p + even_d) && record_.decode_need > D) --p;  // halfway, decode short
+    // Neither pool gives up instances its load needs: when both are short,
+    // moving instances between them only trades one shortfall for the
+    // other and costs a start-up's capacity (at the peak, the correction's
+    // swings would move them back and forth).
+    p = std::max(std::min(p, cap - std::min(D, record_.decode_need)), std::min(P, record_.prefill_need));
     p = std::clamp(p, o_.min_prefill, cap - o_.min_decode);
     if (P + D == cap && p != P && P >= o_.min_prefill && cap - P >= o_.min_decode &&
         (std::abs(p - P) < std::max(1, cap / 16) || f.now - (p < P ? last_change_prefill_ : last_change_decode_) < o_.cooldown_s)) {

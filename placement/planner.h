@@ -37,6 +37,12 @@
 //      halfway split to the pool short of its need). At the bound, a move
 //      between the pools waits for the shrinking one's cool-down and is of
 //      at least 1/16 of it.
+//   Between intervals (Check), a burst scales up at once: when the
+//      arrivals of the last few seconds exceed what the pools were sized
+//      for (the planned rate with its margin) by more than Poisson noise
+//      (three standard deviations), each pool grows to what that rate
+//      needs (step 3, no forecast, no correction, growth only); a pool that
+//      grew this way then waits a cool-down before it shrinks.
 //   5. Switch. With `switch_roles` (both shapes alike), a pool that shrinks
 //      while the other grows gives it instances by switching their role
 //      instead of a drain and a start.
@@ -49,6 +55,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -100,6 +107,7 @@ struct PlannerRecord {
   double observed_ttft_p50 = -1, observed_tpot_p50 = -1;
   double correction_prefill = 1, correction_decode = 1;
   int simulations = 0;
+  bool check = false;  // a check between intervals (a burst), not an interval's decision
   std::string Describe() const;
 };
 
@@ -108,6 +116,7 @@ class Planner : public Autoscaler {
   // `latency` must outlive the planner.
   Planner(const ModelSpec& model, LatencyModel& latency, PlannerOptions options);
   ScaleDecision Decide(const LoadFigures& figures) override;
+  std::optional<ScaleDecision> Check(const LoadFigures& recent) override;
   const PlannerRecord& last() const { return record_; }
   const PlannerOptions& options() const { return o_; }
 
@@ -130,6 +139,8 @@ class Planner : public Autoscaler {
   double DecodeLoad(double rate);  // the same at utilization 1, in (fractional) instances
   // The fewest instances in [lo, hi] meeting on `w` (hi when none does).
   int Fewest(InstanceRole role, int lo, int hi, const Window& w, double target = 0);
+  // `need` recorded at `now` in `needs`; the largest need of the last cool-down.
+  int RecentMost(std::deque<std::pair<double, int>>& needs, double now, int need) const;
 
   ModelSpec model_;
   LatencyModel& base_;
@@ -140,6 +151,7 @@ class Planner : public Autoscaler {
   std::vector<int64_t> ctx_;
   bool have_level_ = false;
   double level_ = 0, trend_ = 0;
+  double sized_rate_ = 0;  // the rate (margin included) the pools were last sized for
   double correction_prefill_ = 1, correction_decode_ = 1;
   double predicted_ttft_ = -1, predicted_tpot_ = -1;
   double last_change_prefill_ = -1e300, last_change_decode_ = -1e300;

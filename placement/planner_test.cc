@@ -5,6 +5,7 @@
 // queue-threshold autoscaler it is compared with.
 #include <catch2/catch.hpp>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -235,6 +236,77 @@ TEST_CASE("the planner shrinks only after its cool-down, from what a restart fin
   INFO(planner.last().Describe());
   CHECK(after.prefill < p);
   CHECK(after.decode < d);
+}
+
+LoadFigures Recent(double now, int64_t arrivals, int prefill, int decode) {
+  LoadFigures f;
+  f.now = now;
+  f.interval_s = 5;
+  f.arrivals = arrivals;
+  f.prefill.ready = prefill;
+  f.decode.ready = decode;
+  return f;
+}
+
+TEST_CASE("a burst check between intervals grows the pools at once, as a decision at the burst's rate would",
+          "[planner]") {
+  Setup s;
+  Planner planner(s.model, *s.latency, s.Options());
+  CHECK(!planner.Check(Recent(5, 500, 1, 1)).has_value());  // before a decision: nothing to compare with
+  const ScaleDecision base = planner.Decide(Steady(30, 4, 1, 1));
+  const int p = base.prefill, d = base.decode;
+  // Sized for 4.2 req/s: 21 arrivals in 5 s expected, 35 is within three
+  // standard deviations; 200 is a burst.
+  CHECK(!planner.Check(Recent(35, 35, p, d)).has_value());
+  CHECK(!planner.last().check);
+  const std::optional<ScaleDecision> burst = planner.Check(Recent(40, 200, p, d));
+  REQUIRE(burst.has_value());
+  INFO(planner.last().Describe());
+  CHECK(planner.last().check);
+  CHECK(burst->prefill > p);
+  CHECK(burst->decode > d);
+  // The sizes a first decision at 40 req/s gives.
+  Planner fresh(s.model, *s.latency, s.Options());
+  const ScaleDecision at40 = fresh.Decide(Steady(30, 40, 1, 1));
+  CHECK(burst->prefill == at40.prefill);
+  CHECK(burst->decode == at40.decode);
+  // The same rate again is what the pools were sized for; and the grown
+  // pools wait a cool-down before they shrink.
+  CHECK(!planner.Check(Recent(45, 200, burst->prefill, burst->decode)).has_value());
+  const ScaleDecision after = planner.Decide(Steady(60, 4, burst->prefill, burst->decode));
+  CHECK(after.prefill == burst->prefill);
+  CHECK(after.decode == burst->decode);
+}
+
+TEST_CASE("in the simulator, burst checks grow the pools within seconds of a burst and keep more of its SLOs",
+          "[planner]") {
+  Setup s;
+  const std::vector<SimRequest> reqs = Phases({{.seconds = 600, .rate = 2, .prompt = 512, .output = 64},
+                                               {.seconds = 240, .rate = 12, .prompt = 512, .output = 64},
+                                               {.seconds = 300, .rate = 2, .prompt = 512, .output = 64}},
+                                              5);
+  auto run = [&](double check_s, double* first_growth) {
+    PlannerOptions o = s.Options();
+    o.on_decision = [&](const PlannerRecord& r, const LoadFigures&) {
+      if (*first_growth < 0 && r.now > 600 &&
+          (r.decision.prefill > r.prefill_before || r.decision.decode > r.decode_before)) {
+        *first_growth = r.now;
+      }
+    };
+    Planner planner(s.model, *s.latency, o);
+    const AutoscaleOptions a{
+        .scaler = &planner, .prefill = s.prefill, .decode = s.decode, .check_s = check_s, .startup_s = 60};
+    return SimulateAutoscaled(s.Cluster(1, 1), s.model, *s.latency, reqs, a);
+  };
+  double with_first = -1, without_first = -1;
+  const SimResult with = run(5, &with_first), without = run(0, &without_first);
+  INFO("first growth " << with_first << " s with checks, " << without_first << " s without; attainment "
+                       << with.Attainment(s.Options().slo) << " vs " << without.Attainment(s.Options().slo));
+  CHECK(with_first > 600);
+  CHECK(with_first <= 610);    // the second check into the burst at the latest
+  CHECK(without_first >= 630); // the next interval
+  CHECK(with.Attainment(s.Options().slo) > without.Attainment(s.Options().slo));
+  for (const RequestOutcome& o : with.requests) REQUIRE(o.finish >= o.first_token);
 }
 
 TEST_CASE("the queue-threshold autoscaler follows HPA's formula, tolerance and stabilization", "[planner]") {

@@ -16,7 +16,7 @@
 namespace duet::placement {
 namespace {
 
-enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone, kControl, kReady };
+enum Kind : uint8_t { kArrival, kPrefillDone, kPrefillSlot, kTransferDone, kDecodeDone, kColocDone, kControl, kCheck, kReady };
 
 struct Event {
   double t;
@@ -158,6 +158,7 @@ class Sim {
     // Arrivals are pushed lazily, one ahead, to keep the heap small.
     if (!in_.empty()) Push(in_[0].arrival, kArrival, -1, 0);
     if (a_ != nullptr && !in_.empty()) Push(a_->interval_s, kControl, -1, 0);
+    if (a_ != nullptr && !in_.empty() && a_->check_s > 0) Push(a_->check_s, kCheck, -1, 0);
     while (!q_.empty()) {
       Event e = q_.top();
       q_.pop();
@@ -188,6 +189,9 @@ class Sim {
           break;
         case kControl:
           OnControl();
+          break;
+        case kCheck:
+          OnCheck();
           break;
         case kReady:
           OnReady(e.inst, e.a);
@@ -310,6 +314,7 @@ class Sim {
     ++arrived_;
     if (a_ != nullptr) {
       ++arrivals_;
+      ++check_arrivals_;
       prompt_tokens_ += reqs_[r].prompt;
       if (prompts_.size() < a_->sample) prompts_.push_back(reqs_[r].prompt);
     }
@@ -735,6 +740,20 @@ class Sim {
     }
   }
 
+  // Between intervals: the arrivals since the last check and the pools.
+  void OnCheck() {
+    LoadFigures f;
+    f.now = now_;
+    f.interval_s = now_ - last_check_;
+    f.arrivals = check_arrivals_;
+    f.prefill = Pool(InstanceRole::kPrefill);
+    f.decode = Pool(InstanceRole::kDecode);
+    check_arrivals_ = 0;
+    last_check_ = now_;
+    if (const std::optional<ScaleDecision> d = a_->scaler->Check(f)) Apply(*d);
+    if (arrived_ < static_cast<int64_t>(in_.size()) || finished_ < arrived_) Push(now_ + a_->check_s, kCheck, -1, 0);
+  }
+
   // The accepting instance of `role` holding the least work, or -1.
   int32_t LeastLoaded(InstanceRole role) const {
     int32_t best = -1;
@@ -870,6 +889,8 @@ class Sim {
   // The interval's figures (autoscaled runs).
   double last_tick_ = 0;
   int64_t arrivals_ = 0, prompt_tokens_ = 0, cached_tokens_ = 0;
+  double last_check_ = 0;  // and the checks' between intervals
+  int64_t check_arrivals_ = 0;
   std::vector<int64_t> prompts_, outputs_;
   std::vector<double> ttft_, tpot_;
   double last_end_ = 0;  // when any instance last ended a batch or step (idle penalty)

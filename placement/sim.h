@@ -169,6 +169,9 @@ struct AutoscaleOptions {
   Autoscaler* scaler = nullptr;
   InstanceSpec prefill, decode;
   double interval_s = 30;
+  // Between intervals, the scaler's Check every `check_s` on the arrivals
+  // since the last check (0: none).
+  double check_s = 5;
   double startup_s = 120;
   double switch_s = 5;
   size_t sample = 4096;  // lengths kept per interval for the figures

@@ -126,6 +126,9 @@ TEST_CASE("a flag the chosen mode ignores is an error naming it", "[sim]") {
       {"sim --policy cache_aware", "--policy cache_aware needs --cache-blocks"},
       {"sim --cache-aware-weights 1,2", "--cache-aware-weights has no effect unless --policy cache_aware"},
       {"sim --lengths rag --cache-blocks 10 --policy cache_aware --cache-aware-weights 1", "--cache-aware-weights must be U,Q"},
+      {"sim --burst-check 10", "--burst-check has no effect without --autoscale"},
+      {"sim --autoscale --autoscaler queue --burst-check 10", "--burst-check has no effect with --autoscaler queue"},
+      {"up --burst-check 10", "--burst-check has no effect without --autoscale"},
       {"sim --policy fastest", "--policy must be least_loaded, round_robin or cache_aware, got \"fastest\""},
       // The workers' prefix-cache flags, where the cache is not.
       {"decode --kv-host-memory 1", "--kv-host-memory has no effect on a decode worker"},

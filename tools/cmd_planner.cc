@@ -124,8 +124,13 @@ absl::Status Run(const FlagSet& f) {
   }
   const absl::Duration interval = absl::Seconds(f.GetDouble("interval"));
   placement::Planner planner(model, *latency, po);
+  const absl::Duration check = absl::Seconds(f.GetDouble("burst-check"));
   autoscale::LivePlanner live(planner, *actuator,
-                              {.figures = autoscale::RouterFigures(router, interval), .interval = interval, .log = log});
+                              {.figures = autoscale::RouterFigures(router, interval),
+                               .recent = check > absl::ZeroDuration() ? autoscale::RouterFigures(router, check) : nullptr,
+                               .interval = interval,
+                               .check = check,
+                               .log = log});
   std::fprintf(stderr,
                "duet planner: %s (%s, %.0f KV tokens per instance), SLO TTFT %g s, TPOT %g s; router %s:%d, every %g "
                "s, actuator %s\n",

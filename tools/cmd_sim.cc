@@ -293,7 +293,7 @@ absl::Status CheckSimFlags(const FlagSet& f) {
   const bool autoscale = f.GetBool("autoscale");
   RETURN_IF_ERROR(f.RefuseUnless(
       autoscale,
-      {"autoscaler", "startup-delay", "switch-delay", "interval", "planner-target", "margin", "cooldown",
+      {"autoscaler", "startup-delay", "switch-delay", "interval", "burst-check", "planner-target", "margin", "cooldown",
        "decode-utilization", "forecast", "min-prefill", "max-prefill", "min-decode", "max-decode", "max-instances",
        "switch-roles", "queue-prefill-bound", "queue-decode-bound", "stabilization", "timeline", "log-decisions"},
       "without --autoscale"));
@@ -304,7 +304,7 @@ absl::Status CheckSimFlags(const FlagSet& f) {
       return absl::InvalidArgumentError("--autoscaler must be sla or queue");
     }
     const bool sla = f.GetString("autoscaler") == "sla";
-    RETURN_IF_ERROR(f.RefuseUnless(sla, {"planner-target", "margin", "cooldown", "decode-utilization", "forecast",
+    RETURN_IF_ERROR(f.RefuseUnless(sla, {"burst-check", "planner-target", "margin", "cooldown", "decode-utilization", "forecast",
                                          "switch-roles", "log-decisions"},
                                    "with --autoscaler queue"));
     RETURN_IF_ERROR(f.RefuseUnless(!sla, {"queue-prefill-bound", "queue-decode-bound", "stabilization"},
@@ -359,6 +359,7 @@ absl::Status RunAutoscaled(const FlagSet& f, const ModelSpec& model, placement::
     return absl::InvalidArgumentError("--autoscale needs a prefill and a decode instance to start from");
   }
   a.interval_s = f.GetDouble("interval");
+  a.check_s = f.GetDouble("burst-check");
   a.startup_s = f.GetDouble("startup-delay");
   a.switch_s = f.GetDouble("switch-delay");
   ASSIGN_OR_RETURN(placement::PlannerOptions po, PlannerFromFlags(f));

@@ -90,7 +90,7 @@ int RunUp(int argc, char** argv) {
   if (std::optional<int> exit = ParseFlagsOrExit(f, argc, argv)) return *exit;
   const bool autoscaling = f.GetBool("autoscale");
   if (absl::Status st = f.RefuseUnless(autoscaling,
-                                       {"slo-ttft", "slo-tpot", "max-workers", "cores", "latency", "interval",
+                                       {"slo-ttft", "slo-tpot", "max-workers", "cores", "latency", "interval", "burst-check",
                                         "planner-target", "margin", "cooldown", "decode-utilization", "forecast",
                                         "min-prefill", "max-prefill", "min-decode", "max-decode", "max-instances",
                                         "switch-roles"},
@@ -298,6 +298,7 @@ int RunUp(int argc, char** argv) {
             .max_workers = max_workers,
             .worker_args = workers_args,
             .interval = absl::Seconds(f.GetDouble("interval")),
+            .burst_check = absl::Seconds(f.GetDouble("burst-check")),
             .log = [](const std::string& line) { std::fprintf(stderr, "duet up: %s\n", line.c_str()); }});
     if (!s.ok()) {
       std::fprintf(stderr, "duet up: %s\n", std::string(s.status().message()).c_str());

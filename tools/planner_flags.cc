@@ -7,6 +7,9 @@ namespace duet::tools {
 void AddPlannerFlags(FlagSet& f) {
   const placement::PlannerOptions d;
   f.Double("interval", 30, "seconds between the autoscaler's decisions");
+  f.Double("burst-check", 5,
+           "seconds between the SLA planner's burst checks, between intervals: arrivals past what the pools were "
+           "sized for by more than Poisson noise grow the pools at once (0: none)");
   f.Double("planner-target", d.target, "attainment each pool must reach in the planner's simulation of the load");
   f.Double("margin", d.margin, "the planner sizes the pools for the forecast load times (1 + this)");
   f.Double("cooldown", d.cooldown_s,
@@ -38,6 +41,7 @@ absl::StatusOr<placement::PlannerOptions> PlannerFromFlags(const FlagSet& f) {
   o.max_instances = static_cast<int>(f.GetInt("max-instances"));
   o.switch_roles = f.GetBool("switch-roles");
   if (!(f.GetDouble("interval") > 0)) return absl::InvalidArgumentError("--interval must be positive");
+  if (!(f.GetDouble("burst-check") >= 0)) return absl::InvalidArgumentError("--burst-check must be >= 0");
   if (!(o.target > 0 && o.target <= 1)) return absl::InvalidArgumentError("--planner-target must be in (0, 1]");
   if (!(o.margin >= 0)) return absl::InvalidArgumentError("--margin must be >= 0");
   if (!(o.cooldown_s >= 0)) return absl::InvalidArgumentError("--cooldown must be >= 0");

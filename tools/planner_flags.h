@@ -12,7 +12,7 @@
 
 namespace duet::tools {
 
-// --interval, --planner-target, --margin, --cooldown, --decode-utilization,
+// --interval, --burst-check, --planner-target, --margin, --cooldown, --decode-utilization,
 // --forecast, --min-prefill, --max-prefill, --min-decode, --max-decode,
 // --max-instances, --switch-roles, --slo-ttft and --slo-tpot (the names
 // `duet place` gives them) are the caller's.

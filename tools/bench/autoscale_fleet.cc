@@ -137,6 +137,7 @@ int Main(int argc, char** argv) {
   f.Double("hours", 24, "the day's length (the curve's period), hours");
   f.Double("startup", 60, "seconds from a start decision to serving (a node with the image and weights at hand)");
   f.Double("interval", 30, "autoscaler interval, seconds");
+  f.Double("burst-check", AutoscaleOptions{}.check_s, "seconds between the planner's burst checks (0: none)");
   f.String("data", "placement/testdata/", "where the fit and the trace are");
   f.Bool("log", "print each planner decision");
   f.Bool("hourly", "print each plan's attainment by hour");
@@ -144,6 +145,8 @@ int Main(int argc, char** argv) {
   f.Double("margin", PlannerOptions{}.margin, "the planner's load margin");
   f.Double("decode-utilization", PlannerOptions{}.decode_utilization, "the planner's decode utilization bound");
   f.Double("cooldown", PlannerOptions{}.cooldown_s, "the planner's scale-down cool-down, seconds");
+  f.Double("correction-damping", PlannerOptions{}.correction_damping,
+           "the planner's latency correction moves by (observed / predicted)^this each settled interval (0: none)");
   f.Bool("planner-only", "skip the fixed and queue-threshold runs");
   f.Bool("switch-roles", "the planner switches instances between the pools (drained, serving in the other role "
                          "`--switch-delay` later) instead of a drain and a start");
@@ -228,6 +231,7 @@ int Main(int argc, char** argv) {
   AutoscaleOptions a{.prefill = s.prefill,
                      .decode = s.decode,
                      .interval_s = f.GetDouble("interval"),
+                     .check_s = f.GetDouble("burst-check"),
                      .startup_s = f.GetDouble("startup"),
                      .switch_s = f.GetDouble("switch-delay")};
   // The day starts at its trough with the pools the planner holds there.
@@ -259,6 +263,7 @@ int Main(int argc, char** argv) {
   po.margin = f.GetDouble("margin");
   po.decode_utilization = f.GetDouble("decode-utilization");
   po.cooldown_s = f.GetDouble("cooldown");
+  po.correction_damping = f.GetDouble("correction-damping");
   po.switch_roles = f.GetBool("switch-roles");
   // Each decision logged with --log.
   if (f.GetBool("log")) {
@@ -303,6 +308,20 @@ int Main(int argc, char** argv) {
       }
       for (size_t h = 0; h < ok.size(); ++h) {
         if (all[h] > 0) std::fprintf(stderr, " %.1f(%.1f)", 100.0 * ok[h] / all[h], 100.0 * ttft_ok[h] / all[h]);
+      }
+      std::fprintf(stderr, "\n");
+    }
+    // Each burst's arrivals and the ten minutes after it began.
+    for (const Outcome* o : {&fixed, &sla}) {
+      std::fprintf(stderr, "%s, attainment in each burst's 10 min:", o->name.c_str());
+      for (const Burst& b : day.bursts) {
+        int64_t ok = 0, all = 0;
+        for (const RequestOutcome& r : o->result.requests) {
+          if (r.arrival < b.start_s || r.arrival >= b.start_s + 600) continue;
+          ++all;
+          ok += r.finish >= 0 && r.ttft() <= kSlo.ttft && r.tpot() <= kSlo.tpot;
+        }
+        std::fprintf(stderr, " %.1f (%lld)", all > 0 ? 100.0 * ok / all : 0, static_cast<long long>(all));
       }
       std::fprintf(stderr, "\n");
     }
