@@ -56,13 +56,16 @@ Planner::Planner(const ModelSpec& model, LatencyModel& latency, PlannerOptions o
   corrected_ = NewScaledLatency(&base_, {{0, 1.0}, {1, 1.0}});
 }
 
-Planner::Window Planner::MakeWindow(double rate, int64_t backlog) {
+Planner::Window Planner::MakeWindow(double rate, int64_t backlog) { return MakeWindow(rate, backlog, prompts_, outputs_); }
+
+Planner::Window Planner::MakeWindow(double rate, int64_t backlog, const std::deque<int64_t>& prompts,
+                                    const std::deque<int64_t>& outputs) {
   Window w;
-  if (prompts_.empty()) return w;
+  if (prompts.empty()) return w;
   auto request = [&](double t) {
     return SimRequest{.arrival = t,
-                      .prompt = Draw(prompts_, rng_),
-                      .output = outputs_.empty() ? o_.default_output : Draw(outputs_, rng_)};
+                      .prompt = Draw(prompts, rng_),
+                      .output = outputs.empty() ? o_.default_output : Draw(outputs, rng_)};
   };
   for (int64_t k = 0; k < backlog; ++k) w.requests.push_back(request(0));
   w.backlog = backlog;
@@ -249,8 +252,23 @@ ScaleDecision Planner::Size(const LoadFigures& f) {
     factor = std::clamp(factor * std::pow(observed / predicted, o_.correction_damping), 1 / o_.correction_limit,
                         o_.correction_limit);
   };
-  correct(correction_prefill_, f.ttft_p50, predicted_ttft_, f.first_tokens, o_.slo.ttft);
-  correct(correction_decode_, f.tpot_p50, predicted_tpot_, f.finished, o_.slo.tpot);
+  // The prediction to compare with is the interval just observed,
+  // simulated again: its pools, its arrival rate and its own prompt and
+  // output lengths. (A prediction made for it beforehand, from the lengths
+  // kept over many intervals, would read a shift in the lengths, such as a
+  // trace's minutes of short prompts, as an error of the latency model.)
+  if (settled && f.first_tokens >= 20) {
+    rng_.seed(o_.seed);
+    const std::deque<int64_t> seen_prompts(f.prompt_lens.begin(), f.prompt_lens.end());
+    const std::deque<int64_t> seen_outputs(f.output_lens.begin(), f.output_lens.end());
+    const Window seen = MakeWindow(observed, 0, seen_prompts.empty() ? prompts_ : seen_prompts,
+                                   seen_outputs.empty() ? outputs_ : seen_outputs);
+    double ttft = -1, tpot = -1;
+    Meets(InstanceRole::kPrefill, P, seen, &ttft);
+    Meets(InstanceRole::kDecode, D, seen, &tpot);
+    correct(correction_prefill_, f.ttft_p50, ttft, f.first_tokens, o_.slo.ttft);
+    correct(correction_decode_, f.tpot_p50, tpot, f.finished, o_.slo.tpot);
+  }
   // A prefill batch has no decode rows: the first factor; a decode step the second.
   corrected_ = NewScaledLatency(&base_, {{0, correction_prefill_}, {1, correction_decode_}});
   record_.correction_prefill = correction_prefill_;
@@ -322,11 +340,6 @@ ScaleDecision Planner::Size(const LoadFigures& f) {
     const int even_d = std::max(o_.min_decode, static_cast<int>(std::ceil(DecodeLoad(planned))));
     int p = static_cast<int>(std::lround(static_cast<double>(cap) * even_p / (even_p + even_d)));
     if (2 * cap * even_p == (2 * p - 1) * (even_p + even_d) && record_.decode_need > D) --p;  // halfway, decode short
-    // Neither pool gives up instances its load needs: when both are short,
-    // moving instances between them only trades one shortfall for the
-    // other and costs a start-up's capacity (at the peak, the correction's
-    // swings would move them back and forth).
-    p = std::max(std::min(p, cap - std::min(D, record_.decode_need)), std::min(P, record_.prefill_need));
     p = std::clamp(p, o_.min_prefill, cap - o_.min_decode);
     if (P + D == cap && p != P && P >= o_.min_prefill && cap - P >= o_.min_decode &&
         (std::abs(p - P) < std::max(1, cap / 16) || f.now - (p < P ? last_change_prefill_ : last_change_decode_) < o_.cooldown_s)) {
@@ -349,11 +362,9 @@ ScaleDecision Planner::Size(const LoadFigures& f) {
   // What the decision predicts at the forecast load (no margin), to compare
   // with what the next settled interval observes.
   const Window at = MakeWindow(planned, f.prefill.waiting);
-  Meets(InstanceRole::kPrefill, d.prefill, at, &predicted_ttft_);
+  Meets(InstanceRole::kPrefill, d.prefill, at, &record_.predicted_ttft_p50);
   const Window at_decode = MakeWindow(planned, f.decode.waiting + f.decode.running);
-  Meets(InstanceRole::kDecode, d.decode, at_decode, &predicted_tpot_);
-  record_.predicted_ttft_p50 = predicted_ttft_;
-  record_.predicted_tpot_p50 = predicted_tpot_;
+  Meets(InstanceRole::kDecode, d.decode, at_decode, &record_.predicted_tpot_p50);
   record_.decision = d;
   last_prefill_ = d.prefill;
   last_decode_ = d.decode;

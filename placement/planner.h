@@ -13,8 +13,10 @@
 //      follows it. Prompt and output lengths are the last intervals' (up to
 //      `lengths_kept` of each, drawn independently).
 //   2. Correct. The latency model is scaled per phase by the ratio of the
-//      observed to the predicted TTFT and TPOT medians (predicted by the
-//      simulator for the pools and load of the last decision), damped (the
+//      observed to the predicted TTFT and TPOT medians (predicted by
+//      simulating the interval just observed again: its pools, its arrival
+//      rate, its own prompt and output lengths, so that a shift in the
+//      lengths is not read as an error of the model), damped (the
 //      factor moves by ratio^damping each interval) and bounded, from
 //      intervals whose pools had settled and whose medians were below
 //      twice the SLO (past it they measure a queue, not service times).
@@ -79,7 +81,7 @@ struct PlannerOptions {
   int max_instances = 0;  // prefill + decode; 0: the pools' maxima only
   double cooldown_s = 120;
   double window_s = 60;   // the simulated span of forecast load
-  int64_t max_window_requests = 2000;  // a shorter window at high rates
+  int64_t max_window_requests = 8000;  // a shorter window at high rates
   size_t lengths_kept = 16384;
   int64_t default_output = 128;  // until a request has finished
   double trend_alpha = 0.5, trend_beta = 0.3;
@@ -126,7 +128,9 @@ class Planner : public Autoscaler {
     std::vector<SimRequest> requests;
     int64_t backlog = 0;  // requests at time 0 (not counted in the window's rate)
   };
-  Window MakeWindow(double rate, int64_t backlog);
+  Window MakeWindow(double rate, int64_t backlog);  // lengths from those kept
+  Window MakeWindow(double rate, int64_t backlog, const std::deque<int64_t>& prompts,
+                    const std::deque<int64_t>& outputs);
   // Whether `n` instances of the role meet its SLO on `w`; the simulated
   // median TTFT or TPOT in `median`.
   // `target` 0: the options' target.
@@ -153,7 +157,6 @@ class Planner : public Autoscaler {
   double level_ = 0, trend_ = 0;
   double sized_rate_ = 0;  // the rate (margin included) the pools were last sized for
   double correction_prefill_ = 1, correction_decode_ = 1;
-  double predicted_ttft_ = -1, predicted_tpot_ = -1;
   double last_change_prefill_ = -1e300, last_change_decode_ = -1e300;
   double last_now_ = -1e300;  // the last figures' clock
   int last_prefill_ = -1, last_decode_ = -1;

@@ -14,8 +14,11 @@
 // four 2x bursts of 5 minutes, seed 1.
 //   - fixed: the best split of 32 instances, each simulated over the day;
 //   - planner: `duet sim --autoscale`'s SLA planner (placement/planner.h),
-//     interval 30 s, a started instance serving 120 s after the decision,
-//     within 64 GPUs;
+//     interval 30 s, burst checks every 5 s, a started instance serving
+//     60 s after the decision, within 64 GPUs; a fleet's settings, a
+//     target of 0.98 per pool and decode utilization up to 0.95 (the
+//     defaults, 0.995 and 0.85, keep small clusters safe; --target and
+//     --decode-utilization set them);
 //   - queue threshold: HPA's formula on queued prompts per prefill instance
 //     and requests per decode instance, its bounds swept, attainment
 //     interpolated to the planner's GPU-hours.
@@ -141,12 +144,17 @@ int Main(int argc, char** argv) {
   f.String("data", "placement/testdata/", "where the fit and the trace are");
   f.Bool("log", "print each planner decision");
   f.Bool("hourly", "print each plan's attainment by hour");
-  f.Double("target", PlannerOptions{}.target, "the planner's attainment target per pool");
+  // A fleet's settings: a lower target per pool than the defaults' (which
+  // keep small clusters at 99.5%), the decode pool's long-run bound nearer
+  // its capacity (the simulation of its window still holds TPOT).
+  f.Double("target", 0.98, "the planner's attainment target per pool");
   f.Double("margin", PlannerOptions{}.margin, "the planner's load margin");
-  f.Double("decode-utilization", PlannerOptions{}.decode_utilization, "the planner's decode utilization bound");
+  f.Double("decode-utilization", 0.95, "the planner's decode utilization bound");
   f.Double("cooldown", PlannerOptions{}.cooldown_s, "the planner's scale-down cool-down, seconds");
   f.Double("correction-damping", PlannerOptions{}.correction_damping,
            "the planner's latency correction moves by (observed / predicted)^this each settled interval (0: none)");
+  f.Int("window-requests", PlannerOptions{}.max_window_requests,
+        "the most requests in the planner's simulated window (a shorter window at high rates)");
   f.Bool("planner-only", "skip the fixed and queue-threshold runs");
   f.Bool("switch-roles", "the planner switches instances between the pools (drained, serving in the other role "
                          "`--switch-delay` later) instead of a drain and a start");
@@ -264,6 +272,7 @@ int Main(int argc, char** argv) {
   po.decode_utilization = f.GetDouble("decode-utilization");
   po.cooldown_s = f.GetDouble("cooldown");
   po.correction_damping = f.GetDouble("correction-damping");
+  po.max_window_requests = f.GetInt("window-requests");
   po.switch_roles = f.GetBool("switch-roles");
   // Each decision logged with --log.
   if (f.GetBool("log")) {
@@ -274,7 +283,7 @@ int Main(int argc, char** argv) {
     };
   }
   Planner planner(s.model, *s.latency, po);
-  Outcome sla = run_scaled(planner, "SLA planner");
+  Outcome sla = run_scaled(planner, absl::StrFormat("SLA planner (target %g, decode utilization %g)", po.target, po.decode_utilization));
 
   // Queue threshold, bounds swept; each pool within the fixed plan's size
   // (its maxReplicas, as a Deployment's autoscaler has its own).
