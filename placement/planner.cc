@@ -359,8 +359,8 @@ ScaleDecision Planner::Size(const LoadFigures& f) {
   if (d.prefill > P || d.decode > D) d.why = "the forecast load needs more";
   else if (d.prefill < P || d.decode < D) d.why = "the smaller pools meet the SLOs at N/(N-1) of the load";
 
-  // What the decision predicts at the forecast load (no margin), to compare
-  // with what the next settled interval observes.
+  // What the decision predicts at the forecast load (no margin), logged and
+  // exported beside what the next interval observes.
   const Window at = MakeWindow(planned, f.prefill.waiting);
   Meets(InstanceRole::kPrefill, d.prefill, at, &record_.predicted_ttft_p50);
   const Window at_decode = MakeWindow(planned, f.decode.waiting + f.decode.running);
