@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<LocalAutoscaler>> LocalAutoscaler::Start(cluster:
       LivePlannerOptions{.figures = RouterFigures(router, o.interval),
                          .recent = checks ? RouterFigures(router, o.burst_check) : nullptr,
                          .interval = o.interval,
-                         .check = checks ? o.burst_check : absl::Seconds(5),
+                         .check = o.burst_check,
                          .log = o.log});
   a->next_ = absl::Now() + o.interval;
   a->next_check_ = checks ? absl::Now() + o.burst_check : absl::InfiniteFuture();

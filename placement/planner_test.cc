@@ -178,15 +178,22 @@ TEST_CASE("with flex instances the planner switches roles instead of draining an
   for (const FleetSample& x : r.timeline) CHECK(x.prefill + x.decode <= 8);
 }
 
-LoadFigures Steady(double now, double rate, int prefill, int decode) {
+// Figures of a span: its arrivals and the pools (no lengths).
+LoadFigures Span(double now, double interval_s, int64_t arrivals, int prefill, int decode) {
   LoadFigures f;
   f.now = now;
-  f.interval_s = 30;
-  f.arrivals = static_cast<int64_t>(rate * 30);
-  f.prompt_lens.assign(static_cast<size_t>(f.arrivals), 512);
-  f.output_lens.assign(static_cast<size_t>(f.arrivals), 64);
+  f.interval_s = interval_s;
+  f.arrivals = arrivals;
   f.prefill.ready = prefill;
   f.decode.ready = decode;
+  return f;
+}
+
+// A 30 s interval at `rate`, every request 512 + 64 tokens.
+LoadFigures Steady(double now, double rate, int prefill, int decode) {
+  LoadFigures f = Span(now, 30, static_cast<int64_t>(rate * 30), prefill, decode);
+  f.prompt_lens.assign(static_cast<size_t>(f.arrivals), 512);
+  f.output_lens.assign(static_cast<size_t>(f.arrivals), 64);
   return f;
 }
 
@@ -238,15 +245,8 @@ TEST_CASE("the planner shrinks only after its cool-down, from what a restart fin
   CHECK(after.decode < d);
 }
 
-LoadFigures Recent(double now, int64_t arrivals, int prefill, int decode) {
-  LoadFigures f;
-  f.now = now;
-  f.interval_s = 5;
-  f.arrivals = arrivals;
-  f.prefill.ready = prefill;
-  f.decode.ready = decode;
-  return f;
-}
+// The 5 s a burst check reads.
+LoadFigures Recent(double now, int64_t arrivals, int prefill, int decode) { return Span(now, 5, arrivals, prefill, decode); }
 
 TEST_CASE("a burst check between intervals grows the pools at once, as a decision at the burst's rate would",
           "[planner]") {
